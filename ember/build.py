@@ -1,0 +1,52 @@
+"""`ember.lower` and `ember.build`: from a schedule to printable loop IR and to a callable library."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .codegen.c import c_symbol, codegen_c
+from .codegen.toolchain import compile_c
+from .runtime.module import ArgSpec, Module
+from .target import Target
+from .te.lower import lower_schedule
+from .te.schedule import Schedule
+from .te.tensor import Tensor
+from .tir.functor import walk
+from .tir.stmt import PrimFunc, Store
+from .tir.transform import optimize
+
+
+def lower(sch: Schedule, args: Sequence[Tensor], name: str = "default_function", trace: bool = False) -> PrimFunc:
+    """The optimized loop IR of a schedule (print it to read the loop nest).
+
+    `trace=True` prints the IR after each loop pass."""
+    func = lower_schedule(sch, args, name)
+    if trace:
+        print(f"# after schedule\n{func}\n")
+    return optimize(func, trace=trace)
+
+
+def build(
+    sch: Schedule | PrimFunc,
+    args: Sequence[Tensor] | None = None,
+    target: str | Target = "c",
+    name: str = "default_function",
+) -> Module:
+    """Compile a schedule (or lowered function) for `target` and load it.
+
+    The result is called with one numpy array per argument, outputs written in place:
+    `f(a, b, c)`. Shapes, dtypes and layout are checked before any native code runs."""
+    target = Target.parse(target)
+    if isinstance(sch, PrimFunc):
+        func = sch
+    else:
+        if args is None:
+            raise TypeError("build(schedule, args): the argument tensors are required")
+        func = lower(sch, args, name)
+    if target.kind != "c":
+        raise NotImplementedError(f"target {target.kind!r} is not available yet; use target='c'")
+    source = codegen_c(func, target)
+    lib = compile_c(source, target.cflags())
+    written = {n.buffer for n in walk(func.body) if isinstance(n, Store)}
+    specs = [ArgSpec(b.name, b.shape, b.dtype.name, b in written) for b in func.params]
+    return Module(lib, {c_symbol(func.name): specs}, source, func)

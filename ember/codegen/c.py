@@ -1,0 +1,507 @@
+"""C code from the loop IR: readable names, OpenMP for parallel loops, GCC vector types for vectors.
+
+The generated file is self-contained: typedefs and small `static inline` helpers (vector load/store,
+broadcast, select, floor division) are emitted only when used. Each function takes one pointer per
+buffer parameter (`restrict`: the runtime checks that arguments do not overlap) and returns 0, or -1
+when an allocation failed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from ..target import Target
+from ..tir.arith import Analyzer
+from ..tir.dtype import DType
+from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
+from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
+
+STACK_LIMIT = 32 * 1024  # bytes: larger allocations go to the heap
+
+C_KEYWORDS = set(
+    "auto break case char const continue default do double else enum extern float for goto if inline int long "
+    "register restrict return short signed sizeof static struct switch typedef union unsigned void volatile while "
+    "bool main".split()
+)
+
+_OPS = {
+    "add": ("+", 12), "sub": ("-", 12), "mul": ("*", 13), "div": ("/", 13),
+    "eq": ("==", 9), "ne": ("!=", 9), "lt": ("<", 10), "le": ("<=", 10), "gt": (">", 10), "ge": (">=", 10),
+}  # fmt: skip
+
+# intrinsic -> (float32 name, float64 name)
+_MATH = {
+    "exp": ("expf", "exp"), "log": ("logf", "log"), "sqrt": ("sqrtf", "sqrt"), "tanh": ("tanhf", "tanh"),
+    "erf": ("erff", "erf"), "floor": ("floorf", "floor"), "ceil": ("ceilf", "ceil"),
+    "round": ("nearbyintf", "nearbyint"), "pow": ("powf", "pow"), "sin": ("sinf", "sin"), "cos": ("cosf", "cos"),
+    "abs": ("fabsf", "fabs"), "rsqrt": ("ember_rsqrt_f32", "ember_rsqrt_f64"),
+    "sigmoid": ("ember_sigmoid_f32", "ember_sigmoid_f64"),
+}  # fmt: skip
+
+_SCALAR_HELPERS = {
+    "ember_rsqrt_f32": "static inline float ember_rsqrt_f32(float x) { return 1.0f / sqrtf(x); }",
+    "ember_rsqrt_f64": "static inline double ember_rsqrt_f64(double x) { return 1.0 / sqrt(x); }",
+    "ember_sigmoid_f32": "static inline float ember_sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }",
+    "ember_sigmoid_f64": "static inline double ember_sigmoid_f64(double x) { return 1.0 / (1.0 + exp(-x)); }",
+}
+
+
+def c_symbol(name: str) -> str:
+    """The C name of a function named `name` in the IR."""
+    return _ident(name)
+
+
+class CodegenError(Exception):
+    pass
+
+
+def _ident(name: str) -> str:
+    s = re.sub(r"[^0-9a-zA-Z_]", "_", name) or "v"
+    if s[0].isdigit():
+        s = "v" + s
+    return s + "_" if s in C_KEYWORDS else s
+
+
+class CCodegen:
+    def __init__(self, target: Target):
+        self.target = target
+        self.names: dict[int, str] = {}
+        self.taken: set[str] = set()
+        self.helpers: dict[str, str] = {}
+        self.vec_types: dict[str, str] = {}
+        self.ana = Analyzer()
+        self.lines: list[str] = []
+        self.indent = 1
+        self.in_parallel = False
+        self.written: set[Buffer] = set()
+
+    # -- names and types ---------------------------------------------------------------------
+    def name(self, obj: Var | Buffer) -> str:
+        key = id(obj)
+        if key not in self.names:
+            base = _ident(obj.name)
+            out, n = base, 1
+            while out in self.taken:
+                out, n = f"{base}_{n}", n + 1
+            self.taken.add(out)
+            self.names[key] = out
+        return self.names[key]
+
+    def ctype(self, dt: DType) -> str:
+        if dt.lanes == 1:
+            return dt.c_type
+        name = f"{dt.name}x{dt.lanes}"
+        if name not in self.vec_types:
+            self.vec_types[name] = f"typedef {dt.c_type} {name} __attribute__((vector_size({dt.itemsize * dt.lanes})));"
+        return name
+
+    def mask_type(self, bits: int, lanes: int) -> str:
+        return self.ctype(DType(f"int{bits}", lanes))
+
+    def helper(self, name: str, code: str) -> str:
+        self.helpers.setdefault(name, code)
+        return name
+
+    # -- expressions -------------------------------------------------------------------------
+    def expr(self, e: Expr, prec: int = 0) -> str:
+        s, p = self._expr(e)
+        return f"({s})" if p < prec else s
+
+    def _expr(self, e: Expr) -> tuple[str, int]:  # (text, precedence of its top operator)
+        if isinstance(e, Var):
+            return self.name(e), 16
+        if isinstance(e, Const):
+            return self.const(e)
+        if isinstance(e, Load):
+            return self.load(e), 15
+        if isinstance(e, BinOp):
+            return self.binop(e)
+        if isinstance(e, Not):
+            if e.dtype.lanes > 1:
+                return f"~{self.expr(e.a, 14)}", 14
+            return f"!{self.expr(e.a, 14)}", 14
+        if isinstance(e, Select):
+            return self.select(e)
+        if isinstance(e, Cast):
+            return self.cast(e), 14
+        if isinstance(e, Call):
+            return self.call(e), 15
+        if isinstance(e, Ramp):
+            return self.ramp(e), 15
+        if isinstance(e, Broadcast):
+            return self.bcast(e.value, e.lanes), 15
+        raise CodegenError(f"C codegen: unsupported expression {type(e).__name__}: {e}")
+
+    def const(self, c: Const) -> tuple[str, int]:
+        dt, v = c.dtype, c.value
+        if dt.is_bool:
+            return ("true" if v else "false"), 16
+        if dt.is_float:
+            f = float(v)
+            suffix = "f" if dt.bits == 32 else ""
+            if math.isnan(f):
+                return ("NAN" if suffix else "(double)NAN"), 16
+            if math.isinf(f):
+                s = "INFINITY" if suffix else "(double)INFINITY"
+                return (s if f > 0 else f"-{s}"), (16 if f > 0 else 14)
+            text = repr(f)
+            if "e" not in text and "." not in text:
+                text += ".0"
+            return text + suffix, (16 if f >= 0 else 14)
+        v = int(v)
+        if dt.bits == 64:
+            lim = "INT64_MIN" if dt.kind == "int" else "0"
+            if dt.kind == "int" and v == -(2**63):
+                return lim, 16
+            return f"(({dt.c_type}){v}LL)", 16
+        if dt.name == "int32" and v == -(2**31):
+            return "INT32_MIN", 16
+        if dt.name != "int32":
+            return f"(({dt.c_type}){v})", 16
+        return str(v), (16 if v >= 0 else 14)
+
+    def binop(self, e: BinOp) -> tuple[str, int]:
+        op, a, b, dt = e.op, e.a, e.b, e.dtype
+        vec = dt.lanes > 1
+        if vec:
+            a2 = a if a.dtype.lanes > 1 else Broadcast(a, dt.lanes)
+            b2 = b if b.dtype.lanes > 1 else Broadcast(b, dt.lanes)
+            a, b = a2, b2
+        if op in _OPS:
+            sym, p = _OPS[op]
+            if op == "div" and dt.is_int:
+                raise CodegenError(f"integer true division in {e}")
+            return f"{self.expr(a, p)} {sym} {self.expr(b, p + 1)}", p
+        if op in ("and", "or"):
+            if vec:
+                sym, p = ("&", 8) if op == "and" else ("|", 6)
+            else:
+                sym, p = ("&&", 5) if op == "and" else ("||", 4)
+            return f"{self.expr(a, p)} {sym} {self.expr(b, p + 1)}", p
+        if op in ("min", "max"):
+            return self.minmax(op, a, b, dt), 15
+        if op in ("floordiv", "floormod"):
+            return self.divmod(op, a, b, dt)
+        raise CodegenError(f"C codegen: unsupported operator {op}")
+
+    def minmax(self, op: str, a: Expr, b: Expr, dt: DType) -> str:
+        cmp = "<" if op == "min" else ">"
+        t = self.ctype(dt)
+        name = f"ember_{op}_{t}"
+        if dt.lanes == 1:
+            code = f"static inline {t} {name}({t} a, {t} b) {{ return a {cmp} b ? a : b; }}"
+        else:
+            sel = self.vselect_helper(dt)
+            code = f"static inline {t} {name}({t} a, {t} b) {{ return {sel}(a {cmp} b, a, b); }}"
+        return f"{self.helper(name, code)}({self.expr(a)}, {self.expr(b)})"
+
+    def divmod(self, op: str, a: Expr, b: Expr, dt: DType) -> tuple[str, int]:
+        if dt.is_float:
+            fl = "floorf" if dt.bits == 32 else "floor"
+            if dt.lanes > 1:
+                return self.lanewise(f"floor{'div' if op == 'floordiv' else 'mod'}", [a, b], dt), 15
+            q = f"{fl}({self.expr(a, 13)} / {self.expr(b, 14)})"
+            if op == "floordiv":
+                return q, 15
+            return f"{self.expr(a, 12)} - {q} * {self.expr(b, 14)}", 12
+        if dt.lanes == 1:
+            la, _ = self.ana.bounds(a)
+            lb, _ = self.ana.bounds(b)
+            if la is not None and la >= 0 and lb is not None and lb > 0:
+                return f"{self.expr(a, 13)} {'/' if op == 'floordiv' else '%'} {self.expr(b, 14)}", 13
+        return self.lanewise(op, [a, b], dt), 15
+
+    def lanewise(self, fn: str, args: list[Expr], dt: DType) -> str:
+        """Call a scalar helper/function per lane (or once for scalars)."""
+        scalar = dt.scalar
+        st = scalar.c_type
+        sname = self.scalar_fn(fn, scalar)
+        if dt.lanes == 1:
+            return f"{sname}({', '.join(self.expr(x) for x in args)})"
+        t = self.ctype(dt)
+        arg_types = [self.ctype(x.dtype.with_lanes(dt.lanes)) for x in args]
+        params = ", ".join(f"{at} x{i}" for i, at in enumerate(arg_types))
+        call = ", ".join(f"x{i}[l]" for i in range(len(args)))
+        name = f"ember_{fn}_{t}"
+        code = (
+            f"static inline {t} {name}({params}) {{\n  {t} r;\n"
+            f"  for (int l = 0; l < {dt.lanes}; ++l) r[l] = ({st}){sname}({call});\n  return r;\n}}"
+        )
+        vargs = [x if x.dtype.lanes > 1 else Broadcast(x, dt.lanes) for x in args]
+        return f"{self.helper(name, code)}({', '.join(self.expr(x) for x in vargs)})"
+
+    def scalar_fn(self, fn: str, dt: DType) -> str:
+        if fn in _MATH and dt.is_float:
+            name = _MATH[fn][0 if dt.bits == 32 else 1]
+            if name in _SCALAR_HELPERS:
+                self.helper(name, _SCALAR_HELPERS[name])
+            return name
+        t = dt.c_type
+        if fn == "abs":
+            name = f"ember_abs_{dt.name}"
+            return self.helper(name, f"static inline {t} {name}({t} a) {{ return a < 0 ? ({t})-a : a; }}")
+        if fn in ("floordiv", "floormod") and dt.is_int:
+            name = f"ember_{fn}_{dt.name}"
+            if fn == "floordiv":
+                body = f"{t} q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;"
+            else:
+                body = f"{t} r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;"
+            return self.helper(name, f"static inline {t} {name}({t} a, {t} b) {{ {body} }}")
+        if fn in ("floordiv", "floormod") and dt.is_float:
+            fl = "floorf" if dt.bits == 32 else "floor"
+            name = f"ember_{fn}_{dt.name}"
+            body = f"return {fl}(a / b);" if fn == "floordiv" else f"return a - {fl}(a / b) * b;"
+            return self.helper(name, f"static inline {t} {name}({t} a, {t} b) {{ {body} }}")
+        if fn in ("floor", "ceil", "round") and dt.is_int:
+            name = f"ember_identity_{dt.name}"
+            return self.helper(name, f"static inline {t} {name}({t} a) {{ return a; }}")
+        raise CodegenError(f"C codegen: no {fn} for {dt}")
+
+    def call(self, e: Call) -> str:
+        return self.lanewise(e.name, list(e.args), e.dtype)
+
+    def cast(self, e: Cast) -> str:
+        if e.dtype.lanes == 1:
+            if e.dtype.is_bool:
+                return f"({self.expr(e.value)} != 0)"
+            return f"({e.dtype.c_type}){self.expr(e.value, 14)}"
+        return f"__builtin_convertvector({self.expr(e.value)}, {self.ctype(e.dtype)})"
+
+    def select(self, e: Select) -> tuple[str, int]:
+        if e.cond.dtype.lanes == 1:
+            return f"{self.expr(e.cond, 4)} ? {self.expr(e.t, 3)} : {self.expr(e.f, 3)}", 3
+        sel = self.vselect_helper(e.dtype)
+        return f"{sel}({self.expr(e.cond)}, {self.expr(e.t)}, {self.expr(e.f)})", 15
+
+    def vselect_helper(self, dt: DType) -> str:
+        t = self.ctype(dt)
+        m = self.mask_type(dt.bits, dt.lanes)
+        name = f"ember_select_{t}"
+        code = f"static inline {t} {name}({m} m, {t} a, {t} b) {{ return ({t})((({m})a & m) | (({m})b & ~m)); }}"
+        return self.helper(name, code)
+
+    def bcast(self, value: Expr, lanes: int) -> str:
+        dt = value.dtype.with_lanes(lanes)
+        if value.dtype.is_bool:
+            raise CodegenError(f"broadcast of a boolean {value}")
+        t, s = self.ctype(dt), dt.c_type
+        name = f"ember_bcast_{t}"
+        code = (
+            f"static inline {t} {name}({s} x) {{\n  {t} r;\n"
+            f"  for (int l = 0; l < {lanes}; ++l) r[l] = x;\n  return r;\n}}"
+        )
+        return f"{self.helper(name, code)}({self.expr(value)})"
+
+    def ramp(self, e: Ramp) -> str:
+        t, s = self.ctype(e.dtype), e.dtype.c_type
+        name = f"ember_ramp_{t}"
+        code = (
+            f"static inline {t} {name}({s} base, {s} stride) {{\n  {t} r;\n"
+            f"  for (int l = 0; l < {e.lanes}; ++l) r[l] = base + ({s})l * stride;\n  return r;\n}}"
+        )
+        return f"{self.helper(name, code)}({self.expr(e.base)}, {self.expr(e.stride)})"
+
+    def load(self, e: Load) -> str:
+        buf = self.name(e.buffer)
+        if len(e.indices) != 1:
+            raise CodegenError(f"load of {e.buffer.name} is not flattened")
+        idx = e.indices[0]
+        if idx.dtype.lanes == 1:
+            return f"{buf}[{self.expr(idx)}]"
+        dt = e.dtype
+        t, s = self.ctype(dt), dt.c_type
+        if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
+            name = f"ember_vload_{t}"
+            code = f"static inline {t} {name}(const {s}* p) {{ {t} v; __builtin_memcpy(&v, p, sizeof v); return v; }}"
+            return f"{self.helper(name, code)}(&{buf}[{self.expr(idx.base)}])"
+        it = self.ctype(idx.dtype)
+        name = f"ember_gather_{t}"
+        code = (
+            f"static inline {t} {name}(const {s}* p, {it} idx) {{\n  {t} r;\n"
+            f"  for (int l = 0; l < {dt.lanes}; ++l) r[l] = p[idx[l]];\n  return r;\n}}"
+        )
+        return f"{self.helper(name, code)}({buf}, {self.expr(idx)})"
+
+    # -- statements --------------------------------------------------------------------------
+    def emit(self, line: str) -> None:
+        self.lines.append("  " * self.indent + line)
+
+    def block(self, s: Stmt) -> None:
+        self.indent += 1
+        self.stmt(s)
+        self.indent -= 1
+
+    def stmt(self, s: Stmt) -> None:
+        if isinstance(s, Seq):
+            for x in s.stmts:
+                self.stmt(x)
+        elif isinstance(s, For):
+            self.loop(s)
+        elif isinstance(s, Store):
+            self.store(s)
+        elif isinstance(s, IfThenElse):
+            self.emit(f"if ({self.expr(s.cond)}) {{")
+            self.block(s.then_case)
+            if s.else_case is not None:
+                self.emit("} else {")
+                self.block(s.else_case)
+            self.emit("}")
+        elif isinstance(s, LetStmt):
+            self.emit(f"const {self.ctype(s.value.dtype)} {self.name(s.var)} = {self.expr(s.value)};")
+            lo, hi = self.ana.bounds(s.value) if s.value.dtype.is_int and s.value.dtype.lanes == 1 else (None, None)
+            with self.ana.scope(s.var, lo, hi):
+                self.stmt(s.body)
+        elif isinstance(s, Allocate):
+            self.allocate(s)
+        elif isinstance(s, Evaluate):
+            if not isinstance(s.value, Const):
+                self.emit(f"(void)({self.expr(s.value)});")
+        else:
+            raise CodegenError(f"C codegen: unsupported statement {type(s).__name__}")
+
+    def loop(self, s: For) -> None:
+        if s.kind is ForKind.THREAD_BINDING:
+            raise CodegenError(
+                f"loop '{s.var.name}' is bound to {s.thread_tag}, which needs a GPU target (cuda, opencl), "
+                f"not {self.target.kind}"
+            )
+        v = self.name(s.var)
+        t = s.var.dtype.c_type
+        lo = self.expr(s.min)
+        end = self.expr(self.ana.simplify(s.min + s.extent))
+        parallel_here = s.kind is ForKind.PARALLEL and not self.in_parallel
+        for key, value in s.annotations:
+            if key == "vectorize_fallback":
+                self.emit(f"// not vectorized: {value}")
+            elif key == "unroll":
+                self.emit(f"#pragma GCC unroll {int(value)}")
+            elif key == "ivdep":
+                self.emit("#pragma GCC ivdep")
+            elif key == "simd":
+                self.emit("#pragma omp simd")
+            else:
+                self.emit(f"// pragma {key}={value}")
+        if parallel_here:
+            threads = f" num_threads({self.target.threads})" if self.target.threads else ""
+            self.emit(f"#pragma omp parallel for schedule(static){threads}")
+        elif s.kind is ForKind.PARALLEL:
+            self.emit("// parallel loop nested in a parallel loop: runs serially")
+        elif s.kind is ForKind.UNROLLED:
+            self.emit(f"#pragma GCC unroll {self.expr(s.extent)}")
+        self.emit(f"for ({t} {v} = {lo}; {v} < {end}; ++{v}) {{")
+        lb, hb = self.ana.bind_loop(s.var, s.min, s.extent)
+        was = self.in_parallel
+        self.in_parallel = was or parallel_here
+        with self.ana.scope(s.var, lb, hb):
+            self.block(s.body)
+        self.in_parallel = was
+        self.emit("}")
+
+    def store(self, s: Store) -> None:
+        self.written.add(s.buffer)
+        buf = self.name(s.buffer)
+        if len(s.indices) != 1:
+            raise CodegenError(f"store to {s.buffer.name} is not flattened")
+        idx = s.indices[0]
+        value = self.expr(s.value)
+        if idx.dtype.lanes == 1:
+            self.emit(f"{buf}[{self.expr(idx)}] = {value};")
+            return
+        dt = s.value.dtype
+        t, sc = self.ctype(dt), dt.c_type
+        if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
+            name = f"ember_vstore_{t}"
+            code = f"static inline void {name}({sc}* p, {t} v) {{ __builtin_memcpy(p, &v, sizeof v); }}"
+            self.emit(f"{self.helper(name, code)}(&{buf}[{self.expr(idx.base)}], {value});")
+            return
+        it = self.ctype(idx.dtype)
+        name = f"ember_scatter_{t}"
+        code = (
+            f"static inline void {name}({sc}* p, {it} idx, {t} v) {{\n"
+            f"  for (int l = 0; l < {dt.lanes}; ++l) p[idx[l]] = v[l];\n}}"
+        )
+        self.emit(f"{self.helper(name, code)}({buf}, {self.expr(idx)}, {value});")
+
+    def allocate(self, s: Allocate) -> None:
+        b = s.buffer
+        name, t = self.name(b), b.dtype.c_type
+        self.emit(f"// {b.name}: {b.dtype}[{', '.join(map(str, b.shape))}], {b.scope}")
+        if b.nbytes <= STACK_LIMIT:
+            self.emit("{")
+            self.indent += 1
+            self.emit(f"{t} {name}[{max(b.size, 1)}] __attribute__((aligned(64)));")
+            self.stmt(s.body)
+            self.indent -= 1
+            self.emit("}")
+            return
+        nbytes = -(-b.nbytes // 64) * 64
+        self.emit(f"{t}* restrict {name} = ({t}*)aligned_alloc(64, {nbytes});")
+        self.emit(f"if ({name} == NULL) {{")
+        self.emit("  ember_status = -1;")
+        self.emit("} else {")
+        self.block(s.body)
+        self.emit(f"  free({name});")
+        self.emit("}")
+
+    # -- function ----------------------------------------------------------------------------
+    def function(self, f: PrimFunc) -> str:
+        for p in f.params:
+            self.name(p)
+        self.stmt(f.body)
+        body = self.lines
+        params = []
+        for p in f.params:
+            const_ = "" if p in self.written else "const "
+            params.append(f"{const_}{p.dtype.c_type}* restrict {self.name(p)}")
+        sig = f"int32_t {_ident(f.name)}({', '.join(params) or 'void'})"
+        doc = [
+            f"// {f.name}(" + ", ".join(f"{p.name}: {p.dtype}[{', '.join(map(str, p.shape))}]" for p in f.params) + ")"
+        ]
+        return "\n".join([*doc, sig + " {", "  int32_t ember_status = 0;", *body, "  return ember_status;", "}"])
+
+
+PRELUDE = """\
+// Generated by Ember. Compile with a C11 compiler (GNU extensions for vector types), -fopenmp for parallel loops.
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+"""
+
+THREADS_API = """\
+// Sets the number of threads for the library's parallel loops (OpenMP's default is all cores).
+void ember_set_num_threads(int32_t n) {
+#ifdef _OPENMP
+  omp_set_num_threads(n);
+#else
+  (void)n;
+#endif
+}
+"""
+
+
+def codegen_c(funcs: PrimFunc | list[PrimFunc], target: Target | str = "c") -> str:
+    """The C source of a module holding the given functions."""
+    target = Target.parse(target)
+    funcs = [funcs] if isinstance(funcs, PrimFunc) else list(funcs)
+    types: dict[str, str] = {}
+    helpers: dict[str, str] = {}
+    bodies = []
+    for f in funcs:
+        g = CCodegen(target)
+        bodies.append(g.function(f))
+        types.update(g.vec_types)
+        helpers.update(g.helpers)
+    parts = [PRELUDE]
+    if types:
+        parts.append("\n".join(types.values()) + "\n")
+    if helpers:
+        parts.append("\n".join(helpers.values()) + "\n")
+    parts.append(THREADS_API)
+    parts += [b + "\n" for b in bodies]
+    return "\n".join(parts)

@@ -1,0 +1,48 @@
+"""Tensor expressions and schedules."""
+
+from .schedule import Schedule, ScheduleError, Stage, Step, create_schedule
+from .tensor import (
+    ComputeOp,
+    IterVar,
+    PlaceholderOp,
+    Reduce,
+    Reducer,
+    Tensor,
+    TensorLoad,
+    abs,
+    all,
+    any,
+    cast,
+    ceil,
+    comm_reducer,
+    compute,
+    const,
+    cos,
+    erf,
+    exp,
+    floor,
+    if_then_else,
+    log,
+    max,
+    maximum,
+    min,
+    minimum,
+    placeholder,
+    pow,
+    reduce_axis,
+    round,
+    rsqrt,
+    sigmoid,
+    sin,
+    sqrt,
+    sum,
+    tanh,
+    var,
+)
+
+__all__ = [
+    "ComputeOp", "IterVar", "PlaceholderOp", "Reduce", "Reducer", "Schedule", "ScheduleError", "Stage", "Step",
+    "Tensor", "TensorLoad", "abs", "all", "any", "cast", "ceil", "comm_reducer", "compute", "const", "cos",
+    "create_schedule", "erf", "exp", "floor", "if_then_else", "log", "max", "maximum", "min", "minimum",
+    "placeholder", "pow", "reduce_axis", "round", "rsqrt", "sigmoid", "sin", "sqrt", "sum", "tanh", "var",
+]  # fmt: skip

@@ -1,0 +1,365 @@
+"""Lowering a schedule to the loop IR.
+
+1. inline: substitute inlined stages into their consumers;
+2. bound inference: consumers first, each stage computed at a consumer's loop gets the region
+   that consumer reads inside that loop (symbolic in the outer loop variables);
+3. loop nests: each stage's leaf loops, split/fuse relations turned into index arithmetic,
+   guards for splits that do not divide, reduction init placed before the first reduction loop,
+   stages computed-at nested at their attach loops with their buffers allocated there;
+4. the loop passes of `tir.transform` (simplify, partition, flatten, vectorize, unroll).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..tir import expr as E
+from ..tir.arith import Analyzer
+from ..tir.dtype import int32, int64
+from ..tir.expr import Expr, Var, const
+from ..tir.functor import substitute, transform, walk
+from ..tir.stmt import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, seq
+from .schedule import Schedule, ScheduleError, Split, Stage
+from .tensor import ComputeOp, IterVar, Reduce, Tensor, TensorLoad
+
+
+@dataclass
+class Loops:
+    """The loop structure of one stage once its root ranges are known."""
+
+    root_min: dict[IterVar, Expr] = field(default_factory=dict)
+    extent: dict[IterVar, int] = field(default_factory=dict)  # of every iter var (zero-based ranges)
+    var: dict[IterVar, Var] = field(default_factory=dict)  # loop variable of each leaf
+    value: dict[IterVar, Expr] = field(default_factory=dict)  # zero-based value of every iter var
+    preds: list[Expr] = field(default_factory=list)  # guards of non-dividing splits
+
+
+class Lowering:
+    def __init__(self, sch: Schedule, args: Sequence[Tensor], name: str):
+        self.sch = sch
+        self.name = name
+        self.args = list(args)
+        self.ana = Analyzer()
+        self.stages = [st for st in sch.stages if st.attach != "inline"]
+        self.arg_stages = [sch[t] for t in self.args]
+        big = max((math.prod(st.op.shape) for st in sch.stages), default=0) >= 2**31
+        self.index_dtype = int64 if big else int32
+        self.bodies: dict[Stage, Expr] = {}
+        self.loops: dict[Stage, Loops] = {}
+        self.region_min: dict[Stage, list[Expr]] = {}
+        self.buffers: dict[Stage, Buffer] = {}
+        self.attached: dict[tuple[Stage, IterVar], list[Stage]] = {}
+        self.readers: dict[Stage, set[Stage]] = {}
+
+    # -- 1. inline ---------------------------------------------------------------------------
+    def inline(self) -> None:
+        inlined: dict[Stage, tuple[list[Var], Expr]] = {}
+        for st in self.sch.stages:
+            if st.is_placeholder:
+                continue
+            op = st.op
+            assert isinstance(op, ComputeOp)
+
+            def post(n, inlined=inlined):
+                if isinstance(n, TensorLoad):
+                    src = self.sch[n.tensor]
+                    if src in inlined:
+                        params, body = inlined[src]
+                        return substitute(body, dict(zip(params, n.indices)))
+                return None
+
+            body = transform(op.body, post) if inlined else op.body
+            if st.attach == "inline":
+                inlined[st] = ([iv.var for iv in op.axis], body)
+            else:
+                self.bodies[st] = body
+
+    # -- checks ------------------------------------------------------------------------------
+    def check(self) -> None:
+        arg_set = set(self.arg_stages)
+        for t, st in zip(self.args, self.arg_stages):
+            if st.attach == "inline":
+                raise ScheduleError(f"tensor '{t.name}' is an argument and cannot be inlined")
+            if st.attach == "at":
+                raise ScheduleError(f"tensor '{t.name}' is an argument, so it must be computed at root")
+        readers = self.readers
+        for st, body in self.bodies.items():
+            for n in walk(body):
+                if isinstance(n, TensorLoad):
+                    readers.setdefault(self.sch[n.tensor], set()).add(st)
+        for st in self.sch.stages:
+            if st.is_placeholder and st in readers and st not in arg_set:
+                raise ScheduleError(f"placeholder '{st.name}' is read but not in the argument list")
+            if st.is_output and st not in arg_set:
+                raise ScheduleError(f"output '{st.name}' is not in the argument list")
+            if st.attach != "at":
+                continue
+            target, axis = st.attach_stage, st.attach_axis
+            assert target is not None and axis is not None
+            if target.attach == "inline":
+                raise ScheduleError(f"stage '{st.name}' is computed at '{target.name}', which is inlined")
+            if axis not in target.leaf_iter_vars:
+                raise ScheduleError(
+                    f"stage '{st.name}' is computed at loop '{axis.name}' of '{target.name}', "
+                    f"which is no longer one of its loops [{', '.join(iv.name for iv in target.leaf_iter_vars)}]"
+                )
+            pos = target.leaf_iter_vars.index(axis)
+            for r in readers.get(st, set()):
+                if not self.inside(r, target, pos):
+                    raise ScheduleError(
+                        f"stage '{st.name}' is computed at '{target.name}.{axis.name}', but its reader '{r.name}' "
+                        "runs outside that loop; compute it at a loop that encloses all its readers, or at root"
+                    )
+            self.attached.setdefault((target, axis), []).append(st)
+
+    @staticmethod
+    def inside(r: Stage, target: Stage, pos: int) -> bool:
+        """Whether stage r runs inside loop `pos` of target (is target, or is computed within it)."""
+        while r is not target:
+            if r.attach != "at":
+                return False
+            if r.attach_stage is target:
+                return target.leaf_iter_vars.index(r.attach_axis) >= pos  # type: ignore[arg-type]
+            r = r.attach_stage  # type: ignore[assignment]
+        return True
+
+    # -- 2. bounds ---------------------------------------------------------------------------
+    def infer_bounds(self) -> None:
+        for st in reversed(self.stages):
+            if st.is_placeholder:
+                self.region_min[st] = [const(0, self.index_dtype)] * len(st.op.shape)
+                continue
+            op = st.op
+            assert isinstance(op, ComputeOp)
+            zero = const(0, self.index_dtype)
+            if st.attach == "at":
+                ranges = self.region(st)
+            else:
+                ranges = [(zero, n) for n in op.shape]
+            loops = Loops()
+            for iv, (lo, ext) in zip(op.axis, ranges):
+                loops.root_min[iv], loops.extent[iv] = lo, ext
+            for iv in op.reduce_axis:
+                loops.root_min[iv], loops.extent[iv] = const(iv.dom[0], self.index_dtype), iv.dom[1]  # type: ignore[index]
+            self.region_min[st] = [lo for lo, _ in ranges]
+            self.make_loops(st, loops)
+            self.loops[st] = loops
+
+    def make_loops(self, st: Stage, L: Loops) -> None:
+        for r in st.relations:
+            if isinstance(r, Split):
+                n = L.extent[r.parent]
+                if r.factor is not None:
+                    inner = max(1, min(r.factor, n))
+                else:
+                    inner = max(1, -(-n // r.nparts))  # type: ignore[operator]
+                L.extent[r.inner], L.extent[r.outer] = inner, -(-n // inner)
+            else:
+                L.extent[r.fused] = L.extent[r.outer] * L.extent[r.inner]
+        for iv in st.leaf_iter_vars:
+            v = Var(iv.name, self.index_dtype)
+            L.var[iv] = L.value[iv] = v
+            self.ana.bind(v, 0, L.extent[iv] - 1)
+        for r in reversed(st.relations):
+            if isinstance(r, Split):
+                inner = L.extent[r.inner]
+                L.value[r.parent] = L.value[r.outer] * inner + L.value[r.inner]
+                if L.extent[r.outer] * inner != L.extent[r.parent]:
+                    L.preds.append(L.value[r.parent] < L.extent[r.parent])
+            else:
+                inner_ext = const(L.extent[r.inner], self.index_dtype)
+                L.value[r.outer] = L.value[r.fused] // inner_ext
+                L.value[r.inner] = L.value[r.fused] % inner_ext
+
+    def relax(self, it: tuple[Expr, Expr], st: Stage, first: int) -> tuple[Expr, Expr] | None:
+        """Widen an interval over the loops of `st` from leaf position `first` inward."""
+        loops = self.loops[st]
+        env = {loops.var[iv]: (const(0, self.index_dtype), const(loops.extent[iv] - 1, self.index_dtype))
+               for iv in st.leaf_iter_vars[first:]}  # fmt: skip
+        lo, hi = self.ana.interval(it[0], env), self.ana.interval(it[1], env)
+        return None if lo is None or hi is None else (lo[0], hi[1])
+
+    def root_intervals(self, st: Stage, first: int) -> dict[Var, tuple[Expr, Expr]]:
+        """Interval of each root axis of st while its leaf loops from position `first` inward run."""
+        loops = self.loops[st]
+        op = st.op
+        assert isinstance(op, ComputeOp)
+        out = {}
+        for iv in op.axis + op.reduce_axis:
+            # not clamped to the axis domain: split tails over-approximate, and the producer's region
+            # is clamped to its own shape in `region` (clamping here would lose the extent's constancy)
+            v = loops.root_min[iv] + loops.value[iv]
+            dom = (loops.root_min[iv], loops.root_min[iv] + (loops.extent[iv] - 1))
+            out[iv.var] = self.relax((v, v), st, first) or dom
+        return out
+
+    def region(self, st: Stage) -> list[tuple[Expr, int]]:
+        """The part of st's output read inside the loop it is computed at, as (min, extent) per dim:
+        each reader's loops (and those of the stages between it and the attach loop) are relaxed."""
+        target, axis = st.attach_stage, st.attach_axis
+        assert target is not None and axis is not None
+        pos = target.leaf_iter_vars.index(axis)
+        shape = st.op.shape
+        acc: list[tuple[Expr, Expr] | None] = [None] * len(shape)
+        unbounded = [False] * len(shape)
+        for reader in self.readers.get(st, ()):
+            first = pos + 1 if reader is target else 0
+            root_env = self.root_intervals(reader, first)
+            for n in walk(self.bodies[reader]):
+                if not (isinstance(n, TensorLoad) and self.sch[n.tensor] is st):
+                    continue
+                for d, idx in enumerate(n.indices):
+                    it = self.ana.interval(idx, root_env)
+                    s = reader
+                    while it is not None and s is not target:
+                        s = s.attach_stage  # type: ignore[assignment]
+                        it = self.relax(it, s, pos + 1 if s is target else 0)
+                    if it is None:
+                        unbounded[d] = True
+                        continue
+                    it = (
+                        self.ana.simplify(E.binop("max", it[0], 0)),
+                        self.ana.simplify(E.binop("min", it[1], shape[d] - 1)),
+                    )
+                    acc[d] = it if acc[d] is None else self.ana.union(acc[d], it)  # type: ignore[arg-type]
+        out = []
+        for d, n in enumerate(shape):
+            it = acc[d]
+            ext = None if unbounded[d] or it is None else self.ana.max_over_loops(it[1] - it[0] + 1)
+            if ext is None or ext >= n:
+                out.append((const(0, self.index_dtype), n))
+                continue
+            ext = max(ext, 1)
+            lo = E.binop("min", E.binop("max", it[0], 0), n - ext)  # type: ignore[index]
+            out.append((self.ana.simplify(lo), ext))
+        return out
+
+    # -- 3. loop nests -----------------------------------------------------------------------
+    def make_buffers(self) -> list[Buffer]:
+        params = []
+        for t, st in zip(self.args, self.arg_stages):
+            if st in self.buffers:
+                raise ScheduleError(f"tensor '{t.name}' appears twice in the argument list")
+            self.buffers[st] = Buffer(st.name, t.shape, t.dtype)
+            params.append(self.buffers[st])
+        for st in self.stages:
+            if st not in self.buffers:
+                if st.is_placeholder:
+                    continue
+                shape = tuple(self.loops[st].extent[iv] for iv in st.op.axis)  # type: ignore[attr-defined]
+                scope = st.scope if st.attach == "at" else "global"
+                self.buffers[st] = Buffer(st.name, shape, st.op.dtype, scope)
+        return params
+
+    def load(self, n: TensorLoad, env: dict[Var, Expr]) -> Expr:
+        st = self.sch[n.tensor]
+        mins = self.region_min[st]
+        idx = tuple(self.expr(i, env) - m for i, m in zip(n.indices, mins))  # type: ignore[operator]
+        return E.Load(self.buffers[st], idx)
+
+    def expr(self, e: Expr, env: dict[Var, Expr]) -> Expr:
+        def post(n):
+            return env.get(n) if isinstance(n, Var) else None
+
+        def pre(n):
+            return self.load(n, env) if isinstance(n, TensorLoad) else None
+
+        return transform(e, post, pre)  # type: ignore[return-value]
+
+    def nest(self, st: Stage) -> Stmt:
+        op = st.op
+        assert isinstance(op, ComputeOp)
+        L = self.loops[st]
+        buf = self.buffers[st]
+        env = {iv.var: L.root_min[iv] + L.value[iv] for iv in op.axis + op.reduce_axis}
+        out_idx = tuple(L.value[iv] for iv in op.axis)
+        body = self.bodies[st]
+        leaves = st.leaf_iter_vars
+        if isinstance(body, Reduce):
+            cur = E.Load(buf, out_idx)
+            update: Stmt = Store(buf, body.reducer.combine(cur, self.expr(body.source, env)), out_idx)
+            cond = self.expr(body.condition, env)
+            if not (isinstance(cond, E.Const) and cond.value):
+                update = IfThenElse(cond, update)
+            inner = self.guard(update, L.preds)
+            first_reduce = next(i for i, iv in enumerate(leaves) if iv.kind == "reduce") if leaves else 0
+        else:
+            inner = self.guard(Store(buf, self.expr(body, env), out_idx), L.preds)
+            first_reduce = -1
+        stmt = inner
+        for pos in reversed(range(len(leaves))):
+            iv = leaves[pos]
+            stmt = self.wrap_attached(st, iv, stmt)
+            stmt = self.loop(st, iv, L.var[iv], stmt)
+            if pos == first_reduce:
+                stmt = seq(self.init_nest(st, body, pos), stmt)  # type: ignore[arg-type]
+        if not leaves and isinstance(body, Reduce):
+            stmt = seq(self.init_nest(st, body, 0), stmt)
+        return stmt
+
+    def loop(self, st: Stage, iv: IterVar, v: Var, body: Stmt) -> Stmt:
+        attr = st.iter_attrs.get(iv)
+        kind = attr.kind if attr else ForKind.SERIAL
+        tag = attr.thread_tag if attr else None
+        notes = tuple(attr.pragmas) if attr else ()
+        ext = self.loops[st].extent[iv]
+        return For(v, const(0, self.index_dtype), const(ext, self.index_dtype), kind, body, tag, notes)
+
+    def init_nest(self, st: Stage, body: Reduce, first_reduce: int) -> Stmt:
+        """Stores of the reduction identity, over the data-parallel loops inside the first reduction loop."""
+        L = self.loops[st]
+        inner = [iv for iv in st.leaf_iter_vars[first_reduce:] if iv.kind != "reduce"]
+        fresh = {L.var[iv]: Var(L.var[iv].name, self.index_dtype) for iv in inner}
+        op = st.op
+        assert isinstance(op, ComputeOp)
+        idx = tuple(substitute(L.value[iv], fresh) for iv in op.axis)
+        ident = E.convert(body.reducer.identity(body.dtype), body.dtype)
+        if ident.dtype != body.dtype:
+            ident = E.Cast(body.dtype, ident)
+        preds = [substitute(p, fresh) for p in L.preds if not _uses_reduce(p, st, L)]
+        stmt = self.guard(Store(self.buffers[st], ident, idx), preds)  # type: ignore[arg-type]
+        for iv in reversed(inner):
+            stmt = self.loop(st, iv, fresh[L.var[iv]], stmt)  # type: ignore[arg-type]
+        return stmt
+
+    def guard(self, stmt: Stmt, preds: list[Expr]) -> Stmt:
+        conds = [p for p in (self.ana.simplify(p) for p in preds) if not (isinstance(p, E.Const) and p.value)]
+        if not conds:
+            return stmt
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = cond & c
+        return IfThenElse(cond, stmt)
+
+    def wrap_attached(self, st: Stage, iv: IterVar, stmt: Stmt) -> Stmt:
+        for p in reversed(self.attached.get((st, iv), [])):
+            stmt = Allocate(self.buffers[p], seq(self.nest(p), stmt))
+        return stmt
+
+    def run(self) -> PrimFunc:
+        self.inline()
+        self.check()
+        self.infer_bounds()
+        params = self.make_buffers()
+        roots = [st for st in self.stages if not st.is_placeholder and st.attach == "root"]
+        body = seq(*[self.nest(st) for st in roots])
+        arg_set = set(self.arg_stages)
+        for st in reversed(roots):
+            if st not in arg_set:
+                body = Allocate(self.buffers[st], body)
+        return PrimFunc(self.name, tuple(params), body)
+
+
+def _uses_reduce(p: Expr, st: Stage, L: Loops) -> bool:
+    reduce_vars = {L.var[iv] for iv in st.leaf_iter_vars if iv.kind == "reduce"}
+    return any(isinstance(n, Var) and n in reduce_vars for n in walk(p))
+
+
+def lower_schedule(sch: Schedule, args: Sequence[Tensor], name: str = "default_function") -> PrimFunc:
+    """The loop nest a schedule describes, before loop passes."""
+    for a in args:
+        if not isinstance(a, Tensor):
+            raise TypeError(f"arguments must be tensors, got {a!r}")
+    return Lowering(sch, args, name).run()

@@ -1,0 +1,506 @@
+"""Schedules: how a tensor-expression DAG becomes loops.
+
+A `Schedule` has one `Stage` per operation. Primitives on a stage (split, fuse, reorder, ...) and on
+the schedule (cache_read, cache_write) are recorded as `Step`s: a schedule *is* its list of steps,
+which serializes to JSON and replays on a fresh schedule of the same compute.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..tir.functor import transform, walk
+from ..tir.stmt import ForKind
+from .tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Reduce, Tensor, TensorLoad
+
+THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z", "vthread")
+
+
+class ScheduleError(ValueError):
+    """An illegal schedule request; the message names the stage and the axis."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One schedule primitive applied to a stage, by names: replayable and JSON-serializable."""
+
+    kind: str
+    stage: str
+    args: tuple = ()
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "stage": self.stage, "args": _jsonable(self.args)}
+
+    @staticmethod
+    def from_json(d: dict) -> Step:
+        return Step(d["kind"], d["stage"], _tupled(d.get("args", [])))
+
+    def __str__(self) -> str:
+        return f"{self.kind}({self.stage}{''.join(', ' + repr(a) for a in self.args)})"
+
+
+def _jsonable(x: Any) -> Any:
+    return [_jsonable(v) for v in x] if isinstance(x, list | tuple) else x
+
+
+def _tupled(x: Any) -> Any:
+    return tuple(_tupled(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+@dataclass
+class Split:
+    parent: IterVar
+    outer: IterVar
+    inner: IterVar
+    factor: int | None
+    nparts: int | None
+
+
+@dataclass
+class Fuse:
+    outer: IterVar
+    inner: IterVar
+    fused: IterVar
+
+
+@dataclass
+class IterAttr:
+    kind: ForKind = ForKind.SERIAL
+    thread_tag: str | None = None
+    pragmas: list[tuple[str, Any]] = field(default_factory=list)
+
+
+class Stage:
+    """The schedule of one operation: its loops (leaf axes), how they derive from the root axes,
+    their annotations, and where the stage is computed (root, inline, or at a consumer's loop)."""
+
+    def __init__(self, sch: Schedule, op: Operation, name: str):
+        self.sch = sch
+        self.name = name
+        self.op = op
+        self.is_output = False
+        self.scope = "global"
+        self.relations: list[Split | Fuse] = []
+        self.iter_attrs: dict[IterVar, IterAttr] = {}
+        self.attach: str = "root"  # "root" | "inline" | "at"
+        self.attach_stage: Stage | None = None
+        self.attach_axis: IterVar | None = None
+        self.leaf_iter_vars: list[IterVar] = self.root_iter_vars
+
+    @property
+    def is_placeholder(self) -> bool:
+        return isinstance(self.op, PlaceholderOp)
+
+    @property
+    def root_iter_vars(self) -> list[IterVar]:
+        if isinstance(self.op, ComputeOp):
+            return list(self.op.axis) + list(self.op.reduce_axis)
+        return []
+
+    @property
+    def all_iter_vars(self) -> list[IterVar]:
+        out = list(self.root_iter_vars)
+        for r in self.relations:
+            out += [r.outer, r.inner] if isinstance(r, Split) else [r.fused]
+        return out
+
+    def __repr__(self) -> str:
+        where = {"root": "root", "inline": "inline"}.get(self.attach)
+        if where is None:
+            where = f"at {self.attach_stage.name}.{self.attach_axis.name}"  # type: ignore[union-attr]
+        return f"Stage({self.name}, loops=[{', '.join(iv.name for iv in self.leaf_iter_vars)}], {where})"
+
+    # -- public primitives: each records a Step ---------------------------------------------
+    def split(self, parent: IterVar | str, factor: int | None = None, nparts: int | None = None):
+        """Split a loop into (outer, inner) with inner extent `factor`, or outer extent `nparts`."""
+        return self.sch._apply(Step("split", self.name, (_name(parent), factor, nparts)))
+
+    def tile(self, x: IterVar | str, y: IterVar | str, x_factor: int, y_factor: int):
+        """Split x and y and order the loops as (x.outer, y.outer, x.inner, y.inner)."""
+        xo, xi = self.split(x, x_factor)
+        yo, yi = self.split(y, y_factor)
+        self.reorder(xo, yo, xi, yi)
+        return xo, yo, xi, yi
+
+    def fuse(self, *axes: IterVar | str) -> IterVar:
+        """Fuse adjacent loops (outer first) into one."""
+        if len(axes) < 2:
+            if len(axes) == 1:
+                return self._leaf(_name(axes[0]))
+            raise ScheduleError(f"stage '{self.name}': fuse needs at least one axis")
+        fused = axes[0]
+        for ax in axes[1:]:
+            fused = self.sch._apply(Step("fuse", self.name, (_name(fused), _name(ax))))
+        return fused  # type: ignore[return-value]
+
+    def reorder(self, *axes: IterVar | str) -> None:
+        """Put the given loops in this relative order (other loops keep their places)."""
+        self.sch._apply(Step("reorder", self.name, tuple(_name(a) for a in axes)))
+
+    def vectorize(self, axis: IterVar | str) -> None:
+        self.sch._apply(Step("vectorize", self.name, (_name(axis),)))
+
+    def unroll(self, axis: IterVar | str) -> None:
+        self.sch._apply(Step("unroll", self.name, (_name(axis),)))
+
+    def parallel(self, axis: IterVar | str) -> None:
+        self.sch._apply(Step("parallel", self.name, (_name(axis),)))
+
+    def bind(self, axis: IterVar | str, thread: str) -> None:
+        """Bind a loop to a GPU thread axis ("blockIdx.x", "threadIdx.x", ...)."""
+        self.sch._apply(Step("bind", self.name, (_name(axis), thread)))
+
+    def pragma(self, axis: IterVar | str, key: str, value: Any = True) -> None:
+        self.sch._apply(Step("pragma", self.name, (_name(axis), key, value)))
+
+    def compute_at(self, parent: Stage | Tensor | str, axis: IterVar | str) -> None:
+        """Compute this stage inside loop `axis` of consumer stage `parent`, only the part it needs."""
+        self.sch._apply(Step("compute_at", self.name, (self.sch[parent].name, _name(axis))))
+
+    def compute_inline(self) -> None:
+        """Substitute this stage's expression into its consumers."""
+        self.sch._apply(Step("compute_inline", self.name))
+
+    def compute_root(self) -> None:
+        self.sch._apply(Step("compute_root", self.name))
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _err(self, msg: str) -> ScheduleError:
+        return ScheduleError(f"stage '{self.name}': {msg}")
+
+    def _leaf(self, name: str, what: str = "") -> IterVar:
+        if self.is_placeholder:
+            raise self._err("placeholders have no loops to schedule")
+        for iv in self.leaf_iter_vars:
+            if iv.name == name:
+                return iv
+        loops = ", ".join(iv.name for iv in self.leaf_iter_vars)
+        hint = ""
+        for r in self.relations:
+            if isinstance(r, Split) and r.parent.name == name:
+                hint = f"; '{name}' was split into '{r.outer.name}' and '{r.inner.name}'"
+            elif isinstance(r, Fuse) and name in (r.outer.name, r.inner.name):
+                hint = f"; '{name}' was fused into '{r.fused.name}'"
+        return_what = f" for {what}" if what else ""
+        raise self._err(f"no loop '{name}'{return_what} among its loops [{loops}]{hint}")
+
+    def _fresh_name(self, name: str) -> str:
+        taken = {iv.name for iv in self.all_iter_vars}
+        out, n = name, 1
+        while out in taken:
+            out, n = f"{name}_{n}", n + 1
+        return out
+
+    def _attr(self, iv: IterVar) -> IterAttr:
+        return self.iter_attrs.setdefault(iv, IterAttr())
+
+    def _annotate(self, name: str, kind: ForKind, what: str) -> None:
+        iv = self._leaf(name, what)
+        if iv.kind == "reduce" and kind in (ForKind.VECTORIZED, ForKind.PARALLEL, ForKind.THREAD_BINDING):
+            raise self._err(f"cannot {what} reduction loop '{name}': iterations would race on the same output")
+        attr = self._attr(iv)
+        if attr.kind not in (ForKind.SERIAL, kind):
+            raise self._err(f"loop '{name}' is already marked {attr.kind.value}, cannot also {what} it")
+        attr.kind = kind
+
+    def _producers(self) -> set[Stage]:
+        """Every stage this stage reads, transitively."""
+        out: set[Stage] = set()
+        todo = [self]
+        while todo:
+            st = todo.pop()
+            for t in st.op.inputs:
+                p = self.sch[t]
+                if p not in out:
+                    out.add(p)
+                    todo.append(p)
+        return out
+
+
+def _name(x: IterVar | str) -> str:
+    if isinstance(x, IterVar):
+        return x.name
+    if isinstance(x, str):
+        return x
+    raise TypeError(f"expected a loop axis (IterVar) or its name, got {x!r}")
+
+
+class Schedule:
+    """Stages of all operations reachable from `outputs`, in topological order (producers first)."""
+
+    def __init__(self, outputs: Sequence[Tensor]):
+        self.outputs = list(outputs)
+        self.stages: list[Stage] = []
+        self._by_op: dict[int, Stage] = {}
+        self.steps: list[Step] = []
+        names: set[str] = set()
+        for op in _topo_ops([t.op for t in self.outputs]):
+            name, n = op.name, 1
+            while name in names:
+                name, n = f"{op.name}_{n}", n + 1
+            names.add(name)
+            st = Stage(self, op, name)
+            self.stages.append(st)
+            self._by_op[id(op)] = st
+        for t in self.outputs:
+            st = self[t]
+            if st.is_placeholder:
+                raise ScheduleError(f"output '{t.name}' is a placeholder; outputs must be computed tensors")
+            st.is_output = True
+
+    def __getitem__(self, key: Tensor | Operation | Stage | str) -> Stage:
+        if isinstance(key, Stage):
+            return key
+        if isinstance(key, str):
+            for st in self.stages:
+                if st.name == key:
+                    return st
+            raise ScheduleError(f"no stage named '{key}'; stages: {', '.join(s.name for s in self.stages)}")
+        op = key.op if isinstance(key, Tensor) else key
+        st = self._by_op.get(id(op))
+        if st is None:
+            raise ScheduleError(f"tensor '{op.name}' is not part of this schedule")
+        return st
+
+    def __str__(self) -> str:
+        lines = [repr(st) for st in self.stages]
+        if self.steps:
+            lines += ["steps:"] + [f"  {s}" for s in self.steps]
+        return "\n".join(lines)
+
+    # -- schedule-level primitives -----------------------------------------------------------
+    def cache_read(self, tensor: Tensor, scope: str, readers: Iterable[Tensor | Stage | str] | Tensor) -> Tensor:
+        """A copy of `tensor` in `scope` that `readers` read instead of it."""
+        readers = [readers] if isinstance(readers, Tensor | Stage | str) else list(readers)
+        names = tuple(self[r].name for r in readers)
+        st = self._apply(Step("cache_read", self[tensor].name, (scope, names)))
+        return st.op.output()
+
+    def cache_write(self, tensor: Tensor, scope: str) -> Tensor:
+        """Compute `tensor` into a buffer in `scope`, then copy it out; returns the cache tensor."""
+        st = self._apply(Step("cache_write", self[tensor].name, (scope,)))
+        return st.op.output()
+
+    # -- steps -------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps([s.to_json() for s in self.steps])
+
+    def replay(self, steps: Iterable[Step | dict]) -> Schedule:
+        for s in steps:
+            self._apply(s if isinstance(s, Step) else Step.from_json(s))
+        return self
+
+    @classmethod
+    def load(cls, outputs: Sequence[Tensor] | Tensor, data: str | list) -> Schedule:
+        """A fresh schedule of `outputs` with the steps of `data` (JSON text or a list) replayed."""
+        outputs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+        steps = json.loads(data) if isinstance(data, str) else data
+        return cls(outputs).replay(steps)
+
+    def _apply(self, step: Step) -> Any:
+        fn = getattr(self, f"_do_{step.kind}", None)
+        if fn is None:
+            raise ScheduleError(f"unknown schedule step '{step.kind}'")
+        stage = self[step.stage]
+        if step.kind not in ("cache_read",) and stage.is_placeholder:
+            raise ScheduleError(f"stage '{stage.name}' is a placeholder (an input); it has no loops to schedule")
+        out = fn(stage, *step.args)
+        self.steps.append(step)
+        return out
+
+    # -- implementations (arguments by name) ---------------------------------------------------
+    def _do_split(self, st: Stage, name: str, factor: int | None, nparts: int | None):
+        parent = st._leaf(name, "split")
+        if (factor is None) == (nparts is None):
+            raise st._err(f"split of '{name}' needs exactly one of factor= or nparts=")
+        n = factor if factor is not None else nparts
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise st._err(f"split of '{name}': factor/nparts must be a positive integer, got {n!r}")
+        outer = IterVar(st._fresh_name(f"{name}.outer"), None, parent.kind)
+        inner = IterVar(st._fresh_name(f"{name}.inner"), None, parent.kind)
+        st.relations.append(Split(parent, outer, inner, factor, nparts))
+        i = st.leaf_iter_vars.index(parent)
+        st.leaf_iter_vars[i : i + 1] = [outer, inner]
+        attr = st.iter_attrs.pop(parent, None)
+        if attr is not None and attr.kind is not ForKind.SERIAL:
+            st.iter_attrs[outer] = attr  # keep e.g. `parallel` on the outer part
+        return outer, inner
+
+    def _do_fuse(self, st: Stage, outer_name: str, inner_name: str) -> IterVar:
+        a, b = st._leaf(outer_name, "fuse"), st._leaf(inner_name, "fuse")
+        ia, ib = st.leaf_iter_vars.index(a), st.leaf_iter_vars.index(b)
+        if ib != ia + 1:
+            raise st._err(
+                f"can only fuse adjacent loops, outer first; '{outer_name}' is loop {ia} "
+                f"and '{inner_name}' is loop {ib} of [{', '.join(iv.name for iv in st.leaf_iter_vars)}]"
+            )
+        if a.kind != b.kind:
+            raise st._err(f"cannot fuse reduction and data-parallel loops ('{outer_name}', '{inner_name}')")
+        fused = IterVar(st._fresh_name(f"{outer_name}.{inner_name}.fused"), None, a.kind)
+        st.relations.append(Fuse(a, b, fused))
+        st.leaf_iter_vars[ia : ib + 1] = [fused]
+        return fused
+
+    def _do_reorder(self, st: Stage, *names: str) -> None:
+        ivs = [st._leaf(n, "reorder") for n in names]
+        if len({id(iv) for iv in ivs}) != len(ivs):
+            raise st._err(f"reorder lists a loop twice: {list(names)}")
+        pos = sorted(st.leaf_iter_vars.index(iv) for iv in ivs)
+        for p, iv in zip(pos, ivs):
+            st.leaf_iter_vars[p] = iv
+
+    def _do_vectorize(self, st: Stage, name: str) -> None:
+        st._annotate(name, ForKind.VECTORIZED, "vectorize")
+
+    def _do_unroll(self, st: Stage, name: str) -> None:
+        st._annotate(name, ForKind.UNROLLED, "unroll")
+
+    def _do_parallel(self, st: Stage, name: str) -> None:
+        st._annotate(name, ForKind.PARALLEL, "parallel")
+
+    def _do_bind(self, st: Stage, name: str, tag: str) -> None:
+        if tag not in THREAD_TAGS:
+            raise st._err(f"bind of '{name}': unknown thread axis {tag!r}; use one of {', '.join(THREAD_TAGS)}")
+        for iv, attr in st.iter_attrs.items():
+            if attr.thread_tag == tag and iv.name != name and tag != "vthread":
+                raise st._err(f"thread axis {tag} is already bound to loop '{iv.name}'")
+        st._annotate(name, ForKind.THREAD_BINDING, "bind")
+        st._attr(st._leaf(name)).thread_tag = tag
+
+    def _do_pragma(self, st: Stage, name: str, key: str, value: Any) -> None:
+        st._attr(st._leaf(name, "pragma")).pragmas.append((key, value))
+
+    def _do_compute_at(self, st: Stage, parent_name: str, axis_name: str) -> None:
+        parent = self[parent_name]
+        if st.is_output:
+            raise st._err("an output cannot be computed at another stage; it must be computed at root")
+        if parent is st:
+            raise st._err("cannot compute a stage at itself")
+        if parent.is_placeholder or parent.attach == "inline":
+            why = "an input" if parent.is_placeholder else "inlined"
+            raise st._err(f"cannot compute at '{parent.name}': it has no loops ({why})")
+        axis = parent._leaf(axis_name, f"compute_at of '{st.name}'")
+        if st not in parent._producers():
+            raise st._err(
+                f"cannot compute at '{parent.name}.{axis.name}': '{parent.name}' does not read '{st.name}', "
+                "so its loops are not an ancestor of this stage's consumer"
+            )
+        if st.attach == "inline":
+            raise st._err("stage is inlined; compute_root it first")
+        st.attach, st.attach_stage, st.attach_axis = "at", parent, axis
+
+    def _do_compute_inline(self, st: Stage) -> None:
+        if st.is_output:
+            raise st._err("an output cannot be inlined")
+        if not isinstance(st.op, ComputeOp) or isinstance(st.op.body, Reduce):
+            raise st._err("only elementwise/injective computes can be inlined, not reductions")
+        for other in self.stages:
+            if other.attach == "at" and other.attach_stage is st:
+                raise st._err(f"cannot inline: stage '{other.name}' is computed at one of its loops")
+        st.attach, st.attach_stage, st.attach_axis = "inline", None, None
+
+    def _do_compute_root(self, st: Stage) -> None:
+        st.attach, st.attach_stage, st.attach_axis = "root", None, None
+
+    def _do_cache_read(self, st: Stage, scope: str, reader_names: tuple[str, ...]) -> Stage:
+        tensor = st.op.output()
+        readers = [self[n] for n in reader_names]
+        if not readers:
+            raise st._err("cache_read needs at least one reader")
+        for r in readers:
+            if r.is_placeholder or not any(self[t] is st for t in r.op.inputs):
+                raise st._err(f"cache_read: stage '{r.name}' does not read '{st.name}'")
+        axis = [IterVar(f"ax{d}", (0, n), "data") for d, n in enumerate(tensor.shape)]
+        cache_op = ComputeOp(f"{st.name}.{scope}", axis, tensor[tuple(iv.var for iv in axis)])
+        cache = self._add_stage(cache_op, after=st)
+        cache.scope = scope
+        for r in readers:
+            r.op = _replace_inputs(r.op, st, cache.op.output(), self)
+            self._by_op[id(r.op)] = r
+        return cache
+
+    def _do_cache_write(self, st: Stage, scope: str) -> Stage:
+        op = st.op
+        if not isinstance(op, ComputeOp):
+            raise st._err("cache_write needs a computed tensor")
+        if st.relations or any(a.kind is not ForKind.SERIAL or a.pragmas for a in st.iter_attrs.values()):
+            raise st._err("cache_write must come before other primitives on this stage (it replaces its loops)")
+        if st.attach == "inline":
+            raise st._err("cannot cache_write an inlined stage")
+        cache_op = ComputeOp(f"{st.name}.{scope}", op.axis, op.body, op.tag, op.attrs)
+        idx = self.stages.index(st)
+        cache = self._add_stage(cache_op, after=self.stages[idx - 1] if idx else None)
+        cache.scope = scope
+        axis = [IterVar(iv.name, iv.dom, "data") for iv in op.axis]
+        new_op = ComputeOp(op.name, axis, cache_op.output()[tuple(iv.var for iv in axis)], op.tag, op.attrs)
+        st.op = new_op
+        st.leaf_iter_vars = st.root_iter_vars
+        st.iter_attrs = {}
+        self._by_op[id(new_op)] = st
+        return cache
+
+    def _add_stage(self, op: ComputeOp, after: Stage | None) -> Stage:
+        if any(s.name == op.name for s in self.stages):
+            raise ScheduleError(f"a stage named '{op.name}' already exists; cache the tensor once per scope")
+        st = Stage(self, op, op.name)
+        self.stages.insert(0 if after is None else self.stages.index(after) + 1, st)
+        self._by_op[id(op)] = st
+        return st
+
+
+def _replace_inputs(op: Operation, old: Stage, new: Tensor, sch: Schedule) -> ComputeOp:
+    """A copy of compute op `op` reading `new` wherever it read the tensor of stage `old`."""
+    assert isinstance(op, ComputeOp)
+
+    def post(n):
+        if isinstance(n, TensorLoad) and sch[n.tensor] is old:
+            return TensorLoad(new, n.indices)
+        return None
+
+    body = transform(op.body, post)
+    out = ComputeOp(op.name, op.axis, body, op.tag, op.attrs)
+    out.reduce_axis = list(op.reduce_axis)
+    return out
+
+
+def _topo_ops(roots: list[Operation]) -> list[Operation]:
+    order: list[Operation] = []
+    seen: set[int] = set()
+
+    def visit(op: Operation) -> None:
+        stack: list[tuple[Operation, bool]] = [(op, False)]
+        while stack:
+            o, done = stack.pop()
+            if done:
+                order.append(o)
+                continue
+            if id(o) in seen:
+                continue
+            seen.add(id(o))
+            stack.append((o, True))
+            for t in reversed(o.inputs):
+                if id(t.op) not in seen:
+                    stack.append((t.op, False))
+
+    for r in roots:
+        visit(r)
+    return order
+
+
+def create_schedule(outputs: Tensor | Sequence[Tensor]) -> Schedule:
+    """A default schedule (every stage at root, loops in axis order) for the given output tensors."""
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    for o in outs:
+        if not isinstance(o, Tensor):
+            raise TypeError(f"create_schedule expects tensors, got {o!r}")
+    return Schedule(outs)
+
+
+def reads(op: Operation) -> list[TensorLoad]:
+    """All tensor reads in an operation's body."""
+    if not isinstance(op, ComputeOp):
+        return []
+    return [n for n in walk(op.body) if isinstance(n, TensorLoad)]

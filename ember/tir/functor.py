@@ -1,0 +1,106 @@
+"""Generic traversal of IR nodes: one mechanism for every node type, driven by dataclass fields."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .expr import BinOp, Call, Cast, Expr, Node, Var
+
+
+def _map_value(v: Any, fn: Callable[[Node], Node]) -> Any:
+    if isinstance(v, Node):
+        return fn(v)
+    if isinstance(v, tuple) and v and any(isinstance(x, Node | tuple) for x in v):
+        return tuple(_map_value(x, fn) for x in v)
+    return v
+
+
+def map_children(node: Node, fn: Callable[[Node], Node]) -> Node:
+    """Apply fn to each direct child node; rebuild the node only if a child changed."""
+    old = node._values()
+    new = tuple(_map_value(v, fn) for v in old)
+    if all(a is b for a, b in zip(old, new)):
+        return node
+    return rebuild(node, new)
+
+
+def rebuild(node: Node, values: tuple) -> Node:
+    """Construct a node of node's type from field values, keeping vector lanes consistent."""
+    out = type(node)(*values)
+    if isinstance(out, BinOp):
+        lanes = max(out.a.dtype.lanes, out.b.dtype.lanes)
+        if lanes != out.dtype.lanes:
+            out = BinOp(out.op, out.a, out.b, out.dtype.with_lanes(lanes))
+    elif isinstance(out, Cast) and out.value.dtype.lanes != out.dtype.lanes:
+        out = Cast(out.dtype.with_lanes(out.value.dtype.lanes), out.value)
+    elif isinstance(out, Call):
+        lanes = max((a.dtype.lanes for a in out.args), default=1)
+        if lanes != out.dtype.lanes:
+            out = Call(out.name, out.args, out.dtype.with_lanes(lanes))
+    return out
+
+
+def children(node: Node) -> Iterator[Node]:
+    for v in node._values():
+        if isinstance(v, Node):
+            yield v
+        elif isinstance(v, tuple):
+            stack = list(reversed(v))
+            while stack:
+                x = stack.pop()
+                if isinstance(x, Node):
+                    yield x
+                elif isinstance(x, tuple):
+                    stack.extend(reversed(x))
+
+
+def walk(node: Node) -> Iterator[Node]:
+    """All nodes under (and including) node, pre-order."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(list(children(n))))
+
+
+def transform(
+    node: Node, post: Callable[[Node], Node | None], pre: Callable[[Node], Node | None] | None = None
+) -> Node:
+    """Bottom-up rewrite. `pre(n)` may return a replacement that is not visited further;
+    `post(n)` sees n with rewritten children and returns a replacement or None to keep it."""
+    memo: dict[int, Node] = {}
+
+    def go(n: Node) -> Node:
+        key = id(n)
+        if key in memo:
+            return memo[key]
+        if pre is not None:
+            r = pre(n)
+            if r is not None:
+                memo[key] = r
+                return r
+        m = map_children(n, go)
+        r = post(m)
+        out = m if r is None else r
+        memo[key] = out
+        return out
+
+    return go(node)
+
+
+def substitute(node: Node, mapping: dict[Var, Expr]) -> Node:
+    """Replace variables by expressions."""
+    if not mapping:
+        return node
+    return transform(node, lambda n: mapping.get(n) if isinstance(n, Var) else None)
+
+
+def free_vars(node: Node) -> set[Var]:
+    """Variables used in node (including loop/let variables bound inside it)."""
+    return {n for n in walk(node) if isinstance(n, Var)}
+
+
+def uses_var(node: Node, var: Var | set[Var]) -> bool:
+    vs = var if isinstance(var, set) else {var}
+    return any(isinstance(n, Var) and n in vs for n in walk(node))

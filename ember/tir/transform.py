@@ -1,0 +1,316 @@
+"""Loop passes: a flat list of named functions PrimFunc -> PrimFunc (see `PIPELINE`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from . import expr as E
+from .arith import Analyzer
+from .expr import BinOp, Const, Expr, Load, Select, Var, const
+from .functor import map_children, substitute, transform, walk
+from .stmt import NOP, Allocate, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store, seq
+from .vectorize import vectorize_loops
+
+log = logging.getLogger("ember.lower")
+
+
+def _is_nop(s: Stmt) -> bool:
+    return isinstance(s, Evaluate) and isinstance(s.value, Const)
+
+
+def _split_and(c: Expr) -> list[Expr]:
+    if isinstance(c, BinOp) and c.op == "and":
+        return _split_and(c.a) + _split_and(c.b)
+    return [c]
+
+
+# ---------------------------------------------------------------------------------------------
+# simplify
+
+
+class _Simplifier:
+    """Simplify every expression with the loop ranges in scope; drop decided branches and empty loops."""
+
+    def __init__(self, ana: Analyzer):
+        self.ana = ana
+
+    def expr(self, e: Expr) -> Expr:
+        return self.ana.simplify(e)
+
+    def stmt(self, s: Stmt) -> Stmt:
+        ana = self.ana
+        if isinstance(s, For):
+            lo, ext = self.expr(s.min), self.expr(s.extent)
+            if isinstance(ext, Const) and ext.value <= 0:
+                return NOP
+            if isinstance(ext, Const) and ext.value == 1 and s.kind is not ForKind.THREAD_BINDING:
+                return self.stmt(substitute(s.body, {s.var: lo}))  # type: ignore[arg-type]
+            lb, hb = ana.bind_loop(s.var, lo, ext)
+            with ana.scope(s.var, lb, hb):
+                body = self.stmt(s.body)
+            if _is_nop(body):
+                return NOP
+            return For(s.var, lo, ext, s.kind, body, s.thread_tag, s.annotations)
+        if isinstance(s, Store):
+            return Store(s.buffer, self.expr(s.value), tuple(self.expr(i) for i in s.indices))
+        if isinstance(s, IfThenElse):
+            cond = self.expr(s.cond)
+            if isinstance(cond, Const):
+                if cond.value:
+                    return self.stmt(s.then_case)
+                return self.stmt(s.else_case) if s.else_case is not None else NOP
+            then = self._refined(cond, s.then_case)
+            other = self.stmt(s.else_case) if s.else_case is not None else None
+            if other is not None and _is_nop(other):
+                other = None
+            if _is_nop(then) and other is None:
+                return NOP
+            return IfThenElse(cond, then, other)
+        if isinstance(s, LetStmt):
+            value = self.expr(s.value)
+            if isinstance(value, Const | Var):
+                return self.stmt(substitute(s.body, {s.var: value}))  # type: ignore[arg-type]
+            lo, hi = ana.bounds(value) if value.dtype.is_int else (None, None)
+            with ana.scope(s.var, lo, hi):
+                body = self.stmt(s.body)
+            return LetStmt(s.var, value, body)
+        if isinstance(s, Allocate):
+            body = self.stmt(s.body)
+            if not any(isinstance(n, Load | Store) and n.buffer is s.buffer for n in walk(body)):
+                return body
+            return Allocate(s.buffer, body)
+        if isinstance(s, Seq):
+            return seq(*[self.stmt(x) for x in s.stmts])
+        if isinstance(s, Evaluate):
+            return Evaluate(self.expr(s.value))
+        raise TypeError(f"simplify: unexpected statement {type(s).__name__}")
+
+    def _refined(self, cond: Expr, body: Stmt) -> Stmt:
+        """Simplify body knowing cond holds: narrow ranges for `v < c` / `v >= c` conjuncts."""
+        narrowed: list[tuple[Var, tuple]] = []
+        for c in _split_and(cond):
+            if isinstance(c, BinOp) and isinstance(c.a, Var) and isinstance(c.b, Const) and c.op in ("lt", "ge"):
+                v, k = c.a, int(c.b.value)
+                lo, hi = self.ana.ranges.get(v, (None, None))
+                if c.op == "lt":
+                    hi = k - 1 if hi is None else min(hi, k - 1)
+                else:
+                    lo = k if lo is None else max(lo, k)
+                narrowed.append((v, self.ana.ranges.get(v, (None, None))))
+                self.ana.bind(v, lo, hi)
+        try:
+            return self.stmt(body)
+        finally:
+            for v, old in reversed(narrowed):
+                self.ana.bind(v, *old)
+
+
+def simplify(func: PrimFunc) -> PrimFunc:
+    return func.with_body(_Simplifier(Analyzer()).stmt(func.body))
+
+
+# ---------------------------------------------------------------------------------------------
+# loop partition: split a loop where guards are provably true, so the hot part has no branch
+
+
+def _inner_loop_ranges(s: Stmt, ana: Analyzer) -> dict[Var, tuple[int | None, int | None]]:
+    out = {}
+    for n in walk(s):
+        if isinstance(n, For):
+            out[n.var] = ana.bind_loop(n.var, n.min, n.extent)
+    return out
+
+
+def _conditions(s: Stmt) -> list[Expr]:
+    out: list[Expr] = []
+    for n in walk(s):
+        if isinstance(n, IfThenElse | Select):
+            out.extend(_split_and(n.cond))
+    return out
+
+
+def _monotone_in(c: Expr, v: Var, ana: Analyzer) -> bool:
+    """c is an integer comparison in which v appears only as a linear term."""
+    if not (isinstance(c, BinOp) and c.op in E.CMP_OPS and c.op not in ("eq", "ne") and c.a.dtype.is_int):
+        return False
+    terms, _ = ana.lin(c.a - c.b)
+    if v not in terms:
+        return False
+    return not any(t is not v and any(n is v for n in walk(t)) for t in terms)
+
+
+class _Partitioner:
+    def __init__(self, ana: Analyzer, budget: int = 64):
+        self.ana = ana
+        self.budget = budget
+
+    def stmt(self, s: Stmt) -> Stmt:
+        if isinstance(s, For):
+            pieces = self.partition(s) if self.budget > 0 else None
+            if pieces is not None:
+                return seq(*pieces)
+            lb, hb = self.ana.bind_loop(s.var, s.min, s.extent)
+            with self.ana.scope(s.var, lb, hb):
+                body = self.stmt(s.body)
+            return For(s.var, s.min, s.extent, s.kind, body, s.thread_tag, s.annotations)
+        if isinstance(s, LetStmt):
+            lo, hi = self.ana.bounds(s.value) if s.value.dtype.is_int else (None, None)
+            with self.ana.scope(s.var, lo, hi):
+                return LetStmt(s.var, s.value, self.stmt(s.body))
+        return map_children(s, lambda c: self.stmt(c) if isinstance(c, Stmt) else c)  # type: ignore[return-value]
+
+    def partition(self, loop: For) -> list[Stmt] | None:
+        if loop.kind in (ForKind.THREAD_BINDING, ForKind.UNROLLED):
+            return None
+        if not (isinstance(loop.min, Const) and isinstance(loop.extent, Const)):
+            return None
+        m, n = int(loop.min.value), int(loop.extent.value)
+        last = m + n - 1
+        ana, v = self.ana, loop.var
+        atoms = [c for c in _conditions(loop.body) if _monotone_in(c, v, ana)]
+        if not atoms:
+            return None
+        saved = dict(ana.ranges)
+        for var, r in _inner_loop_ranges(loop.body, ana).items():
+            ana.ranges[var] = r
+        try:
+            a, b = m, last + 1
+            useful = False
+            for c in atoms:
+                span = self._true_span(c, v, m, last)
+                if span is None:
+                    continue
+                useful = True
+                a, b = max(a, span[0]), min(b, span[1])
+        finally:
+            ana.ranges.clear()
+            ana.ranges.update(saved)
+            ana._cache.clear()
+        if not useful or a >= b or (a == m and b == last + 1):
+            return None
+        pieces = []
+        for lo, hi in ((m, a), (a, b), (b, last + 1)):
+            if hi <= lo:
+                continue
+            self.budget -= 1
+            with ana.scope(v, lo, hi - 1):
+                body = _Simplifier(ana).stmt(loop.body)
+                body = self.stmt(body)
+            if not _is_nop(body):
+                pieces.append(
+                    For(
+                        v,
+                        const(lo, v.dtype),
+                        const(hi - lo, v.dtype),
+                        loop.kind,
+                        body,
+                        loop.thread_tag,
+                        loop.annotations,
+                    )
+                )
+        return pieces
+
+    def _true_span(self, c: Expr, v: Var, m: int, last: int) -> tuple[int, int] | None:
+        """[start, end) of v in [m, last] where c holds for every value of the other loop variables."""
+
+        def truth(x: int) -> bool:
+            with self.ana.scope(v, x, x):
+                return self.ana.can_prove(c)
+
+        lo_t, hi_t = truth(m), truth(last)
+        if lo_t == hi_t:
+            return None
+        if lo_t:  # true on a prefix: find the last x where it holds
+            good, bad = m, last
+            while bad - good > 1:
+                mid = (good + bad) // 2
+                good, bad = (mid, bad) if truth(mid) else (good, mid)
+            return m, good + 1
+        bad, good = m, last  # true on a suffix: find the first x where it holds
+        while good - bad > 1:
+            mid = (good + bad) // 2
+            bad, good = (bad, mid) if truth(mid) else (mid, good)
+        return good, last + 1
+
+
+def partition_loops(func: PrimFunc) -> PrimFunc:
+    return func.with_body(_Partitioner(Analyzer()).stmt(func.body))
+
+
+# ---------------------------------------------------------------------------------------------
+# flatten: n-d buffer indices to one flat index
+
+
+def flatten(func: PrimFunc) -> PrimFunc:
+    def flat(buffer, indices: tuple[Expr, ...]) -> tuple[Expr, ...]:
+        if len(indices) == 1 and len(buffer.shape) <= 1:
+            return indices
+        if len(indices) != len(buffer.shape):
+            raise ValueError(f"buffer {buffer.name} has {len(buffer.shape)} dims, indexed with {len(indices)}")
+        if not indices:
+            return (const(0),)
+        out: Expr = const(0, indices[0].dtype)
+        for i, st in zip(indices, buffer.strides):
+            out = out + i * st
+        return (out,)
+
+    def post(n):
+        if isinstance(n, Load):
+            return Load(n.buffer, flat(n.buffer, n.indices))
+        if isinstance(n, Store):
+            return Store(n.buffer, n.value, flat(n.buffer, n.indices))
+        return None
+
+    return func.with_body(transform(func.body, post))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# unroll
+
+
+def unroll_loops(func: PrimFunc, max_extent: int = 64, max_stmts: int = 512) -> PrimFunc:
+    """Replace UNROLLED loops with constant extent by copies of their body (bigger ones keep a pragma)."""
+
+    def post(n):
+        if not (isinstance(n, For) and n.kind is ForKind.UNROLLED):
+            return None
+        if not (isinstance(n.min, Const) and isinstance(n.extent, Const)):
+            return None
+        ext = int(n.extent.value)
+        size = sum(1 for x in walk(n.body) if isinstance(x, Stmt))
+        if ext > max_extent or ext * size > max_stmts:
+            return None
+        lo = int(n.min.value)
+        return seq(*[substitute(n.body, {n.var: const(lo + i, n.var.dtype)}) for i in range(ext)])
+
+    return func.with_body(transform(func.body, post))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# the pipeline
+
+Pass = Callable[[PrimFunc], PrimFunc]
+
+PIPELINE: list[tuple[str, Pass]] = [
+    ("simplify", simplify),
+    ("partition_loops", partition_loops),
+    ("flatten", flatten),
+    ("simplify", simplify),
+    ("vectorize", lambda f: f.with_body(vectorize_loops(f.body))),
+    ("unroll", unroll_loops),
+    ("simplify", simplify),
+]
+
+
+def optimize(func: PrimFunc, passes: list[tuple[str, Pass]] | None = None, trace: bool = False) -> PrimFunc:
+    for name, fn in passes or PIPELINE:
+        func = fn(func)
+        if trace or log.isEnabledFor(logging.DEBUG):
+            log.debug("after %s:\n%s", name, func)
+            if trace:
+                print(f"# after {name}\n{func}\n")
+    return func
+
+
+__all__ = ["PIPELINE", "flatten", "optimize", "partition_loops", "simplify", "unroll_loops"]
