@@ -1,0 +1,128 @@
+"""Ember as an ONNX backend (`onnx.backend.base.Backend`), so onnx's node test suite runs on it.
+
+    rep = EmberBackend.prepare(model, "CPU")
+    outputs = rep.run([x, y])          # positional, in the order of the model's inputs
+
+Ember compiles static shapes, so a representation imports the model when it first runs,
+with the shapes of the arrays it is given. Operands that must be static but that the
+model feeds from graph inputs (a Reshape target, TopK's k, the input of NonZero, ...)
+are specialized: the frontend names those inputs (`DynamicShapeError.inputs`), the
+representation binds them to the values given and imports again; the specialization is
+cached by those values.
+
+The engine that runs the imported graph is chosen in one place, `ENGINES`: "reference"
+(the numpy evaluator) today; the compiled engine registers itself here later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx.backend.base import Backend, BackendRep, namedtupledict
+
+from ember.frontend.onnx import DynamicShapeError, from_onnx, load_model
+from ember.graph.ir import Graph
+
+# engine name -> function building a runner from a graph; a runner maps input dict -> output dict
+Runner = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def _reference_engine(graph: Graph) -> Runner:
+    from ember.graph.evaluate import evaluate
+
+    return lambda inputs: evaluate(graph, inputs)
+
+
+ENGINES: dict[str, Callable[[Graph], Runner]] = {"reference": _reference_engine}
+DEFAULT_ENGINE = "reference"
+MAX_SPECIALIZATIONS = 8  # import attempts per run before giving up on binding inputs
+
+
+class EmberRep(BackendRep):
+    """A prepared model: imports (and specializes) lazily, then runs with the chosen engine."""
+
+    def __init__(self, model: onnx.ModelProto, engine: str = DEFAULT_ENGINE):
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+        self.model = model
+        self.engine = engine
+        init_names = {t.name for t in model.graph.initializer}
+        self.input_names = [vi.name for vi in model.graph.input if vi.name not in init_names]
+        self.output_names = [vo.name for vo in model.graph.output]
+        self.bound: set[str] = set()  # inputs the model needs as constants (learned on first run)
+        self.cache: dict[Any, tuple[Graph, Runner]] = {}
+        self.specialized = False
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        feeds = self._feeds(inputs)
+        graph, runner = self._prepare_for(feeds)
+        live = {v.name: feeds[v.name] for v in graph.inputs}
+        outs = runner(live)
+        return namedtupledict("Outputs", self.output_names)(*[outs[n] for n in self.output_names])
+
+    def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:
+        if isinstance(inputs, Mapping):
+            return {k: np.asarray(v) for k, v in inputs.items()}
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        if len(inputs) > len(self.input_names):
+            raise ValueError(f"model takes {len(self.input_names)} inputs, got {len(inputs)}")
+        return {n: np.asarray(x) for n, x in zip(self.input_names, inputs)}
+
+    def _prepare_for(self, feeds: dict[str, np.ndarray]) -> tuple[Graph, Runner]:
+        for _ in range(MAX_SPECIALIZATIONS):
+            key = self._key(feeds)
+            if key in self.cache:
+                return self.cache[key]
+            shapes = {n: x.shape for n, x in feeds.items() if n not in self.bound}
+            values = {n: feeds[n] for n in self.bound if n in feeds}
+            try:
+                graph = from_onnx(self.model, shapes, input_values=values)
+            except DynamicShapeError as e:
+                new = set(e.inputs) - self.bound
+                if not new or not new <= set(feeds):
+                    raise
+                self.bound |= new
+                self.specialized = True
+                continue
+            self.cache[key] = (graph, ENGINES[self.engine](graph))
+            return self.cache[key]
+        raise RuntimeError("could not specialize the model on its inputs")
+
+    def _key(self, feeds: dict[str, np.ndarray]) -> tuple:
+        shapes = tuple((n, x.shape, x.dtype.str) for n, x in sorted(feeds.items()))
+        values = tuple((n, feeds[n].tobytes()) for n in sorted(self.bound) if n in feeds)
+        return shapes, values
+
+
+class EmberBackend(Backend):
+    """ONNX backend interface over Ember; CPU only."""
+
+    @classmethod
+    def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
+        return cls.supports_device(device)
+
+    @classmethod
+    def prepare(cls, model: Any, device: str = "CPU", engine: str = DEFAULT_ENGINE, **kwargs: Any) -> EmberRep:
+        if not cls.supports_device(device):
+            raise ValueError(f"Ember's ONNX backend runs on CPU, not {device!r}")
+        proto, _ = load_model(model)
+        return EmberRep(proto, engine)
+
+    @classmethod
+    def run_model(cls, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[np.ndarray, ...]:
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        return str(device).upper().split(":")[0] == "CPU"
+
+
+prepare = EmberBackend.prepare
+run_model = EmberBackend.run_model
+supports_device = EmberBackend.supports_device
+
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "EmberBackend", "EmberRep", "prepare", "run_model", "supports_device"]

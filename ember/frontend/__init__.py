@@ -1,0 +1,1 @@
+"""Frontends: model files and objects -> `ember.graph.Graph`. ONNX first (`ember.frontend.onnx`)."""

@@ -1,0 +1,597 @@
+"""ONNX operator converters: ONNX node (any supported version) -> normalized Ember node(s).
+
+An ONNX operator maps to the Ember operator of the same name unless `CONVERTERS` has a
+row for it. Converters read ONNX's version differences (axes as inputs or attributes,
+Clip bounds, Pad amounts, Resize scales/sizes, ...) and emit Ember's normalized form:
+static operands become attributes, defaults become explicit. Operators that Ember lacks
+but ONNX defines as a function are expanded from the function body (`expand_function`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from ember.frontend.onnx import MIN_OPSET, ONNX_DTYPES, ModelError, NodeContext, onnx_dtype
+from ember.ops import OPS
+from ember.ops.common import norm_axes
+from ember.ops.tensor import resolve_reshape, split_sizes
+
+Converter = Callable[[NodeContext], None]
+CONVERTERS: dict[str, Converter] = {}
+
+# Operators whose pre-opset-13 versions the converters below handle too.
+OLD_VERSIONS_OK = {"Dropout", "BatchNormalization", "Upsample", "Scatter", "Softmax", "LogSoftmax", "Hardmax"}
+
+
+def converter(*names: str) -> Callable[[Converter], Converter]:
+    def wrap(fn: Converter) -> Converter:
+        for n in names:
+            CONVERTERS[n] = fn
+        return fn
+
+    return wrap
+
+
+def emit(ctx: NodeContext, op: str | None = None, inputs=None, attrs: dict | None = None) -> None:
+    """Add the Ember node for this ONNX node, under the ONNX output names."""
+    ctx.importer.add_node(
+        op or ctx.op_type, ctx.inputs if inputs is None else inputs, ctx.attrs if attrs is None else attrs,
+        ctx.out_names, ctx.name,
+    )  # fmt: skip
+
+
+# -- support checks ------------------------------------------------------------------------------
+def op_version(proto: onnx.NodeProto, opset: int) -> int:
+    try:
+        return onnx.defs.get_schema(proto.op_type, opset, proto.domain).since_version
+    except Exception:
+        return 0
+
+
+def _is_default_domain(domain: str) -> bool:
+    return domain in ("", "ai.onnx")
+
+
+def support_problem(op_type: str, domain: str, opset: int) -> str | None:
+    """None if Ember can import this operator at this opset, else a short reason."""
+    if not _is_default_domain(domain):
+        return f"domain {domain!r} is not supported"
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "")
+    except Exception:
+        return "not an ONNX operator"
+    if op_type in CONVERTERS or op_type in OPS:
+        if opset >= MIN_OPSET or op_type in OLD_VERSIONS_OK:
+            return None
+        try:
+            current = onnx.defs.get_schema(op_type, MIN_OPSET, "").since_version
+        except Exception:
+            current = -1
+        return None if current == schema.since_version else f"version {schema.since_version} predates opset {MIN_OPSET}"
+    if schema.has_function or schema.has_context_dependent_function:
+        return None
+    return "no Ember implementation"
+
+
+def find_unsupported(graph: onnx.GraphProto, opset: int) -> dict[str, list[str]]:
+    """Every unsupported operator (with its reason) -> the nodes using it, subgraphs included."""
+    found: dict[str, list[str]] = {}
+    for index, node in enumerate(graph.node):
+        problem = support_problem(node.op_type, node.domain, opset)
+        if problem is not None:
+            key = f"{node.domain + '.' if node.domain else ''}{node.op_type} ({problem})"
+            found.setdefault(key, []).append(node.name or f"{node.op_type}_{index}")
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                for key, names in find_unsupported(sub, opset).items():
+                    found.setdefault(key, []).extend(names)
+    return found
+
+
+def convert_node(ctx: NodeContext) -> None:
+    fn = CONVERTERS.get(ctx.op_type)
+    if fn is not None:
+        fn(ctx)
+    elif ctx.op_type in OPS:
+        emit(ctx)
+    else:
+        expand_function(ctx)
+
+
+# -- function expansion ------------------------------------------------------------------------------
+def expand_function(ctx: NodeContext) -> None:
+    """Inline the ONNX function body of an operator Ember has no entry for."""
+    imp = ctx.importer
+    schema = onnx.defs.get_schema(ctx.op_type, imp.opset, "")
+    fn = _function_body(ctx, schema)
+    if fn is None:
+        raise ctx.error("operator has no Ember implementation and no ONNX function body")
+    body_opset = next((o.version for o in fn.opset_import if _is_default_domain(o.domain)), imp.opset)
+    prefix = imp.unique(ctx.name)
+    rename: dict[str, str] = {}
+    for formal, actual in zip(fn.input, ctx.proto.input):
+        rename[formal] = actual
+    for formal in list(fn.input)[len(ctx.proto.input) :]:
+        rename[formal] = ""
+    for formal, actual in itertools.zip_longest(fn.output, ctx.proto.output, fillvalue=""):
+        if formal:
+            rename[formal] = actual or f"{prefix}/{formal}"
+    attr_values = _function_attrs(ctx, fn)
+    for i, node in enumerate(fn.node):
+        inner = onnx.NodeProto()
+        inner.CopyFrom(node)
+        inner.name = f"{ctx.name}/{node.name or node.op_type + str(i)}"
+        for j, n in enumerate(inner.input):
+            inner.input[j] = rename.get(n, f"{prefix}/{n}" if n else "")
+        for j, n in enumerate(inner.output):
+            rename.setdefault(n, f"{prefix}/{n}")
+            inner.output[j] = rename[n]
+        _resolve_attr_refs(inner, attr_values)
+        imp.convert(inner, i, max(body_opset, MIN_OPSET) if body_opset < MIN_OPSET else body_opset)
+
+
+def _function_body(ctx: NodeContext, schema) -> onnx.FunctionProto | None:
+    opset = ctx.importer.opset
+    if schema.has_context_dependent_function:
+        types = []
+        for v in ctx.inputs:
+            tp = onnx.TypeProto()
+            if v is not None:
+                tp = onnx.helper.make_tensor_type_proto(_elem_of(v.dtype), list(v.shape))
+            types.append(tp.SerializeToString())
+        try:
+            data = schema.get_context_dependent_function_with_opset_version(
+                opset, ctx.proto.SerializeToString(), types)  # fmt: skip
+        except Exception:
+            data = schema.get_context_dependent_function(ctx.proto.SerializeToString(), types)
+        fn = onnx.FunctionProto()
+        fn.ParseFromString(data)
+        return fn if fn.node else None
+    if schema.has_function:
+        try:
+            data = schema.get_function_with_opset_version(opset)
+            fn = onnx.FunctionProto()
+            fn.ParseFromString(data)
+            return fn
+        except Exception:
+            return schema.function_body
+    return None
+
+
+def _function_attrs(ctx: NodeContext, fn: onnx.FunctionProto) -> dict[str, onnx.AttributeProto]:
+    """Attribute values for `@ref` attributes in a body: the node's, else the defaults."""
+    schema = onnx.defs.get_schema(ctx.op_type, ctx.importer.opset, "")
+    values = {name: a.default_value for name, a in schema.attributes.items() if a.default_value.name}
+    values.update({a.name: a for a in fn.attribute_proto})
+    values.update({a.name: a for a in ctx.proto.attribute})
+    return values
+
+
+def _resolve_attr_refs(node: onnx.NodeProto, values: dict[str, onnx.AttributeProto]) -> None:
+    kept = []
+    for a in node.attribute:
+        if a.ref_attr_name:
+            if a.ref_attr_name not in values:
+                continue
+            resolved = onnx.AttributeProto()
+            resolved.CopyFrom(values[a.ref_attr_name])
+            resolved.name = a.name
+            kept.append(resolved)
+        else:
+            kept.append(a)
+    del node.attribute[:]
+    node.attribute.extend(kept)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _ints(x: np.ndarray | None) -> tuple[int, ...]:
+    return () if x is None else tuple(int(v) for v in np.asarray(x).reshape(-1))
+
+
+def _without(attrs: dict, *names: str) -> dict:
+    return {k: v for k, v in attrs.items() if k not in names}
+
+
+def _elem_of(dtype: str) -> int:
+    """The ONNX element type of an Ember dtype."""
+    return next(k for k, d in ONNX_DTYPES.items() if d == dtype)
+
+
+# -- constants -------------------------------------------------------------------------------------
+@converter("Constant")
+def _constant(ctx: NodeContext) -> None:
+    (key, value), *_ = ctx.attrs.items() if ctx.attrs else [(None, None)]
+    if key in ("value", "sparse_value"):
+        data = value
+    elif key == "value_float" or key == "value_floats":
+        data = np.array(value, np.float32)
+    elif key == "value_int" or key == "value_ints":
+        data = np.array(value, np.int64)
+    else:
+        raise ctx.error(f"Constant with {key or 'no value'} is not supported (string constants are not)")
+    from ember.graph.ir import Value
+
+    name = ctx.out_names[0]
+    ctx.importer.bind(name, Value.constant(name, np.array(data)))
+
+
+# -- convolution and pooling -----------------------------------------------------------------------
+def _auto_pads(auto_pad: str, in_sp, kernel, strides, dilations) -> tuple[int, ...] | None:
+    """Explicit pads for SAME_UPPER / SAME_LOWER / VALID; None for NOTSET."""
+    nd = len(in_sp)
+    if auto_pad in ("NOTSET", ""):
+        return None
+    if auto_pad == "VALID":
+        return (0,) * (2 * nd)
+    begins, ends = [], []
+    for i in range(nd):
+        out = -(-in_sp[i] // strides[i])
+        total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - in_sp[i])
+        small, big = total // 2, total - total // 2
+        begins.append(small if auto_pad == "SAME_UPPER" else big)
+        ends.append(big if auto_pad == "SAME_UPPER" else small)
+    return tuple(begins + ends)
+
+
+def _window_attrs(ctx: NodeContext, kernel: tuple[int, ...]) -> dict:
+    nd = len(kernel)
+    a = ctx.attrs
+    strides = a.get("strides") or (1,) * nd
+    dilations = a.get("dilations") or (1,) * nd
+    pads = _auto_pads(a.get("auto_pad", "NOTSET"), ctx.type(0).shape[2:], kernel, strides, dilations)
+    if pads is None:
+        pads = a.get("pads") or (0,) * (2 * nd)
+    return {"strides": strides, "pads": pads, "dilations": dilations}
+
+
+@converter("Conv", "ConvInteger")
+def _conv(ctx: NodeContext) -> None:
+    kernel = ctx.attrs.get("kernel_shape") or ctx.type(1).shape[2:]
+    emit(ctx, attrs=dict(_window_attrs(ctx, kernel), group=ctx.attrs.get("group", 1)))
+
+
+@converter("ConvTranspose")
+def _conv_transpose(ctx: NodeContext) -> None:
+    a = ctx.attrs
+    w = ctx.type(1)
+    kernel = a.get("kernel_shape") or w.shape[2:]
+    nd = len(kernel)
+    strides = a.get("strides") or (1,) * nd
+    dil = a.get("dilations") or (1,) * nd
+    opad = a.get("output_padding") or (0,) * nd
+    in_sp = ctx.type(0).shape[2:]
+    auto = a.get("auto_pad", "NOTSET")
+    out_shape = a.get("output_shape")
+    if out_shape and len(out_shape) > nd:
+        out_shape = out_shape[-nd:]
+    if not out_shape and auto in ("SAME_UPPER", "SAME_LOWER"):
+        out_shape = tuple(in_sp[i] * strides[i] for i in range(nd))
+    if out_shape:
+        total = [strides[i] * (in_sp[i] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1 - out_shape[i] for i in range(nd)]
+        opad = tuple(o + max(-t, 0) for o, t in zip(opad, total))  # a larger output_shape adds end padding
+        total = [max(t, 0) for t in total]
+        if auto == "SAME_UPPER":
+            pads = tuple(t // 2 for t in total) + tuple(t - t // 2 for t in total)
+        else:
+            pads = tuple(t - t // 2 for t in total) + tuple(t // 2 for t in total)
+    elif auto == "VALID":
+        pads = (0,) * (2 * nd)
+    else:
+        pads = a.get("pads") or (0,) * (2 * nd)
+    attrs = {"strides": strides, "pads": pads, "dilations": dil, "group": a.get("group", 1), "output_padding": opad}
+    emit(ctx, attrs=attrs)
+
+
+@converter("MaxPool", "AveragePool", "LpPool")
+def _pool(ctx: NodeContext) -> None:
+    kernel = ctx.attrs["kernel_shape"]
+    attrs = dict(_without(ctx.attrs, "auto_pad"), **_window_attrs(ctx, kernel))
+    if ctx.attrs.get("auto_pad") in ("SAME_UPPER", "SAME_LOWER"):
+        attrs["ceil_mode"] = 0
+    emit(ctx, attrs=attrs)
+
+
+# -- reductions --------------------------------------------------------------------------------------
+_AXES_INPUT_SINCE = {"ReduceSum": 13}  # other Reduce* take axes as an input from opset 18
+
+
+@converter("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+           "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")  # fmt: skip
+def _reduce(ctx: NodeContext) -> None:
+    a = ctx.attrs
+    if ctx.version >= _AXES_INPUT_SINCE.get(ctx.op_type, 18):
+        axes = _ints(ctx.need(1, "axes")) if ctx.input(1) is not None else ()
+    else:
+        axes = tuple(a.get("axes", ()))
+    rank = ctx.type(0).rank
+    if not axes:
+        if a.get("noop_with_empty_axes", 0):
+            emit(ctx, "Identity", ctx.inputs[:1], {})
+            return
+        axes = tuple(range(rank))
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"axes": norm_axes(axes, rank), "keepdims": a.get("keepdims", 1)})
+
+
+@converter("CumSum", "CumProd")
+def _cumulative(ctx: NodeContext) -> None:
+    axis = int(ctx.need(1, "axis").reshape(()))
+    emit(ctx, inputs=ctx.inputs[:1], attrs=dict(ctx.attrs, axis=axis))
+
+
+@converter("TopK")
+def _topk(ctx: NodeContext) -> None:
+    k = int(ctx.need(1, "k").reshape(-1)[0]) if ctx.version >= 10 else ctx.attrs["k"]
+    emit(ctx, inputs=ctx.inputs[:1], attrs=dict(_without(ctx.attrs, "k"), k=k))
+
+
+@converter("Softmax", "LogSoftmax", "Hardmax")
+def _softmax(ctx: NodeContext) -> None:
+    if ctx.version >= 13:
+        emit(ctx)
+        return
+    # before opset 13: flatten to 2-d at `axis` (default 1), normalize rows, restore the shape
+    x = ctx.type(0)
+    axis = norm_axes((ctx.attrs.get("axis", 1),), x.rank)[0]
+    (flat,) = ctx.emit("Flatten", ctx.inputs[:1], {"axis": axis})
+    (y,) = ctx.emit(ctx.op_type, [flat], {"axis": -1})
+    emit(ctx, "Reshape", [y], {"shape": x.shape})
+
+
+# -- shape manipulation --------------------------------------------------------------------------------
+@converter("Reshape")
+def _reshape(ctx: NodeContext) -> None:
+    if ctx.version < 5:
+        shape = ctx.attrs["shape"]
+    else:
+        shape = _ints(ctx.need(1, "target shape"))
+    try:
+        target = resolve_reshape(ctx.type(0).shape, shape, bool(ctx.attrs.get("allowzero", 0)))
+    except ValueError as e:
+        raise ctx.error(str(e)) from None
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"shape": target})
+
+
+@converter("Transpose")
+def _transpose(ctx: NodeContext) -> None:
+    perm = ctx.attrs.get("perm") or tuple(reversed(range(ctx.type(0).rank)))
+    emit(ctx, attrs={"perm": perm})
+
+
+@converter("Squeeze")
+def _squeeze(ctx: NodeContext) -> None:
+    x = ctx.type(0)
+    if ctx.version >= 13:
+        axes = _ints(ctx.need(1, "axes")) if ctx.input(1) is not None else None
+    else:
+        axes = ctx.attrs.get("axes")
+    if axes is None:
+        axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"axes": norm_axes(axes, x.rank)})
+
+
+@converter("Unsqueeze")
+def _unsqueeze(ctx: NodeContext) -> None:
+    axes = _ints(ctx.need(1, "axes")) if ctx.version >= 13 else ctx.attrs["axes"]
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"axes": tuple(axes)})
+
+
+@converter("Split")
+def _split(ctx: NodeContext) -> None:
+    x = ctx.type(0)
+    axis = norm_axes((ctx.attrs.get("axis", 0),), x.rank)[0]
+    if ctx.version >= 13:
+        split = _ints(ctx.need(1, "split sizes")) if ctx.input(1) is not None else None
+    else:
+        split = ctx.attrs.get("split")
+    if not split:
+        parts = ctx.attrs.get("num_outputs") or len(ctx.proto.output)
+        split = split_sizes(x.shape[axis], parts)
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"axis": axis, "split": tuple(split)})
+
+
+@converter("Slice")
+def _slice(ctx: NodeContext) -> None:
+    if ctx.version < 10:
+        a = ctx.attrs
+        attrs = {"starts": a["starts"], "ends": a["ends"], "axes": a.get("axes", ())}
+    else:
+        attrs = {
+            "starts": _ints(ctx.need(1, "starts")),
+            "ends": _ints(ctx.need(2, "ends")),
+            "axes": _ints(ctx.need(3, "axes")) if ctx.input(3) is not None else (),
+            "steps": _ints(ctx.need(4, "steps")) if ctx.input(4) is not None else (),
+        }
+    emit(ctx, inputs=ctx.inputs[:1], attrs=attrs)
+
+
+@converter("Expand")
+def _expand(ctx: NodeContext) -> None:
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"shape": _ints(ctx.need(1, "shape"))})
+
+
+@converter("Tile")
+def _tile(ctx: NodeContext) -> None:
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"repeats": _ints(ctx.need(1, "repeats"))})
+
+
+@converter("ConstantOfShape")
+def _constant_of_shape(ctx: NodeContext) -> None:
+    value = ctx.attrs.get("value", np.zeros(1, np.float32))
+    emit(ctx, inputs=[], attrs={"shape": _ints(ctx.need(0, "shape")), "value": value})
+
+
+@converter("OneHot")
+def _one_hot(ctx: NodeContext) -> None:
+    depth = int(np.asarray(ctx.need(1, "depth")).reshape(-1)[0])
+    emit(ctx, inputs=[ctx.input(0), ctx.input(2)], attrs={"depth": depth, "axis": ctx.attrs.get("axis", -1)})
+
+
+@converter("Trilu")
+def _trilu(ctx: NodeContext) -> None:
+    k = int(ctx.need(1, "k").reshape(())) if ctx.input(1) is not None else 0
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"upper": ctx.attrs.get("upper", 1), "k": k})
+
+
+@converter("CenterCropPad")
+def _center_crop_pad(ctx: NodeContext) -> None:
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"shape": _ints(ctx.need(1, "shape")), "axes": ctx.attrs.get("axes", ())})
+
+
+@converter("Pad")
+def _pad(ctx: NodeContext) -> None:
+    x = ctx.type(0)
+    a = ctx.attrs
+    if ctx.version < 11:
+        pads, value_input, value = a["pads"], None, a.get("value", 0.0)
+    else:
+        pads = _ints(ctx.need(1, "pads"))
+        value_input = ctx.input(2)
+        value = 0.0
+        axes = _ints(ctx.need(3, "axes")) if ctx.input(3) is not None else None
+        if axes is not None:
+            axes = norm_axes(axes, x.rank)
+            full = [0] * (2 * x.rank)
+            for i, ax in enumerate(axes):
+                full[ax], full[ax + x.rank] = pads[i], pads[i + len(axes)]
+            pads = tuple(full)
+    if value_input is not None and value_input.is_constant:
+        value = float(value_input.data.reshape(-1)[0]) if value_input.data.size else 0.0
+        if np.issubdtype(value_input.data.dtype, np.integer) and abs(value) > 2**52:
+            raise ctx.error("integer pad values beyond 2**52 are not supported")
+        value_input = None
+    inputs = [ctx.input(0)] + ([value_input] if value_input is not None else [])
+    emit(ctx, inputs=inputs, attrs={"pads": tuple(pads), "mode": a.get("mode", "constant"), "value": value})
+
+
+# -- elementwise ---------------------------------------------------------------------------------------
+@converter("Clip")
+def _clip(ctx: NodeContext) -> None:
+    if ctx.version < 11:
+        emit(ctx, attrs={"min": ctx.attrs.get("min"), "max": ctx.attrs.get("max")})
+        return
+    attrs: dict = {}
+    inputs: list = [ctx.input(0), None, None]
+    for i, key in ((1, "min"), (2, "max")):
+        v = ctx.input(i)
+        if v is None:
+            continue
+        if v.is_constant:
+            attrs[key] = float(v.data.reshape(-1)[0])
+            if np.issubdtype(v.data.dtype, np.integer) and abs(int(v.data.reshape(-1)[0])) > 2**52:
+                inputs[i] = v  # beyond float64 precision: keep the exact integer as an input
+                attrs.pop(key)
+        else:
+            inputs[i] = v
+    while inputs[-1] is None:
+        inputs.pop()
+    emit(ctx, inputs=inputs, attrs=attrs)
+
+
+def _dtype_attr(ctx: NodeContext, key: str) -> dict:
+    """ctx.attrs with the ONNX element type in `key` replaced by an Ember dtype name."""
+    if key not in ctx.attrs or ctx.attrs[key] is None:
+        return dict(ctx.attrs)
+    return dict(ctx.attrs, **{key: onnx_dtype(ctx.attrs[key], f"{ctx.importer.source}: node {ctx.name!r} {key}")})
+
+
+@converter("Cast")
+def _cast(ctx: NodeContext) -> None:
+    emit(ctx, attrs=_dtype_attr(ctx, "to"))
+
+
+@converter("EyeLike")
+def _eye_like(ctx: NodeContext) -> None:
+    emit(ctx, attrs=_dtype_attr(ctx, "dtype"))
+
+
+@converter("CastLike")
+def _cast_like(ctx: NodeContext) -> None:
+    attrs = {"to": ctx.type(1).dtype, **_without(ctx.attrs, "to")}
+    emit(ctx, "Cast", ctx.inputs[:1], attrs)
+
+
+@converter("Dropout")
+def _dropout(ctx: NodeContext) -> None:
+    training = ctx.const(2)
+    if ctx.input(2) is not None and (training is None or bool(training.reshape(()))):
+        ratio = ctx.const(1)
+        if ratio is None or float(ratio.reshape(())) != 0.0:
+            raise ctx.error("Dropout in training mode is random; Ember supports inference (training_mode=false)")
+    emit(ctx, inputs=ctx.inputs[:1], attrs={})
+
+
+@converter("BatchNormalization")
+def _batch_norm(ctx: NodeContext) -> None:
+    attrs = {k: v for k, v in ctx.attrs.items() if k in ("epsilon", "momentum", "training_mode")}
+    if ctx.version < 14 and len(ctx.proto.output) > 1:
+        raise ctx.error("BatchNormalization before opset 14 with training outputs is not supported")
+    emit(ctx, attrs=attrs)
+
+
+@converter("GroupNormalization")
+def _group_norm(ctx: NodeContext) -> None:
+    if ctx.version >= 21:
+        emit(ctx)
+        return
+    # opset 18: scale and bias are per group; repeat them per channel
+    channels = ctx.type(0).shape[1]
+    groups = ctx.attrs["num_groups"]
+    per_channel = []
+    for i in (1, 2):
+        (rep,) = ctx.emit("Reshape", [ctx.input(i)], {"shape": (groups, 1)})
+        (exp,) = ctx.emit("Expand", [rep], {"shape": (groups, channels // groups)})
+        per_channel += ctx.emit("Reshape", [exp], {"shape": (channels,)})
+    emit(ctx, inputs=[ctx.input(0)] + per_channel, attrs=ctx.attrs)
+
+
+@converter("Scatter")
+def _scatter(ctx: NodeContext) -> None:
+    emit(ctx, "ScatterElements")
+
+
+# -- Resize / Upsample ----------------------------------------------------------------------------------
+@converter("Resize")
+def _resize(ctx: NodeContext) -> None:
+    from ember.ops.resize import resize_output
+
+    a = dict(ctx.attrs)
+    x = ctx.type(0)
+    rank = x.rank
+    axes = norm_axes(a.pop("axes", None) or tuple(range(rank)), rank)
+    crop = a.get("coordinate_transformation_mode") == "tf_crop_and_resize"
+    roi = ctx.need(1, "roi") if crop and ctx.input(1) is not None else None
+    scales = ctx.need(2, "scales") if ctx.input(2) is not None and ctx.type(2).size else None
+    sizes = ctx.need(3, "sizes") if ctx.input(3) is not None else None
+    full_roi = [0.0] * rank + [1.0] * rank
+    if roi is not None and roi.size:
+        roi = [float(v) for v in roi.reshape(-1)]
+        for i, ax in enumerate(axes):
+            full_roi[ax], full_roi[ax + rank] = roi[i], roi[i + len(axes)]
+    try:
+        out_sizes, out_scales = resize_output(
+            x.shape, axes, None if scales is None else [float(s) for s in scales.reshape(-1)],
+            None if sizes is None else _ints(sizes), a.pop("keep_aspect_ratio_policy", "stretch"),
+            tuple(full_roi) if crop else None,
+        )  # fmt: skip
+    except ValueError as e:
+        raise ctx.error(str(e)) from None
+    attrs = dict(a, sizes=out_sizes, scales=out_scales, roi=tuple(full_roi))
+    emit(ctx, "Resize", ctx.inputs[:1], attrs)
+
+
+@converter("Upsample")
+def _upsample(ctx: NodeContext) -> None:
+    x = ctx.type(0)
+    scales = [float(s) for s in (ctx.attrs["scales"] if ctx.version < 9 else ctx.need(1, "scales").reshape(-1))]
+    sizes = tuple(int(np.floor(d * s)) for d, s in zip(x.shape, scales))
+    mode = ctx.attrs.get("mode", "nearest")
+    attrs = {"sizes": sizes, "scales": tuple(scales), "mode": mode, "coordinate_transformation_mode": "asymmetric",
+             "nearest_mode": "floor"}  # fmt: skip
+    emit(ctx, "Resize", ctx.inputs[:1], attrs)
+
+
+__all__ = ["CONVERTERS", "ModelError", "convert_node", "find_unsupported", "op_version", "support_problem"]

@@ -1,0 +1,108 @@
+"""The numpy reference evaluator: run a graph node by node with each op's reference.
+
+It is the oracle compiled code is checked against, the engine of import-time constant
+folding, and a debugging aid (`evaluate(graph, inputs, keep_all=True)` returns every value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ember.graph.ir import Graph, Node, Value
+from ember.graph.types import TensorType
+from ember.ops import get_op
+
+
+class InputError(ValueError):
+    """Inputs that do not match the graph's inputs (names, shapes, dtypes)."""
+
+
+class EvaluationError(RuntimeError):
+    """An operator reference failed or produced a value of the wrong type."""
+
+
+def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inputs as arrays, checked against the graph's input names, shapes and dtypes."""
+    expected = {v.name: v for v in graph.inputs}
+    missing = [n for n in expected if n not in inputs]
+    unknown = [n for n in inputs if n not in expected]
+    problems = []
+    if missing:
+        problems.append("missing input(s) " + ", ".join(f"{n!r} ({expected[n].type})" for n in missing))
+    if unknown:
+        problems.append(f"unknown input(s) {', '.join(map(repr, unknown))}; the graph takes {', '.join(expected)}")
+    arrays = {}
+    for name, v in expected.items():
+        if name not in inputs:
+            continue
+        x = np.asarray(inputs[name])
+        got = x.dtype.name
+        if got != v.type.dtype:
+            problems.append(f"input {name!r} has dtype {got}, expected {v.type.dtype} (convert with .astype)")
+        elif tuple(x.shape) != v.type.shape:
+            problems.append(f"input {name!r} has shape {list(x.shape)}, expected {list(v.type.shape)}")
+        arrays[name] = x
+    if problems:
+        raise InputError(f"graph {graph.name!r}: " + "; ".join(problems))
+    return arrays
+
+
+def run_node(node: Node, args: list[np.ndarray | None], check: bool = True) -> list[np.ndarray]:
+    """Evaluate one node with its reference; check the results against the node's outputs."""
+    opdef = get_op(node.op)
+    try:
+        with np.errstate(all="ignore"):
+            results = opdef.reference(node.attrs, *args)
+    except Exception as e:
+        raise EvaluationError(f"node {node.name!r} ({node.op}) failed in its reference: {type(e).__name__}: {e}") from e
+    if len(results) < len(node.outputs):
+        raise EvaluationError(f"node {node.name!r} ({node.op}) returned {len(results)} outputs for {len(node.outputs)}")
+    results = [np.asarray(r) for r in results[: len(node.outputs)]]
+    if check:
+        for v, r in zip(node.outputs, results):
+            got = TensorType.of(r)
+            if got != v.type:
+                raise EvaluationError(f"node {node.name!r} ({node.op}) produced {got} for %{v.name}, typed {v.type}")
+    return results
+
+
+def evaluate(
+    graph: Graph, inputs: Mapping[str, np.ndarray], *, check: bool = True, keep_all: bool = False
+) -> dict[str, np.ndarray]:
+    """Run `graph` on named numpy inputs; return its outputs by name (every value if keep_all)."""
+    arrays = check_inputs(graph, inputs)
+    env: dict[Value, np.ndarray] = {v: arrays[v.name] for v in graph.inputs}
+    return _run(graph, env, check, keep_all)
+
+
+def evaluate_subgraph(graph: Graph, args: list[np.ndarray], outer: dict[Value, np.ndarray]) -> list[np.ndarray]:
+    """Run a subgraph (a control-flow body) on positional inputs, reading captured outer values."""
+    env = dict(outer)
+    env.update(zip(graph.inputs, args))
+    out = _run(graph, env, True, False)
+    return [out[v.name] for v in graph.outputs]
+
+
+def _run(graph: Graph, env: dict[Value, np.ndarray], check: bool, keep_all: bool) -> dict[str, np.ndarray]:
+    for node in graph.nodes:
+        args = [None if v is None else (v.data if v.is_constant else env[v]) for v in node.inputs]
+        if node.subgraphs():
+            results = _run_control_flow(node, args, env)
+        else:
+            results = run_node(node, args, check)
+        env.update(zip(node.outputs, results))
+    values = env if keep_all else {v: None for v in graph.outputs}
+    return {v.name: (v.data if v.is_constant else env[v]) for v in values}
+
+
+def _run_control_flow(node: Node, args: list[np.ndarray | None], env: dict[Value, np.ndarray]) -> list[np.ndarray]:
+    from ember.graph import control_flow
+
+    try:
+        return control_flow.run(node, args, env, evaluate_subgraph)
+    except (EvaluationError, InputError):
+        raise
+    except Exception as e:
+        raise EvaluationError(f"node {node.name!r} ({node.op}) failed: {type(e).__name__}: {e}") from e

@@ -1,0 +1,14 @@
+"""The operator library: one `OpDef` per operator (see `ember.ops.opdef`).
+
+Importing this package registers every operator in `OPS`. Modules group operators by
+kind; each operator is defined exactly once, by its table row or `@op` entry.
+"""
+
+from ember.ops import broadcast, elemwise, nn, reduce, resize, tensor  # noqa: F401  (registers operators)
+from ember.ops.common import ShapeError
+from ember.ops.opdef import OPS, REQUIRED, Attr, AttrError, OpDef, Pattern, ShapeDependsOnData, get_op, op, register
+
+__all__ = [
+    "OPS", "REQUIRED", "Attr", "AttrError", "OpDef", "Pattern", "ShapeDependsOnData", "ShapeError", "get_op", "op",
+    "register",
+]  # fmt: skip

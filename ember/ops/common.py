@@ -1,0 +1,98 @@
+"""Helpers shared by operator entries: shape rules that many ops use, axis handling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ember.graph.types import TensorType, np_dtype
+
+
+class ShapeError(ValueError):
+    """Input types that an operator's shape rule rejects."""
+
+
+def norm_axis(axis: int, rank: int, what: str = "axis") -> int:
+    """A possibly negative axis made non-negative, checked against the rank."""
+    if not -rank <= axis < max(rank, 1):
+        raise ShapeError(f"{what} {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def norm_axes(axes: tuple[int, ...], rank: int, what: str = "axes") -> tuple[int, ...]:
+    out = tuple(norm_axis(a, rank, what) for a in axes)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"{what} {axes} repeat an axis")
+    return out
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """Numpy (multidirectional) broadcasting of shapes, with a readable error."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(rank):
+        dims = {s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise ShapeError(f"shapes {', '.join(map(str, map(list, shapes)))} do not broadcast (axis {i})")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def same_type(a: dict, x: TensorType, *rest: Any) -> TensorType:
+    """Shape rule of elementwise ops: the output has the type of the first input."""
+    return x
+
+
+def broadcast_type(dtype: str | None = None):
+    """Shape rule of broadcasting ops: broadcast shapes; dtype of input 0 unless given."""
+
+    def infer(a: dict, *ts: TensorType | None) -> TensorType:
+        present = [t for t in ts if t is not None]
+        return TensorType(broadcast_shapes(*(t.shape for t in present)), dtype or present[0].dtype)
+
+    return infer
+
+
+def check_same_dtype(*ts: TensorType | None, what: str = "inputs") -> None:
+    dtypes = {t.dtype for t in ts if t is not None}
+    if len(dtypes) > 1:
+        raise ShapeError(f"{what} must have one dtype, got {', '.join(sorted(dtypes))}")
+
+
+def as_dtype(x: np.ndarray, dtype: str | np.dtype) -> np.ndarray:
+    """x converted to dtype without a copy when it already has it."""
+    return np.asarray(x).astype(np_dtype(dtype) if isinstance(dtype, str) else dtype, copy=False)
+
+
+def keep_dtype(fn):
+    """Wrap a numpy function so its result has the dtype of the first argument."""
+
+    def wrapped(a: dict, x: np.ndarray, *rest: np.ndarray) -> np.ndarray:
+        return np.asarray(fn(a, x, *rest)).astype(x.dtype, copy=False)
+
+    wrapped.__doc__ = fn.__doc__
+    return wrapped
+
+
+def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def window_out_dim(
+    size: int, kernel: int, stride: int, pads: tuple[int, int], dilation: int = 1, ceil: bool = False
+) -> int:
+    """Output length of a sliding window (conv, pool) along one axis; pads = (begin, end)."""
+    span = dilation * (kernel - 1) + 1
+    num = size + pads[0] + pads[1] - span
+    if num < 0:
+        raise ShapeError(f"window of size {span} does not fit input length {size} padded by {list(pads)}")
+    if not ceil:
+        return num // stride + 1
+    out = -(-num // stride) + 1
+    if (out - 1) * stride >= size + pads[0]:  # last window would start in the end padding: drop it
+        out -= 1
+    return out
