@@ -253,6 +253,20 @@ class Importer:
             self.graph = outer_graph
         return graph
 
+    def inline_graph(self, gp: onnx.GraphProto, args: list[Value] = ()) -> list[Value]:
+        """Convert a subgraph's nodes into the current graph, its inputs bound to `args`
+        (an If with a constant condition, one unrolled Loop iteration)."""
+        self.scopes.append({})
+        try:
+            for vi, v in zip(gp.input, args):
+                self.bind(vi.name, v)
+            self._bind_initializers(gp)
+            for index, node in enumerate(gp.node):
+                self.convert(node, index, self.opset)
+            return [self.lookup(o.name) for o in gp.output]
+        finally:
+            self.scopes.pop()
+
     def _bind_initializers(self, gp: onnx.GraphProto) -> None:
         for init in gp.initializer:
             self.bind(init.name, Value.constant(init.name, tensor_to_array(init, self.source)))

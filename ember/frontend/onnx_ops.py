@@ -15,16 +15,23 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from ember.frontend.onnx import MIN_OPSET, ONNX_DTYPES, ModelError, NodeContext, onnx_dtype
+from ember.frontend.onnx import MIN_OPSET, ONNX_DTYPES, DynamicShapeError, ModelError, NodeContext, onnx_dtype
+from ember.graph.ir import Graph, Value
+from ember.graph.types import TensorType
 from ember.ops import OPS
 from ember.ops.common import norm_axes
+from ember.ops.control import captures_of
 from ember.ops.tensor import resolve_reshape, split_sizes
 
 Converter = Callable[[NodeContext], None]
 CONVERTERS: dict[str, Converter] = {}
 
-# Operators whose pre-opset-13 versions the converters below handle too.
-OLD_VERSIONS_OK = {"Dropout", "BatchNormalization", "Upsample", "Scatter", "Softmax", "LogSoftmax", "Hardmax"}
+# Models older than opset 13: an operator version from opset 7 on is accepted when it is the
+# version opset 13 uses, or when the converters map its differences (attributes that later
+# became inputs, Softmax's 2-d coercion, ...). Unknown legacy attributes fail loudly in
+# OpDef.check_attrs. These versions are not mapped:
+OLDEST_VERSION = 1
+MIN_VERSION = {"Resize": 11, "Upsample": 9, "Scan": 9}
 
 
 def converter(*names: str) -> Callable[[Converter], Converter]:
@@ -65,13 +72,16 @@ def support_problem(op_type: str, domain: str, opset: int) -> str | None:
     except Exception:
         return "not an ONNX operator"
     if op_type in CONVERTERS or op_type in OPS:
-        if opset >= MIN_OPSET or op_type in OLD_VERSIONS_OK:
+        if opset >= MIN_OPSET:
             return None
         try:
             current = onnx.defs.get_schema(op_type, MIN_OPSET, "").since_version
         except Exception:
             current = -1
-        return None if current == schema.since_version else f"version {schema.since_version} predates opset {MIN_OPSET}"
+        version = schema.since_version
+        if current == version or version >= max(OLDEST_VERSION, MIN_VERSION.get(op_type, 0)):
+            return None
+        return f"version {version} is older than Ember maps"
     if schema.has_function or schema.has_context_dependent_function:
         return None
     return "no Ember implementation"
@@ -131,7 +141,26 @@ def expand_function(ctx: NodeContext) -> None:
             rename.setdefault(n, f"{prefix}/{n}")
             inner.output[j] = rename[n]
         _resolve_attr_refs(inner, attr_values)
+        for attr in inner.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                _rename_outer_refs(sub, rename)
         imp.convert(inner, i, max(body_opset, MIN_OPSET) if body_opset < MIN_OPSET else body_opset)
+
+
+def _rename_outer_refs(graph: onnx.GraphProto, rename: dict[str, str]) -> None:
+    """Apply a function's renaming to the names a subgraph of its body reads from outside."""
+    local = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        for j, n in enumerate(node.input):
+            if n and n not in local and n in rename:
+                node.input[j] = rename[n]
+        local.update(node.output)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                _rename_outer_refs(sub, {k: v for k, v in rename.items() if k not in local})
+    for vo in graph.output:
+        if vo.name not in local and vo.name in rename:
+            vo.name = rename[vo.name]
 
 
 def _function_body(ctx: NodeContext, schema) -> onnx.FunctionProto | None:
@@ -248,9 +277,10 @@ def _window_attrs(ctx: NodeContext, kernel: tuple[int, ...]) -> dict:
     return {"strides": strides, "pads": pads, "dilations": dilations}
 
 
-@converter("Conv", "ConvInteger")
+@converter("Conv", "ConvInteger", "QLinearConv")
 def _conv(ctx: NodeContext) -> None:
-    kernel = ctx.attrs.get("kernel_shape") or ctx.type(1).shape[2:]
+    weight = 3 if ctx.op_type == "QLinearConv" else 1
+    kernel = ctx.attrs.get("kernel_shape") or ctx.type(weight).shape[2:]
     emit(ctx, attrs=dict(_window_attrs(ctx, kernel), group=ctx.attrs.get("group", 1)))
 
 
@@ -503,6 +533,15 @@ def _cast(ctx: NodeContext) -> None:
     emit(ctx, attrs=_dtype_attr(ctx, "to"))
 
 
+@converter("QuantizeLinear", "DequantizeLinear")
+def _quantize(ctx: NodeContext) -> None:
+    attrs = dict(ctx.attrs)
+    if not attrs.get("output_dtype"):
+        attrs.pop("output_dtype", None)
+    ctx.attrs = attrs
+    emit(ctx, attrs=_dtype_attr(ctx, "output_dtype"))
+
+
 @converter("EyeLike")
 def _eye_like(ctx: NodeContext) -> None:
     emit(ctx, attrs=_dtype_attr(ctx, "dtype"))
@@ -592,6 +631,88 @@ def _upsample(ctx: NodeContext) -> None:
     attrs = {"sizes": sizes, "scales": tuple(scales), "mode": mode, "coordinate_transformation_mode": "asymmetric",
              "nearest_mode": "floor"}  # fmt: skip
     emit(ctx, "Resize", ctx.inputs[:1], attrs)
+
+
+# -- control flow --------------------------------------------------------------------------------------
+def _subgraph(ctx: NodeContext, key: str, input_types: list[TensorType]) -> Graph:
+    return ctx.importer.import_graph(ctx.attrs[key], {}, sub_inputs=input_types)
+
+
+@converter("If")
+def _if(ctx: NodeContext) -> None:
+    cond = ctx.const(0)
+    if cond is not None:  # a constant condition: inline the branch taken
+        branch = ctx.attrs["then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"]
+        outs = ctx.importer.inline_graph(branch)
+        for name, v in zip(ctx.out_names, outs):
+            ctx.importer.add_node("Identity", [v], {}, [name], ctx.name)
+        return
+    attrs = {"then_branch": _subgraph(ctx, "then_branch", []), "else_branch": _subgraph(ctx, "else_branch", [])}
+    emit(ctx, inputs=[ctx.input(0), *captures_of(attrs)], attrs=attrs)
+
+
+MAX_UNROLL = 10_000  # iterations an import-time unrolled Loop may run
+
+
+@converter("Loop")
+def _loop(ctx: NodeContext) -> None:
+    """A Loop node when its body has static types; else, with a constant trip count and
+    condition, the loop is unrolled at import (each iteration's body inlined)."""
+    carried = ctx.inputs[2:]
+    if any(v is None for v in carried):
+        raise ctx.error("Loop with absent loop-carried inputs is not supported")
+    types = [TensorType((), "int64"), TensorType((), "bool")] + [v.type for v in carried]
+    try:
+        attrs = {"body": _subgraph(ctx, "body", types)}
+        emit(ctx, inputs=[ctx.input(0), ctx.input(1), *carried, *captures_of(attrs)], attrs=attrs)
+    except DynamicShapeError:
+        controls = [v for v in ctx.inputs[:2] if v is not None]
+        if not all(v.is_constant for v in controls):
+            imp = ctx.importer
+            raise imp._dynamic(f"node {ctx.name!r} (Loop)", "its body needs static shapes or a constant trip count",
+                               [*controls, *carried]) from None  # fmt: skip
+        _unroll_loop(ctx, carried)
+
+
+def _unroll_loop(ctx: NodeContext, carried: list) -> None:
+    imp = ctx.importer
+    trips = ctx.const(0)
+    limit = int(trips.reshape(())) if trips is not None else MAX_UNROLL
+    keep = bool(ctx.const(1).reshape(())) if ctx.input(1) is not None else True
+    values, scans, i = list(carried), [], 0
+    while keep and i < limit:
+        it = Value.constant(imp.unique(f"{ctx.name}/iter"), np.array(i, np.int64))
+        cond = Value.constant(imp.unique(f"{ctx.name}/cond"), np.array(keep))
+        outs = imp.inline_graph(ctx.attrs["body"], [it, cond, *values])
+        if not outs[0].is_constant:
+            raise ctx.error("cannot unroll: the loop condition depends on non-constant values")
+        keep, values = bool(outs[0].data.reshape(())), outs[1 : 1 + len(carried)]
+        scans.append(outs[1 + len(carried) :])
+        i += 1
+    if i >= MAX_UNROLL:
+        raise ctx.error(f"the loop ran past {MAX_UNROLL} iterations while unrolling")
+    names = ctx.out_names
+    for name, v in zip(names, values):
+        imp.add_node("Identity", [v], {}, [name], ctx.name)
+    for j, name in enumerate(names[len(carried) :]):
+        parts = [ctx.emit("Unsqueeze", [s[j]], {"axes": (0,)})[0] for s in scans]
+        if not parts:
+            raise ctx.error("a Loop that runs zero times with scan outputs is not supported")
+        imp.add_node("Concat", parts, {"axis": 0}, [name], ctx.name)
+
+
+@converter("Scan")
+def _scan(ctx: NodeContext) -> None:
+    a = dict(ctx.attrs)
+    m = a["num_scan_inputs"]
+    n = len(ctx.inputs) - m
+    axes = a.get("scan_input_axes") or (0,) * m
+    types = [v.type for v in ctx.inputs[:n]]
+    for v, ax in zip(ctx.inputs[n:], axes):
+        ax = norm_axes((ax,), v.type.rank)[0]
+        types.append(v.type.with_shape(v.type.shape[:ax] + v.type.shape[ax + 1 :]))
+    a["body"] = _subgraph(ctx, "body", types)
+    emit(ctx, inputs=[*ctx.inputs, *captures_of(a)], attrs=a)
 
 
 __all__ = ["CONVERTERS", "ModelError", "convert_node", "find_unsupported", "op_version", "support_problem"]

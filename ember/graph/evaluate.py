@@ -74,35 +74,24 @@ def evaluate(
     """Run `graph` on named numpy inputs; return its outputs by name (every value if keep_all)."""
     arrays = check_inputs(graph, inputs)
     env: dict[Value, np.ndarray] = {v: arrays[v.name] for v in graph.inputs}
-    return _run(graph, env, check, keep_all)
+    _run(graph, env, check)
+    values = env if keep_all else dict.fromkeys(graph.outputs)
+    return {v.name: _read(v, env) for v in values}
 
 
-def evaluate_subgraph(graph: Graph, args: list[np.ndarray], outer: dict[Value, np.ndarray]) -> list[np.ndarray]:
-    """Run a subgraph (a control-flow body) on positional inputs, reading captured outer values."""
-    env = dict(outer)
+def evaluate_subgraph(graph: Graph, args: list[np.ndarray], captures: dict[Value, np.ndarray]) -> list[np.ndarray]:
+    """Run a subgraph (a control-flow body) on positional inputs plus captured outer values."""
+    env = dict(captures)
     env.update(zip(graph.inputs, args))
-    out = _run(graph, env, True, False)
-    return [out[v.name] for v in graph.outputs]
+    _run(graph, env, True)
+    return [_read(v, env) for v in graph.outputs]
 
 
-def _run(graph: Graph, env: dict[Value, np.ndarray], check: bool, keep_all: bool) -> dict[str, np.ndarray]:
+def _read(v: Value, env: dict[Value, np.ndarray]) -> np.ndarray:
+    return v.data if v.is_constant else env[v]
+
+
+def _run(graph: Graph, env: dict[Value, np.ndarray], check: bool) -> None:
     for node in graph.nodes:
-        args = [None if v is None else (v.data if v.is_constant else env[v]) for v in node.inputs]
-        if node.subgraphs():
-            results = _run_control_flow(node, args, env)
-        else:
-            results = run_node(node, args, check)
-        env.update(zip(node.outputs, results))
-    values = env if keep_all else {v: None for v in graph.outputs}
-    return {v.name: (v.data if v.is_constant else env[v]) for v in values}
-
-
-def _run_control_flow(node: Node, args: list[np.ndarray | None], env: dict[Value, np.ndarray]) -> list[np.ndarray]:
-    from ember.graph import control_flow
-
-    try:
-        return control_flow.run(node, args, env, evaluate_subgraph)
-    except (EvaluationError, InputError):
-        raise
-    except Exception as e:
-        raise EvaluationError(f"node {node.name!r} ({node.op}) failed: {type(e).__name__}: {e}") from e
+        args = [None if v is None else _read(v, env) for v in node.inputs]
+        env.update(zip(node.outputs, run_node(node, args, check)))

@@ -63,8 +63,6 @@ def _check_types(node: Node, where: str, problems: list[str]) -> None:
     except KeyError as e:
         problems.append(f"{where}: {e.args[0]}")
         return
-    if node.subgraphs():
-        return  # control-flow types are checked by the frontend when it builds the node
     try:
         opdef.check_arity(len(node.inputs), where)
         attrs = opdef.check_attrs(node.attrs, where)

@@ -1,0 +1,144 @@
+"""Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, QLinearMatMul/Conv.
+
+Scales and zero points are per tensor (scalars), per axis (1-d along `axis`) or blocked
+(same rank as the input, each entry covering `block_size` elements along `axis`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.graph.types import TensorType, is_float, np_dtype
+from ember.ops.common import ShapeError, norm_axis
+from ember.ops.elemwise import cast_array
+from ember.ops.nn import CONV_ATTRS, _conv_infer, conv_nd, matmul_shape
+from ember.ops.opdef import Attr, Pattern, op
+
+OUT = Pattern.OUT_ELEMWISE_FUSABLE
+_INT_RANGES = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
+
+
+def int_range(dtype: str) -> tuple[int, int]:
+    if dtype in _INT_RANGES:
+        return _INT_RANGES[dtype]
+    info = np.iinfo(np_dtype(dtype))
+    return int(info.min), int(info.max)
+
+
+def expand_param(p: np.ndarray, shape: tuple[int, ...], axis: int, block: int) -> np.ndarray:
+    """A scale or zero point broadcast to the input shape (per tensor, per axis or blocked)."""
+    if p.size == 1 and p.ndim <= 1:
+        return p.reshape(())
+    if block:
+        return np.take(np.repeat(p, block, axis=axis), np.arange(shape[axis]), axis=axis)
+    return p.reshape([-1 if i == axis else 1 for i in range(len(shape))])
+
+
+def quantize(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | float, dtype: str, saturate: bool = True) -> np.ndarray:
+    """round(x / scale) + zero point, saturated to dtype (no rounding for float targets)."""
+    q = (x.astype(np.float32) / scale.astype(np.float32)).astype(np.float64)  # float32, as runtimes do
+    if is_float(dtype):
+        return cast_array((q + np.asarray(zp, np.float64)).astype(np.float32), dtype, saturate)
+    lo, hi = int_range(dtype)
+    return np.clip(np.rint(q) + np.asarray(zp).astype(np.float64), lo, hi).astype(np_dtype(dtype))
+
+
+QUANT_ATTRS = [Attr("axis", "int", 1), Attr("block_size", "int", 0), Attr("output_dtype", "dtype", None),
+               Attr("saturate", "int", 1), Attr("precision", "int", 0)]  # fmt: skip
+
+
+def _axis(a: dict, x: np.ndarray, scale: np.ndarray) -> int:
+    """The quantization axis; it matters only when the scale is not a scalar."""
+    return 0 if scale.size == 1 and scale.ndim <= 1 else norm_axis(a["axis"], x.ndim)
+
+
+def _check_param(name: str, x: TensorType, p: TensorType, a: dict) -> None:
+    if p.size == 1 and p.rank <= 1:
+        return
+    axis = norm_axis(a["axis"], x.rank)
+    if a["block_size"]:
+        want = tuple(-(-d // a["block_size"]) if i == axis else d for i, d in enumerate(x.shape))
+        if p.shape != want:
+            raise ShapeError(f"blocked {name} must have shape {list(want)} for {x}, got {p}")
+    elif p.shape != (x.shape[axis],):
+        raise ShapeError(f"per-axis {name} must have shape [{x.shape[axis]}] for axis {axis} of {x}, got {p}")
+
+
+def _quantize_infer(a: dict, x: TensorType, scale: TensorType, zp: TensorType | None = None) -> TensorType:
+    _check_param("scale", x, scale, a)
+    dtype = zp.dtype if zp is not None else (a["output_dtype"] or "uint8")
+    return x.with_dtype(dtype)
+
+
+@op("QuantizeLinear", Pattern.ELEMWISE, infer=_quantize_infer, inputs=(2, 3), attrs=QUANT_ATTRS)
+def quantize_linear(a: dict, x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None = None) -> np.ndarray:
+    axis = _axis(a, x, scale)
+    dtype = zp.dtype.name if zp is not None else (a["output_dtype"] or "uint8")
+    s = expand_param(scale, x.shape, axis, a["block_size"])
+    z = 0.0 if zp is None else expand_param(zp.astype(np.float64), x.shape, axis, a["block_size"])
+    return quantize(x, s, z, dtype, bool(a["saturate"]))
+
+
+def _dequantize_infer(a: dict, x: TensorType, scale: TensorType, zp: TensorType | None = None) -> TensorType:
+    _check_param("scale", x, scale, a)
+    return x.with_dtype(a["output_dtype"] or scale.dtype)
+
+
+@op("DequantizeLinear", Pattern.ELEMWISE, infer=_dequantize_infer, inputs=(2, 3), attrs=QUANT_ATTRS)
+def dequantize_linear(a: dict, x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None = None) -> np.ndarray:
+    """(x - zero_point) * scale, in the scale's dtype (or output_dtype)."""
+    axis = _axis(a, x, scale)
+    xf = x.astype(np.float32).astype(np.float64)
+    if zp is not None:
+        xf = xf - expand_param(zp.astype(np.float32).astype(np.float64), x.shape, axis, a["block_size"])
+    s = expand_param(scale.astype(np.float64), x.shape, axis, a["block_size"])
+    return (xf * s).astype(np_dtype(a["output_dtype"] or scale.dtype.name))
+
+
+def _dyn_quant_infer(a: dict, x: TensorType) -> tuple[TensorType, TensorType, TensorType]:
+    return x.with_dtype("uint8"), TensorType((), "float32"), TensorType((), "uint8")
+
+
+@op("DynamicQuantizeLinear", Pattern.OPAQUE, infer=_dyn_quant_infer)
+def dynamic_quantize_linear(a: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """uint8 quantization with the scale and zero point computed from the data range (incl. 0)."""
+    lo, hi = min(0.0, float(x.min(initial=0))), max(0.0, float(x.max(initial=0)))
+    scale = np.float32((hi - lo) / 255)
+    zp = np.clip(np.rint(-lo / scale), 0, 255) if scale else 0.0
+    y = quantize(x, np.array(scale), zp, "uint8") if scale else np.zeros(x.shape, np.uint8)
+    return y, np.array(scale, np.float32), np.array(zp, np.uint8)
+
+
+def _qlinear_params(ps: tuple) -> tuple:
+    return tuple(np.asarray(p).astype(np.float64) for p in ps)
+
+
+def _qmm_infer(a: dict, x, xs, xz, w, ws, wz, ys, yz) -> TensorType:
+    return TensorType(matmul_shape(x.shape, w.shape), yz.dtype)
+
+
+@op("QLinearMatMul", OUT, infer=_qmm_infer, inputs=(8, 8))
+def qlinear_matmul(a: dict, x, xs, xz, w, ws, wz, ys, yz) -> np.ndarray:
+    """Quantized matmul: dequantize both operands, multiply, requantize to y's scale/zero point."""
+    xs, xz_, ws, wz_, ys = _qlinear_params((xs, xz, ws, wz, ys))
+    xd = (x.astype(np.float64) - (xz_.reshape(-1, 1) if xz_.ndim and xz_.size > 1 else xz_)) * (
+        xs.reshape(-1, 1) if xs.ndim and xs.size > 1 else xs)  # fmt: skip
+    wd = (w.astype(np.float64) - wz_) * ws
+    return quantize(np.matmul(xd, wd), ys, yz.astype(np.float64), yz.dtype.name)
+
+
+def _qconv_infer(a: dict, x, xs, xz, w, ws, wz, ys, yz, b=None) -> TensorType:
+    return _conv_infer(a, x, w).with_dtype(yz.dtype)
+
+
+@op("QLinearConv", OUT, infer=_qconv_infer, inputs=(8, 9), attrs=CONV_ATTRS)
+def qlinear_conv(a: dict, x, xs, xz, w, ws, wz, ys, yz, b=None) -> np.ndarray:
+    """Quantized convolution with per-tensor input scale and per-tensor or per-channel weights."""
+    xs, xz_, ws, wz_, ys = _qlinear_params((xs, xz, ws, wz, ys))
+    per_out = (-1,) + (1,) * (w.ndim - 1)
+    xd = (x.astype(np.float64) - xz_) * xs
+    wd = (w.astype(np.float64) - wz_.reshape(per_out if wz_.size > 1 else ())) * ws.reshape(
+        per_out if ws.size > 1 else ())  # fmt: skip
+    y = conv_nd(xd, wd, a)
+    if b is not None:
+        y = y + (b.astype(np.float64) * xs * ws).reshape((1, -1) + (1,) * (x.ndim - 2))
+    return quantize(y, ys, yz.astype(np.float64), yz.dtype.name)
