@@ -142,13 +142,14 @@ def from_onnx(
     proto, source = load_model(model)
     from ember.frontend import onnx_ops
 
-    opset = _default_opset(proto, source)
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
+    opsets[""] = _default_opset(proto, source)
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
-    unsupported = onnx_ops.find_unsupported(proto.graph, opset)
+    unsupported = onnx_ops.find_unsupported(proto.graph, opsets)
     if unsupported:
         raise UnsupportedOperatorError(source, unsupported)
-    importer = Importer(source, opset, dict(input_values or {}))
+    importer = Importer(source, opsets, dict(input_values or {}))
     graph = importer.import_graph(proto.graph, dict(input_shapes or {}), top=True)
     if verify:
         graph.verify()
@@ -209,7 +210,7 @@ class Importer:
     """Converts ONNX graphs node by node into one Ember Graph, folding constants."""
 
     source: str
-    opset: int
+    opsets: dict[str, int]  # domain ("" for ai.onnx) -> version
     input_values: dict[str, np.ndarray]
     scopes: list[dict[str, Value]] = field(default_factory=list)
     graph: Graph | None = None
@@ -246,7 +247,7 @@ class Importer:
                     graph.inputs.append(v)
                     self.bind(vi.name, v)
             for index, node in enumerate(gp.node):
-                self.convert(node, index, self.opset)
+                self.convert(node, index)
             graph.outputs = [self.lookup(o.name) for o in gp.output]
         finally:
             self.scopes.pop()
@@ -262,7 +263,7 @@ class Importer:
                 self.bind(vi.name, v)
             self._bind_initializers(gp)
             for index, node in enumerate(gp.node):
-                self.convert(node, index, self.opset)
+                self.convert(node, index)
             return [self.lookup(o.name) for o in gp.output]
         finally:
             self.scopes.pop()
@@ -301,14 +302,20 @@ class Importer:
                              f"static shapes: pass input_shapes={{{example}}}")  # fmt: skip
 
     # -- nodes ------------------------------------------------------------------------------------
-    def convert(self, proto: onnx.NodeProto, index: int, opset: int) -> None:
+    @property
+    def opset(self) -> int:
+        """The default-domain (ai.onnx) opset version."""
+        return self.opsets[""]
+
+    def convert(self, proto: onnx.NodeProto, index: int, opsets: dict[str, int] | None = None) -> None:
         from ember.frontend import onnx_ops
 
         name = proto.name or f"{proto.op_type}_{index}"
         inputs = [self.lookup(n) if n else None for n in proto.input]
         while inputs and inputs[-1] is None:
             inputs.pop()
-        ctx = NodeContext(self, proto, name, inputs, decode_attrs(proto, self), onnx_ops.op_version(proto, opset))
+        version = onnx_ops.op_version(proto, opsets or self.opsets)
+        ctx = NodeContext(self, proto, name, inputs, decode_attrs(proto, self), version)
         onnx_ops.convert_node(ctx)
 
     def add_node(self, op: str, inputs: list[Value | None], attrs: dict[str, Any], out_names: list[str],

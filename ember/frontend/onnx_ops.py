@@ -52,26 +52,48 @@ def emit(ctx: NodeContext, op: str | None = None, inputs=None, attrs: dict | Non
 
 
 # -- support checks ------------------------------------------------------------------------------
-def op_version(proto: onnx.NodeProto, opset: int) -> int:
+# ai.onnx.ml operators with an Ember entry of the same name
+ML_OPS = {"Binarizer", "ArrayFeatureExtractor", "TreeEnsemble"}
+
+
+def _domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+def get_schema(op_type: str, domain: str, opsets: dict[str, int]):
+    """The ONNX schema a node uses under the model's opsets (None if there is none)."""
+    domain = _domain(domain)
     try:
-        return onnx.defs.get_schema(proto.op_type, opset, proto.domain).since_version
+        return onnx.defs.get_schema(op_type, opsets.get(domain, 1), domain)
     except Exception:
-        return 0
+        return None
+
+
+def op_version(proto: onnx.NodeProto, opsets: dict[str, int]) -> int:
+    schema = get_schema(proto.op_type, proto.domain, opsets)
+    return schema.since_version if schema is not None else 0
 
 
 def _is_default_domain(domain: str) -> bool:
-    return domain in ("", "ai.onnx")
+    return _domain(domain) == ""
 
 
-def support_problem(op_type: str, domain: str, opset: int) -> str | None:
-    """None if Ember can import this operator at this opset, else a short reason."""
-    if not _is_default_domain(domain):
-        return f"domain {domain!r} is not supported"
-    try:
-        schema = onnx.defs.get_schema(op_type, opset, "")
-    except Exception:
-        return "not an ONNX operator"
-    if op_type in CONVERTERS or op_type in OPS:
+def has_ember_entry(op_type: str, domain: str) -> bool:
+    domain = _domain(domain)
+    if domain == "":
+        return op_type in CONVERTERS or op_type in OPS
+    return domain == "ai.onnx.ml" and op_type in ML_OPS
+
+
+def support_problem(op_type: str, domain: str, opsets: dict[str, int]) -> str | None:
+    """None if Ember can import this operator under these opsets, else a short reason."""
+    schema = get_schema(op_type, domain, opsets)
+    if schema is None:
+        return "not an ONNX operator" if _is_default_domain(domain) else f"unknown operator of domain {domain!r}"
+    opset = opsets.get("", MIN_OPSET)
+    if has_ember_entry(op_type, domain) and not _is_default_domain(domain):
+        return None
+    if has_ember_entry(op_type, domain):
         if opset >= MIN_OPSET:
             return None
         try:
@@ -87,17 +109,17 @@ def support_problem(op_type: str, domain: str, opset: int) -> str | None:
     return "no Ember implementation"
 
 
-def find_unsupported(graph: onnx.GraphProto, opset: int) -> dict[str, list[str]]:
+def find_unsupported(graph: onnx.GraphProto, opsets: dict[str, int]) -> dict[str, list[str]]:
     """Every unsupported operator (with its reason) -> the nodes using it, subgraphs included."""
     found: dict[str, list[str]] = {}
     for index, node in enumerate(graph.node):
-        problem = support_problem(node.op_type, node.domain, opset)
+        problem = support_problem(node.op_type, node.domain, opsets)
         if problem is not None:
             key = f"{node.domain + '.' if node.domain else ''}{node.op_type} ({problem})"
             found.setdefault(key, []).append(node.name or f"{node.op_type}_{index}")
         for attr in node.attribute:
             for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                for key, names in find_unsupported(sub, opset).items():
+                for key, names in find_unsupported(sub, opsets).items():
                     found.setdefault(key, []).extend(names)
     return found
 
@@ -106,7 +128,7 @@ def convert_node(ctx: NodeContext) -> None:
     fn = CONVERTERS.get(ctx.op_type)
     if fn is not None:
         fn(ctx)
-    elif ctx.op_type in OPS:
+    elif has_ember_entry(ctx.op_type, ctx.proto.domain):
         emit(ctx)
     else:
         expand_function(ctx)
@@ -116,11 +138,12 @@ def convert_node(ctx: NodeContext) -> None:
 def expand_function(ctx: NodeContext) -> None:
     """Inline the ONNX function body of an operator Ember has no entry for."""
     imp = ctx.importer
-    schema = onnx.defs.get_schema(ctx.op_type, imp.opset, "")
+    schema = get_schema(ctx.op_type, ctx.proto.domain, imp.opsets)
     fn = _function_body(ctx, schema)
     if fn is None:
         raise ctx.error("operator has no Ember implementation and no ONNX function body")
-    body_opset = next((o.version for o in fn.opset_import if _is_default_domain(o.domain)), imp.opset)
+    body_opsets = dict(imp.opsets)
+    body_opsets.update({_domain(o.domain): o.version for o in fn.opset_import})
     prefix = imp.unique(ctx.name)
     rename: dict[str, str] = {}
     for formal, actual in zip(fn.input, ctx.proto.input):
@@ -144,7 +167,7 @@ def expand_function(ctx: NodeContext) -> None:
         for attr in inner.attribute:
             for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
                 _rename_outer_refs(sub, rename)
-        imp.convert(inner, i, max(body_opset, MIN_OPSET) if body_opset < MIN_OPSET else body_opset)
+        imp.convert(inner, i, body_opsets)
 
 
 def _rename_outer_refs(graph: onnx.GraphProto, rename: dict[str, str]) -> None:
@@ -164,7 +187,7 @@ def _rename_outer_refs(graph: onnx.GraphProto, rename: dict[str, str]) -> None:
 
 
 def _function_body(ctx: NodeContext, schema) -> onnx.FunctionProto | None:
-    opset = ctx.importer.opset
+    opset = ctx.importer.opsets.get(_domain(ctx.proto.domain), 1)
     if schema.has_context_dependent_function:
         types = []
         for v in ctx.inputs:
@@ -193,7 +216,7 @@ def _function_body(ctx: NodeContext, schema) -> onnx.FunctionProto | None:
 
 def _function_attrs(ctx: NodeContext, fn: onnx.FunctionProto) -> dict[str, onnx.AttributeProto]:
     """Attribute values for `@ref` attributes in a body: the node's, else the defaults."""
-    schema = onnx.defs.get_schema(ctx.op_type, ctx.importer.opset, "")
+    schema = get_schema(ctx.op_type, ctx.proto.domain, ctx.importer.opsets)
     values = {name: a.default_value for name, a in schema.attributes.items() if a.default_value.name}
     values.update({a.name: a for a in fn.attribute_proto})
     values.update({a.name: a for a in ctx.proto.attribute})
@@ -542,6 +565,11 @@ def _quantize(ctx: NodeContext) -> None:
     emit(ctx, attrs=_dtype_attr(ctx, "output_dtype"))
 
 
+@converter("BitCast")
+def _bitcast(ctx: NodeContext) -> None:
+    emit(ctx, attrs=_dtype_attr(ctx, "to"))
+
+
 @converter("EyeLike")
 def _eye_like(ctx: NodeContext) -> None:
     emit(ctx, attrs=_dtype_attr(ctx, "dtype"))
@@ -555,10 +583,9 @@ def _cast_like(ctx: NodeContext) -> None:
 
 @converter("Dropout")
 def _dropout(ctx: NodeContext) -> None:
-    training = ctx.const(2)
-    if ctx.input(2) is not None and (training is None or bool(training.reshape(()))):
-        ratio = ctx.const(1)
-        if ratio is None or float(ratio.reshape(())) != 0.0:
+    if ctx.input(2) is not None and bool(ctx.need(2, "training_mode").reshape(())):
+        ratio = float(ctx.need(1, "ratio").reshape(())) if ctx.input(1) is not None else 0.5
+        if ratio != 0.0:
             raise ctx.error("Dropout in training mode is random; Ember supports inference (training_mode=false)")
     emit(ctx, inputs=ctx.inputs[:1], attrs={})
 
@@ -631,6 +658,76 @@ def _upsample(ctx: NodeContext) -> None:
     attrs = {"sizes": sizes, "scales": tuple(scales), "mode": mode, "coordinate_transformation_mode": "asymmetric",
              "nearest_mode": "floor"}  # fmt: skip
     emit(ctx, "Resize", ctx.inputs[:1], attrs)
+
+
+# -- signal ---------------------------------------------------------------------------------------------
+def _scalar_input(ctx: NodeContext, i: int, what: str) -> int | None:
+    return int(ctx.need(i, what).reshape(-1)[0]) if ctx.input(i) is not None else None
+
+
+@converter("DFT")
+def _dft(ctx: NodeContext) -> None:
+    attrs = {"inverse": ctx.attrs.get("inverse", 0), "onesided": ctx.attrs.get("onesided", 0),
+             "dft_length": _scalar_input(ctx, 1, "dft_length")}  # fmt: skip
+    if ctx.version >= 20:
+        axis = _scalar_input(ctx, 2, "axis")
+        attrs["axis"] = -2 if axis is None else axis
+    else:
+        attrs["axis"] = ctx.attrs.get("axis", 1)
+    emit(ctx, inputs=ctx.inputs[:1], attrs=attrs)
+
+
+@converter("STFT")
+def _stft(ctx: NodeContext) -> None:
+    window = ctx.input(2)
+    length = _scalar_input(ctx, 3, "frame_length")
+    if length is None:
+        length = window.shape[0] if window is not None else ctx.type(0).shape[1]
+    attrs = {"frame_step": _scalar_input(ctx, 1, "frame_step"), "frame_length": length,
+             "onesided": ctx.attrs.get("onesided", 1)}  # fmt: skip
+    emit(ctx, inputs=[ctx.input(0)] + ([window] if window is not None else []), attrs=attrs)
+
+
+@converter("MelWeightMatrix")
+def _mel(ctx: NodeContext) -> None:
+    emit(ctx, attrs=_dtype_attr(ctx, "output_datatype"))
+
+
+# -- vision ---------------------------------------------------------------------------------------------
+@converter("DeformConv")
+def _deform_conv(ctx: NodeContext) -> None:
+    kernel = ctx.attrs.get("kernel_shape") or ctx.type(1).shape[2:]
+    attrs = dict(_window_attrs(ctx, kernel), group=ctx.attrs.get("group", 1),
+                 offset_group=ctx.attrs.get("offset_group", 1))  # fmt: skip
+    emit(ctx, attrs=attrs)
+
+
+@converter("Col2Im")
+def _col2im(ctx: NodeContext) -> None:
+    shapes = {"image_shape": _ints(ctx.need(1, "image_shape")), "block_shape": _ints(ctx.need(2, "block_shape"))}
+    attrs = dict(ctx.attrs, **shapes)
+    emit(ctx, inputs=ctx.inputs[:1], attrs=attrs)
+
+
+@converter("MaxUnpool")
+def _max_unpool(ctx: NodeContext) -> None:
+    x = ctx.type(0)
+    kernel = ctx.attrs["kernel_shape"]
+    nd = len(kernel)
+    strides = ctx.attrs.get("strides") or (1,) * nd
+    pads = ctx.attrs.get("pads") or (0,) * (2 * nd)
+    default = x.shape[:2] + tuple(
+        (x.shape[2 + i] - 1) * strides[i] + kernel[i] - pads[i] - pads[i + nd] for i in range(nd))  # fmt: skip
+    shape = _ints(ctx.need(2, "output_shape")) if ctx.input(2) is not None else default
+    emit(ctx, inputs=ctx.inputs[:2], attrs={"unpooled_shape": default, "output_shape": shape})
+
+
+@converter("RoiAlign")
+def _roi_align(ctx: NodeContext) -> None:
+    attrs = dict(ctx.attrs)
+    if ctx.version < 16:
+        attrs["coordinate_transformation_mode"] = "output_half_pixel"  # opset 10 had no half-pixel shift
+    emit(ctx, attrs=attrs)
 
 
 # -- control flow --------------------------------------------------------------------------------------

@@ -483,3 +483,41 @@ def center_crop_pad(a: dict, x: np.ndarray) -> np.ndarray:
             dst[ax] = slice(off, off + d)
     out[tuple(dst)] = x[tuple(src)]
     return out
+
+
+# -- bit-level and cache updates ------------------------------------------------------------------
+def _bitcast_infer(a: dict, x: TensorType) -> TensorType:
+    if np_dtype(a["to"]).itemsize != x.np_dtype.itemsize or a["to"].endswith(("int4", "int2", "e2m1fn")):
+        raise ShapeError(f"BitCast needs dtypes of one bit width, got {x.dtype} -> {a['to']}")
+    return x.with_dtype(a["to"])
+
+
+@op("BitCast", INJ, infer=_bitcast_infer, attrs=[Attr("to", "dtype")])
+def bitcast(a: dict, x: np.ndarray) -> np.ndarray:
+    """Reinterpret the bits (little endian) as another dtype of the same width."""
+    return x.copy(order="C").view(np_dtype(a["to"]))
+
+
+def _tensor_scatter_infer(a: dict, cache: TensorType, update: TensorType, idx: TensorType | None = None) -> TensorType:
+    axis = norm_axis(a["axis"], cache.rank)
+    if update.rank != cache.rank or any(u != c for i, (u, c) in enumerate(zip(update.shape, cache.shape)) if i != axis):
+        raise ShapeError(f"TensorScatter update {update} must match cache {cache} outside axis {axis}")
+    return cache
+
+
+@op("TensorScatter", INJ, infer=_tensor_scatter_infer, inputs=(2, 3),
+    attrs=[Attr("axis", "int", -2), Attr("mode", "str", "linear", **one_of("linear", "circular"))])  # fmt: skip
+def tensor_scatter(a: dict, cache: np.ndarray, update: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
+    """Write `update` into the cache along `axis` from each batch entry's write index."""
+    axis = norm_axis(a["axis"], cache.ndim)
+    out = cache.copy()
+    size, steps = cache.shape[axis], update.shape[axis]
+    starts = np.zeros(cache.shape[0], np.int64) if idx is None else idx.astype(np.int64).reshape(-1)
+    for b in range(cache.shape[0]):
+        pos = starts[b] + np.arange(steps)
+        if a["mode"] == "circular":
+            pos = pos % size
+        if axis == 0:
+            raise ShapeError("TensorScatter writes along a sequence axis after the batch axis")
+        np.moveaxis(out[b], axis - 1, 0)[pos] = np.moveaxis(update[b], axis - 1, 0)
+    return out
