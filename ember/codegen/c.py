@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 from ..target import Target
 from ..tir.arith import Analyzer
 from ..tir.dtype import DType
 from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
+from ..tir.functor import walk
 from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
 
 STACK_LIMIT = 32 * 1024  # bytes: larger allocations go to the heap
@@ -75,6 +77,7 @@ class CCodegen:
         self.indent = 1
         self.in_parallel = False
         self.written: set[Buffer] = set()
+        self.registers: dict[Buffer, str] = {}  # local buffers promoted to one variable per slot
 
     # -- names and types ---------------------------------------------------------------------
     def name(self, obj: Var | Buffer) -> str:
@@ -222,12 +225,9 @@ class CCodegen:
         t = self.ctype(dt)
         arg_types = [self.ctype(x.dtype.with_lanes(dt.lanes)) for x in args]
         params = ", ".join(f"{at} x{i}" for i, at in enumerate(arg_types))
-        call = ", ".join(f"x{i}[l]" for i in range(len(args)))
         name = f"ember_{fn}_{t}"
-        code = (
-            f"static inline {t} {name}({params}) {{\n  {t} r;\n"
-            f"  for (int l = 0; l < {dt.lanes}; ++l) r[l] = ({st}){sname}({call});\n  return r;\n}}"
-        )
+        lanes = _lanes_init(dt.lanes, lambda l: f"({st}){sname}({', '.join(f'x{i}[{l}]' for i in range(len(args)))})")
+        code = f"static inline {t} {name}({params}) {{\n  return ({t}){lanes};\n}}"
         vargs = [x if x.dtype.lanes > 1 else Broadcast(x, dt.lanes) for x in args]
         return f"{self.helper(name, code)}({', '.join(self.expr(x) for x in vargs)})"
 
@@ -287,19 +287,14 @@ class CCodegen:
             raise CodegenError(f"broadcast of a boolean {value}")
         t, s = self.ctype(dt), dt.c_type
         name = f"ember_bcast_{t}"
-        code = (
-            f"static inline {t} {name}({s} x) {{\n  {t} r;\n"
-            f"  for (int l = 0; l < {lanes}; ++l) r[l] = x;\n  return r;\n}}"
-        )
+        code = f"static inline {t} {name}({s} x) {{ return ({t}){_lanes_init(lanes, lambda l: 'x')}; }}"
         return f"{self.helper(name, code)}({self.expr(value)})"
 
     def ramp(self, e: Ramp) -> str:
         t, s = self.ctype(e.dtype), e.dtype.c_type
         name = f"ember_ramp_{t}"
-        code = (
-            f"static inline {t} {name}({s} base, {s} stride) {{\n  {t} r;\n"
-            f"  for (int l = 0; l < {e.lanes}; ++l) r[l] = base + ({s})l * stride;\n  return r;\n}}"
-        )
+        init = _lanes_init(e.lanes, lambda l: f"base + {l} * stride")
+        code = f"static inline {t} {name}({s} base, {s} stride) {{\n  return ({t}){init};\n}}"
         return f"{self.helper(name, code)}({self.expr(e.base)}, {self.expr(e.stride)})"
 
     def load(self, e: Load) -> str:
@@ -307,6 +302,8 @@ class CCodegen:
         if len(e.indices) != 1:
             raise CodegenError(f"load of {e.buffer.name} is not flattened")
         idx = e.indices[0]
+        if e.buffer in self.registers:
+            return f"{buf}_{_const_offset(idx)}"
         if idx.dtype.lanes == 1:
             return f"{buf}[{self.expr(idx)}]"
         dt = e.dtype
@@ -317,10 +314,8 @@ class CCodegen:
             return f"{self.helper(name, code)}(&{buf}[{self.expr(idx.base)}])"
         it = self.ctype(idx.dtype)
         name = f"ember_gather_{t}"
-        code = (
-            f"static inline {t} {name}(const {s}* p, {it} idx) {{\n  {t} r;\n"
-            f"  for (int l = 0; l < {dt.lanes}; ++l) r[l] = p[idx[l]];\n  return r;\n}}"
-        )
+        init = _lanes_init(dt.lanes, lambda l: f"p[idx[{l}]]")
+        code = f"static inline {t} {name}(const {s}* p, {it} idx) {{\n  return ({t}){init};\n}}"
         return f"{self.helper(name, code)}({buf}, {self.expr(idx)})"
 
     # -- statements --------------------------------------------------------------------------
@@ -405,6 +400,9 @@ class CCodegen:
             raise CodegenError(f"store to {s.buffer.name} is not flattened")
         idx = s.indices[0]
         value = self.expr(s.value)
+        if s.buffer in self.registers:
+            self.emit(f"{buf}_{_const_offset(idx)} = {value};")
+            return
         if idx.dtype.lanes == 1:
             self.emit(f"{buf}[{self.expr(idx)}] = {value};")
             return
@@ -427,6 +425,20 @@ class CCodegen:
         b = s.buffer
         name, t = self.name(b), b.dtype.c_type
         self.emit(f"// {b.name}: {b.dtype}[{', '.join(map(str, b.shape))}], {b.scope}")
+        slots = _register_slots(s) if b.scope == "local" else None
+        if slots is not None:  # every access at a constant offset: one variable per slot, kept in registers
+            self.emit("{")
+            self.indent += 1
+            for base, lanes in sorted(slots.items()):
+                var = f"{name}_{base}"
+                self.taken.add(var)
+                self.emit(f"{self.ctype(b.dtype.with_lanes(lanes))} {var};")
+            self.registers[b] = name
+            self.stmt(s.body)
+            del self.registers[b]
+            self.indent -= 1
+            self.emit("}")
+            return
         if b.nbytes <= STACK_LIMIT:
             self.emit("{")
             self.indent += 1
@@ -459,6 +471,48 @@ class CCodegen:
             f"// {f.name}(" + ", ".join(f"{p.name}: {p.dtype}[{', '.join(map(str, p.shape))}]" for p in f.params) + ")"
         ]
         return "\n".join([*doc, sig + " {", "  int32_t ember_status = 0;", *body, "  return ember_status;", "}"])
+
+
+def _lanes_init(lanes: int, lane: Callable[[int], str]) -> str:
+    """A vector initializer {lane(0), lane(1), ...}: GCC turns it into one broadcast/insert sequence,
+    where a loop over lanes can become one masked instruction per lane."""
+    return "{" + ", ".join(lane(i) for i in range(lanes)) + "}"
+
+
+def _const_offset(idx: Expr) -> int | None:
+    if isinstance(idx, Const):
+        return int(idx.value)
+    if (
+        isinstance(idx, Ramp)
+        and isinstance(idx.base, Const)
+        and isinstance(idx.stride, Const)
+        and idx.stride.value == 1
+    ):
+        return int(idx.base.value)
+    return None
+
+
+def _register_slots(s: Allocate, max_slots: int = 64) -> dict[int, int] | None:
+    """{offset: lanes} when every access to the buffer is at a constant offset with one width per offset
+    and slots do not overlap; None otherwise."""
+    slots: dict[int, int] = {}
+    for n in walk(s.body):
+        if isinstance(n, Load | Store) and n.buffer is s.buffer:
+            idx = n.indices[0] if len(n.indices) == 1 else None
+            off = None if idx is None else _const_offset(idx)
+            if off is None:
+                return None
+            lanes = idx.dtype.lanes  # type: ignore[union-attr]
+            if slots.setdefault(off, lanes) != lanes:
+                return None
+    if not slots or len(slots) > max_slots:
+        return None
+    end = -1
+    for off in sorted(slots):
+        if off <= end:
+            return None
+        end = off + slots[off] - 1
+    return slots
 
 
 PRELUDE = """\

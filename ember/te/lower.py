@@ -21,7 +21,7 @@ from ..tir.dtype import int32, int64
 from ..tir.expr import Expr, Var, const
 from ..tir.functor import substitute, transform, walk
 from ..tir.stmt import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, seq
-from .schedule import Schedule, ScheduleError, Split, Stage
+from .schedule import Fuse, Schedule, ScheduleError, Split, Stage
 from .tensor import ComputeOp, IterVar, Reduce, Tensor, TensorLoad
 
 
@@ -96,7 +96,7 @@ class Lowering:
                 raise ScheduleError(f"output '{st.name}' is not in the argument list")
             if st.attach != "at":
                 continue
-            target, axis = st.attach_stage, st.attach_axis
+            target, axis = st.attach_stage, self.attach_axis(st)
             assert target is not None and axis is not None
             if target.attach == "inline":
                 raise ScheduleError(f"stage '{st.name}' is computed at '{target.name}', which is inlined")
@@ -115,13 +115,29 @@ class Lowering:
             self.attached.setdefault((target, axis), []).append(st)
 
     @staticmethod
+    def attach_axis(st: Stage) -> IterVar:
+        """The loop st is computed in: its compute_at axis, or where that axis went when it was later
+        split (the inner part: the same loop body) or fused (the fused loop)."""
+        target, axis = st.attach_stage, st.attach_axis
+        assert target is not None and axis is not None
+        moved = True
+        while axis not in target.leaf_iter_vars and moved:
+            moved = False
+            for r in target.relations:
+                if isinstance(r, Split) and r.parent is axis:
+                    axis, moved = r.inner, True
+                elif isinstance(r, Fuse) and axis in (r.outer, r.inner):
+                    axis, moved = r.fused, True
+        return axis
+
+    @staticmethod
     def inside(r: Stage, target: Stage, pos: int) -> bool:
         """Whether stage r runs inside loop `pos` of target (is target, or is computed within it)."""
         while r is not target:
             if r.attach != "at":
                 return False
             if r.attach_stage is target:
-                return target.leaf_iter_vars.index(r.attach_axis) >= pos  # type: ignore[arg-type]
+                return target.leaf_iter_vars.index(Lowering.attach_axis(r)) >= pos
             r = r.attach_stage  # type: ignore[assignment]
         return True
 
@@ -198,11 +214,12 @@ class Lowering:
     def region(self, st: Stage) -> list[tuple[Expr, int]]:
         """The part of st's output read inside the loop it is computed at, as (min, extent) per dim:
         each reader's loops (and those of the stages between it and the attach loop) are relaxed."""
-        target, axis = st.attach_stage, st.attach_axis
-        assert target is not None and axis is not None
+        target, axis = st.attach_stage, self.attach_axis(st)
+        assert target is not None
         pos = target.leaf_iter_vars.index(axis)
         shape = st.op.shape
-        acc: list[tuple[Expr, Expr] | None] = [None] * len(shape)
+        acc: list[tuple[Expr, Expr] | None] = [None] * len(shape)  # clamped to the shape
+        raw: list[tuple[Expr, Expr] | None] = [None] * len(shape)  # unclamped: often a constant extent
         unbounded = [False] * len(shape)
         for reader in self.readers.get(st, ()):
             first = pos + 1 if reader is target else 0
@@ -219,15 +236,17 @@ class Lowering:
                     if it is None:
                         unbounded[d] = True
                         continue
-                    it = (
-                        self.ana.simplify(E.binop("max", it[0], 0)),
-                        self.ana.simplify(E.binop("min", it[1], shape[d] - 1)),
-                    )
+                    raw[d] = it if raw[d] is None else self.ana.union(raw[d], it)  # type: ignore[arg-type]
+                    lo, hi = E.binop("max", it[0], 0), E.binop("min", it[1], shape[d] - 1)
+                    it = self.ana.simplify(lo), self.ana.simplify(hi)
                     acc[d] = it if acc[d] is None else self.ana.union(acc[d], it)  # type: ignore[arg-type]
         out = []
         for d, n in enumerate(shape):
             it = acc[d]
-            ext = None if unbounded[d] or it is None else self.ana.max_over_loops(it[1] - it[0] + 1)
+            ext = None
+            if not unbounded[d] and it is not None:
+                exts = [self.ana.max_over_loops(b[1] - b[0] + 1) for b in (it, raw[d])]  # type: ignore[index]
+                ext = min((x for x in exts if x is not None), default=None)
             if ext is None or ext >= n:
                 out.append((const(0, self.index_dtype), n))
                 continue

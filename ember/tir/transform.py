@@ -130,14 +130,38 @@ def _conditions(s: Stmt) -> list[Expr]:
     return out
 
 
+def _direction(t: Expr, v: Var, ana: Analyzer) -> int | None:
+    """+1/-1 if integer term t is non-decreasing/non-increasing in v, 0 if it does not use v, None if unknown."""
+    if t is v:
+        return 1
+    if not any(n is v for n in walk(t)):
+        return 0
+    if isinstance(t, BinOp) and t.op == "floordiv" and isinstance(t.b, Const) and t.b.value > 0:
+        terms, _ = ana.lin(t.a)
+        dirs = set()
+        for x, k in terms.items():
+            d = _direction(x, v, ana)
+            if d is None:
+                return None
+            if d:
+                dirs.add(d if k > 0 else -d)
+        return dirs.pop() if len(dirs) == 1 else None
+    return None
+
+
 def _monotone_in(c: Expr, v: Var, ana: Analyzer) -> bool:
-    """c is an integer comparison in which v appears only as a linear term."""
+    """c is an integer comparison that is monotone in v (v linear, or inside floor divisions)."""
     if not (isinstance(c, BinOp) and c.op in E.CMP_OPS and c.op not in ("eq", "ne") and c.a.dtype.is_int):
         return False
     terms, _ = ana.lin(c.a - c.b)
-    if v not in terms:
-        return False
-    return not any(t is not v and any(n is v for n in walk(t)) for t in terms)
+    dirs = set()
+    for t, k in terms.items():
+        d = _direction(t, v, ana)
+        if d is None:
+            return False
+        if d:
+            dirs.add(d if k > 0 else -d)
+    return len(dirs) == 1
 
 
 class _Partitioner:
