@@ -614,6 +614,23 @@ def _group_norm(ctx: NodeContext) -> None:
     emit(ctx, inputs=[ctx.input(0)] + per_channel, attrs=ctx.attrs)
 
 
+@converter("Compress")
+def _compress(ctx: NodeContext) -> None:
+    """With a constant condition, Compress is a Gather of the selected positions."""
+    cond = ctx.const(1)
+    if cond is None:
+        emit(ctx)
+        return
+    axis = ctx.attrs.get("axis")
+    data = ctx.input(0)
+    if axis is None:
+        (data,) = ctx.emit("Reshape", [data], {"shape": (ctx.type(0).size,)})
+        axis = 0
+    picked = np.flatnonzero(cond.reshape(-1).astype(bool)).astype(np.int64)
+    index = Value.constant(ctx.importer.unique(f"{ctx.name}/indices"), picked)
+    emit(ctx, "Gather", [data, index], {"axis": axis})
+
+
 @converter("Scatter")
 def _scatter(ctx: NodeContext) -> None:
     emit(ctx, "ScatterElements")
