@@ -34,7 +34,7 @@ from onnx import numpy_helper
 
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
-from ember.ops import OPS, ShapeDependsOnData, get_op
+from ember.ops import OPS, AttrError, ShapeDependsOnData, get_op
 
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -316,15 +316,24 @@ class Importer:
             inputs.pop()
         version = onnx_ops.op_version(proto, opsets or self.opsets)
         ctx = NodeContext(self, proto, name, inputs, decode_attrs(proto, self), version)
-        onnx_ops.convert_node(ctx)
+        try:
+            onnx_ops.convert_node(ctx)
+        except ModelError:
+            raise
+        except Exception as e:  # a converter meeting a model it does not expect: say where
+            raise ModelError(f"{self.source}: node {name!r} ({proto.op_type}) cannot be imported: "
+                             f"{type(e).__name__}: {e}") from e  # fmt: skip
 
     def add_node(self, op: str, inputs: list[Value | None], attrs: dict[str, Any], out_names: list[str],
                  name: str) -> list[Value]:  # fmt: skip
         """Add one Ember node (or fold it into constants); bind and return its outputs."""
         opdef = get_op(op)
         where = f"node {name!r} ({op})"
-        opdef.check_arity(len(inputs), where)
-        attrs = opdef.check_attrs(attrs, where)
+        try:
+            opdef.check_arity(len(inputs), where)
+            attrs = opdef.check_attrs(attrs, where)
+        except AttrError as e:
+            raise ModelError(f"{self.source}: {e}") from None
         present = [v for v in inputs if v is not None]
         all_const = all(v.is_constant for v in present)
         try:
