@@ -44,7 +44,7 @@ MAX_SPECIALIZATIONS = 8  # import attempts per run before giving up on binding i
 class EmberRep(BackendRep):
     """A prepared model: imports (and specializes) lazily, then runs with the chosen engine."""
 
-    def __init__(self, model: onnx.ModelProto, engine: str = DEFAULT_ENGINE):
+    def __init__(self, model: onnx.ModelProto, engine: str = DEFAULT_ENGINE, specialize: bool = True):
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
         self.model = model
@@ -54,6 +54,7 @@ class EmberRep(BackendRep):
         self.output_names = [vo.name for vo in model.graph.output]
         self.bound: set[str] = set()  # inputs the model needs as constants (learned on first run)
         self.cache: dict[Any, tuple[Graph, Runner]] = {}
+        self.specialize = specialize  # False: a DynamicShapeError propagates instead
         self.specialized = False
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
@@ -83,7 +84,7 @@ class EmberRep(BackendRep):
                 graph = from_onnx(self.model, shapes, input_values=values)
             except DynamicShapeError as e:
                 new = set(e.inputs) - self.bound
-                if not new or not new <= set(feeds):
+                if not self.specialize or not new or not new <= set(feeds):
                     raise
                 self.bound |= new
                 self.specialized = True
@@ -106,11 +107,13 @@ class EmberBackend(Backend):
         return cls.supports_device(device)
 
     @classmethod
-    def prepare(cls, model: Any, device: str = "CPU", engine: str = DEFAULT_ENGINE, **kwargs: Any) -> EmberRep:
+    def prepare(cls, model: Any, device: str = "CPU", engine: str = DEFAULT_ENGINE, specialize: bool = True,
+                **kwargs: Any) -> EmberRep:  # fmt: skip
+        """A representation of the model; `specialize=False` refuses to bind inputs as constants."""
         if not cls.supports_device(device):
             raise ValueError(f"Ember's ONNX backend runs on CPU, not {device!r}")
         proto, _ = load_model(model)
-        return EmberRep(proto, engine)
+        return EmberRep(proto, engine, specialize)
 
     @classmethod
     def run_model(cls, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[np.ndarray, ...]:

@@ -62,7 +62,7 @@ def _alarm(signum, frame):
     raise _Timeout()
 
 
-def run_one(index: int, engine: str, timeout: int) -> tuple[str, str, str, str]:
+def run_one(index: int, engine: str, timeout: int, specialize: bool = True) -> tuple[str, str, str, str]:
     """(name, status, message, how) with status 'pass' or 'fail'; how says how the graph ran:
     'static' (imported as is), 'specialized' (inputs bound as constants), 'folded' (no nodes left)."""
     from onnx.backend.test.runner import Runner
@@ -76,7 +76,7 @@ def run_one(index: int, engine: str, timeout: int) -> tuple[str, str, str, str]:
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            rep = EmberBackend.prepare(case.model, "CPU", engine=engine)
+            rep = EmberBackend.prepare(case.model, "CPU", engine=engine, specialize=specialize)
             for inputs, expected in case.data_sets:
                 inputs = [_to_array(x) for x in inputs]
                 expected = [_to_array(x) for x in expected]
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--timeout", type=int, default=60, help="seconds per test (default 60)")
     parser.add_argument("--no-exclusions", action="store_true", help="also run the excluded tests")
+    parser.add_argument("--no-specialize", action="store_true",
+                        help="fail tests whose static operands are graph inputs, instead of binding them")  # fmt: skip
     args = parser.parse_args(argv)
 
     global _TESTS
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     to_run = [i for i in selected if i not in excluded]
 
     start = time.perf_counter()
-    jobs = [(i, args.engine, args.timeout) for i in to_run]
+    jobs = [(i, args.engine, args.timeout, not args.no_specialize) for i in to_run]
     if args.jobs > 1:
         with multiprocessing.get_context("fork").Pool(args.jobs, initializer=_init_worker) as pool:
             results = pool.starmap(run_one, jobs, chunksize=4)

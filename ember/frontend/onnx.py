@@ -104,7 +104,10 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx
     if not proto.HasField("graph") or not proto.opset_import:
         raise ModelError(f"{source}: not an ONNX model (no graph or no opset_import; corrupt or truncated file?)")
     try:
-        onnx.checker.check_model(proto)
+        if not isinstance(model, onnx.ModelProto | bytes):
+            onnx.checker.check_model(os.fspath(model))  # by path: handles external data and > 2 GiB
+        elif proto.ByteSize() < 2**31:
+            onnx.checker.check_model(proto)
     except Exception as e:
         raise ModelError(f"{source}: the model fails the ONNX checker: {_first_line(e)}") from None
     return proto, source

@@ -9,13 +9,13 @@ but ONNX defines as a function are expanded from the function body (`expand_func
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 
 import numpy as np
 import onnx
 
-from ember.frontend.onnx import MIN_OPSET, ONNX_DTYPES, DynamicShapeError, ModelError, NodeContext, onnx_dtype
+from ember.frontend.onnx import MIN_OPSET, DynamicShapeError, NodeContext, onnx_dtype
+from ember.frontend.onnx_functions import expand_function, get_schema, is_default_domain, normal_domain
 from ember.graph.ir import Graph, Value
 from ember.graph.types import TensorType
 from ember.ops import OPS
@@ -56,30 +56,13 @@ def emit(ctx: NodeContext, op: str | None = None, inputs=None, attrs: dict | Non
 ML_OPS = {"Binarizer", "ArrayFeatureExtractor", "TreeEnsemble"}
 
 
-def _domain(domain: str) -> str:
-    return "" if domain == "ai.onnx" else domain
-
-
-def get_schema(op_type: str, domain: str, opsets: dict[str, int]):
-    """The ONNX schema a node uses under the model's opsets (None if there is none)."""
-    domain = _domain(domain)
-    try:
-        return onnx.defs.get_schema(op_type, opsets.get(domain, 1), domain)
-    except Exception:
-        return None
-
-
 def op_version(proto: onnx.NodeProto, opsets: dict[str, int]) -> int:
     schema = get_schema(proto.op_type, proto.domain, opsets)
     return schema.since_version if schema is not None else 0
 
 
-def _is_default_domain(domain: str) -> bool:
-    return _domain(domain) == ""
-
-
 def has_ember_entry(op_type: str, domain: str) -> bool:
-    domain = _domain(domain)
+    domain = normal_domain(domain)
     if domain == "":
         return op_type in CONVERTERS or op_type in OPS
     return domain == "ai.onnx.ml" and op_type in ML_OPS
@@ -89,9 +72,9 @@ def support_problem(op_type: str, domain: str, opsets: dict[str, int]) -> str | 
     """None if Ember can import this operator under these opsets, else a short reason."""
     schema = get_schema(op_type, domain, opsets)
     if schema is None:
-        return "not an ONNX operator" if _is_default_domain(domain) else f"unknown operator of domain {domain!r}"
+        return "not an ONNX operator" if is_default_domain(domain) else f"unknown operator of domain {domain!r}"
     opset = opsets.get("", MIN_OPSET)
-    if has_ember_entry(op_type, domain) and not _is_default_domain(domain):
+    if has_ember_entry(op_type, domain) and not is_default_domain(domain):
         return None
     if has_ember_entry(op_type, domain):
         if opset >= MIN_OPSET:
@@ -134,111 +117,6 @@ def convert_node(ctx: NodeContext) -> None:
         expand_function(ctx)
 
 
-# -- function expansion ------------------------------------------------------------------------------
-def expand_function(ctx: NodeContext) -> None:
-    """Inline the ONNX function body of an operator Ember has no entry for."""
-    imp = ctx.importer
-    schema = get_schema(ctx.op_type, ctx.proto.domain, imp.opsets)
-    fn = _function_body(ctx, schema)
-    if fn is None:
-        raise ctx.error("operator has no Ember implementation and no ONNX function body")
-    body_opsets = dict(imp.opsets)
-    body_opsets.update({_domain(o.domain): o.version for o in fn.opset_import})
-    prefix = imp.unique(ctx.name)
-    rename: dict[str, str] = {}
-    for formal, actual in zip(fn.input, ctx.proto.input):
-        rename[formal] = actual
-    for formal in list(fn.input)[len(ctx.proto.input) :]:
-        rename[formal] = ""
-    for formal, actual in itertools.zip_longest(fn.output, ctx.proto.output, fillvalue=""):
-        if formal:
-            rename[formal] = actual or f"{prefix}/{formal}"
-    attr_values = _function_attrs(ctx, fn)
-    for i, node in enumerate(fn.node):
-        inner = onnx.NodeProto()
-        inner.CopyFrom(node)
-        inner.name = f"{ctx.name}/{node.name or node.op_type + str(i)}"
-        for j, n in enumerate(inner.input):
-            inner.input[j] = rename.get(n, f"{prefix}/{n}" if n else "")
-        for j, n in enumerate(inner.output):
-            rename.setdefault(n, f"{prefix}/{n}")
-            inner.output[j] = rename[n]
-        _resolve_attr_refs(inner, attr_values)
-        for attr in inner.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                _rename_outer_refs(sub, rename)
-        imp.convert(inner, i, body_opsets)
-
-
-def _rename_outer_refs(graph: onnx.GraphProto, rename: dict[str, str]) -> None:
-    """Apply a function's renaming to the names a subgraph of its body reads from outside."""
-    local = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
-    for node in graph.node:
-        for j, n in enumerate(node.input):
-            if n and n not in local and n in rename:
-                node.input[j] = rename[n]
-        local.update(node.output)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                _rename_outer_refs(sub, {k: v for k, v in rename.items() if k not in local})
-    for vo in graph.output:
-        if vo.name not in local and vo.name in rename:
-            vo.name = rename[vo.name]
-
-
-def _function_body(ctx: NodeContext, schema) -> onnx.FunctionProto | None:
-    opset = ctx.importer.opsets.get(_domain(ctx.proto.domain), 1)
-    if schema.has_context_dependent_function:
-        types = []
-        for v in ctx.inputs:
-            tp = onnx.TypeProto()
-            if v is not None:
-                tp = onnx.helper.make_tensor_type_proto(_elem_of(v.dtype), list(v.shape))
-            types.append(tp.SerializeToString())
-        try:
-            data = schema.get_context_dependent_function_with_opset_version(
-                opset, ctx.proto.SerializeToString(), types)  # fmt: skip
-        except Exception:
-            data = schema.get_context_dependent_function(ctx.proto.SerializeToString(), types)
-        fn = onnx.FunctionProto()
-        fn.ParseFromString(data)
-        return fn if fn.node else None
-    if schema.has_function:
-        try:
-            data = schema.get_function_with_opset_version(opset)
-            fn = onnx.FunctionProto()
-            fn.ParseFromString(data)
-            return fn
-        except Exception:
-            return schema.function_body
-    return None
-
-
-def _function_attrs(ctx: NodeContext, fn: onnx.FunctionProto) -> dict[str, onnx.AttributeProto]:
-    """Attribute values for `@ref` attributes in a body: the node's, else the defaults."""
-    schema = get_schema(ctx.op_type, ctx.proto.domain, ctx.importer.opsets)
-    values = {name: a.default_value for name, a in schema.attributes.items() if a.default_value.name}
-    values.update({a.name: a for a in fn.attribute_proto})
-    values.update({a.name: a for a in ctx.proto.attribute})
-    return values
-
-
-def _resolve_attr_refs(node: onnx.NodeProto, values: dict[str, onnx.AttributeProto]) -> None:
-    kept = []
-    for a in node.attribute:
-        if a.ref_attr_name:
-            if a.ref_attr_name not in values:
-                continue
-            resolved = onnx.AttributeProto()
-            resolved.CopyFrom(values[a.ref_attr_name])
-            resolved.name = a.name
-            kept.append(resolved)
-        else:
-            kept.append(a)
-    del node.attribute[:]
-    node.attribute.extend(kept)
-
-
 # -- helpers ---------------------------------------------------------------------------------------
 def _ints(x: np.ndarray | None) -> tuple[int, ...]:
     return () if x is None else tuple(int(v) for v in np.asarray(x).reshape(-1))
@@ -246,11 +124,6 @@ def _ints(x: np.ndarray | None) -> tuple[int, ...]:
 
 def _without(attrs: dict, *names: str) -> dict:
     return {k: v for k, v in attrs.items() if k not in names}
-
-
-def _elem_of(dtype: str) -> int:
-    """The ONNX element type of an Ember dtype."""
-    return next(k for k, d in ONNX_DTYPES.items() if d == dtype)
 
 
 # -- constants -------------------------------------------------------------------------------------
@@ -829,4 +702,4 @@ def _scan(ctx: NodeContext) -> None:
     emit(ctx, inputs=[*ctx.inputs, *captures_of(a)], attrs=a)
 
 
-__all__ = ["CONVERTERS", "ModelError", "convert_node", "find_unsupported", "op_version", "support_problem"]
+__all__ = ["CONVERTERS", "convert_node", "find_unsupported", "op_version", "support_problem"]

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-
-from ember.graph.types import TensorType, np_dtype
+from ember.graph.types import TensorType
 
 
 class ShapeError(ValueError):
@@ -40,11 +36,6 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def same_type(a: dict, x: TensorType, *rest: Any) -> TensorType:
-    """Shape rule of elementwise ops: the output has the type of the first input."""
-    return x
-
-
 def broadcast_type(dtype: str | None = None):
     """Shape rule of broadcasting ops: broadcast shapes; dtype of input 0 unless given."""
 
@@ -59,21 +50,6 @@ def check_same_dtype(*ts: TensorType | None, what: str = "inputs") -> None:
     dtypes = {t.dtype for t in ts if t is not None}
     if len(dtypes) > 1:
         raise ShapeError(f"{what} must have one dtype, got {', '.join(sorted(dtypes))}")
-
-
-def as_dtype(x: np.ndarray, dtype: str | np.dtype) -> np.ndarray:
-    """x converted to dtype without a copy when it already has it."""
-    return np.asarray(x).astype(np_dtype(dtype) if isinstance(dtype, str) else dtype, copy=False)
-
-
-def keep_dtype(fn):
-    """Wrap a numpy function so its result has the dtype of the first argument."""
-
-    def wrapped(a: dict, x: np.ndarray, *rest: np.ndarray) -> np.ndarray:
-        return np.asarray(fn(a, x, *rest)).astype(x.dtype, copy=False)
-
-    wrapped.__doc__ = fn.__doc__
-    return wrapped
 
 
 def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from ember.graph.types import TensorType, is_float, np_dtype
-from ember.ops.common import ShapeError, as_dtype, same_type
+from ember.graph.types import TensorType, np_dtype
+from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, OpDef, Pattern, one_of, op, register
 
 E = Pattern.ELEMWISE
@@ -35,14 +35,6 @@ def _gelu(a: dict, x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1 + erf(x / np.sqrt(2).astype(x.dtype)))
 
 
-def _round_half_even(x: np.ndarray) -> np.ndarray:
-    return np.round(x)
-
-
-def _int_sign_safe_abs(x: np.ndarray) -> np.ndarray:
-    return np.abs(x)
-
-
 def _reciprocal(x: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         return np.reciprocal(x)
@@ -61,7 +53,7 @@ def _sqrt(x: np.ndarray) -> np.ndarray:
 # name -> (numpy function of x, attributes (name, default), dtype kinds allowed)
 # Functions with attributes take (attrs, x); those without take x.
 UNARY: dict[str, object] = {
-    "Abs": _int_sign_safe_abs,
+    "Abs": np.abs,
     "Neg": np.negative,
     "Reciprocal": _reciprocal,
     "Sqrt": _sqrt,
@@ -80,7 +72,7 @@ UNARY: dict[str, object] = {
     "Atanh": np.arctanh,
     "Ceil": np.ceil,
     "Floor": np.floor,
-    "Round": _round_half_even,
+    "Round": np.round,  # halves to even, as ONNX specifies
     "Sign": np.sign,
     "Erf": erf,
     "Relu": lambda x: np.maximum(x, 0),
@@ -223,11 +215,3 @@ def _dropout_infer(a: dict, x: TensorType, ratio=None, training=None) -> tuple[T
 def dropout(a: dict, x: np.ndarray, ratio=None, training=None) -> tuple[np.ndarray, np.ndarray]:
     """Inference Dropout; the frontend rejects training_mode=true."""
     return x.copy(), np.ones(x.shape, dtype=bool)
-
-
-def float_unary_dtypes(x: TensorType) -> None:
-    if not is_float(x.dtype):
-        raise ShapeError(f"needs a float input, got {x.dtype}")
-
-
-__all__ = ["UNARY", "UNARY_WITH_ATTRS", "as_dtype", "cast_array", "erf", "same_type"]

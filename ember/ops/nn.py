@@ -9,7 +9,7 @@ import numpy as np
 
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError, broadcast_shapes, norm_axes, norm_axis, window_out_dim
-from ember.ops.opdef import Attr, Pattern, one_of, op
+from ember.ops.opdef import Attr, Pattern, op
 
 OUT = Pattern.OUT_ELEMWISE_FUSABLE
 CONV_ATTRS = [Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints"), Attr("group", "int", 1)]
@@ -435,5 +435,3 @@ def _det_infer(a: dict, x: TensorType) -> TensorType:
 def det(a: dict, x: np.ndarray) -> np.ndarray:
     return np.linalg.det(_acc(x)).astype(x.dtype)
 
-
-__all__ = ["conv_nd", "matmul_shape", "one_of"]
