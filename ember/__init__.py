@@ -1,5 +1,8 @@
 """Ember: a deep learning compiler.
 
+m = ember.compile("model.onnx", target="c")
+y = m(x)
+
 from ember import te
 s = te.create_schedule(C)
 print(ember.lower(s, [A, B, C]))
@@ -11,4 +14,20 @@ from .build import build, lower
 from .target import Target
 
 __version__ = "0.1.0"
-__all__ = ["Target", "build", "lower", "te", "tir"]
+
+
+def compile(model, target="c", input_shapes=None, fallback=True):  # noqa: A001
+    """Compile a model (ONNX file path, onnx.ModelProto or ember Graph); see `ember.compiler.compile`."""
+    from .compiler import compile as _compile
+
+    return _compile(model, target=target, input_shapes=input_shapes, fallback=fallback)
+
+
+def load(path):
+    """Load a model saved with `CompiledModel.save(path)`."""
+    from .compiler import load as _load
+
+    return _load(path)
+
+
+__all__ = ["Target", "build", "compile", "load", "lower", "te", "tir"]

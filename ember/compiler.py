@@ -1,0 +1,313 @@
+"""`ember.compile`: import a model, lower every operator through `ember.te`, build one library.
+
+graph -> kernels (one per node with a TE compute; views like Reshape become aliases)
+      -> static memory plan (workspace offsets by liveness)
+      -> C source: kernel functions + one runner function per run of native kernels
+      -> shared library -> CompiledModel
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .codegen.c import c_symbol, codegen_c
+from .codegen.toolchain import compile_c
+from .graph.ir import Graph, Node, Value
+from .ops import get_op
+from .runtime.executor import CompiledModel, KernelInfo, Plan, Step, ValueInfo
+from .target import Target
+from .te import schedule as te_schedule
+from .te.lower import lower_schedule
+from .te.tensor import ComputeOp, Reduce, Tensor, placeholder
+from .tir.transform import optimize
+
+VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+ALIGN = 64
+
+
+class LoweringUnsupported(Exception):
+    """An operator instance that has no native kernel (dtype or attribute the compute does not cover)."""
+
+
+def reference_fallback(op: str, attrs: dict, arrays: list[np.ndarray | None]) -> list[np.ndarray]:
+    """Run one node with its numpy reference (for operators without a native kernel)."""
+    return list(get_op(op).reference(attrs, *arrays))
+
+
+@dataclass
+class Kernel:
+    name: str
+    func: Any  # PrimFunc
+    flops: int
+
+
+@dataclass
+class GraphLowering:
+    graph: Graph
+    target: Target
+    allow_fallback: bool = True
+    values: list[ValueInfo] = field(default_factory=list)
+    ids: dict[Value, int] = field(default_factory=dict)
+    weights: dict[int, np.ndarray] = field(default_factory=dict)
+    kernels: dict[Any, Kernel] = field(default_factory=dict)  # dedup key -> kernel
+    steps: list[Step] = field(default_factory=list)
+    fallback_reasons: dict[str, str] = field(default_factory=dict)
+
+    def vid(self, v: Value, kind: str = "temp") -> int:
+        if v not in self.ids:
+            self.ids[v] = len(self.values)
+            self.values.append(ValueInfo(v.name, tuple(v.shape), v.dtype, kind))
+            if kind == "weight":
+                self.weights[self.ids[v]] = np.ascontiguousarray(v.data)
+        return self.ids[v]
+
+    def run(self) -> None:
+        g = self.graph
+        for v in g.inputs:
+            self.vid(v, "input")
+        for v in g.constants():
+            self.vid(v, "weight")
+        for node in g.nodes:
+            self.lower_node(node)
+        for v in g.outputs:
+            i = self.vid(v)
+            if self.values[i].kind == "temp":
+                self.values[i].kind = "output"
+
+    def lower_node(self, node: Node) -> None:
+        opdef = get_op(node.op)
+        data = node.inputs[0] if node.inputs else None
+        if node.op in VIEW_OPS and data is not None and len(node.outputs) == 1:
+            src = self.vid(data)
+            out = self.vid(node.outputs[0], "alias")
+            self.values[out].alias_of = self.values[src].alias_of if self.values[src].kind == "alias" else src
+            return
+        kernel = None
+        if opdef.compute is not None:
+            try:
+                kernel = self.kernel(node)
+            except LoweringUnsupported as e:
+                self.fallback_reasons[node.name] = str(e)
+        else:
+            self.fallback_reasons[node.name] = f"{node.op} has no TE compute yet"
+        if kernel is None:
+            if not self.allow_fallback:
+                raise LoweringUnsupported(f"node {node.name} ({node.op}): {self.fallback_reasons[node.name]}")
+            self.steps.append(Step("fallback", op=node.op, attrs=dict(node.attrs), node=node.name,
+                                   inputs=[None if v is None else self.vid(v) for v in node.inputs],
+                                   outputs=[self.vid(v) for v in node.outputs]))  # fmt: skip
+            return
+        args = [self.vid(v) for v in node.inputs if v is not None] + [self.vid(v) for v in node.outputs]
+        info = KernelInfo(kernel.name, args, [node.name], [node.op], kernel.flops)
+        if self.steps and self.steps[-1].kind == "segment":
+            self.steps[-1].kernels.append(info)
+        else:
+            self.steps.append(Step("segment", [info], f"ember_segment_{len(self.steps)}"))
+
+    def kernel(self, node: Node) -> Kernel:
+        opdef = get_op(node.op)
+        ins = node.inputs
+        key = (node.op, _attr_key(node.attrs), tuple(None if v is None else (v.shape, v.dtype) for v in ins))
+        if key in self.kernels:
+            return self.kernels[key]
+        try:
+            tensors = [None if v is None else placeholder(v.shape, v.dtype, name=f"in{i}") for i, v in enumerate(ins)]
+        except TypeError as e:
+            raise LoweringUnsupported(str(e)) from e
+        outs = opdef.compute(node.attrs, *tensors)
+        outs = list(outs) if isinstance(outs, list | tuple) else [outs]
+        for t, v in zip(outs, node.outputs):
+            if tuple(t.shape) != tuple(v.shape) or t.dtype.name != v.dtype:
+                got = f"{t.dtype}{list(t.shape)}"
+                raise AssertionError(f"{node.op} compute gives {got}, the shape rule says {v.type} (node {node.name})")
+        sch = opdef.schedule(node.attrs, outs, self.target) if opdef.schedule else default_schedule(outs, self.target)
+        name = c_symbol(f"{node.op.lower()}_{len(self.kernels)}")
+        args = [t for t in tensors if t is not None] + outs
+        func = optimize(lower_schedule(sch, args, name))
+        kernel = Kernel(name, func, _flops(outs))
+        self.kernels[key] = kernel
+        return kernel
+
+    def plan(self) -> int:
+        """Assign workspace offsets to temps by liveness; returns the workspace size."""
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+
+        def root(i: int) -> int:
+            return self.values[i].alias_of if self.values[i].kind == "alias" else i
+
+        events: list[list[int]] = []  # the buffers each kernel call / fallback step touches, in order
+        for s in self.steps:
+            if s.kind == "segment":
+                events += [k.args for k in s.kernels]
+            else:
+                events.append([i for i in s.inputs if i is not None] + s.outputs)
+        for t, args in enumerate(events):
+            for i in args:
+                r = root(i)
+                first.setdefault(r, t)
+                last[r] = t
+        for v in self.graph.outputs:
+            last[root(self.ids[v])] = len(events)
+        live: list[tuple[int, int, int]] = []  # (offset, size, last step)
+        size_total = 0
+        order = sorted((i for i, v in enumerate(self.values) if v.kind == "temp"), key=lambda i: (first.get(i, 0), i))
+        for i in order:
+            t = first.get(i, 0)
+            live = [b for b in live if b[2] >= t]
+            need = -(-max(self.values[i].nbytes, 1) // ALIGN) * ALIGN
+            offset = 0
+            for off, sz, _ in sorted(live):
+                if off - offset >= need:
+                    break
+                offset = max(offset, off + sz)
+            self.values[i].offset = offset
+            live.append((offset, need, last.get(i, t)))
+            size_total = max(size_total, offset + need)
+        return size_total
+
+
+def _attr_key(attrs: dict) -> tuple:
+    def norm(x: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            return ("nd", x.dtype.name, x.shape, x.tobytes())
+        if isinstance(x, list | tuple):
+            return tuple(norm(y) for y in x)
+        if isinstance(x, Graph):
+            return ("graph", id(x))
+        return x
+
+    return tuple(sorted((k, norm(v)) for k, v in attrs.items()))
+
+
+def _flops(outs: list[Tensor]) -> int:
+    """Arithmetic estimate: 2 per multiply-accumulate of reductions, 1 per element otherwise."""
+    from .te.schedule import _topo_ops
+
+    total = 0
+    for op in _topo_ops([t.op for t in outs]):
+        if isinstance(op, ComputeOp):
+            n = int(np.prod(op.shape, dtype=np.int64))
+            if isinstance(op.body, Reduce):
+                n *= 2 * int(np.prod([iv.dom[1] for iv in op.reduce_axis], dtype=np.int64))
+            total += n
+    return total
+
+
+def default_schedule(outs: list[Tensor], target: Target) -> te_schedule.Schedule:
+    """Inline elementwise intermediates; each root stage: fuse its loops, vectorize a target-wide
+    inner part and run the outer part in parallel when there is enough work."""
+    s = te_schedule.create_schedule(outs)
+    for st in s.stages:
+        if st.is_placeholder or st.is_output:
+            continue
+        if isinstance(st.op, ComputeOp) and not isinstance(st.op.body, Reduce):
+            st.compute_inline()
+    for st in s.stages:
+        if st.is_placeholder or st.attach != "root":
+            continue
+        schedule_flat(st, target)
+    return s
+
+
+def schedule_flat(st: te_schedule.Stage, target: Target) -> None:
+    """Fuse the data-parallel loops of a stage, vectorize by the target's lanes, parallelize the rest."""
+    op = st.op
+    assert isinstance(op, ComputeOp)
+    size = int(np.prod(op.shape, dtype=np.int64)) if op.shape else 1
+    if not op.axis or size == 0:
+        return
+    fused = st.fuse(*op.axis) if len(op.axis) > 1 else op.axis[0]
+    lanes = target.vector_lanes(max(op.dtype.bits, 8))
+    is_reduce = isinstance(op.body, Reduce)
+    inner_len = op.shape[-1]
+    if not is_reduce and size >= lanes * 2 and (inner_len % lanes == 0 or size >= 4 * lanes):
+        outer, inner = st.split(fused, lanes)
+        st.vectorize(inner)
+        fused = outer
+    work = size * (int(np.prod([iv.dom[1] for iv in op.reduce_axis])) if is_reduce else 1)
+    if work >= 1 << 15 and target.num_cores > 1:
+        st.parallel(fused)
+
+
+def runner_source(steps: list[Step]) -> str:
+    """C functions that call each segment's kernels in order (plain and timed variants)."""
+    out = [
+        "#include <time.h>",
+        "static double ember_now(void) {",
+        "  struct timespec ts;",
+        "  clock_gettime(CLOCK_MONOTONIC, &ts);",
+        "  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;",
+        "}",
+    ]
+    for s in steps:
+        if s.kind != "segment":
+            continue
+        for timed in (False, True):
+            sig = f"int32_t {s.function}{'_profiled' if timed else ''}(void* const* v{', double* t' if timed else ''})"
+            out += ["", sig + " {", "  int32_t status;"]
+            for j, k in enumerate(s.kernels):
+                call = f"{k.name}({', '.join(f'v[{a}]' for a in k.args)})"
+                out.append(f"  // {', '.join(k.nodes)}")
+                if timed:
+                    out.append("  double t0 = ember_now();" if j == 0 else "  t0 = ember_now();")
+                out.append(f"  if ((status = {call}) != 0) return status;")
+                if timed:
+                    out.append(f"  t[{j}] = ember_now() - t0;")
+            out += ["  return 0;", "}"]
+    return "\n".join(out) + "\n"
+
+
+def compile(  # noqa: A001
+    model: Any,
+    target: str | Target = "c",
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    fallback: bool = True,
+) -> CompiledModel:
+    """Compile a model (ONNX path or ModelProto, or an ember Graph) for `target`."""
+    t0 = time.perf_counter()
+    target = Target.parse(target)
+    if target.kind != "c":
+        raise NotImplementedError(f"target {target.kind!r} is not available yet; use target='c'")
+    if isinstance(model, Graph):
+        graph = model
+    else:
+        from .frontend.onnx import from_onnx
+
+        graph = from_onnx(model, input_shapes=input_shapes)
+    t_import = time.perf_counter()
+    gl = GraphLowering(graph, target, allow_fallback=fallback)
+    gl.run()
+    workspace = gl.plan()
+    t_lower = time.perf_counter()
+    funcs = [k.func for k in gl.kernels.values()]
+    source = codegen_c(funcs, target) + "\n" + runner_source(gl.steps)
+    lib = compile_c(source, target.cflags(), name="model")
+    t_build = time.perf_counter()
+    name = graph.name or "model"
+    inputs = [gl.ids[v] for v in graph.inputs]
+    outputs = [gl.ids[v] for v in graph.outputs]
+    plan = Plan(name, gl.values, inputs, outputs, gl.steps, workspace, str(target))
+    summary = {
+        "name": name,
+        "nodes": len(graph.nodes),
+        "compile_seconds": t_build - t0,
+        "import_seconds": t_import - t0,
+        "lower_seconds": t_lower - t_import,
+        "build_seconds": t_build - t_lower,
+        "fallback_reasons": gl.fallback_reasons,
+        "cc": os.environ.get("CC", "cc"),
+    }
+    return CompiledModel(lib, plan, gl.weights, source, reference_fallback, summary)
+
+
+def load(path: str) -> CompiledModel:
+    """Load a compiled model saved with `CompiledModel.save` (no compiler needed)."""
+    from .runtime.executor import load as _load
+
+    return _load(path, fallback=reference_fallback)
