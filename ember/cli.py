@@ -39,6 +39,87 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _fail(cmd: str, e: BaseException) -> int:
+    print(f"ember {cmd}: {e}", file=sys.stderr)
+    return 1
+
+
+def _shapes(items: list[str]) -> dict[str, tuple[int, ...]] | None:
+    from ember.frontend.show import parse_shape
+
+    return dict(parse_shape(x) for x in items) or None
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile an ONNX model and save it (library, C source, plan, weights) to a directory."""
+    import ember
+    from ember.frontend.onnx import ModelError
+
+    try:
+        m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape))
+    except (ModelError, FileNotFoundError, ValueError, NotImplementedError) as e:
+        return _fail("compile", e)
+    out = m.save(args.output)
+    s = m.summary()
+    print(f"compiled {args.model} -> {out}")
+    print(f"  nodes {s['nodes']}, kernels {s['kernels']} ({s['distinct_kernels']} distinct), "
+          f"native calls per run {s['native_calls_per_run']}, compile {s['compile_seconds']:.2f} s")  # fmt: skip
+    if s["fallback_ops"]:
+        ops = ", ".join(sorted(set(s["fallback_ops"])))
+        print(f"  {len(s['fallback_ops'])} node(s) run by the numpy reference: {ops}")
+    for vid in m.plan.inputs:
+        v = m.plan.values[vid]
+        print(f"  input  {v.name}: {v.dtype}{list(v.shape)}")
+    for vid in m.plan.outputs:
+        v = m.plan.values[vid]
+        print(f"  output {v.name}: {v.dtype}{list(v.shape)}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a compiled model directory on .npy inputs (random inputs for those not given)."""
+    import ember
+    from ember.runtime.module import ArgumentError
+
+    try:
+        m = ember.load(args.model)
+    except (FileNotFoundError, OSError) as e:
+        return _fail("run", e)
+    feeds = dict(zip(m.input_names, m.random_inputs(args.seed)))
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep:
+            return _fail("run", ValueError(f"--input wants NAME=FILE.npy, got {item!r}"))
+        if name not in feeds:
+            return _fail("run", ValueError(f"model has no input {name!r}; inputs: {', '.join(m.input_names)}"))
+        try:
+            feeds[name] = np.load(path)
+        except (OSError, ValueError) as e:
+            return _fail("run", e)
+    try:
+        outs = m.run(feeds)
+    except ArgumentError as e:
+        return _fail("run", e)
+    for name, y in outs.items():
+        stats = f"min {y.min():.4g} max {y.max():.4g} mean {y.mean():.4g}" if y.size and y.dtype.kind == "f" else ""
+        print(f"{name}: {y.dtype}{list(y.shape)} {stats}")
+        if args.output_dir:
+            from pathlib import Path
+
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            np.save(Path(args.output_dir) / f"{name.replace('/', '_')}.npy", y)
+    if args.benchmark:
+        r = m.benchmark([feeds[n] for n in m.input_names])
+        print(f"latency: median {r['median'] * 1e3:.3f} ms, min {r['min'] * 1e3:.3f} ms")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from ember.frontend.show import show_main
+
+    return show_main(args.rest)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ember", description="Ember: a deep learning compiler.")
     p.add_argument("--version", action="store_true", help="print the version and exit")
@@ -47,6 +128,22 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--size", type=int, default=512)
     d.add_argument("--target", default="c")
     d.set_defaults(fn=cmd_demo)
+    c = sub.add_parser("compile", help=cmd_compile.__doc__)
+    c.add_argument("model", help="path to an .onnx file")
+    c.add_argument("-o", "--output", required=True, help="directory to write the compiled model to")
+    c.add_argument("--target", default="c")
+    c.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
+    c.set_defaults(fn=cmd_compile)
+    r = sub.add_parser("run", help=cmd_run.__doc__)
+    r.add_argument("model", help="a directory written by `ember compile`")
+    r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    r.add_argument("--output-dir", help="save each output as NAME.npy there")
+    r.add_argument("--benchmark", action="store_true", help="also time inferences")
+    r.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    r.set_defaults(fn=cmd_run)
+    sh = sub.add_parser("show", help="import a model and print Ember's graph", add_help=False)
+    sh.add_argument("rest", nargs=argparse.REMAINDER)
+    sh.set_defaults(fn=cmd_show)
     args = p.parse_args(argv)
     if args.version:
         import ember
