@@ -218,6 +218,9 @@ class Importer:
     scopes: list[dict[str, Value]] = field(default_factory=list)
     graph: Graph | None = None
     counter: int = 0
+    reserved: set[str] = field(default_factory=set)  # the top graph's ONNX value names
+    taken: set[str] = field(default_factory=set)  # names given to Values so far
+    nested: int = 0  # > 0 while importing a subgraph or inlining a body
 
     # -- names ------------------------------------------------------------------------------------
     def lookup(self, name: str) -> Value:
@@ -233,6 +236,18 @@ class Importer:
         self.counter += 1
         return f"{base}__{self.counter}"
 
+    def name_for(self, onnx_name: str) -> str:
+        """The Value name for an ONNX name: itself, unless taken already (an inlined body
+        runs once per unrolled iteration) or reserved by the top graph while nested."""
+        name = onnx_name
+        if name in self.taken or (self.nested and name in self.reserved):
+            name = self.unique(onnx_name)
+        self.taken.add(name)
+        return name
+
+    def constant(self, onnx_name: str, data: np.ndarray) -> Value:
+        return Value.constant(self.name_for(onnx_name), np.asarray(data))
+
     # -- graphs -----------------------------------------------------------------------------------
     def import_graph(self, gp: onnx.GraphProto, input_shapes: dict[str, tuple], top: bool = False,
                      sub_inputs: list[TensorType] | None = None) -> Graph:  # fmt: skip
@@ -240,13 +255,18 @@ class Importer:
         self.scopes.append({})
         graph = Graph(gp.name or "main", [], [])
         self.graph = graph
+        if top:
+            self.reserved = {vi.name for vi in gp.input} | {t.name for t in gp.initializer}
+            self.reserved.update(o for n in gp.node for o in n.output)
+        else:
+            self.nested += 1
         try:
             self._bind_initializers(gp)
             if top:
                 self._bind_top_inputs(gp, input_shapes)
             else:
                 for vi, t in zip(gp.input, sub_inputs or []):
-                    v = Value(vi.name, t)
+                    v = Value(self.name_for(vi.name), t)
                     graph.inputs.append(v)
                     self.bind(vi.name, v)
             for index, node in enumerate(gp.node):
@@ -255,12 +275,14 @@ class Importer:
         finally:
             self.scopes.pop()
             self.graph = outer_graph
+            self.nested -= 0 if top else 1
         return graph
 
     def inline_graph(self, gp: onnx.GraphProto, args: list[Value] = ()) -> list[Value]:
         """Convert a subgraph's nodes into the current graph, its inputs bound to `args`
         (an If with a constant condition, one unrolled Loop iteration)."""
         self.scopes.append({})
+        self.nested += 1
         try:
             for vi, v in zip(gp.input, args):
                 self.bind(vi.name, v)
@@ -270,13 +292,14 @@ class Importer:
             return [self.lookup(o.name) for o in gp.output]
         finally:
             self.scopes.pop()
+            self.nested -= 1
 
     def _bind_initializers(self, gp: onnx.GraphProto) -> None:
         for init in gp.initializer:
-            self.bind(init.name, Value.constant(init.name, tensor_to_array(init, self.source)))
+            self.bind(init.name, self.constant(init.name, tensor_to_array(init, self.source)))
         for sparse in gp.sparse_initializer:
             name = sparse.values.name
-            self.bind(name, Value.constant(name, sparse_to_array(sparse, self.source)))
+            self.bind(name, self.constant(name, sparse_to_array(sparse, self.source)))
 
     def _bind_top_inputs(self, gp: onnx.GraphProto, input_shapes: dict[str, tuple]) -> None:
         names = [vi.name for vi in gp.input]
@@ -290,13 +313,13 @@ class Importer:
                 continue  # an initializer listed as an input (old IR): a constant with a default
             if vi.name in self.input_values:
                 data = np.asarray(self.input_values[vi.name])
-                self.bind(vi.name, Value.constant(vi.name, data))
+                self.bind(vi.name, self.constant(vi.name, data))
                 continue
             t = input_type(vi, input_shapes.get(vi.name), self.source)
             if isinstance(t, str):
                 missing.append(t)
                 continue
-            v = Value(vi.name, t)
+            v = Value(self.name_for(vi.name), t)
             self.graph.inputs.append(v)
             self.bind(vi.name, v)
         if missing:
@@ -353,7 +376,7 @@ class Importer:
                 types is None or sum(t.size for t in types[: len(out_names)]) <= FOLD_LIMIT):  # fmt: skip
             outs = self._fold(opdef, attrs, inputs, out_names, where)
         else:
-            outs = [Value(n, t) for n, t in zip(out_names, types)]
+            outs = [Value(self.name_for(n), t) for n, t in zip(out_names, types)]
             self.graph.nodes.append(Node(op, inputs, outs, attrs, name))
         for n, v in zip(out_names, outs):
             self.bind(n, v)
@@ -367,7 +390,7 @@ class Importer:
         except Exception as e:
             raise ModelError(f"{self.source}: {where}: evaluating it on constant inputs failed: "
                              f"{type(e).__name__}: {e}") from None  # fmt: skip
-        return [Value.constant(n, np.array(r)) for n, r in zip(out_names, results)]
+        return [self.constant(n, np.array(r)) for n, r in zip(out_names, results)]
 
     def _dynamic(self, where: str, why: str, operands: list[Value]) -> DynamicShapeError:
         sources = self.graph_inputs_behind(operands)

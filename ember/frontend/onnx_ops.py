@@ -16,7 +16,7 @@ import onnx
 
 from ember.frontend.onnx import MIN_OPSET, DynamicShapeError, NodeContext, onnx_dtype
 from ember.frontend.onnx_functions import expand_function, get_schema, is_default_domain, normal_domain
-from ember.graph.ir import Graph, Value
+from ember.graph.ir import Graph
 from ember.graph.types import TensorType
 from ember.ops import OPS
 from ember.ops.common import norm_axes
@@ -138,10 +138,8 @@ def _constant(ctx: NodeContext) -> None:
         data = np.array(value, np.int64)
     else:
         raise ctx.error(f"Constant with {key or 'no value'} is not supported (string constants are not)")
-    from ember.graph.ir import Value
-
     name = ctx.out_names[0]
-    ctx.importer.bind(name, Value.constant(name, np.array(data)))
+    ctx.importer.bind(name, ctx.importer.constant(name, np.array(data)))
 
 
 # -- convolution and pooling -----------------------------------------------------------------------
@@ -500,7 +498,7 @@ def _compress(ctx: NodeContext) -> None:
         (data,) = ctx.emit("Reshape", [data], {"shape": (ctx.type(0).size,)})
         axis = 0
     picked = np.flatnonzero(cond.reshape(-1).astype(bool)).astype(np.int64)
-    index = Value.constant(ctx.importer.unique(f"{ctx.name}/indices"), picked)
+    index = ctx.importer.constant(f"{ctx.name}/indices", picked)
     emit(ctx, "Gather", [data, index], {"axis": axis})
 
 
@@ -651,6 +649,7 @@ def _loop(ctx: NodeContext) -> None:
     types = [TensorType((), "int64"), TensorType((), "bool")] + [v.type for v in carried]
     try:
         attrs = {"body": _subgraph(ctx, "body", types)}
+        attrs["trip_count"] = _static_trip_count(ctx, attrs["body"])
         emit(ctx, inputs=[ctx.input(0), ctx.input(1), *carried, *captures_of(attrs)], attrs=attrs)
     except DynamicShapeError:
         controls = [v for v in ctx.inputs[:2] if v is not None]
@@ -661,6 +660,21 @@ def _loop(ctx: NodeContext) -> None:
         _unroll_loop(ctx, carried)
 
 
+def _static_trip_count(ctx: NodeContext, body: Graph) -> int | None:
+    """The iteration count when it is known: a constant trip count, and a condition that
+    starts true and that the body passes through unchanged (or sets to constant true)."""
+    trips, cond = ctx.const(0), ctx.const(1)
+    if trips is None or (ctx.input(1) is not None and (cond is None or not bool(cond.reshape(())))):
+        return None
+    out = body.outputs[0]
+    producer = body.producers().get(out)
+    if producer is not None and producer.op == "Identity":
+        out = producer.inputs[0]
+    if out is body.inputs[1] or (out.is_constant and bool(out.data.reshape(()))):
+        return int(trips.reshape(()))
+    return None
+
+
 def _unroll_loop(ctx: NodeContext, carried: list) -> None:
     imp = ctx.importer
     trips = ctx.const(0)
@@ -668,8 +682,8 @@ def _unroll_loop(ctx: NodeContext, carried: list) -> None:
     keep = bool(ctx.const(1).reshape(())) if ctx.input(1) is not None else True
     values, scans, i = list(carried), [], 0
     while keep and i < limit:
-        it = Value.constant(imp.unique(f"{ctx.name}/iter"), np.array(i, np.int64))
-        cond = Value.constant(imp.unique(f"{ctx.name}/cond"), np.array(keep))
+        it = imp.constant(f"{ctx.name}/iter", np.array(i, np.int64))
+        cond = imp.constant(f"{ctx.name}/cond", np.array(keep))
         outs = imp.inline_graph(ctx.attrs["body"], [it, cond, *values])
         if not outs[0].is_constant:
             raise ctx.error("cannot unroll: the loop condition depends on non-constant values")

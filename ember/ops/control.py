@@ -59,14 +59,19 @@ def _loop_split(a: dict, rest: tuple) -> tuple[int, int]:
 def _loop_infer(a: dict, trips, cond, *rest: TensorType) -> tuple[TensorType, ...]:
     carried, scans = _loop_split(a, rest)
     body_out = [v.type for v in a["body"].outputs]
-    if scans or body_out[1 : 1 + carried] != list(rest[:carried]):
-        raise ShapeDependsOnData("the shapes of Loop's outputs depend on its trip count")
-    return tuple(rest[:carried])
+    if body_out[1 : 1 + carried] != list(rest[:carried]):
+        raise ShapeDependsOnData("Loop-carried values change type between iterations")
+    if scans and a["trip_count"] is None:
+        raise ShapeDependsOnData("the length of Loop's scan outputs depends on its trip count")
+    stacked = tuple(t.with_shape((a["trip_count"],) + t.shape) for t in body_out[1 + carried :])
+    return tuple(rest[:carried]) + stacked
 
 
-@op("Loop", Pattern.OPAQUE, infer=_loop_infer, inputs=(2, None), attrs=[Attr("body", "graph")])
+@op("Loop", Pattern.OPAQUE, infer=_loop_infer, inputs=(2, None),
+    attrs=[Attr("body", "graph"), Attr("trip_count", "int", None)])  # fmt: skip
 def loop(a: dict, trips, cond, *rest: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Run the body while i < trip count and the condition holds; stack the scan outputs."""
+    """Run the body while i < trip count and the condition holds; stack the scan outputs.
+    `trip_count` is set by the frontend when the iteration count is known statically."""
     carried, scans = _loop_split(a, rest)
     values, captures = list(rest[:carried]), rest[carried:]
     limit = int(np.asarray(trips).reshape(())) if trips is not None else None
