@@ -38,7 +38,10 @@ from ember.ops import OPS, AttrError, ShapeDependsOnData, get_op
 
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
-FOLD_LIMIT = 1 << 20  # fold a node into a constant when its outputs hold at most this many elements
+# Fold a node with constant inputs when its outputs hold at most this many elements, or no
+# more than its constant inputs do (a Cast or Transpose of weights), so that folding never
+# inflates the model (an Expand of a scalar to a huge shape stays a node).
+FOLD_LIMIT = 1 << 20
 
 # ONNX TensorProto element type -> Ember dtype name
 ONNX_DTYPES: dict[int, str] = {
@@ -372,8 +375,10 @@ class Importer:
             raise ModelError(f"{self.source}: {where}: {type(e).__name__}: {e}") from None
         if len(out_names) > (len(types) if types is not None else len(out_names)):
             raise ModelError(f"{self.source}: {where} has {len(out_names)} outputs, {op} defines {len(types)}")
+        out_size = None if types is None else sum(t.size for t in types[: len(out_names)])
+        in_size = sum(v.type.size for v in present if v.is_constant)
         if opdef.foldable and (all_const or not opdef.reads_data) and (
-                types is None or sum(t.size for t in types[: len(out_names)]) <= FOLD_LIMIT):  # fmt: skip
+                out_size is None or out_size <= max(FOLD_LIMIT, in_size)):  # fmt: skip
             outs = self._fold(opdef, attrs, inputs, out_names, where)
         else:
             outs = [Value(self.name_for(n), t) for n, t in zip(out_names, types)]

@@ -24,7 +24,7 @@ def captures_of(attrs: dict) -> list[Value]:
     return list(seen)
 
 
-def _run_body(graph: Graph, args: list[np.ndarray], attrs: dict, captures: tuple, check: bool = True) -> list:
+def _run_body(graph: Graph, args: list[np.ndarray], attrs: dict, captures: tuple) -> list:
     from ember.graph.evaluate import evaluate_subgraph  # the evaluator sits above the op library
 
     return evaluate_subgraph(graph, args, dict(zip(captures_of(attrs), captures)))
