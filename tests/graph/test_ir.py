@@ -120,3 +120,16 @@ def test_evaluate_validates_inputs():
 def test_evaluate_keep_all_returns_intermediates():
     out = evaluate(small_graph(), {"x": np.ones((1, 3, 8, 8), np.float32)}, keep_all=True)
     assert set(out) == {"x", "conv", "relu"}
+
+
+def test_infer_types_recomputes_after_a_rewrite():
+    from ember.graph.infer import infer_types
+
+    g = small_graph()
+    g.inputs[0].type = f32(2, 3, 10, 10)
+    infer_types(g)
+    assert g.outputs[0].type == f32(2, 4, 10, 10)
+    g.verify()
+    g.inputs[0].type = f32(2, 5, 10, 10)
+    with pytest.raises(GraphError, match="'conv' \\(Conv\\): ShapeError: Conv weight"):
+        infer_types(g)
