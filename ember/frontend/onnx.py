@@ -224,6 +224,7 @@ class Importer:
     reserved: set[str] = field(default_factory=set)  # the top graph's ONNX value names
     taken: set[str] = field(default_factory=set)  # names given to Values so far
     nested: int = 0  # > 0 while importing a subgraph or inlining a body
+    producers: dict[Value, Node] = field(default_factory=dict)  # across all graphs being built
 
     # -- names ------------------------------------------------------------------------------------
     def lookup(self, name: str) -> Value:
@@ -382,7 +383,9 @@ class Importer:
             outs = self._fold(opdef, attrs, inputs, out_names, where)
         else:
             outs = [Value(self.name_for(n), t) for n, t in zip(out_names, types)]
-            self.graph.nodes.append(Node(op, inputs, outs, attrs, name))
+            node = Node(op, inputs, outs, attrs, name)
+            self.graph.nodes.append(node)
+            self.producers.update(dict.fromkeys(outs, node))
         for n, v in zip(out_names, outs):
             self.bind(n, v)
         return outs
@@ -416,20 +419,14 @@ class Importer:
         return v.data
 
     def graph_inputs_behind(self, values: list[Value]) -> list[str]:
-        """Names of graph inputs that the given values are computed from."""
-        producers = {}
-        for g in [self.graph]:
-            producers.update(g.producers())
-        top_inputs = set()
-        for scope in self.scopes:
-            top_inputs.update(v for v in scope.values() if not v.is_constant)
+        """Names of the graph inputs (or body inputs) the given values are computed from."""
         seen, stack, found = set(), list(values), []
         while stack:
             v = stack.pop()
             if v in seen:
                 continue
             seen.add(v)
-            node = producers.get(v)
+            node = self.producers.get(v)
             if node is not None:
                 stack.extend(node.present_inputs)
             elif not v.is_constant and v.name not in found:
