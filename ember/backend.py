@@ -65,13 +65,16 @@ class EmberRep(BackendRep):
         return namedtupledict("Outputs", self.output_names)(*[outs[n] for n in self.output_names])
 
     def _feeds(self, inputs: Any) -> dict[str, np.ndarray]:
-        if isinstance(inputs, Mapping):
-            return {k: np.asarray(v) for k, v in inputs.items()}
         if isinstance(inputs, np.ndarray):
             inputs = [inputs]
-        if len(inputs) > len(self.input_names):
-            raise ValueError(f"model takes {len(self.input_names)} inputs, got {len(inputs)}")
-        return {n: np.asarray(x) for n, x in zip(self.input_names, inputs)}
+        if not isinstance(inputs, Mapping):
+            if len(inputs) > len(self.input_names):
+                raise ValueError(f"model takes {len(self.input_names)} inputs, got {len(inputs)}")
+            inputs = dict(zip(self.input_names, inputs))
+        for name, x in inputs.items():
+            if isinstance(x, list | tuple | dict) or x is None:
+                raise TypeError(f"input {name!r} is a {type(x).__name__}, not a tensor; Ember takes tensors only")
+        return {k: np.asarray(v) for k, v in inputs.items()}
 
     def _prepare_for(self, feeds: dict[str, np.ndarray]) -> tuple[Graph, Runner]:
         for _ in range(MAX_SPECIALIZATIONS):
