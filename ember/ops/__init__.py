@@ -6,9 +6,21 @@ kind; each operator is defined exactly once, by its table row or `@op` entry.
 
 from ember.ops import broadcast, control, elemwise, ml, nn, quant, reduce, resize, rnn, signal, tensor, vision  # noqa: F401  (registers operators)
 from ember.ops.common import ShapeError
-from ember.ops.opdef import OPS, REQUIRED, Attr, AttrError, OpDef, Pattern, ShapeDependsOnData, get_op, op, register
+from ember.ops.opdef import (
+    OPS,
+    REQUIRED,
+    Attr,
+    AttrError,
+    OpDef,
+    Pattern,
+    ShapeDependsOnData,
+    attach,
+    get_op,
+    op,
+    register,
+)  # fmt: skip
 
 __all__ = [
-    "OPS", "REQUIRED", "Attr", "AttrError", "OpDef", "Pattern", "ShapeDependsOnData", "ShapeError", "get_op", "op",
-    "register",
+    "OPS", "REQUIRED", "Attr", "AttrError", "OpDef", "Pattern", "ShapeDependsOnData", "ShapeError", "attach", "get_op",
+    "op", "register",
 ]  # fmt: skip

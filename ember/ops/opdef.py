@@ -14,6 +14,7 @@ Conventions:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
 from collections.abc import Callable, Sequence
@@ -160,6 +161,14 @@ def register(opdef: OpDef) -> OpDef:
     return opdef
 
 
+def attach(name: str, compute: Callable | None = None, schedule: Callable | None = None) -> OpDef:
+    """Fill an entry's lowering slots (TE compute, default schedule); returns the new entry."""
+    opdef = get_op(name)
+    changes = {k: v for k, v in (("compute", compute), ("schedule", schedule)) if v is not None}
+    OPS[name] = dataclasses.replace(opdef, **changes)
+    return OPS[name]
+
+
 def get_op(name: str) -> OpDef:
     """The entry for an operator name; a KeyError suggests close names."""
     try:
@@ -182,6 +191,8 @@ def op(
     inputs: tuple[int, int | None] = (1, 1),
     foldable: bool = True,
     reads_data: bool = True,
+    compute: Callable | None = None,
+    schedule: Callable | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator on a numpy reference `fn(attrs, *arrays)`: registers the operator.
 
@@ -189,7 +200,7 @@ def op(
 
     def wrap(fn: Callable) -> Callable:
         doc = (fn.__doc__ or "").strip()
-        register(OpDef(name, pattern, tuple(attrs), infer, fn, inputs=inputs, foldable=foldable,
+        register(OpDef(name, pattern, tuple(attrs), infer, fn, compute, schedule, inputs=inputs, foldable=foldable,
                        reads_data=reads_data, doc=doc))  # fmt: skip
         return fn
 
