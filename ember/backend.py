@@ -10,8 +10,9 @@ are specialized: the frontend names those inputs (`DynamicShapeError.inputs`), t
 representation binds them to the values given and imports again; the specialization is
 cached by those values.
 
-The engine that runs the imported graph is chosen in one place, `ENGINES`: "reference"
-(the numpy evaluator) today; the compiled engine registers itself here later.
+The engine that runs the imported graph is chosen in one place, `ENGINES`: "compiled"
+(native kernels from ember.compile, numpy reference for ops without one; the default),
+"native" (native kernels only: an op without one fails) and "reference" (the numpy evaluator).
 """
 
 from __future__ import annotations
@@ -36,8 +37,20 @@ def _reference_engine(graph: Graph) -> Runner:
     return lambda inputs: evaluate(graph, inputs)
 
 
-ENGINES: dict[str, Callable[[Graph], Runner]] = {"reference": _reference_engine}
-DEFAULT_ENGINE = "reference"
+def _compiled_engine(graph: Graph, fallback: bool = True) -> Runner:
+    """Native kernels through ember.compile; with fallback, ops that have none run by reference."""
+    from ember.compiler import compile as ember_compile
+
+    model = ember_compile(graph, target="c", fallback=fallback)
+    return model.run
+
+
+ENGINES: dict[str, Callable[[Graph], Runner]] = {
+    "compiled": _compiled_engine,  # native kernels, reference fallback for ops without one
+    "native": lambda g: _compiled_engine(g, fallback=False),  # every op must have a native kernel
+    "reference": _reference_engine,  # the numpy evaluator
+}
+DEFAULT_ENGINE = "compiled"
 MAX_SPECIALIZATIONS = 8  # import attempts per run before giving up on binding inputs
 
 

@@ -19,9 +19,9 @@ from .codegen.c import c_symbol, codegen_c
 from .codegen.toolchain import compile_c
 from .graph.ir import Graph, Node, Value
 from .ops import get_op
+from .ops.te_lib import default_schedule
 from .runtime.executor import CompiledModel, KernelInfo, Plan, Step, ValueInfo
 from .target import Target
-from .te import schedule as te_schedule
 from .te.lower import lower_schedule
 from .te.tensor import ComputeOp, Reduce, Tensor, placeholder
 from .tir.transform import optimize
@@ -197,42 +197,6 @@ def _flops(outs: list[Tensor]) -> int:
                 n *= 2 * int(np.prod([iv.dom[1] for iv in op.reduce_axis], dtype=np.int64))
             total += n
     return total
-
-
-def default_schedule(outs: list[Tensor], target: Target) -> te_schedule.Schedule:
-    """Inline elementwise intermediates; each root stage: fuse its loops, vectorize a target-wide
-    inner part and run the outer part in parallel when there is enough work."""
-    s = te_schedule.create_schedule(outs)
-    for st in s.stages:
-        if st.is_placeholder or st.is_output:
-            continue
-        if isinstance(st.op, ComputeOp) and not isinstance(st.op.body, Reduce):
-            st.compute_inline()
-    for st in s.stages:
-        if st.is_placeholder or st.attach != "root":
-            continue
-        schedule_flat(st, target)
-    return s
-
-
-def schedule_flat(st: te_schedule.Stage, target: Target) -> None:
-    """Fuse the data-parallel loops of a stage, vectorize by the target's lanes, parallelize the rest."""
-    op = st.op
-    assert isinstance(op, ComputeOp)
-    size = int(np.prod(op.shape, dtype=np.int64)) if op.shape else 1
-    if not op.axis or size == 0:
-        return
-    fused = st.fuse(*op.axis) if len(op.axis) > 1 else op.axis[0]
-    lanes = target.vector_lanes(max(op.dtype.bits, 8))
-    is_reduce = isinstance(op.body, Reduce)
-    inner_len = op.shape[-1]
-    if not is_reduce and size >= lanes * 2 and (inner_len % lanes == 0 or size >= 4 * lanes):
-        outer, inner = st.split(fused, lanes)
-        st.vectorize(inner)
-        fused = outer
-    work = size * (int(np.prod([iv.dom[1] for iv in op.reduce_axis])) if is_reduce else 1)
-    if work >= 1 << 15 and target.num_cores > 1:
-        st.parallel(fused)
 
 
 def runner_source(steps: list[Step]) -> str:

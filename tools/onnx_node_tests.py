@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Run the ONNX node test suite (the tests shipped inside the onnx package) on Ember.
 
-    python tools/onnx_node_tests.py                    # whole suite, reference engine
+    python tools/onnx_node_tests.py                    # whole suite, compiled engine
     python tools/onnx_node_tests.py -k conv -k pool    # only tests whose name contains conv or pool
     python tools/onnx_node_tests.py --list-failures -j 4
 
@@ -112,7 +112,7 @@ def _init_worker() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", default="reference", help="Ember engine to run graphs with (default: reference)")
+    parser.add_argument("--engine", default="compiled", help="compiled (default), native or reference")
     parser.add_argument("-k", action="append", default=[], help="run tests whose name contains this (repeatable)")
     parser.add_argument("--list-failures", action="store_true", help="print each failing test and its error")
     parser.add_argument("--list-excluded", action="store_true", help="print each excluded test and the reason")

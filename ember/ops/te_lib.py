@@ -16,8 +16,12 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from ember import te
 from ember.ops.opdef import OPS
+from ember.target import Target
+from ember.te.tensor import ComputeOp, Reduce, Tensor
 from ember.tir.expr import Expr
 
 
@@ -128,6 +132,42 @@ def pad(x: te.Tensor, before: Sequence[int], after: Sequence[int], value: float 
         return te.if_then_else(inside, x[tuple(src)], te.const(value, x.dtype))
 
     return te.compute(shape, body, name=name)
+
+
+def default_schedule(outs: list[Tensor], target: Target) -> te.Schedule:
+    """Inline elementwise intermediates; each root stage: fuse its loops, vectorize a target-wide
+    inner part and run the outer part in parallel when there is enough work."""
+    s = te.create_schedule(outs)
+    for st in s.stages:
+        if st.is_placeholder or st.is_output:
+            continue
+        if isinstance(st.op, ComputeOp) and not isinstance(st.op.body, Reduce):
+            st.compute_inline()
+    for st in s.stages:
+        if st.is_placeholder or st.attach != "root":
+            continue
+        schedule_flat(st, target)
+    return s
+
+
+def schedule_flat(st: te.Stage, target: Target) -> None:
+    """Fuse the data-parallel loops of a stage, vectorize by the target's lanes, parallelize the rest."""
+    op = st.op
+    assert isinstance(op, ComputeOp)
+    size = int(np.prod(op.shape, dtype=np.int64)) if op.shape else 1
+    if not op.axis or size == 0:
+        return
+    fused = st.fuse(*op.axis) if len(op.axis) > 1 else op.axis[0]
+    lanes = target.vector_lanes(max(op.dtype.bits, 8))
+    is_reduce = isinstance(op.body, Reduce)
+    inner_len = op.shape[-1]
+    if not is_reduce and size >= lanes * 2 and (inner_len % lanes == 0 or size >= 4 * lanes):
+        outer, inner = st.split(fused, lanes)
+        st.vectorize(inner)
+        fused = outer
+    work = size * (int(np.prod([iv.dom[1] for iv in op.reduce_axis])) if is_reduce else 1)
+    if work >= 1 << 15 and target.num_cores > 1:
+        st.parallel(fused)
 
 
 def numel(shape: Sequence[int]) -> int:
