@@ -19,7 +19,7 @@ from .codegen.c import c_symbol, codegen_c
 from .codegen.toolchain import compile_c
 from .graph.ir import Graph, Node, Value
 from .ops import get_op
-from .ops.te_lib import default_schedule
+from .ops.te_lib import NotLowerable, default_schedule
 from .runtime.executor import CompiledModel, KernelInfo, Plan, Step, ValueInfo
 from .target import Target
 from .te.lower import lower_schedule
@@ -30,8 +30,7 @@ VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 ALIGN = 64
 
 
-class LoweringUnsupported(Exception):
-    """An operator instance that has no native kernel (dtype or attribute the compute does not cover)."""
+LoweringUnsupported = NotLowerable  # an op instance without a native kernel (dtype, attribute value)
 
 
 def reference_fallback(op: str, attrs: dict, arrays: list[np.ndarray | None]) -> list[np.ndarray]:
