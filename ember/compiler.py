@@ -73,6 +73,10 @@ class GraphLowering:
             self.vid(v, "weight")
         for node in g.nodes:
             self.lower_node(node)
+        if self.fallback_reasons and not self.allow_fallback:
+            lines = [f"  {n}: {why}" for n, why in self.fallback_reasons.items()]
+            head = f"{len(lines)} node(s) have no native kernel (fallback=False):\n"
+            raise LoweringUnsupported(head + "\n".join(lines))
         for v in g.outputs:
             i = self.vid(v)
             if self.values[i].kind == "temp":
@@ -95,8 +99,6 @@ class GraphLowering:
         else:
             self.fallback_reasons[node.name] = f"{node.op} has no TE compute yet"
         if kernel is None:
-            if not self.allow_fallback:
-                raise LoweringUnsupported(f"node {node.name} ({node.op}): {self.fallback_reasons[node.name]}")
             self.steps.append(Step("fallback", op=node.op, attrs=dict(node.attrs), node=node.name,
                                    inputs=[None if v is None else self.vid(v) for v in node.inputs],
                                    outputs=[self.vid(v) for v in node.outputs]))  # fmt: skip
