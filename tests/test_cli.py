@@ -4,7 +4,7 @@ from ember.cli import main
 
 
 def test_demo_runs_and_checks(capsys):
-    assert main(["demo", "--size", "96"]) == 0
+    assert main(["demo", "--matmul", "--size", "96"]) == 0
     out = capsys.readouterr().out
     assert "OK" in out and "GFLOP/s" in out
 
