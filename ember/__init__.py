@@ -16,11 +16,11 @@ from .target import Target
 __version__ = "0.1.0"
 
 
-def compile(model, target="c", input_shapes=None, fallback=True):  # noqa: A001
+def compile(model, target="c", input_shapes=None, fallback=True, opt_level=3, disabled_passes=()):  # noqa: A001
     """Compile a model (ONNX file path, onnx.ModelProto or ember Graph); see `ember.compiler.compile`."""
     from .compiler import compile as _compile
 
-    return _compile(model, target=target, input_shapes=input_shapes, fallback=fallback)
+    return _compile(model, target, input_shapes, fallback, opt_level, disabled_passes)
 
 
 def load(path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,10 +21,11 @@ from .codegen.toolchain import compile_c
 from .graph.ir import Graph, Node, Value
 from .ops import get_op
 from .ops.te_lib import NotLowerable, default_schedule
+from .passes import run_passes
 from .runtime.executor import CompiledModel, KernelInfo, Plan, Step, ValueInfo
 from .target import Target
 from .te.lower import lower_schedule
-from .te.tensor import ComputeOp, Reduce, Tensor, placeholder
+from .te.tensor import ComputeOp, Reduce, Tensor, compute, const, placeholder
 from .tir.transform import optimize
 
 VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
@@ -43,6 +45,13 @@ class Kernel:
     name: str
     func: Any  # PrimFunc
     flops: int
+    passed: list[bool]  # per input: passed as an argument (False: a constant baked into the code)
+
+
+def _literal(data: np.ndarray, name: str) -> Tensor:
+    """A one-element constant as a tensor whose reads become a literal once inlined."""
+    value = data.reshape(()).item()
+    return compute(data.shape, lambda *i: const(value, data.dtype.name), name=name)
 
 
 @dataclass
@@ -103,34 +112,65 @@ class GraphLowering:
                                    inputs=[None if v is None else self.vid(v) for v in node.inputs],
                                    outputs=[self.vid(v) for v in node.outputs]))  # fmt: skip
             return
-        args = [self.vid(v) for v in node.inputs if v is not None] + [self.vid(v) for v in node.outputs]
-        info = KernelInfo(kernel.name, args, [node.name], [node.op], kernel.flops)
+        ins = [v for v in node.inputs if v is not None]
+        args = [self.vid(v) for v, passed in zip(ins, kernel.passed) if passed] + [self.vid(v) for v in node.outputs]
+        body = node.attrs["body"].nodes if node.op == "Fused" else [node]
+        info = KernelInfo(kernel.name, args, [m.name for m in body], [m.op for m in body], kernel.flops)
         if self.steps and self.steps[-1].kind == "segment":
             self.steps[-1].kernels.append(info)
         else:
             self.steps.append(Step("segment", [info], f"ember_segment_{len(self.steps)}"))
 
     def kernel(self, node: Node) -> Kernel:
-        opdef = get_op(node.op)
-        ins = node.inputs
-        key = (node.op, _attr_key(node.attrs), tuple(None if v is None else (v.shape, v.dtype) for v in ins))
+        """The kernel of a node: its op's TE compute, or for a Fused node its members' computes composed."""
+        if node.op == "Fused":
+            body = node.attrs["body"]
+            members, params, results = body.nodes, body.inputs, body.outputs
+        else:
+            members, params, results = [node], [v for v in node.inputs if v is not None], node.outputs
+        outer = [v for v in node.inputs if v is not None]
+        scalars = {p: o.data for p, o in zip(params, outer) if o.is_constant and o.data.size == 1}
+        baked = [None if p not in scalars else scalars[p].tobytes() for p in params]
+        key = (
+            tuple((m.op, _attr_key(m.attrs)) for m in members),
+            tuple((v.shape, v.dtype) for v in outer),
+            tuple(baked),
+        )
         if key in self.kernels:
             return self.kernels[key]
         try:
-            tensors = [None if v is None else placeholder(v.shape, v.dtype, name=f"in{i}") for i, v in enumerate(ins)]
+            tensors: dict[Value, Tensor] = {}
+            for i, p in enumerate(params):
+                if p in scalars:  # a scalar constant becomes a literal in the kernel, not an argument
+                    tensors[p] = _literal(scalars[p], f"c{i}")
+                else:
+                    tensors[p] = placeholder(p.shape, p.dtype, name=f"in{i}")
         except TypeError as e:
             raise LoweringUnsupported(str(e)) from e
-        outs = opdef.compute(node.attrs, *tensors)
-        outs = list(outs) if isinstance(outs, list | tuple) else [outs]
-        for t, v in zip(outs, node.outputs):
-            if tuple(t.shape) != tuple(v.shape) or t.dtype.name != v.dtype:
-                got = f"{t.dtype}{list(t.shape)}"
-                raise AssertionError(f"{node.op} compute gives {got}, the shape rule says {v.type} (node {node.name})")
-        sch = opdef.schedule(node.attrs, outs, self.target) if opdef.schedule else default_schedule(outs, self.target)
-        name = c_symbol(f"{node.op.lower()}_{len(self.kernels)}")
-        args = [t for t in tensors if t is not None] + outs
+        anchor = None
+        for m in members:
+            opdef = get_op(m.op)
+            if opdef.compute is None:
+                raise LoweringUnsupported(f"{m.op} has no TE compute yet")
+            outs = opdef.compute(m.attrs, *[None if v is None else tensors[v] for v in m.inputs])
+            outs = list(outs) if isinstance(outs, list | tuple) else [outs]
+            for t, v in zip(outs, m.outputs):
+                if tuple(t.shape) != tuple(v.shape) or t.dtype.name != v.dtype:
+                    got = f"{t.dtype}{list(t.shape)}"
+                    raise AssertionError(f"{m.op} compute gives {got}, the shape rule says {v.type} (node {m.name})")
+                tensors[v] = t
+            if anchor is None and opdef.schedule is not None:
+                anchor = m
+        outs = [tensors[v] for v in results]
+        if anchor is not None:
+            sch = get_op(anchor.op).schedule(anchor.attrs, outs, self.target)
+        else:
+            sch = default_schedule(outs, self.target)
+        label = node.attrs["body"].name.removeprefix("fused_") if node.op == "Fused" else node.op.lower()
+        name = c_symbol(f"{label[:48]}_{len(self.kernels)}")
+        args = [tensors[p] for p in params if p not in scalars] + outs
         func = optimize(lower_schedule(sch, args, name))
-        kernel = Kernel(name, func, _flops(outs))
+        kernel = Kernel(name, func, _flops(outs), [p not in scalars for p in params])
         self.kernels[key] = kernel
         return kernel
 
@@ -233,8 +273,13 @@ def compile(  # noqa: A001
     target: str | Target = "c",
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     fallback: bool = True,
+    opt_level: int = 3,
+    disabled_passes: Sequence[str] = (),
 ) -> CompiledModel:
-    """Compile a model (ONNX path or ModelProto, or an ember Graph) for `target`."""
+    """Compile a model (ONNX path or ModelProto, or an ember Graph) for `target`.
+
+    `opt_level` 0..3 and `disabled_passes` choose the graph passes (`ember.passes.PASSES`); with
+    `fallback=False` every node must get a native kernel (else one error lists those that do not)."""
     t0 = time.perf_counter()
     target = Target.parse(target)
     if target.kind != "c":
@@ -245,7 +290,11 @@ def compile(  # noqa: A001
         from .frontend.onnx import from_onnx
 
         graph = from_onnx(model, input_shapes=input_shapes)
+    nodes = len(graph.nodes)
     t_import = time.perf_counter()
+    graph = graph.copy()
+    graph, pass_report = run_passes(graph, opt_level=opt_level, disabled=disabled_passes)
+    t_passes = time.perf_counter()
     gl = GraphLowering(graph, target, allow_fallback=fallback)
     gl.run()
     workspace = gl.plan()
@@ -260,10 +309,14 @@ def compile(  # noqa: A001
     plan = Plan(name, gl.values, inputs, outputs, gl.steps, workspace, str(target))
     summary = {
         "name": name,
-        "nodes": len(graph.nodes),
+        "nodes": nodes,
+        "nodes_after_passes": len(graph.nodes),
+        "opt_level": opt_level,
         "compile_seconds": t_build - t0,
         "import_seconds": t_import - t0,
-        "lower_seconds": t_lower - t_import,
+        "passes_seconds": t_passes - t_import,
+        "passes": pass_report,
+        "lower_seconds": t_lower - t_passes,
         "build_seconds": t_build - t_lower,
         "fallback_reasons": gl.fallback_reasons,
         "cc": os.environ.get("CC", "cc"),

@@ -1,0 +1,82 @@
+"""Graph passes: functions Graph -> Graph with a name and an opt level, run as a flat pipeline.
+
+    graph, report = run_passes(graph, opt_level=3, disabled=["fuse_ops"], verify=True)
+
+`PASSES` lists them in pipeline order; a pass runs when `opt_level >= pass.opt_level` and its name
+is not disabled. `report` has each pass's seconds and node count after it; `dump_after=NAME`
+prints the graph after that pass (`ember show MODEL --after NAME`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ember.graph.ir import Graph
+
+from .batchnorm import fold_batchnorm
+from .cleanup import dead_code_elimination, eliminate_common_subexpr, fold_constant
+from .fuse import fuse_ops
+from .simplify import simplify
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    fn: Callable[[Graph], Graph]
+    opt_level: int
+    doc: str
+
+
+PASSES: list[Pass] = [
+    Pass("fold_constant", fold_constant, 1, "evaluate subgraphs whose inputs are all constants"),
+    Pass("simplify", simplify, 1, "algebraic identities, no-op removal, Gelu/LayerNorm recognition"),
+    Pass("fold_batchnorm", fold_batchnorm, 1, "fold BatchNormalization and constant scale/shift into conv/gemm"),
+    Pass("fold_constant", fold_constant, 1, "evaluate subgraphs whose inputs are all constants"),
+    Pass("eliminate_common_subexpr", eliminate_common_subexpr, 2, "merge identical nodes and constants"),
+    Pass("dead_code_elimination", dead_code_elimination, 1, "drop nodes whose outputs are unused"),
+    Pass("fuse_ops", fuse_ops, 1, "group operators into kernels by pattern kind (Fused nodes)"),
+]
+
+
+class PassError(RuntimeError):
+    """A pass produced an invalid graph (raised with verify=True); names the pass."""
+
+
+def pass_names() -> list[str]:
+    return list(dict.fromkeys(p.name for p in PASSES))
+
+
+def run_passes(
+    graph: Graph,
+    opt_level: int = 3,
+    disabled: Sequence[str] = (),
+    verify: bool = False,
+    dump_after: str | None = None,
+    passes: Sequence[Pass] | None = None,
+) -> tuple[Graph, list[dict]]:
+    unknown = set(disabled) - set(pass_names())
+    if unknown:
+        raise ValueError(f"unknown pass(es) {sorted(unknown)}; passes: {', '.join(pass_names())}")
+    if not 0 <= opt_level <= 3:
+        raise ValueError(f"opt_level must be 0..3, got {opt_level}")
+    report = []
+    for p in passes if passes is not None else PASSES:
+        if opt_level < p.opt_level or p.name in disabled:
+            continue
+        t0 = time.perf_counter()
+        graph = p.fn(graph)
+        dt = time.perf_counter() - t0
+        if verify:
+            try:
+                graph.verify()
+            except Exception as e:
+                raise PassError(f"pass {p.name} produced an invalid graph: {e}") from e
+        report.append({"pass": p.name, "seconds": dt, "nodes": len(graph.nodes)})
+        if dump_after == p.name:
+            print(f"# after {p.name}\n{graph}")
+    return graph, report
+
+
+__all__ = ["PASSES", "Pass", "PassError", "pass_names", "run_passes"]

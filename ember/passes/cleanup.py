@@ -1,0 +1,89 @@
+"""Constant folding, common subexpression elimination, dead code elimination."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from ember.graph.ir import Graph, Node, Value, _reads
+from ember.ops import get_op
+
+from .util import replace_uses
+
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                    "Bernoulli"}  # fmt: skip
+FOLD_LIMIT = 1 << 22  # elements: larger results stay nodes (a broadcast to a huge shape is cheaper computed)
+
+
+def fold_constant(graph: Graph) -> Graph:
+    """Evaluate every node whose inputs are all constants and replace its outputs by constants."""
+    kept = []
+    for node in graph.nodes:
+        opdef = get_op(node.op)
+        present = node.present_inputs
+        foldable = opdef.foldable and not node.subgraphs() and all(v.is_constant for v in present)
+        size_ok = sum(v.type.size for v in node.outputs) <= max(FOLD_LIMIT, sum(v.type.size for v in present))
+        if foldable and present and size_ok:
+            with np.errstate(all="ignore"):
+                results = opdef.reference(node.attrs, *[None if v is None else v.data for v in node.inputs])
+            for v, r in zip(node.outputs, results):
+                v.data = np.asarray(r, dtype=v.type.np_dtype).reshape(v.type.shape)
+            continue
+        kept.append(node)
+    graph.nodes = kept
+    return graph
+
+
+def _attr_key(value) -> object:
+    if isinstance(value, np.ndarray):
+        return ("nd", value.dtype.name, value.shape, hashlib.sha1(value.tobytes()).hexdigest())
+    if isinstance(value, list | tuple):
+        return tuple(_attr_key(v) for v in value)
+    if isinstance(value, Graph):
+        return ("graph", id(value))
+    return value
+
+
+def _const_key(v: Value) -> tuple:
+    assert v.data is not None
+    return (v.dtype, v.shape, hashlib.sha1(np.ascontiguousarray(v.data).tobytes()).hexdigest())
+
+
+def eliminate_common_subexpr(graph: Graph) -> Graph:
+    """Merge constants with equal data, then nodes with the same op, attributes and inputs."""
+    canon: dict[tuple, Value] = {}
+    for c in graph.constants():
+        if c in graph.outputs:
+            continue
+        first = canon.setdefault(_const_key(c), c)
+        if first is not c:
+            replace_uses(graph, c, first)
+    seen: dict[tuple, Node] = {}
+    drop: set[Node] = set()
+    for node in list(graph.nodes):
+        key = (node.op, tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())),
+               tuple(id(v) for v in node.inputs), len(node.outputs))  # fmt: skip
+        other = seen.setdefault(key, node)
+        if other is node or node.op in NONDETERMINISTIC:
+            continue
+        drop.add(node)
+        for mine, theirs in zip(node.outputs, other.outputs):
+            replace_uses(graph, mine, theirs)
+    graph.nodes = [n for n in graph.nodes if n not in drop]
+    return dead_code_elimination(graph)
+
+
+def dead_code_elimination(graph: Graph) -> Graph:
+    """Keep only nodes that (transitively) produce graph outputs."""
+    producers = graph.producers()
+    live: set[Node] = set()
+    stack = [producers[v] for v in graph.outputs if v in producers]
+    while stack:
+        node = stack.pop()
+        if node in live:
+            continue
+        live.add(node)
+        stack.extend(producers[v] for v in _reads(node) if v in producers)
+    graph.nodes = [n for n in graph.nodes if n in live]
+    return graph

@@ -1,0 +1,124 @@
+"""FuseOps: group operators into kernels by their pattern kinds (the TVM rules, on a DAG).
+
+1. Epilogues: from each anchor (out-elementwise-fusable: conv, matmul, gemm; a reduction; or an
+   elementwise/broadcast op) the chain of elementwise/broadcast consumers joins its group while the
+   chain's value has exactly one reader and the consumer keeps its shape (conv + bias + relu +
+   residual add becomes one group). A consumer whose other operands depend on the group would
+   make a cycle and is not taken.
+2. Prologues: an elementwise/broadcast/injective op whose only reader is in another group joins
+   that group (it is computed inside the reader's kernel: transposes before a softmax, an
+   elementwise prologue of a reduction), except into conv/matmul groups, whose inputs stay buffers.
+
+Each group of two or more nodes becomes one `Fused` node whose `body` holds the members.
+"""
+
+from __future__ import annotations
+
+from ember.graph.ir import Graph, Node, Value
+from ember.ops import Pattern, get_op
+
+VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+EPILOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST)
+PROLOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST, Pattern.INJECTIVE)
+ANCHORS = (Pattern.OUT_ELEMWISE_FUSABLE, Pattern.REDUCTION, Pattern.ELEMWISE, Pattern.BROADCAST)
+
+
+def pattern(node: Node) -> Pattern:
+    if node.op in VIEWS:
+        return Pattern.INJECTIVE
+    if node.subgraphs():
+        return Pattern.OPAQUE
+    return get_op(node.op).pattern
+
+
+def fuse_ops(graph: Graph) -> Graph:
+    graph.topo_sort()
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    producers, consumers = graph.producers(), graph.consumers()
+    outputs = set(graph.outputs)
+    group: dict[Node, list[Node]] = {n: [n] for n in graph.nodes}
+
+    def depends_on(v: Value | None, members: set[Node], start: int) -> bool:
+        """Whether value v is computed (transitively) from a member of the group."""
+        stack, seen = [v], set()
+        while stack:
+            p = producers.get(stack.pop())
+            if p is None or p in seen or pos[p] < start:
+                continue
+            if p in members:
+                return True
+            seen.add(p)
+            stack.extend(p.present_inputs)
+        return False
+
+    # 1. epilogues
+    absorbed: set[Node] = set()
+    for n in graph.nodes:
+        if n in absorbed or pattern(n) not in ANCHORS or len(n.outputs) != 1:
+            continue
+        members, tail = [n], n
+        while True:
+            v = tail.outputs[0]
+            users = consumers.get(v, [])
+            if len(users) != 1 or v in outputs:
+                break
+            c = users[0]
+            if pattern(c) not in EPILOGUE or len(c.outputs) != 1 or c.outputs[0].shape != v.shape or c in absorbed:
+                break
+            others = [u for u in c.present_inputs if u is not v]
+            if any(depends_on(u, set(members), pos[n]) for u in others):
+                break
+            members.append(c)
+            absorbed.add(c)
+            tail = c
+        if len(members) > 1:
+            for m in members:
+                group[m] = members
+
+    # 2. prologues
+    for n in reversed(graph.nodes):
+        if len(group[n]) > 1 or pattern(n) not in PROLOGUE or len(n.outputs) != 1:
+            continue
+        v = n.outputs[0]
+        users = consumers.get(v, [])
+        if len(users) != 1 or v in outputs:
+            continue
+        target = group[users[0]]
+        if pattern(target[0]) is Pattern.OUT_ELEMWISE_FUSABLE or users[0].subgraphs():
+            continue
+        if pattern(users[0]) is Pattern.OPAQUE:
+            continue
+        target.insert(0, n)
+        for m in target:
+            group[m] = target
+
+    groups = {id(g): g for g in group.values() if len(g) > 1}
+    for members in groups.values():
+        _make_fused(graph, sorted(members, key=pos.__getitem__))
+    graph.topo_sort()
+    return graph
+
+
+def _make_fused(graph: Graph, members: list[Node]) -> None:
+    inside = {v for m in members for v in m.outputs}
+    ext_inputs: list[Value] = []
+    for m in members:
+        for v in m.present_inputs:
+            if v not in inside and v not in ext_inputs:
+                ext_inputs.append(v)
+    consumers = graph.consumers()
+    member_set = set(members)
+    outs = [v for v in inside if v in graph.outputs or any(c not in member_set for c in consumers.get(v, []))]
+    outs.sort(key=lambda v: [o for m in members for o in m.outputs].index(v))
+    vmap: dict[Value, Value] = {v: Value(f"in{i}_{v.name}", v.type) for i, v in enumerate(ext_inputs)}
+    for m in members:
+        for v in m.outputs:
+            vmap[v] = Value(v.name, v.type)
+    body_nodes = [Node(m.op, [None if v is None else vmap[v] for v in m.inputs], [vmap[v] for v in m.outputs],
+                       dict(m.attrs), m.name) for m in members]  # fmt: skip
+    name = "fused_" + "_".join(m.op.lower() for m in members)
+    body = Graph(name, [vmap[v] for v in ext_inputs], [vmap[v] for v in outs], body_nodes)
+    fused = Node("Fused", list(ext_inputs), outs, {"body": body}, name)
+    index = max(graph.nodes.index(m) for m in members)
+    graph.nodes[index] = fused
+    graph.nodes = [n for n in graph.nodes if n not in member_set]

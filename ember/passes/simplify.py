@@ -1,0 +1,216 @@
+"""Simplify: equivalent replacements, as a table of small rules over nodes.
+
+Each rule looks at one node and either rewrites the graph (returning True) or returns False.
+The pass applies the rules until none fires, then drops dead nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ember.graph.ir import Graph, Node, Value
+
+from .cleanup import dead_code_elimination
+from .util import constant_value, is_scalar_constant, replace_uses
+
+VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
+class Ctx:
+    """What rules see: the graph and fresh producer/consumer maps."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.producers = graph.producers()
+        self.consumers = graph.consumers()
+
+    def producer(self, v: Value | None, *ops: str) -> Node | None:
+        n = self.producers.get(v) if v is not None else None
+        return n if n is not None and (not ops or n.op in ops) else None
+
+    def sole_user(self, v: Value) -> Node | None:
+        users = self.consumers.get(v, [])
+        return users[0] if len(users) == 1 and v not in self.graph.outputs else None
+
+    def bypass(self, node: Node, value: Value) -> bool:
+        """Replace node's (first) output by `value`."""
+        replace_uses(self.graph, node.outputs[0], value)
+        return True
+
+
+def no_op(c: Ctx, n: Node) -> bool:
+    """Identity, inference Dropout, Cast to the same dtype, views and copies that change nothing."""
+    x = n.inputs[0] if n.inputs else None
+    if x is None:
+        return False
+    if n.outputs[0] in c.graph.outputs and (x.is_constant or x in c.graph.inputs or x in c.graph.outputs):
+        return False  # the output must keep its own name: nothing to gain
+    out = n.outputs[0]
+    mask_unused = not any(c.consumers.get(v) or v in c.graph.outputs for v in n.outputs[1:])
+    if n.op == "Identity" or (n.op == "Dropout" and mask_unused):
+        return c.bypass(n, x)
+    same = x.type == out.type
+    if same and n.op in ("Cast", "Reshape", "Flatten", "Expand", "Squeeze", "Unsqueeze"):
+        return c.bypass(n, x)
+    if same and n.op == "Transpose" and list(n.attrs["perm"]) == list(range(len(x.shape))):
+        return c.bypass(n, x)
+    if same and n.op == "Pad" and not any(n.attrs["pads"]):
+        return c.bypass(n, x)
+    if n.op == "Concat" and len(n.present_inputs) == 1:
+        return c.bypass(n, x)
+    return False
+
+
+def arith_identity(c: Ctx, n: Node) -> bool:
+    """x + 0, 0 + x, x - 0, x * 1, 1 * x, x / 1 (when the constant does not broadcast x to a new shape)."""
+    if n.op not in ("Add", "Sub", "Mul", "Div") or len(n.inputs) != 2:
+        return False
+    a, b = n.inputs
+    unit = 0.0 if n.op in ("Add", "Sub") else 1.0
+    for x, k in ((a, b), (b, a)):
+        if x is b and n.op in ("Sub", "Div"):
+            continue
+        if x.type == n.outputs[0].type and is_scalar_constant(k, unit):
+            return c.bypass(n, x)
+    return False
+
+
+def transpose_pair(c: Ctx, n: Node) -> bool:
+    """Transpose(Transpose(x, p), q) -> Transpose(x, p[q]) (or nothing when that is the identity)."""
+    inner = c.producer(n.inputs[0], "Transpose") if n.op == "Transpose" else None
+    if inner is None:
+        return False
+    p, q = inner.attrs["perm"], n.attrs["perm"]
+    perm = tuple(p[i] for i in q)
+    if perm == tuple(range(len(perm))):
+        return c.bypass(n, inner.inputs[0])
+    n.inputs = [inner.inputs[0]]
+    n.attrs = {**n.attrs, "perm": perm}
+    return True
+
+
+def view_chain(c: Ctx, n: Node) -> bool:
+    """A view (Reshape/Flatten/Squeeze/Unsqueeze) of a view is one Reshape of the first input."""
+    inner = c.producer(n.inputs[0], *VIEWS) if n.op in VIEWS else None
+    if inner is None:
+        return False
+    n.op, n.inputs, n.attrs = "Reshape", [inner.inputs[0]], {"shape": tuple(n.outputs[0].shape)}
+    return True
+
+
+def _operands(c: Ctx, v: Value, op: str) -> list[Value] | None:
+    node = c.producer(v, op)
+    return None if node is None else list(node.inputs)
+
+
+def _other(pair: list[Value], v: Value) -> Value | None:
+    if len(pair) != 2 or v not in pair:
+        return None
+    return pair[1] if pair[0] is v else pair[0]
+
+
+def gelu(c: Ctx, n: Node) -> bool:
+    """0.5 * x * (1 + erf(x / sqrt(2))) in the orders exporters write it -> Gelu(x)."""
+    if n.op != "Erf":
+        return False
+    div = c.producer(n.inputs[0], "Div", "Mul")
+    if div is None:
+        return False
+    x, k = div.inputs
+    scale = constant_value(k)
+    want = np.sqrt(2.0) if div.op == "Div" else 1 / np.sqrt(2.0)
+    if scale is None or scale.size != 1 or not np.isclose(float(scale.ravel()[0]), want, rtol=1e-5):
+        return False
+    add = c.sole_user(n.outputs[0])
+    if add is None or add.op != "Add" or not is_scalar_constant(_other(add.inputs, n.outputs[0]), 1.0):
+        return False
+    m1 = c.sole_user(add.outputs[0])
+    if m1 is None or m1.op != "Mul":
+        return False
+    o1 = _other(m1.inputs, add.outputs[0])
+    final = None
+    if o1 is x:  # (x * (1 + erf)) * 0.5
+        m2 = c.sole_user(m1.outputs[0])
+        if m2 is not None and m2.op == "Mul" and is_scalar_constant(_other(m2.inputs, m1.outputs[0]), 0.5):
+            final = m2
+    elif is_scalar_constant(o1, 0.5):  # x * ((1 + erf) * 0.5)
+        m2 = c.sole_user(m1.outputs[0])
+        if m2 is not None and m2.op == "Mul" and _other(m2.inputs, m1.outputs[0]) is x:
+            final = m2
+    else:  # (x * 0.5) * (1 + erf)
+        half = _operands(c, o1, "Mul")
+        if half is not None and x in half and is_scalar_constant(_other(half, x), 0.5):
+            final = m1
+    if final is None or final.outputs[0].type != x.type:
+        return False
+    final.op, final.inputs, final.attrs = "Gelu", [x], {"approximate": "none"}
+    return True
+
+
+def layer_norm(c: Ctx, n: Node) -> bool:
+    """(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) [* gamma] [+ beta] over the last axis."""
+    if n.op != "Div":
+        return False
+    d, s = n.inputs
+    sub = c.producer(d, "Sub")
+    sqrt = c.producer(s, "Sqrt")
+    if sub is None or sqrt is None:
+        return False
+    x, m = sub.inputs
+    rank = len(x.shape)
+    last = lambda node: node is not None and node.attrs.get("keepdims", 1) == 1 and tuple(node.attrs["axes"]) in (
+        (-1,), (rank - 1,))  # noqa: E731  # fmt: skip
+    mean = c.producer(m, "ReduceMean")
+    add = c.producer(sqrt.inputs[0], "Add")
+    if not (last(mean) and mean.inputs[0] is x and add is not None):
+        return False
+    var_v = next((v for v in add.inputs if not v.is_constant), None)
+    eps = constant_value(_other(add.inputs, var_v)) if var_v is not None else None
+    var = c.producer(var_v, "ReduceMean")
+    if eps is None or eps.size != 1 or not last(var):
+        return False
+    sq = c.producer(var.inputs[0], "Pow", "Mul")
+    if sq is None or sq.inputs[0] is not d or (sq.op == "Pow" and not is_scalar_constant(sq.inputs[1], 2.0)) or (
+            sq.op == "Mul" and sq.inputs[1] is not d):  # fmt: skip
+        return False
+    if any(len(c.consumers.get(v.outputs[0], [])) != k for v, k in ((sub, 2), (sqrt, 1), (add, 1), (var, 1))):
+        return False
+    dim, dtype = x.shape[-1], x.type.np_dtype
+    final, gamma, beta = n, None, None
+    mul = c.sole_user(n.outputs[0])
+    if mul is not None and mul.op == "Mul":
+        g = _other(mul.inputs, n.outputs[0])
+        if g is not None and g.is_constant and g.data.shape in ((dim,),):
+            final, gamma = mul, g
+    plus = c.sole_user(final.outputs[0])
+    if plus is not None and plus.op == "Add":
+        b = _other(plus.inputs, final.outputs[0])
+        if b is not None and b.is_constant and b.data.shape == (dim,):
+            final, beta = plus, b
+    if gamma is None:
+        gamma = Value.constant(c.graph.fresh_name("ln_gamma"), np.ones(dim, dtype))
+    inputs = [x, gamma] + ([beta] if beta is not None else [])
+    final.op, final.inputs = "LayerNormalization", inputs
+    final.attrs = {"axis": -1, "epsilon": float(eps.ravel()[0]), "stash_type": 1}
+    return True
+
+
+RULES: list[Callable[[Ctx, Node], bool]] = [no_op, arith_identity, transpose_pair, view_chain, gelu, layer_norm]
+
+
+def simplify(graph: Graph, max_rounds: int = 20) -> Graph:
+    for _ in range(max_rounds):
+        changed = False
+        for node in list(graph.nodes):
+            ctx = Ctx(graph)
+            if node not in ctx.producers.values() and node.outputs:
+                continue
+            if any(rule(ctx, node) for rule in RULES):
+                changed = True
+                dead_code_elimination(graph)
+        if not changed:
+            break
+    graph.topo_sort()
+    return dead_code_elimination(graph)
