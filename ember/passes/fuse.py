@@ -75,22 +75,23 @@ def fuse_ops(graph: Graph) -> Graph:
             for m in members:
                 group[m] = members
 
-    # 2. prologues
+    # 2. prologues: a group of elementwise/broadcast/injective ops whose one output has one reader joins it
     for n in reversed(graph.nodes):
-        if len(group[n]) > 1 or pattern(n) not in PROLOGUE or len(n.outputs) != 1:
+        members = group[n]
+        if n is not members[-1] or any(pattern(m) not in PROLOGUE or len(m.outputs) != 1 for m in members):
             continue
         v = n.outputs[0]
         users = consumers.get(v, [])
         if len(users) != 1 or v in outputs:
             continue
         target = group[users[0]]
-        if pattern(target[0]) is Pattern.OUT_ELEMWISE_FUSABLE or users[0].subgraphs():
+        if target is members or Pattern.OUT_ELEMWISE_FUSABLE in (pattern(target[0]), pattern(users[0])):
             continue
         if pattern(users[0]) is Pattern.OPAQUE:
             continue
-        target.insert(0, n)
-        for m in target:
-            group[m] = target
+        merged = members + target
+        for m in merged:
+            group[m] = merged
 
     groups = {id(g): g for g in group.values() if len(g) > 1}
     for members in groups.values():
