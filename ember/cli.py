@@ -93,7 +93,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from ember.frontend.onnx import ModelError
 
     try:
-        m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape))
+        m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape),
+                          opt_level=args.opt_level, disabled_passes=args.disable_pass)  # fmt: skip
     except (ModelError, FileNotFoundError, ValueError, NotImplementedError) as e:
         return _fail("compile", e)
     out = m.save(args.output)
@@ -152,9 +153,31 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ember.frontend.show import show_main
+    """Import a model and print Ember's graph (optionally after a graph pass)."""
+    from ember.frontend.onnx import ModelError, from_onnx
+    from ember.frontend.show import summary
+    from ember.passes import PASSES, pass_names, run_passes
 
-    return show_main(args.rest)
+    if args.passes:
+        for p in PASSES:
+            print(f"{p.name:<26} opt_level>={p.opt_level}  {p.doc}")
+        return 0
+    if not args.model:
+        return _fail("show", ValueError("a model path is required (or --passes)"))
+    try:
+        graph = from_onnx(args.model, _shapes(args.input_shape))
+    except ModelError as e:
+        return _fail("show", e)
+    if args.after:
+        if args.after not in pass_names():
+            return _fail("show", ValueError(f"unknown pass {args.after!r}; passes: {', '.join(pass_names())}"))
+        stop = next((i for i, p in enumerate(PASSES) if p.name == args.after and args.opt_level >= p.opt_level), None)
+        if stop is None:
+            return _fail("show", ValueError(f"pass {args.after} does not run at opt_level {args.opt_level}"))
+        graph, _ = run_passes(graph, opt_level=args.opt_level, passes=PASSES[: stop + 1])
+    with np.printoptions(threshold=8):
+        print(summary(graph) if args.summary else graph)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("-o", "--output", required=True, help="directory to write the compiled model to")
     c.add_argument("--target", default="c")
     c.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
+    c.add_argument("--opt-level", type=int, default=3, help="graph optimization level 0..3 (default 3)")
+    c.add_argument("--disable-pass", action="append", default=[], metavar="NAME")
     c.set_defaults(fn=cmd_compile)
     r = sub.add_parser("run", help=cmd_run.__doc__)
     r.add_argument("model", help="a directory written by `ember compile`")
@@ -180,8 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--benchmark", action="store_true", help="also time inferences")
     r.add_argument("--seed", type=int, default=0, help="seed of random inputs")
     r.set_defaults(fn=cmd_run)
-    sh = sub.add_parser("show", help="import a model and print Ember's graph", add_help=False)
-    sh.add_argument("rest", nargs=argparse.REMAINDER)
+    sh = sub.add_parser("show", help=cmd_show.__doc__)
+    sh.add_argument("model", nargs="?", help="path to an .onnx file")
+    sh.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
+    sh.add_argument("--summary", action="store_true", help="op counts and sizes instead of the graph")
+    sh.add_argument("--after", metavar="PASS", help="print the graph after this pass (see --passes)")
+    sh.add_argument("--opt-level", type=int, default=3)
+    sh.add_argument("--passes", action="store_true", help="list the graph passes")
     sh.set_defaults(fn=cmd_show)
     args = p.parse_args(argv)
     if args.version:
