@@ -48,6 +48,56 @@ class Kernel:
     passed: list[bool]  # per input: passed as an argument (False: a constant baked into the code)
 
 
+@dataclass
+class KernelTE:
+    """The tensor expressions of one kernel: arguments (placeholders, then outputs) and its schedule."""
+
+    args: list[Tensor]
+    outputs: list[Tensor]
+    schedule: Any
+    passed: list[bool]  # per node input: an argument (False: a one-element constant baked in)
+
+
+def kernel_te(node: Node, target: Target) -> KernelTE:
+    """Build a node's kernel in `ember.te`: its op's compute, or a Fused node's members' computes
+    composed (each member reads the tensors its producers computed), scheduled by the first member
+    whose op has a schedule (conv, matmul, ...) or the default schedule."""
+    if node.op == "Fused":
+        body = node.attrs["body"]
+        members, params, results = body.nodes, body.inputs, body.outputs
+    else:
+        members, params, results = [node], [v for v in node.inputs if v is not None], node.outputs
+    outer = [v for v in node.inputs if v is not None]
+    scalars = {p: o.data for p, o in zip(params, outer) if o.is_constant and o.data.size == 1}
+    tensors: dict[Value, Tensor] = {}
+    try:
+        for i, p in enumerate(params):
+            tensors[p] = _literal(scalars[p], f"c{i}") if p in scalars else placeholder(p.shape, p.dtype, name=f"in{i}")
+    except TypeError as e:
+        raise LoweringUnsupported(str(e)) from e
+    anchor = None
+    for m in members:
+        opdef = get_op(m.op)
+        if opdef.compute is None:
+            raise LoweringUnsupported(f"{m.op} has no TE compute yet")
+        outs = opdef.compute(m.attrs, *[None if v is None else tensors[v] for v in m.inputs])
+        outs = list(outs) if isinstance(outs, list | tuple) else [outs]
+        for t, v in zip(outs, m.outputs):
+            if tuple(t.shape) != tuple(v.shape) or t.dtype.name != v.dtype:
+                got = f"{t.dtype}{list(t.shape)}"
+                raise AssertionError(f"{m.op} compute gives {got}, the shape rule says {v.type} (node {m.name})")
+            tensors[v] = t
+        if anchor is None and opdef.schedule is not None:
+            anchor = m
+    outs = [tensors[v] for v in results]
+    if anchor is not None:
+        sch = get_op(anchor.op).schedule(anchor.attrs, outs, target)
+    else:
+        sch = default_schedule(outs, target)
+    args = [tensors[p] for p in params if p not in scalars] + outs
+    return KernelTE(args, outs, sch, [p not in scalars for p in params])
+
+
 def _literal(data: np.ndarray, name: str) -> Tensor:
     """A one-element constant as a tensor whose reads become a literal once inlined."""
     value = data.reshape(()).item()
@@ -100,13 +150,21 @@ class GraphLowering:
             self.values[out].alias_of = self.values[src].alias_of if self.values[src].kind == "alias" else src
             return
         kernel = None
-        if opdef.compute is not None:
+        if opdef.compute is not None or node.op == "Fused":
             try:
                 kernel = self.kernel(node)
             except LoweringUnsupported as e:
                 self.fallback_reasons[node.name] = str(e)
         else:
             self.fallback_reasons[node.name] = f"{node.op} has no TE compute yet"
+        if kernel is None and node.op == "Fused":  # lower the members one by one: most may still be native
+            self.fallback_reasons.pop(node.name, None)
+            body = node.attrs["body"]
+            vmap = dict(zip(body.inputs, node.inputs)) | dict(zip(body.outputs, node.outputs))
+            for m in body.nodes:
+                ins = [None if v is None else vmap.get(v, v) for v in m.inputs]
+                self.lower_node(Node(m.op, ins, [vmap.get(v, v) for v in m.outputs], m.attrs, m.name))
+            return
         if kernel is None:
             self.steps.append(Step("fallback", op=node.op, attrs=dict(node.attrs), node=node.name,
                                    inputs=[None if v is None else self.vid(v) for v in node.inputs],
@@ -123,14 +181,9 @@ class GraphLowering:
 
     def kernel(self, node: Node) -> Kernel:
         """The kernel of a node: its op's TE compute, or for a Fused node its members' computes composed."""
-        if node.op == "Fused":
-            body = node.attrs["body"]
-            members, params, results = body.nodes, body.inputs, body.outputs
-        else:
-            members, params, results = [node], [v for v in node.inputs if v is not None], node.outputs
         outer = [v for v in node.inputs if v is not None]
-        scalars = {p: o.data for p, o in zip(params, outer) if o.is_constant and o.data.size == 1}
-        baked = [None if p not in scalars else scalars[p].tobytes() for p in params]
+        members = node.attrs["body"].nodes if node.op == "Fused" else [node]
+        baked = [v.data.tobytes() if v.is_constant and v.data.size == 1 else None for v in outer]
         key = (
             tuple((m.op, _attr_key(m.attrs)) for m in members),
             tuple((v.shape, v.dtype) for v in outer),
@@ -138,39 +191,11 @@ class GraphLowering:
         )
         if key in self.kernels:
             return self.kernels[key]
-        try:
-            tensors: dict[Value, Tensor] = {}
-            for i, p in enumerate(params):
-                if p in scalars:  # a scalar constant becomes a literal in the kernel, not an argument
-                    tensors[p] = _literal(scalars[p], f"c{i}")
-                else:
-                    tensors[p] = placeholder(p.shape, p.dtype, name=f"in{i}")
-        except TypeError as e:
-            raise LoweringUnsupported(str(e)) from e
-        anchor = None
-        for m in members:
-            opdef = get_op(m.op)
-            if opdef.compute is None:
-                raise LoweringUnsupported(f"{m.op} has no TE compute yet")
-            outs = opdef.compute(m.attrs, *[None if v is None else tensors[v] for v in m.inputs])
-            outs = list(outs) if isinstance(outs, list | tuple) else [outs]
-            for t, v in zip(outs, m.outputs):
-                if tuple(t.shape) != tuple(v.shape) or t.dtype.name != v.dtype:
-                    got = f"{t.dtype}{list(t.shape)}"
-                    raise AssertionError(f"{m.op} compute gives {got}, the shape rule says {v.type} (node {m.name})")
-                tensors[v] = t
-            if anchor is None and opdef.schedule is not None:
-                anchor = m
-        outs = [tensors[v] for v in results]
-        if anchor is not None:
-            sch = get_op(anchor.op).schedule(anchor.attrs, outs, self.target)
-        else:
-            sch = default_schedule(outs, self.target)
+        te_kernel = kernel_te(node, self.target)
         label = node.attrs["body"].name.removeprefix("fused_") if node.op == "Fused" else node.op.lower()
         name = c_symbol(f"{label[:48]}_{len(self.kernels)}")
-        args = [tensors[p] for p in params if p not in scalars] + outs
-        func = optimize(lower_schedule(sch, args, name))
-        kernel = Kernel(name, func, _flops(outs), [p not in scalars for p in params])
+        func = optimize(lower_schedule(te_kernel.schedule, te_kernel.args, name))
+        kernel = Kernel(name, func, _flops(te_kernel.outputs), te_kernel.passed)
         self.kernels[key] = kernel
         return kernel
 

@@ -107,6 +107,10 @@ class Plan:
 def _json_attrs(attrs: dict) -> dict:
     out = {}
     for k, v in attrs.items():
+        if hasattr(v, "nodes") and hasattr(v, "outputs"):  # a subgraph (control flow on the reference fallback)
+            raise NotImplementedError(
+                f"cannot save a model whose control-flow node (attribute {k!r}) runs on the reference fallback"
+            )
         if isinstance(v, np.ndarray):
             out[k] = {"__ndarray__": v.tolist(), "dtype": v.dtype.name}
         elif isinstance(v, tuple):
