@@ -378,6 +378,12 @@ class CompiledModel:
         np.savez(out / "weights.npz", **{f"v{i}": w for i, w in self._weights.items()})
         return out
 
+    def export_c(self, directory: str | Path, prefix: str = "ember_model") -> Path:
+        """Write a standalone C library (source, header, weights) a C program can link: see runtime.export."""
+        from .export import export_c
+
+        return export_c(self, directory, prefix)
+
     def __repr__(self) -> str:
         s = self.summary()
         return f"CompiledModel({self.plan.name}: {s['kernels']} kernels, target '{self.plan.target}')"
