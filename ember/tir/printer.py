@@ -94,14 +94,37 @@ def format_stmt(s: Stmt, indent: int = 0) -> list[str]:
     raise TypeError(f"cannot print {type(s).__name__}")
 
 
+def unshadow(s: Stmt) -> Stmt:
+    """Rename loop and let variables that shadow an enclosing one of the same name (`i` inside `i` becomes
+    `i_1`), so that the text says which variable each use refers to."""
+    from .functor import children, substitute, walk
+
+    taken = {n.name for n in walk(s) if isinstance(n, Var)}
+    renames: dict[Var, Var] = {}
+    todo: list[tuple[Node, dict[str, Var]]] = [(s, {})]
+    while todo:
+        n, bound = todo.pop()
+        if isinstance(n, For | LetStmt):
+            v = n.var
+            if bound.get(v.name, v) is not v and v not in renames:
+                k = 1
+                while f"{v.name}_{k}" in taken:
+                    k += 1
+                taken.add(f"{v.name}_{k}")
+                renames[v] = Var(f"{v.name}_{k}", v.dtype)
+            bound = {**bound, v.name: v}
+        todo.extend((c, bound) for c in children(n) if isinstance(c, Stmt))
+    return substitute(s, renames) if renames else s  # type: ignore[return-value]
+
+
 def format_func(f: PrimFunc) -> str:
     params = ", ".join(f"{b.name}: {b.dtype}[{', '.join(map(str, b.shape))}]" for b in f.params)
-    return "\n".join([f"def {f.name}({params}):", *format_stmt(f.body, 1)])
+    return "\n".join([f"def {f.name}({params}):", *format_stmt(unshadow(f.body), 1)])
 
 
 def format_node(n: Node) -> str:
     if isinstance(n, Expr):
         return format_expr(n)
     if isinstance(n, Stmt):
-        return "\n".join(format_stmt(n))
+        return "\n".join(format_stmt(unshadow(n)))
     return object.__repr__(n)

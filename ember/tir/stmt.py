@@ -118,7 +118,7 @@ class Evaluate(Stmt):
 
 
 def seq(*stmts: Stmt | None) -> Stmt:
-    """A Seq that flattens nested Seqs and drops empty parts."""
+    """A Seq that flattens nested Seqs and drops empty parts (NOP when nothing is left)."""
     out: list[Stmt] = []
     for s in stmts:
         if s is None:
@@ -129,6 +129,8 @@ def seq(*stmts: Stmt | None) -> Stmt:
             out.append(s)
     if len(out) == 1:
         return out[0]
+    if not out:  # everything dropped: a no-op, so that loops around it are recognized as empty
+        return NOP
     return Seq(tuple(out))
 
 

@@ -1,0 +1,279 @@
+"""C code generation and the toolchain: what the generated source looks like, and how it is compiled and cached."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ember
+from ember import te
+from ember.codegen import toolchain
+from ember.codegen.c import codegen_c
+from ember.target import Target
+
+
+def matmul(m: int = 16, n: int = 16, k: int = 16, dt: str = "float32"):
+    A = te.placeholder((m, k), dt, name="A")
+    B = te.placeholder((k, n), dt, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name="C")
+    return A, B, C
+
+
+def source_of(s, args, target: str = "c", name: str = "default_function") -> str:
+    return codegen_c(ember.lower(s, args, name), target)
+
+
+def body_of(src: str) -> str:
+    return src[src.index("int32_t default_function") :]
+
+
+# -- the generated source ---------------------------------------------------------------------------
+
+
+def test_signature_has_restrict_pointers_and_const_inputs():
+    A, B, C = matmul()
+    src = source_of(te.create_schedule(C), [A, B, C])
+    assert "int32_t default_function(const float* restrict A, const float* restrict B, float* restrict C) {" in src
+
+
+def test_names_come_from_the_ir_and_are_made_valid_c():
+    X = te.placeholder((8,), "float64", name="float")  # a C keyword
+    Y = te.compute((8,), lambda int: X[int] * 2.0, name="out.local")
+    s = te.create_schedule(Y)
+    outer, _ = s[Y].split(Y.op.axis[0], factor=4)
+    src = source_of(s, [X, Y], name="my kernel")
+    assert "int32_t my_kernel(const double* restrict float_, double* restrict out_local) {" in src
+    assert "for (int32_t int_outer = 0; int_outer < 2; ++int_outer) {" in src
+    assert "out_local[int_outer * 4 + int_inner] = float_[int_outer * 4 + int_inner] * 2.0;" in src
+
+
+def test_loops_with_the_same_name_get_distinct_c_names():
+    A, B, C = matmul()
+    s = te.create_schedule(C)
+    s[C].reorder(C.op.reduce_axis[0], *C.op.axis)  # init nest and update nest both loop over i, j
+    src = source_of(s, [A, B, C])
+    assert "for (int32_t i = 0;" in src and "for (int32_t i_1 = 0;" in src
+
+
+def test_parallel_loop_is_an_omp_parallel_for():
+    A, B, C = matmul()
+    s = te.create_schedule(C)
+    s[C].parallel(C.op.axis[0])
+    s[C].parallel(C.op.axis[1])
+    src = source_of(s, [A, B, C], "c -threads=2")
+    assert "#pragma omp parallel for schedule(static) num_threads(2)\n  for (int32_t i = 0;" in src
+    assert src.count("#pragma omp parallel for") == 1
+    assert "// parallel loop nested in a parallel loop: runs serially" in src
+
+
+@pytest.mark.parametrize("dt, lanes, c_type", [("float32", 8, "float"), ("float64", 4, "double"),
+                                               ("int8", 16, "int8_t"), ("int32", 8, "int32_t")])  # fmt: skip
+def test_vectorized_loop_uses_gcc_vector_types(dt, lanes, c_type):
+    X = te.placeholder((4, lanes), dt, name="X")
+    Y = te.compute((4, lanes), lambda i, j: X[i, j] * X[i, j], name="Y")
+    s = te.create_schedule(Y)
+    s[Y].vectorize(Y.op.axis[1])
+    src = source_of(s, [X, Y])
+    vec = f"{dt}x{lanes}"
+    itemsize = np.dtype(dt).itemsize
+    assert f"typedef {c_type} {vec} __attribute__((vector_size({itemsize * lanes})));" in src
+    load = f"ember_vload_{vec}(&X[i * {lanes}])"
+    assert f"ember_vstore_{vec}(&Y[i * {lanes}], {load} * {load});" in src
+
+
+def test_helpers_and_typedefs_are_emitted_only_when_used():
+    X = te.placeholder((4,), name="X")
+    Y = te.compute((4,), lambda i: X[i] + 1.0, name="Y")
+    src = source_of(te.create_schedule(Y), [X, Y])
+    assert "typedef" not in src and "static inline" not in src
+
+
+def test_local_buffers_with_constant_offsets_live_in_registers():
+    A, B, C = matmul()
+    s = te.create_schedule(C)
+    CL = s.cache_write(C, "local")
+    _, jo, ii, ji = s[C].tile(C.op.axis[0], C.op.axis[1], 4, 8)
+    s[C].unroll(ii)
+    s[C].vectorize(ji)
+    s[CL].compute_at(s[C], jo)
+    i, j = CL.op.axis
+    s[CL].reorder(CL.op.reduce_axis[0], i, j)
+    s[CL].vectorize(j)
+    s[CL].unroll(i)
+    src = source_of(s, [A, B, C])
+    for slot in (0, 8, 16, 24):
+        assert f"float32x8 C_local_{slot};" in src
+    assert "float C_local[" not in src
+
+
+def test_small_local_arrays_are_aligned_on_the_stack_and_big_ones_on_the_heap(check_build, rng):
+    def two_stage(n: int):
+        X = te.placeholder((n,), name="X")
+        T = te.compute((n,), lambda i: X[i] * 2.0, name="T")
+        Y = te.compute((n,), lambda i: T[i] + 1.0, name="Y")
+        return X, Y
+
+    X, Y = two_stage(100)
+    f = check_build(te.create_schedule(Y), [X, Y], lambda x: x * 2 + 1, rng)
+    assert "float T[100] __attribute__((aligned(64)));" in f.source
+    X, Y = two_stage(20000)  # 80 kB: more than the stack limit
+    f = check_build(te.create_schedule(Y), [X, Y], lambda x: x * 2 + 1, rng)
+    assert "float* restrict T = (float*)aligned_alloc(64, 80000);" in f.source
+    assert "free(T);" in f.source
+
+
+def test_big_shapes_use_64_bit_indices():
+    X = te.placeholder((1 << 16, 1 << 16), "int8", name="X")
+    Y = te.compute((1 << 16, 1 << 16), lambda i, j: X[i, j] + X[i, j], name="Y")
+    src = source_of(te.create_schedule(Y), [X, Y])
+    assert "for (int64_t i = ((int64_t)0LL); i < ((int64_t)65536LL); ++i) {" in src
+
+
+def test_thread_binding_needs_a_gpu_target():
+    X = te.placeholder((8,), name="X")
+    Y = te.compute((8,), lambda i: X[i] + 1.0, name="Y")
+    s = te.create_schedule(Y)
+    s[Y].bind(Y.op.axis[0], "threadIdx.x")
+    with pytest.raises(Exception, match="loop 'i' is bound to threadIdx.x, which needs a GPU target"):
+        source_of(s, [X, Y])
+
+
+# -- toolchain --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch) -> Path:
+    """An empty compile cache for this test only (the tests below look at what the cache holds)."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def unique_source(tag: str) -> str:
+    return f"int ember_test_{tag}(void) {{ return {abs(hash(tag)) % 1000}; }}\n"
+
+
+def leftovers(cache: Path) -> list[Path]:
+    """Anything in the cache that is not a finished entry (a temp dir of an interrupted or failed build)."""
+    return [p for p in cache.glob("*/*") if not (p / "kernel.so").exists()]
+
+
+def test_the_source_is_kept_beside_the_library(fresh_cache, check_build, rng):
+    A, B, C = matmul(5, 6, 7)
+    f = check_build(te.create_schedule(C), [A, B, C], lambda a, b: a @ b, rng)
+    assert f.lib_path.parent.parent.parent == fresh_cache
+    assert (f.lib_path.parent / "kernel.c").read_text() == f.source
+
+
+def test_a_second_build_reuses_the_cached_library_without_compiling(fresh_cache, monkeypatch, rng):
+    A, B, C = matmul(5, 6, 7)
+    s = te.create_schedule(C)
+    first = ember.build(s, [A, B, C])
+    stamp = first.lib_path.stat().st_mtime_ns
+
+    def no_compiler(*args, **kw):
+        raise AssertionError(f"the compiler ran again: {args}")
+
+    monkeypatch.setattr(toolchain.subprocess, "run", no_compiler)
+    second = ember.build(s, [A, B, C])
+    assert second.lib_path == first.lib_path
+    assert second.lib_path.stat().st_mtime_ns == stamp
+    a, b = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((7, 6)).astype(np.float32)
+    c = np.zeros((5, 6), np.float32)
+    second(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-5)
+
+
+def test_different_flags_make_different_entries(fresh_cache):
+    src = unique_source("flags")
+    lib_o3 = toolchain.compile_c(src, Target.parse("c").cflags())
+    lib_o1 = toolchain.compile_c(src, Target.parse("c -O1").cflags())
+    assert lib_o3 != lib_o1 and lib_o3.exists() and lib_o1.exists()
+
+
+def test_a_failed_compile_leaves_no_entry_and_no_temporary_files(fresh_cache):
+    with pytest.raises(toolchain.CompileError, match="failed on .*kernel.c") as err:
+        toolchain.compile_c("int broken( {\n", Target.parse("c").cflags())
+    assert not list(fresh_cache.glob("*/*")), "no cache entry (finished or not) may be left"
+    kept = Path(str(err.value).split("failed on ")[1].split(":")[0])
+    assert kept.read_text() == "int broken( {\n", "the failing source is kept for reading"
+
+
+def test_concurrent_builds_of_one_source_agree_and_leave_no_temporary_dirs(fresh_cache):
+    src = unique_source("race")
+    flags = Target.parse("c").cflags()
+    results: list[Path | BaseException] = []
+
+    def build():
+        try:
+            results.append(toolchain.compile_c(src, flags))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            results.append(e)
+
+    threads = [threading.Thread(target=build) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(isinstance(r, Path) for r in results), results
+    assert len(set(results)) == 1
+    assert leftovers(fresh_cache) == []
+    assert sorted(p.name for p in results[0].parent.iterdir()) == ["kernel.c", "kernel.so"]
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "x"))
+    assert toolchain.cache_dir() == tmp_path / "x"
+    monkeypatch.delenv("EMBER_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert toolchain.cache_dir() == tmp_path / "xdg" / "ember"
+
+
+def test_target_flags():
+    flags = Target.parse("c -mcpu=znver3 -O2 -cflag=-ffast-math").cflags()
+    assert flags[:2] == ["-O2", "-march=znver3"]
+    assert "-fopenmp" in flags and flags[-1] == "-ffast-math"
+    assert str(Target.parse("c -threads=2 -O1")) == "c -threads=2 -O1"
+    with pytest.raises(ValueError, match="unknown target 'fortran'"):
+        Target.parse("fortran")
+    with pytest.raises(ValueError, match="-threads needs a positive integer"):
+        Target.parse("c -threads=0")
+
+
+def test_openmp_thread_count_can_be_set_at_run_time(check_build, rng):
+    A, B, C = matmul(9, 7, 5)
+    s = te.create_schedule(C)
+    s[C].parallel(C.op.axis[0])
+    f = check_build(s, [A, B, C], lambda a, b: a @ b, rng)
+    f.set_num_threads(1)
+    check_build(s, [A, B, C], lambda a, b: a @ b, rng)
+    f.set_num_threads(os.cpu_count() or 1)
+
+
+def test_parallel_regions_do_not_lose_stores():
+    """Regression: GCC 12's predictive commoning at -O3 made each thread write back stale values to rows of the
+    other thread (one call in a few hundred left a NaN here); Target.cflags turns it off."""
+    A, B, C = matmul(8, 7, 7)
+    s = te.create_schedule(C)
+    io, ii = s[C].split(C.op.axis[0], 2)
+    s[C].reorder(C.op.reduce_axis[0], C.op.axis[1], ii, io)
+    s[C].unroll(C.op.axis[1])
+    s[C].parallel(ii)
+    f = ember.build(s, [A, B, C], target="c -threads=2")
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 7)).astype(np.float32), rng.standard_normal((7, 7)).astype(np.float32)
+    c = np.empty((8, 7), np.float32)
+    calls = lost = 0
+    stop = time.monotonic() + 2.0  # about 3000 calls on an idle machine, fewer when the cores are shared
+    while calls < 3000 and time.monotonic() < stop:
+        c.fill(np.nan)
+        f(a, b, c)
+        calls += 1
+        lost += int(np.isnan(c).any())
+    assert lost == 0, f"{lost} of {calls} calls lost stores"
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-5)
