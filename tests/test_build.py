@@ -159,3 +159,17 @@ def test_two_inputs_may_share_memory(rng):
     c = np.zeros(6, np.float32)
     f(a, a, c)
     np.testing.assert_allclose(c, a * a, rtol=1e-6)
+
+
+def test_an_input_the_computation_does_not_read_is_an_unused_parameter(rng):
+    """Regression: an unused placeholder in the argument list raised "tensor 'U' is not part of this schedule"."""
+    A = te.placeholder((4,), name="A")
+    U = te.placeholder((3, 3), "int8", name="U")
+    B = te.compute((4,), lambda i: A[i] * 2.0, name="B")
+    f = ember.build(te.create_schedule(B), [A, U, B])
+    assert str(f.ir).splitlines()[0] == "def default_function(A: float32[4], U: int8[3, 3], B: float32[4]):"
+    a, b = rng.standard_normal(4).astype(np.float32), np.zeros(4, np.float32)
+    f(a, np.zeros((3, 3), np.int8), b)
+    np.testing.assert_array_equal(b, a * 2)
+    with pytest.raises(ArgumentError, match="argument 'U' has dtype float32, expected int8"):
+        f(a, np.zeros((3, 3), np.float32), b)

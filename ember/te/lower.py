@@ -22,7 +22,7 @@ from ..tir.expr import Expr, Var, const
 from ..tir.functor import substitute, transform, walk
 from ..tir.stmt import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, seq
 from .schedule import Fuse, Schedule, ScheduleError, Split, Stage
-from .tensor import ComputeOp, IterVar, Reduce, Tensor, TensorLoad
+from .tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
 
 
 @dataclass
@@ -43,7 +43,7 @@ class Lowering:
         self.args = list(args)
         self.ana = Analyzer()
         self.stages = [st for st in sch.stages if st.attach != "inline"]
-        self.arg_stages = [sch[t] for t in self.args]
+        self.arg_stages = [self.arg_stage(t) for t in self.args]
         big = max((math.prod(st.op.shape) for st in sch.stages), default=0) >= 2**31
         self.index_dtype = int64 if big else int32
         self.bodies: dict[Stage, Expr] = {}
@@ -52,6 +52,12 @@ class Lowering:
         self.buffers: dict[Stage, Buffer] = {}
         self.attached: dict[tuple[Stage, IterVar], list[Stage]] = {}
         self.readers: dict[Stage, set[Stage]] = {}
+
+    def arg_stage(self, t: Tensor) -> Stage:
+        """The stage of argument t; an input that the computation does not read is an unused parameter."""
+        if isinstance(t.op, PlaceholderOp) and all(st.op is not t.op for st in self.sch.stages):
+            return Stage(self.sch, t.op, t.name)
+        return self.sch[t]
 
     # -- 1. inline ---------------------------------------------------------------------------
     def inline(self) -> None:

@@ -119,6 +119,50 @@ def test_integer_arithmetic_wraps_like_numpy_in_int8(check_build, rng):
     check_build(te.create_schedule(B), [A, B], lambda a: a.sum(axis=1, dtype=np.int8), rng, inputs={"A": a})
 
 
+NARROW_INT_BUG = (
+    "C codegen computes int8/int16/uint8 add, sub and mul in C's promoted int and never narrows the result back, "
+    "so a compare or a widening cast sees 200 where the IR (and numpy) say int8(100 + 100) = -56; "
+    "vector code (GCC vector types) wraps"
+)
+
+
+@pytest.mark.parametrize(
+    "vectorize",
+    [pytest.param(False, marks=pytest.mark.xfail(strict=True, reason=NARROW_INT_BUG)), True],
+    ids=["scalar", "vector"],
+)
+@pytest.mark.parametrize("dt", ["int8", "uint8"])
+def test_narrow_integer_arithmetic_wraps_before_it_is_widened(check_build, rng, dt, vectorize):
+    s, A, B = unary_schedule(lambda x: te.cast(x + x, "int32") + te.cast(x * x, "int32"), dt, vectorize, n=16)
+    a = (np.arange(16) * 15).astype(dt)
+    check_build(s, [A, B], lambda a: (a + a).astype(np.int32) + (a * a).astype(np.int32), rng, inputs={"A": a})
+
+
+@pytest.mark.xfail(strict=True, reason=NARROW_INT_BUG)
+def test_narrow_integer_arithmetic_wraps_before_it_is_compared(check_build, rng):
+    A = te.placeholder((4,), "int8", name="A")
+    B = te.compute((4,), lambda i: A[i] + A[i] > 0, name="B")
+    a = np.array([100, -100, 50, 1], np.int8)
+    check_build(te.create_schedule(B), [A, B], lambda a: (a + a) > 0, rng, inputs={"A": a})
+
+
+NAN_MAX_BUG = (
+    "te.max/te.min compile to `a > b ? a : b`, which returns b when either is NaN: max(1, NaN) is NaN but "
+    "max(NaN, 1) is 1, so a max reduction keeps a NaN only when it comes last (numpy's maximum propagates NaN)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=NAN_MAX_BUG)
+@pytest.mark.parametrize("reducer, ref", [(te.max, np.max), (te.min, np.min)])
+def test_max_and_min_reductions_propagate_nan(check_build, rng, reducer, ref):
+    A = te.placeholder((3, 5), name="A")
+    k = te.reduce_axis((0, 5), name="k")
+    B = te.compute((3,), lambda i: reducer(A[i, k], axis=k), name="B")
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    a[1, 2] = np.nan
+    check_build(te.create_schedule(B), [A, B], lambda a: ref(a, axis=1), rng, inputs={"A": a})
+
+
 def test_int64_constants_beyond_int32(check_build, rng):
     A = te.placeholder((N,), "int64", name="A")
     B = te.compute((N,), lambda i: A[i] * 3_000_000_000 + (2**40 + i), name="B")

@@ -87,7 +87,7 @@ MATMUL_ERRORS = [
     ("unknown thread tag", lambda s, t: s[t].bind(t.op.axis[0], "threadIdx.w"),
      "stage 'C': bind of 'i': unknown thread axis 'threadIdx.w'"),
     ("one thread tag on two loops", bind_twice, "stage 'C': thread axis threadIdx.x is already bound to loop 'i'"),
-    ("inline a reduction", lambda s, t: s[t].compute_inline(), "stage 'C': an output cannot be inlined"),
+    ("inline an output", lambda s, t: s[t].compute_inline(), "stage 'C': an output cannot be inlined"),
     ("compute an output at a loop", lambda s, t: s[t].compute_at(s[t], t.op.axis[0]),
      "stage 'C': an output cannot be computed at another stage"),
     ("cache_write after split", cache_write_after_split,
