@@ -152,6 +152,69 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Time a model with Ember next to other runtimes (interleaved runs, medians, ratios)."""
+    import json
+    import statistics
+
+    import ember
+    from ember import zoo
+    from ember.frontend.onnx import ModelError, load_model
+
+    try:
+        proto, _ = load_model(args.model)
+    except ModelError as e:
+        return _fail("bench", e)
+    feeds = zoo.random_feeds(proto, args.seed)
+    others = [c for c in args.compare.split(",") if c]
+    unknown = set(others) - {"onnxruntime", "torch"}
+    if unknown:
+        return _fail("bench", ValueError(f"--compare takes onnxruntime and/or torch, not {', '.join(unknown)}"))
+    if "torch" in others:
+        print("ember bench: torch needs the model as a torch module; for ONNX files it is left out "
+              "(bench/models.py compares with PyTorch on its own modules)", file=sys.stderr)  # fmt: skip
+        others.remove("torch")
+    results = {}
+    xs = list(feeds.values())
+    for threads in [int(t) for t in args.threads.split(",")]:
+        target = f"{args.target} -threads={threads}"
+        kw = {"tuning_log": args.tuning_log} if args.tuning_log else {}
+        try:
+            m = ember.compile(proto, target=target, input_shapes=_shapes(args.input_shape), **kw)
+        except (ModelError, ValueError, NotImplementedError) as e:
+            return _fail("bench", e)
+        systems = {"ember": lambda m=m: m(*xs)}
+        if "onnxruntime" in others:
+            import onnxruntime as ort
+
+            so = ort.SessionOptions()
+            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+            sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            systems["onnxruntime"] = lambda sess=sess: sess.run(None, feeds)
+        for fn in systems.values():
+            for _ in range(3):
+                fn()
+        times = {k: [] for k in systems}
+        for _ in range(args.repeat):
+            for k, fn in systems.items():
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        s = m.summary()
+        row = {"ms": med, "ratio": {k: v / med["ember"] for k, v in med.items()}, "compile_s": s["compile_seconds"],
+               "kernels": s["kernels"], "fallback_ops": len(s["fallback_ops"])}  # fmt: skip
+        results[threads] = row
+        print(f"{args.model}  threads={threads}  compile {s['compile_seconds']:.2f} s, {s['kernels']} kernels")
+        for k, v in med.items():
+            print(f"  {k:<12} {v:9.3f} ms   {row['ratio'][k]:5.2f}x ember's latency")
+        if args.profile:
+            print(m.profile_table(xs, top=args.top))
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """Import a model and print Ember's graph (optionally after a graph pass)."""
     from ember.frontend.onnx import ModelError, from_onnx
@@ -205,6 +268,19 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--benchmark", action="store_true", help="also time inferences")
     r.add_argument("--seed", type=int, default=0, help="seed of random inputs")
     r.set_defaults(fn=cmd_run)
+    b = sub.add_parser("bench", help=cmd_bench.__doc__)
+    b.add_argument("model", help="path to an .onnx file")
+    b.add_argument("--compare", default="onnxruntime", help="comma-separated: onnxruntime,torch")
+    b.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    b.add_argument("--target", default="c")
+    b.add_argument("--tuning-log", default=None)
+    b.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
+    b.add_argument("--repeat", type=int, default=30)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--profile", action="store_true", help="print the slowest kernels")
+    b.add_argument("--top", type=int, default=10)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(fn=cmd_bench)
     sh = sub.add_parser("show", help=cmd_show.__doc__)
     sh.add_argument("model", nargs="?", help="path to an .onnx file")
     sh.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
