@@ -5,11 +5,17 @@ Resizing is separable: the reference builds one interpolation matrix per resized
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import numpy as np
 
+from ember import te
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, Pattern, one_of, op
+from ember.ops.te_lib import NotLowerable, keep, lowering, numel, rows, schedule_tables
+from ember.tir.expr import Expr
 
 COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
                     "tf_crop_and_resize", "tf_half_pixel_for_nn")  # fmt: skip
@@ -147,3 +153,170 @@ def resize(a: dict, x: np.ndarray) -> np.ndarray:
         info = np.iinfo(x.dtype)
         y = np.clip(np.rint(y), info.min, info.max)
     return y.astype(x.dtype)
+
+
+# -- TE compute -------------------------------------------------------------------------------------
+# Per resized axis, small tables of (input index, weight) per output index and tap are computed
+# first (the same float64 arithmetic as the reference, in the same order, so nearest-neighbour
+# rounding ties fall the same way); the output sums its taps' products over the resized axes.
+MAX_TAPS = 256  # taps per output element (product over the resized axes) beyond which it runs by reference
+
+
+def _coordinate_te(o: Expr, scale: float, n_in: int, n_out: int, mode: str, roi: tuple[float, float]) -> Expr:
+    """`_coordinates` for one output index, in float64."""
+    o = te.cast(o, "float64")
+    zero = te.const(0.0, "float64")
+    if mode == "half_pixel" or (mode == "pytorch_half_pixel" and n_out > 1):
+        return (o + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        adjust = n_out / (scale * n_in)
+        return n_in / 2 * (1 - adjust) + (o + 0.5) / scale - 0.5
+    if mode == "align_corners":
+        return o * (n_in - 1) / (n_in * scale - 1) if n_out > 1 else zero
+    if mode == "asymmetric":
+        return o / scale
+    if mode == "tf_half_pixel_for_nn":
+        return (o + 0.5) / scale
+    if mode == "pytorch_half_pixel":
+        return zero
+    start, end = roi  # tf_crop_and_resize
+    if n_out > 1:
+        return start * (n_in - 1) + o * (end - start) * (n_in - 1) / (n_out - 1)
+    return te.const(0.5 * (start + end) * (n_in - 1), "float64")
+
+
+def _nearest_te(x: Expr, mode: str) -> Expr:
+    if mode == "round_prefer_floor":
+        return te.ceil(x - 0.5)
+    if mode == "round_prefer_ceil":
+        return te.floor(x + 0.5)
+    return te.floor(x) if mode == "floor" else te.ceil(x)
+
+
+def _cubic_te(t: Expr, a: float) -> Expr:
+    t = te.abs(t)
+    near = ((a + 2) * t - (a + 3)) * t * t + 1
+    far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+    return te.if_then_else(t <= 1.0, near, te.if_then_else(t < 2.0, far, te.const(0.0, "float64")))
+
+
+class _Axis:
+    """One resized axis: its taps per output index, as (index table, weight table or None)."""
+
+    def __init__(self, ax: int, n_in: int, n_out: int, scale: float, a: dict, roi: tuple[float, float]):
+        self.ax, self.n_in, self.n_out, self.scale, self.a, self.roi = ax, n_in, n_out, scale, a, roi
+        self.mode = a["coordinate_transformation_mode"]
+        if a["mode"] == "nearest":
+            self.taps, self.radius, self.s = 1, 0.0, 1.0
+        else:
+            antialias = bool(a["antialias"]) and scale < 1
+            self.s = scale if antialias else 1.0
+            self.radius = (1.0 if a["mode"] == "linear" else 2.0) / self.s
+            self.taps = math.ceil(2 * self.radius)  # floor(x + r) - floor(x - r) is at most this
+            self.normalize = bool(a["exclude_outside"]) or antialias
+
+    def coord(self, o: Expr) -> Expr:
+        return _coordinate_te(o, self.scale, self.n_in, self.n_out, self.mode, self.roi)
+
+    def outside(self, o: Expr) -> Expr | None:
+        if self.mode != "tf_crop_and_resize":
+            return None
+        x = self.coord(o)
+        return te.any(x < 0.0, x > float(self.n_in - 1))
+
+    def tables(self) -> tuple[te.Tensor, te.Tensor | None]:
+        n_in, name = self.n_in, f"resize_ax{self.ax}"
+        if self.a["mode"] == "nearest":
+            near = lambda o: _nearest_te(self.coord(o), self.a["nearest_mode"])  # noqa: E731
+            clipped = lambda o: te.minimum(te.maximum(near(o), 0.0), float(n_in - 1))  # noqa: E731
+            return te.compute((self.n_out,), lambda o: te.cast(clipped(o), "int32"), name=name + "_index"), None
+
+        def tap(o: Expr, k: Expr) -> Expr:  # int64 position of tap k (may lie outside the axis)
+            return te.cast(te.floor(self.coord(o) - self.radius), "int64") + 1 + k
+
+        def raw(o: Expr, k: Expr) -> Expr:
+            x = self.coord(o)
+            t = (te.cast(tap(o, k), "float64") - x) * self.s
+            if self.a["mode"] == "linear":
+                w = te.maximum(1.0 - te.abs(t), 0.0)
+            else:
+                w = _cubic_te(t, self.a["cubic_coeff_a"])
+            real = [tap(o, k) <= te.cast(te.floor(x + self.radius), "int64")]  # the tap exists for this x
+            if self.a["exclude_outside"]:
+                real += [tap(o, k) >= 0, tap(o, k) < n_in]
+            return te.if_then_else(te.all(*real), w, te.const(0.0, "float64"))
+
+        index = te.compute((self.n_out, self.taps),
+                           lambda o, k: te.cast(te.minimum(te.maximum(tap(o, k), 0), n_in - 1), "int32"),
+                           name=name + "_index")  # fmt: skip
+        if not self.normalize:
+            return index, te.compute((self.n_out, self.taps), raw, name=name + "_weight")
+
+        def total_body(o):
+            k = te.reduce_axis((0, self.taps), name="k")
+            return te.sum(raw(o, k.var), axis=k)
+
+        total = te.compute((self.n_out,), total_body, name=name + "_total")
+
+        def weight(o, k):
+            t = total[o]
+            return raw(o, k) / te.if_then_else(t != 0.0, t, te.const(1.0, "float64"))
+
+        return index, te.compute((self.n_out, self.taps), weight, name=name + "_weight")
+
+
+@lowering("Resize", schedule=schedule_tables("resize"))
+def _resize_te(a: dict, x: te.Tensor) -> te.Tensor:
+    rank, shape = x.ndim, tuple(a["sizes"])
+    roi = a["roi"] or (0.0,) * rank + (1.0,) * rank
+    crop = a["coordinate_transformation_mode"] == "tf_crop_and_resize"
+    axes = []
+    for ax in range(rank):
+        n_in, n_out, scale = x.shape[ax], shape[ax], a["scales"][ax]
+        if n_in == n_out and scale == 1.0 and not (crop and (roi[ax], roi[ax + rank]) != (0.0, 1.0)):
+            continue
+        if n_in == 0 and n_out:
+            raise NotLowerable(f"Resize of an empty axis {ax}")
+        axes.append(_Axis(ax, n_in, n_out, scale, a, (roi[ax], roi[ax + rank])))
+    if math.prod(ra.taps for ra in axes) > MAX_TAPS:
+        raise NotLowerable(f"more than {MAX_TAPS} interpolation taps per output element")
+    if not numel(shape) or not axes:
+        value = (lambda *i: x[i]) if numel(shape) else (lambda *i: keep(te.const(0, x.dtype), x))
+        return te.compute(shape, value, name="resize", tag="resize")
+    tables = [ra.tables() for ra in axes]
+    dt = x.dtype
+    if dt.is_int:
+        info = np.iinfo(dt.name)
+    extrapolate = te.const(a["extrapolation_value"], "float64")
+
+    def finish(v: Expr) -> Expr:  # float64 -> the data type: round half to even and saturate for integers
+        if not dt.is_int:
+            return te.cast(v, dt)
+        return te.cast(te.minimum(te.maximum(te.round(v), float(info.min)), float(info.max)), dt)
+
+    def body(*o):
+        outside = [c for ra in axes if (c := ra.outside(o[ra.ax])) is not None]
+        if a["mode"] == "nearest":
+            idx = list(o)
+            for ra, (index, _) in zip(axes, tables):
+                idx[ra.ax] = index[o[ra.ax]]
+            v = x[tuple(idx)]
+            if not outside:
+                return v
+            return te.if_then_else(te.any(*outside), finish(extrapolate), v)
+        terms = []
+        for combo in itertools.product(*[range(ra.taps) for ra in axes]):
+            idx, w = list(o), None
+            for ra, (index, weight), k in zip(axes, tables, combo):
+                idx[ra.ax] = index[o[ra.ax], k]
+                w = weight[o[ra.ax], k] if w is None else w * weight[o[ra.ax], k]
+            terms.append(w * te.cast(x[tuple(idx)], "float64"))
+        while len(terms) > 1:  # pairwise: a shallow expression even for many antialiasing taps
+            terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+        total = terms[0]
+        if outside:
+            total = te.if_then_else(te.any(*outside), extrapolate, total)
+        return finish(total)
+
+    same = rank - 1 - max(ra.ax for ra in axes)  # trailing axes that are not resized
+    return te.compute(shape, body, name="resize", tag="resize", attrs=rows(same))

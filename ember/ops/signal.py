@@ -3,11 +3,16 @@ axis of length 2 (real, imaginary); real signals have a trailing axis of length 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ember import te
 from ember.graph.types import TensorType, np_dtype
 from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, Pattern, ShapeDependsOnData, op
+from ember.ops.te_lib import NotLowerable, lowering, schedule_tables
+from ember.tir.expr import Expr
 
 DFT_ATTRS = [Attr("axis", "int", -2), Attr("dft_length", "int", None), Attr("inverse", "int", 0),
              Attr("onesided", "int", 0)]  # fmt: skip
@@ -111,3 +116,80 @@ def mel_weight_matrix(a: dict, num_bins, dft_length, sample_rate, low_hz, high_h
             out[mid:hi, i] = (hi - np.arange(mid, hi)) / (hi - mid)
     return out.astype(np_dtype(a["output_datatype"]))
 
+
+# -- TE computes: transforms as direct sums (O(n^2) per signal, not an FFT) over twiddle tables --------
+def _twiddles(n: int) -> tuple[te.Tensor, te.Tensor]:
+    """cos and sin of 2 pi m / n for m < n, in float64 (the sums index them with k * t mod n)."""
+    angle = lambda m: te.cast(m, "float64") * (2 * math.pi) / n  # noqa: E731
+    return (te.compute((n,), lambda m: te.cos(angle(m)), name="twiddle_cos"),
+            te.compute((n,), lambda m: te.sin(angle(m)), name="twiddle_sin"))  # fmt: skip
+
+
+def _component(x: te.Tensor, idx: tuple, c: int) -> Expr:
+    """Real (c=0) or imaginary (c=1) part of x at idx (all axes but the trailing one), in float64."""
+    if c >= x.shape[-1]:
+        return te.const(0.0, "float64")
+    return te.cast(x[idx + (c,)], "float64")
+
+
+def _phase(k: Expr, t: Expr, n: int) -> Expr:
+    return te.cast(k, "int64") * t % n
+
+
+@lowering("DFT", schedule=schedule_tables("dft"))
+def _dft_te(a: dict, x: te.Tensor) -> te.Tensor:
+    axis = _dft_axis(a, x.ndim)
+    xt = TensorType(x.shape, x.dtype.name)
+    n, _ = _dft_lengths(a, xt)
+    shape = _dft_infer(a, xt).shape
+    size, inverse = x.shape[axis], bool(a["inverse"])
+    if n <= 0:
+        raise NotLowerable("DFT of length 0")
+    cos_t, sin_t = _twiddles(n)
+
+    if inverse and a["onesided"]:  # a real signal from the n // 2 + 1 bins of a Hermitian spectrum
+
+        def acc_body(*o):
+            k = te.reduce_axis((0, n), name="k")
+            low = k.var <= n // 2  # bins above n // 2 are conjugates of the ones below
+            src = te.if_then_else(low, k.var, n - k.var)
+            idx = o[:axis] + (te.minimum(src, size - 1),) + o[axis + 1 : -1]
+            ph = _phase(k.var, o[axis], n)
+            im = te.if_then_else(low, _component(x, idx, 1), -_component(x, idx, 1))
+            return te.sum(_component(x, idx, 0) * cos_t[ph] - im * sin_t[ph], axis=k, where=src < size)
+
+    else:
+
+        def acc_body(*o):
+            t = te.reduce_axis((0, min(size, n)), name="t")  # the signal is cut or zero-padded to n
+            idx = o[:axis] + (t.var,) + o[axis + 1 : -1]
+            ph = _phase(o[axis], t.var, n)
+            zr, zi, cs, sn = _component(x, idx, 0), _component(x, idx, 1), cos_t[ph], sin_t[ph]
+            sign = 1.0 if inverse else -1.0  # z * exp(sign * i * phase)
+            re, im = zr * cs - sign * zi * sn, zi * cs + sign * zr * sn
+            return te.sum(te.if_then_else(o[-1] == 0, re, im), axis=t)
+
+    acc = te.compute(shape, acc_body, name="dft_acc")
+    scale = 1.0 / n if inverse else 1.0
+    return te.compute(shape, lambda *o: te.cast(acc[o] * scale, x.dtype), name="dft", tag="dft")
+
+
+@lowering("STFT", schedule=schedule_tables("stft"))
+def _stft_te(a: dict, x: te.Tensor, window: te.Tensor | None = None) -> te.Tensor:
+    length, step = a["frame_length"], a["frame_step"]
+    shape = _stft_infer(a, TensorType(x.shape, x.dtype.name)).shape
+    if length <= 0:
+        raise NotLowerable("STFT frames of length 0")
+    cos_t, sin_t = _twiddles(length)
+
+    def acc_body(b, f, k, c):
+        t = te.reduce_axis((0, length), name="t")
+        idx = (b, f * step + t.var)
+        w = te.cast(window[t.var], "float64") if window is not None else te.const(1.0, "float64")
+        zr, zi = _component(x, idx, 0) * w, _component(x, idx, 1) * w
+        ph = _phase(k, t.var, length)
+        cs, sn = cos_t[ph], sin_t[ph]
+        return te.sum(te.if_then_else(c == 0, zr * cs + zi * sn, zi * cs - zr * sn), axis=t)
+
+    acc = te.compute(shape, acc_body, name="stft_acc")
+    return te.compute(shape, lambda *o: te.cast(acc[o], x.dtype), name="stft", tag="stft")

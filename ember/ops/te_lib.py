@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 
 from ember import te
+from ember.graph.types import np_dtype
 from ember.ops.opdef import OPS
 from ember.target import Target
 from ember.te.tensor import ComputeOp, Reduce, Tensor
+from ember.tir.dtype import dtype as tir_dtype
 from ember.tir.expr import Expr
 
 
@@ -172,3 +174,98 @@ def schedule_flat(st: te.Stage, target: Target) -> None:
 
 def numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
+
+
+# -- data-movement building blocks (injective ops: tensor.py, resize.py, vision.py, signal.py) ----------
+def index_dtype(v: Expr, dim: int) -> Expr:
+    """An index known to lie in [0, dim) as int32 when that holds it (loop variables are int32; kernels
+    keep vector index types uniform)."""
+    return te.cast(v, "int32") if dim <= 2**31 else te.cast(v, "int64")
+
+
+def native_dtype(name: str) -> str:
+    """`name` if kernels support it, else NotLowerable (float16, bfloat16, float8, int4, ...)."""
+    try:
+        return tir_dtype(name).name
+    except TypeError as e:
+        raise NotLowerable(str(e)) from None
+
+
+def const_of(value: object, dtype: str) -> Expr:
+    """A constant converted to `dtype` the numpy way (astype: truncation, wrap-around, != 0 for bool)."""
+    with np.errstate(all="ignore"):
+        v = np.asarray(value).astype(np_dtype(native_dtype(dtype))).item()
+    return te.const(v, dtype)
+
+
+def keep(value: Expr, *unused: Tensor | None) -> Expr:
+    """`value`, with dead reads of tensors the compute does not read otherwise (a zero-size input, an
+    input only its shape matters of): lowering needs every kernel argument in the compute's DAG, and
+    the simplifier drops the reads."""
+    for t in unused:
+        if t is not None:
+            value = te.if_then_else(te.const(False), te.cast(t[(0,) * t.ndim], value.dtype), value)
+    return value
+
+
+def standalone(outs: list[Tensor], tag: str) -> bool:
+    """Whether a schedule is asked for the op's own kernel (its outputs carry the op's tag); inside a
+    fused group the outputs are another member's, and the group gets the default schedule."""
+    return bool(outs) and all(t.op.tag == tag for t in outs)
+
+
+def schedule_rows(st: te.Stage, target: Target) -> None:
+    """Loops of an injective stage: the outer axes fused (parallel when big), then one row vectorized
+    by the widest lane count that divides it (else a plain loop). A row is the innermost axis, or the
+    trailing axes the compute marks contiguous in its input too (attrs["row_axes"]: a Split's axes
+    after the split axis). Unlike fusing every axis, the index arithmetic of the outer axes stays
+    scalar: the vector lanes walk one row."""
+    op = st.op
+    if isinstance(op.body, Reduce):
+        schedule_flat(st, target)
+        return
+    size = numel(op.shape)
+    if not op.axis or size == 0:
+        return
+    k = min(max(op.attrs.get("row_axes", 1), 1), len(op.axis))
+    outer = list(op.axis[:-k])
+    row = st.fuse(*op.axis[-k:])
+    n = numel(op.shape[-k:])
+    lanes = target.vector_lanes(max(op.dtype.bits, 8))
+    while lanes > 4 and n % lanes:
+        lanes //= 2
+    if lanes >= 4 and n % lanes == 0:
+        row, inner = st.split(row, lanes)
+        st.vectorize(inner)
+    fused = st.fuse(*outer) if outer else row  # a row keeps its own loop: per-row index math is hoisted
+    if size >= 1 << 15 and target.num_cores > 1:
+        st.parallel(fused)
+
+
+def rows(k: int) -> dict:
+    """Compute attrs: the last k axes of the output are contiguous in the input too (see schedule_rows)."""
+    return {"row_axes": k}
+
+
+def schedule_injective(tag: str, tables: bool = False):
+    """The schedule of an injective op's own kernel: `schedule_rows` for each stage. Intermediate
+    stages are inlined, unless `tables`: small precomputed tables (interpolation weights, twiddle
+    factors) then stay separate loop nests, computed once instead of per output element."""
+
+    def schedule(a: dict, outs: list[Tensor], target: Target) -> te.Schedule:
+        if not standalone(outs, tag):
+            return default_schedule(outs, target)
+        s = te.create_schedule(outs)
+        for st in s.stages:
+            if not (tables or st.is_placeholder or st.is_output or isinstance(st.op.body, Reduce)):
+                st.compute_inline()
+        for st in s.stages:
+            if not st.is_placeholder and st.attach == "root":
+                schedule_rows(st, target)
+        return s
+
+    return schedule
+
+
+def schedule_tables(tag: str):
+    return schedule_injective(tag, tables=True)

@@ -4,11 +4,52 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember import te
 from ember.graph.types import TensorType, np_dtype
 from ember.ops.common import ShapeError, broadcast_shapes, check_same_dtype, norm_axes, norm_axis
 from ember.ops.opdef import Attr, Pattern, ShapeDependsOnData, one_of, op
+from ember.ops.te_lib import (
+    NotLowerable,
+    broadcast_indices,
+    const_of,
+    default_schedule,
+    index_dtype,
+    keep,
+    lowering,
+    native_dtype,
+    numel,
+    rows,
+    schedule_injective,
+    standalone,
+)
+from ember.target import Target
+from ember.tir.dtype import dtype as tir_dtype
+from ember.tir.expr import Expr
 
 INJ = Pattern.INJECTIVE
+
+
+# -- helpers of the TE computes -------------------------------------------------------------------
+def data_index(v: Expr, dim: int) -> Expr:
+    """An index read from a tensor, made non-negative the ONNX way (v < 0 counts from the end) and
+    clamped into [0, dim): where the reference raises on an out-of-range index, a kernel cannot
+    report an error, so it reads the nearest element instead of memory outside the tensor."""
+    v = te.if_then_else(v < 0, v + dim, v)
+    return index_dtype(te.minimum(te.maximum(v, 0), dim - 1), dim)
+
+
+def wrapped(v: Expr, dim: int) -> Expr:
+    """v < 0 counts from the end (no clamping: for comparisons, never for addressing)."""
+    return te.if_then_else(v < 0, v + dim, v)
+
+
+def copy_compute(x: te.Tensor, name: str = "copy", unused: tuple = ()) -> te.Tensor:
+    return te.compute(x.shape, lambda *i: keep(x[i], *unused), name=name, tag=name, attrs=rows(x.ndim))
+
+
+def _with(idx: tuple, axis: int, value: Expr) -> tuple:
+    """idx with entry `axis` replaced."""
+    return idx[:axis] + (value,) + idx[axis + 1 :]
 
 
 # -- reshaping ---------------------------------------------------------------------------------
@@ -23,6 +64,29 @@ def _reshape_infer(a: dict, x: TensorType) -> TensorType:
 def reshape(a: dict, x: np.ndarray) -> np.ndarray:
     """Reshape to an explicit shape (the frontend resolves ONNX's 0 and -1 entries)."""
     return x.reshape(a["shape"])
+
+
+def reshape_compute(x: te.Tensor, shape: tuple[int, ...], name: str = "reshape") -> te.Tensor:
+    """Row-major reinterpretation of x with another shape (same number of elements)."""
+    if numel(shape) == 0:
+        return te.compute(shape, lambda *i: keep(te.const(0, x.dtype), x), name=name)
+
+    def body(*i):
+        flat = te.const(0)
+        for j, n in zip(i, shape):
+            flat = flat * n + j
+        idx = []
+        for n in reversed(x.shape):
+            idx.append(flat % n)
+            flat = flat // n
+        return x[tuple(reversed(idx))]
+
+    return te.compute(shape, body, name=name)
+
+
+@lowering("Reshape")
+def _reshape_te(a: dict, x: te.Tensor) -> te.Tensor:
+    return reshape_compute(x, a["shape"])
 
 
 def resolve_reshape(in_shape: tuple[int, ...], shape: tuple[int, ...], allowzero: bool) -> tuple[int, ...]:
@@ -52,6 +116,11 @@ def flatten(a: dict, x: np.ndarray) -> np.ndarray:
     return x.reshape(_flatten_infer(a, TensorType.of(x)).shape)
 
 
+@lowering("Flatten")
+def _flatten_te(a: dict, x: te.Tensor) -> te.Tensor:
+    return reshape_compute(x, _flatten_infer(a, TensorType(x.shape, x.dtype.name)).shape, name="flatten")
+
+
 def _transpose_infer(a: dict, x: TensorType) -> TensorType:
     perm = a["perm"]
     if sorted(perm) != list(range(x.rank)):
@@ -62,6 +131,42 @@ def _transpose_infer(a: dict, x: TensorType) -> TensorType:
 @op("Transpose", INJ, infer=_transpose_infer, attrs=[Attr("perm", "ints")])
 def transpose(a: dict, x: np.ndarray) -> np.ndarray:
     return np.transpose(x, a["perm"])
+
+
+def _transpose_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Schedule:
+    """When the innermost axis moves, copy in square tiles: one side of each tile is read along
+    contiguous input rows, the other written along contiguous output rows."""
+    perm = a["perm"]
+    rank = len(perm)
+    if not standalone(outs, "transpose"):
+        return default_schedule(outs, target)
+    (out,) = outs
+    if rank < 2 or perm[-1] == rank - 1 or numel(out.shape) < 1024:
+        return schedule_injective("transpose")(a, outs, target)
+    s = te.create_schedule(outs)
+    st = s[out]
+    axes = list(st.op.axis)
+    p = perm.index(rank - 1)  # the output axis that walks the input's contiguous axis
+    tile = 16 if out.dtype.bits <= 32 else 8
+    po, pi = st.split(axes[p], tile)
+    lo, li = st.split(axes[-1], tile)
+    outer = [ax for d, ax in enumerate(axes[:-1]) if d != p]
+    st.reorder(*outer, po, lo, pi, li)
+    fused = st.fuse(*outer, po, lo)
+    if numel(out.shape) >= 1 << 15 and target.num_cores > 1:
+        st.parallel(fused)
+    st.unroll(pi)
+    return s
+
+
+@lowering("Transpose", schedule=_transpose_schedule)
+def _transpose_te(a: dict, x: te.Tensor) -> te.Tensor:
+    perm = a["perm"]
+    inv = [perm.index(d) for d in range(x.ndim)]
+    shape = tuple(x.shape[p] for p in perm)
+    kept = next((k for k in range(x.ndim) if perm[x.ndim - 1 - k] != x.ndim - 1 - k), x.ndim)  # identity suffix
+    return te.compute(shape, lambda *i: x[tuple(i[inv[d]] for d in range(x.ndim))], name="transpose",
+                      tag="transpose", attrs=rows(kept))  # fmt: skip
 
 
 def _squeeze_infer(a: dict, x: TensorType) -> TensorType:
@@ -77,6 +182,18 @@ def squeeze(a: dict, x: np.ndarray) -> np.ndarray:
     return x.reshape(_squeeze_infer(a, TensorType.of(x)).shape)
 
 
+@lowering("Squeeze")
+def _squeeze_te(a: dict, x: te.Tensor) -> te.Tensor:
+    axes = norm_axes(a["axes"], x.ndim)
+    kept = [d for d in range(x.ndim) if d not in axes]
+
+    def body(*i):
+        pos = dict(zip(kept, i))
+        return x[tuple(pos.get(d, 0) for d in range(x.ndim))]
+
+    return te.compute(tuple(x.shape[d] for d in kept), body, name="squeeze")
+
+
 def _unsqueeze_infer(a: dict, x: TensorType) -> TensorType:
     rank = x.rank + len(a["axes"])
     axes = norm_axes(a["axes"], rank)
@@ -87,6 +204,14 @@ def _unsqueeze_infer(a: dict, x: TensorType) -> TensorType:
 @op("Unsqueeze", INJ, infer=_unsqueeze_infer, attrs=[Attr("axes", "ints")])
 def unsqueeze(a: dict, x: np.ndarray) -> np.ndarray:
     return x.reshape(_unsqueeze_infer(a, TensorType.of(x)).shape)
+
+
+@lowering("Unsqueeze")
+def _unsqueeze_te(a: dict, x: te.Tensor) -> te.Tensor:
+    shape = _unsqueeze_infer(a, TensorType(x.shape, x.dtype.name)).shape
+    axes = norm_axes(a["axes"], len(shape))
+    kept = [d for d in range(len(shape)) if d not in axes]
+    return te.compute(shape, lambda *i: x[tuple(i[d] for d in kept)], name="unsqueeze")
 
 
 # -- joining and splitting ----------------------------------------------------------------------
@@ -107,6 +232,56 @@ def concat(a: dict, *xs: np.ndarray) -> np.ndarray:
     return np.concatenate(xs, axis=norm_axis(a["axis"], xs[0].ndim))
 
 
+def _concat_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Schedule:
+    """Loops (axes before the concat axis fused, the concat axis, axes after it fused): the choice of
+    input depends on the middle loop only, so the inner loop is a plain vectorized copy, and loop
+    partitioning peels the first input's range off the middle loop."""
+    if not standalone(outs, "concat") or numel(outs[0].shape) == 0:
+        return default_schedule(outs, target)
+    (out,) = outs
+    axis = norm_axis(a["axis"], out.ndim)
+    s = te.create_schedule(outs)
+    st = s[out]
+    axes = list(st.op.axis)
+    inner = axes[axis + 1 :]
+    if inner:
+        fi = st.fuse(*inner)
+        lanes = target.vector_lanes(max(out.dtype.bits, 8))
+        n_inner = numel(out.shape[axis + 1 :])
+        while lanes > 4 and n_inner % lanes:
+            lanes //= 2
+        if lanes >= 4 and n_inner % lanes == 0:
+            _, vi = st.split(fi, lanes)
+            st.vectorize(vi)
+    outer = st.fuse(*axes[:axis]) if axis else axes[axis]
+    if numel(out.shape) >= 1 << 15 and target.num_cores > 1:
+        st.parallel(outer)
+    return s
+
+
+@lowering("Concat", schedule=_concat_schedule)
+def _concat_te(a: dict, *xs: te.Tensor) -> te.Tensor:
+    axis = norm_axis(a["axis"], xs[0].ndim)
+    shape = _concat_infer(a, *[TensorType(x.shape, x.dtype.name) for x in xs]).shape
+    parts, off = [], 0
+    for x in xs:
+        if x.shape[axis]:
+            parts.append((off, x))
+        off += x.shape[axis]
+    empty = [x for x in xs if not x.shape[axis]]
+    if not parts:
+        return te.compute(shape, lambda *i: keep(te.const(0, xs[0].dtype), *xs), name="concat")
+
+    def body(*i):
+        last_off, last = parts[-1]
+        out = last[_with(i, axis, i[axis] - last_off)]
+        for start, x in reversed(parts[:-1]):
+            out = te.if_then_else(i[axis] < start + x.shape[axis], x[_with(i, axis, i[axis] - start)], out)
+        return keep(out, *empty)
+
+    return te.compute(shape, body, name="concat", tag="concat")
+
+
 def _split_infer(a: dict, x: TensorType) -> tuple[TensorType, ...]:
     axis = norm_axis(a["axis"], x.rank)
     if sum(a["split"]) != x.shape[axis] or any(s < 0 for s in a["split"]):
@@ -119,6 +294,19 @@ def split(a: dict, x: np.ndarray) -> tuple[np.ndarray, ...]:
     """Split into pieces of explicit sizes (the frontend computes sizes for num_outputs)."""
     axis = norm_axis(a["axis"], x.ndim)
     return tuple(np.split(x, np.cumsum(a["split"])[:-1], axis=axis))
+
+
+@lowering("Split", schedule=schedule_injective("split"))
+def _split_te(a: dict, x: te.Tensor) -> list[te.Tensor]:
+    axis = norm_axis(a["axis"], x.ndim)
+
+    def piece(k: int, start: int) -> te.Tensor:
+        shape = _with(x.shape, axis, a["split"][k])
+        return te.compute(shape, lambda *i: x[_with(i, axis, i[axis] + start)], name=f"split{k}", tag="split",
+                          attrs=rows(x.ndim - axis - 1))  # fmt: skip
+
+    starts = np.concatenate([[0], np.cumsum(a["split"])[:-1]]).astype(int)
+    return [piece(k, int(start)) for k, start in enumerate(starts)]
 
 
 def split_sizes(length: int, parts: int) -> tuple[int, ...]:
@@ -168,6 +356,15 @@ def slice_(a: dict, x: np.ndarray) -> np.ndarray:
     return x[index].copy()
 
 
+@lowering("Slice", schedule=schedule_injective("slice"))
+def _slice_te(a: dict, x: te.Tensor) -> te.Tensor:
+    bounds = slice_bounds(x.shape, a)
+    shape = tuple(_slice_len(*b) for b in bounds)
+    whole = next((k for k in range(x.ndim) if bounds[x.ndim - 1 - k] != (0, x.shape[x.ndim - 1 - k], 1)), x.ndim)
+    return te.compute(shape, lambda *i: x[tuple(b[0] + j * b[2] for j, b in zip(i, bounds))], name="slice",
+                      tag="slice", attrs=rows(whole))  # fmt: skip
+
+
 # -- gather / scatter ---------------------------------------------------------------------------
 def _gather_infer(a: dict, x: TensorType, idx: TensorType) -> TensorType:
     axis = norm_axis(a["axis"], x.rank)
@@ -187,6 +384,24 @@ def gather(a: dict, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return np.take(x, _fix_indices(idx, x.shape[axis], "Gather"), axis=axis)
 
 
+def _check_gather_source(dim: int, out_shape: tuple[int, ...], what: str) -> None:
+    if dim == 0 and numel(out_shape):
+        raise NotLowerable(f"{what} reads from an empty axis (every index is out of range)")
+
+
+@lowering("Gather", schedule=schedule_injective("gather"))
+def _gather_te(a: dict, x: te.Tensor, idx: te.Tensor) -> te.Tensor:
+    axis, r = norm_axis(a["axis"], x.ndim), idx.ndim
+    shape = x.shape[:axis] + idx.shape + x.shape[axis + 1 :]
+    _check_gather_source(x.shape[axis], shape, "Gather")
+
+    def body(*i):
+        j = data_index(idx[i[axis : axis + r]], x.shape[axis])
+        return x[i[:axis] + (j,) + i[axis + r :]]
+
+    return te.compute(shape, body, name="gather", tag="gather", attrs=rows(x.ndim - axis - 1))
+
+
 def _gather_elements_infer(a: dict, x: TensorType, idx: TensorType) -> TensorType:
     norm_axis(a["axis"], x.rank)
     return x.with_shape(idx.shape)
@@ -196,6 +411,14 @@ def _gather_elements_infer(a: dict, x: TensorType, idx: TensorType) -> TensorTyp
 def gather_elements(a: dict, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
     axis = norm_axis(a["axis"], x.ndim)
     return np.take_along_axis(x, _fix_indices(idx, x.shape[axis], "GatherElements"), axis=axis)
+
+
+@lowering("GatherElements", schedule=schedule_injective("gather_elements"))
+def _gather_elements_te(a: dict, x: te.Tensor, idx: te.Tensor) -> te.Tensor:
+    axis = norm_axis(a["axis"], x.ndim)
+    _check_gather_source(x.shape[axis], idx.shape, "GatherElements")
+    return te.compute(idx.shape, lambda *i: x[_with(i, axis, data_index(idx[i], x.shape[axis]))],
+                      name="gather_elements", tag="gather_elements")  # fmt: skip
 
 
 def _gather_nd_infer(a: dict, x: TensorType, idx: TensorType) -> TensorType:
@@ -218,6 +441,21 @@ def gather_nd(a: dict, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
         ind = np.where(ib[n] < 0, ib[n] + np.array(xb.shape[1 : 1 + k]), ib[n])
         pieces.append(xb[n][tuple(ind.T)])
     return np.stack(pieces).reshape(out_shape)
+
+
+@lowering("GatherND", schedule=schedule_injective("gather_nd"))
+def _gather_nd_te(a: dict, x: te.Tensor, idx: te.Tensor) -> te.Tensor:
+    b, k = a["batch_dims"], idx.shape[-1]
+    shape = _gather_nd_infer(a, TensorType(x.shape, x.dtype.name), TensorType(idx.shape, idx.dtype.name)).shape
+    for t in range(k):
+        _check_gather_source(x.shape[b + t], shape, "GatherND")
+    m = idx.ndim - 1  # output dims that walk the index tuples (batch dims first)
+
+    def body(*i):
+        picked = tuple(data_index(idx[i[:m] + (t,)], x.shape[b + t]) for t in range(k))
+        return keep(x[i[:b] + picked + i[m:]], idx if k == 0 else None)
+
+    return te.compute(shape, body, name="gather_nd", tag="gather_nd", attrs=rows(x.ndim - b - k))
 
 
 _SCATTER_REDUCE = {"none": None, "add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -243,6 +481,58 @@ def scatter_elements(a: dict, x: np.ndarray, idx: np.ndarray, upd: np.ndarray) -
     return out
 
 
+# A scatter is lowered as a search: each output element reduces over the updates that land on it
+# (last one wins without a reduction, as numpy's assignment does), then combines with the input.
+_PROD = te.comm_reducer(lambda x, y: x * y, lambda t: 1, "prod")
+_SCATTER_TE = {"add": (te.sum, lambda x, r: x + r), "mul": (_PROD, lambda x, r: x * r),
+               "max": (te.max, te.maximum), "min": (te.min, te.minimum)}  # fmt: skip
+
+
+def _check_scatter(a: dict, x: te.Tensor) -> None:
+    if a["reduction"] != "none" and x.dtype.is_bool:
+        raise NotLowerable(f"reduction {a['reduction']!r} on bool data")
+
+
+@lowering("ScatterElements", schedule=schedule_injective("scatter_elements"))
+def _scatter_elements_te(a: dict, x: te.Tensor, idx: te.Tensor, upd: te.Tensor) -> te.Tensor:
+    axis = norm_axis(a["axis"], x.ndim)
+    dim, n = x.shape[axis], idx.shape[axis]
+    _check_scatter(a, x)
+    if numel(idx.shape) == 0 or numel(x.shape) == 0:
+        return copy_compute(x, "scatter_elements", (idx, upd))
+
+    def at(i: tuple, j: Expr) -> tuple:
+        """The position in idx/upd whose update may land on element i, clamped inside idx/upd."""
+        return tuple(j if d == axis else te.minimum(i[d], idx.shape[d] - 1) if idx.shape[d] < x.shape[d] else i[d]
+                     for d in range(x.ndim))  # fmt: skip
+
+    def lands(i: tuple, j: Expr) -> Expr:
+        inside = [i[d] < idx.shape[d] for d in range(x.ndim) if d != axis and idx.shape[d] < x.shape[d]]
+        return te.all(*inside, wrapped(idx[at(i, j)], dim) == i[axis])
+
+    if a["reduction"] == "none":
+
+        def last_body(*i):
+            j = te.reduce_axis((0, n), name="j")
+            return te.max(j.var, axis=j, where=lands(i, j.var))
+
+        last = te.compute(x.shape, last_body, name="scatter_last")
+
+        def body(*i):
+            j = last[i]
+            return te.if_then_else(j >= 0, upd[at(i, te.maximum(j, 0))], x[i])
+
+        return te.compute(x.shape, body, name="scatter_elements", tag="scatter_elements")
+    reducer, combine = _SCATTER_TE[a["reduction"]]
+
+    def acc_body(*i):
+        j = te.reduce_axis((0, n), name="j")
+        return reducer(upd[at(i, j.var)], axis=j, where=lands(i, j.var))
+
+    acc = te.compute(x.shape, acc_body, name="scatter_acc")
+    return te.compute(x.shape, lambda *i: combine(x[i], acc[i]), name="scatter_elements", tag="scatter_elements")
+
+
 @op("ScatterND", INJ, infer=_scatter_infer, inputs=(3, 3),
     attrs=[Attr("reduction", "str", "none", **one_of(*_SCATTER_REDUCE))])  # fmt: skip
 def scatter_nd(a: dict, x: np.ndarray, idx: np.ndarray, upd: np.ndarray) -> np.ndarray:
@@ -257,6 +547,55 @@ def scatter_nd(a: dict, x: np.ndarray, idx: np.ndarray, upd: np.ndarray) -> np.n
     return out
 
 
+@lowering("ScatterND", schedule=schedule_injective("scatter_nd"))
+def _scatter_nd_te(a: dict, x: te.Tensor, idx: te.Tensor, upd: te.Tensor) -> te.Tensor:
+    k, tuples = idx.shape[-1], idx.shape[:-1]
+    _check_scatter(a, x)
+    if k > x.ndim:
+        raise NotLowerable(f"index tuples of length {k} for data of rank {x.ndim}")
+    if numel(tuples) == 0 or numel(x.shape) == 0:
+        return copy_compute(x, "scatter_nd", (idx, upd))
+    dims = tuples or (1,)  # one index tuple: a reduction over one dummy axis
+
+    def axes() -> list:
+        return [te.reduce_axis((0, n), name=f"m{d}") for d, n in enumerate(dims)]
+
+    def lands(p: tuple, ms: tuple) -> Expr:
+        at = ms if tuples else ()
+        return te.all(*(wrapped(idx[at + (t,)], x.shape[t]) == p[t] for t in range(k)))
+
+    if a["reduction"] == "none":
+        big = numel(dims) >= 2**31
+
+        def slot_body(*p):
+            ms = axes()
+            flat = te.const(0, "int64" if big else "int32")
+            for m, n in zip(ms, dims):
+                flat = flat * n + m.var
+            return te.max(flat, axis=ms, where=lands(p, tuple(m.var for m in ms)))
+
+        slot = te.compute(x.shape[:k], slot_body, name="scatter_slot")  # the last tuple that names p, or < 0
+
+        def body(*i):
+            f = te.maximum(slot[i[:k]], 0)
+            at = []
+            for n in reversed(tuples):
+                at.append(f % n)
+                f = f // n
+            return te.if_then_else(slot[i[:k]] >= 0, upd[tuple(reversed(at)) + i[k:]], x[i])
+
+        return te.compute(x.shape, body, name="scatter_nd", tag="scatter_nd", attrs=rows(x.ndim - k))
+    reducer, combine = _SCATTER_TE[a["reduction"]]
+
+    def acc_body(*i):
+        ms = axes()
+        at = tuple(m.var for m in ms) if tuples else ()
+        return reducer(upd[at + i[k:]], axis=ms, where=lands(i[:k], tuple(m.var for m in ms)))
+
+    acc = te.compute(x.shape, acc_body, name="scatter_acc")
+    return te.compute(x.shape, lambda *i: combine(x[i], acc[i]), name="scatter_nd", tag="scatter_nd")
+
+
 # -- broadcasting copies -------------------------------------------------------------------------
 def _expand_infer(a: dict, x: TensorType) -> TensorType:
     return x.with_shape(broadcast_shapes(x.shape, a["shape"]))
@@ -265,6 +604,14 @@ def _expand_infer(a: dict, x: TensorType) -> TensorType:
 @op("Expand", Pattern.BROADCAST, infer=_expand_infer, attrs=[Attr("shape", "ints")])
 def expand(a: dict, x: np.ndarray) -> np.ndarray:
     return np.broadcast_to(x, broadcast_shapes(x.shape, a["shape"])).copy()
+
+
+@lowering("Expand", schedule=schedule_injective("expand"))
+def _expand_te(a: dict, x: te.Tensor) -> te.Tensor:
+    shape = broadcast_shapes(x.shape, a["shape"])
+    same = next((k for k in range(x.ndim) if x.shape[x.ndim - 1 - k] != shape[len(shape) - 1 - k]), x.ndim)
+    return te.compute(shape, lambda *i: x[broadcast_indices(i, x.shape, len(shape))], name="expand", tag="expand",
+                      attrs=rows(same))  # fmt: skip
 
 
 def _tile_infer(a: dict, x: TensorType) -> TensorType:
@@ -276,6 +623,14 @@ def _tile_infer(a: dict, x: TensorType) -> TensorType:
 @op("Tile", INJ, infer=_tile_infer, attrs=[Attr("repeats", "ints")])
 def tile(a: dict, x: np.ndarray) -> np.ndarray:
     return np.tile(x, a["repeats"])
+
+
+@lowering("Tile", schedule=schedule_injective("tile"))
+def _tile_te(a: dict, x: te.Tensor) -> te.Tensor:
+    shape = tuple(d * r for d, r in zip(x.shape, a["repeats"]))
+    untiled = next((k for k, r in enumerate(reversed(a["repeats"])) if r != 1), x.ndim)
+    return te.compute(shape, lambda *i: x[tuple(j if r == 1 else j % d for j, d, r in zip(i, x.shape, a["repeats"]))],
+                      name="tile", tag="tile", attrs=rows(untiled))  # fmt: skip
 
 
 # -- padding -------------------------------------------------------------------------------------
@@ -305,6 +660,84 @@ def pad(a: dict, x: np.ndarray, value: np.ndarray | None = None) -> np.ndarray:
     return np.pad(x, widths, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[a["mode"]])
 
 
+def _pad_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Schedule:
+    """Padded axes keep their own loops, so loop partitioning splits each into its border parts and
+    an interior without bounds checks or index folding (the interior conditions are monotone in the
+    loop variable); the axes before the first padded one are fused (parallel), those after the last
+    fused and vectorized."""
+    if not standalone(outs, "pad") or numel(outs[0].shape) == 0:
+        return default_schedule(outs, target)
+    (out,) = outs
+    pads, rank = a["pads"], out.ndim
+    padded = [d for d in range(rank) if pads[d] > 0 or pads[d + rank] > 0]
+    if not padded:
+        return schedule_injective("pad")(a, outs, target)
+    s = te.create_schedule(outs)
+    st = s[out]
+    axes = list(st.op.axis)
+    first, last = padded[0], padded[-1]
+    if last + 1 < rank:
+        fi = st.fuse(*axes[last + 1 :])
+        lanes = target.vector_lanes(max(out.dtype.bits, 8))
+        n_inner = numel(out.shape[last + 1 :])
+        if n_inner >= lanes and n_inner % lanes == 0:
+            _, vi = st.split(fi, lanes)
+            st.vectorize(vi)
+    if first > 0:
+        outer = st.fuse(*axes[:first])
+        if numel(out.shape) >= 1 << 15 and target.num_cores > 1:
+            st.parallel(outer)
+    return s
+
+
+@lowering("Pad", schedule=_pad_schedule)
+def _pad_te(a: dict, x: te.Tensor, value: te.Tensor | None = None) -> te.Tensor:
+    rank, pads, mode = x.ndim, a["pads"], a["mode"]
+    shape = _pad_infer(a, TensorType(x.shape, x.dtype.name)).shape
+    before = [max(pads[d], 0) for d in range(rank)]
+    after = [max(pads[d + rank], 0) for d in range(rank)]
+    crop = [max(-pads[d], 0) for d in range(rank)]
+    kept = [x.shape[d] - crop[d] - max(-pads[d + rank], 0) for d in range(rank)]  # length after cropping
+    if mode != "constant" and numel(shape) and any((b or e) and n <= 0 for b, e, n in zip(before, after, kept)):
+        raise NotLowerable(f"{mode} padding of an empty axis")
+    if value is not None and numel(value.shape):
+        fill = te.cast(value[(0,) * value.ndim], x.dtype)
+    else:
+        fill = keep(const_of(a["value"], x.dtype.name), value)
+
+    def source(d: int, o: Expr) -> Expr:
+        """The index into the cropped axis d that output index o copies (constant mode: unchecked)."""
+        t, n, b, e = o - before[d], kept[d], before[d], after[d]
+        if not (b or e) or mode == "constant":
+            return t
+        fold = {"edge": max(b, e), "wrap": n, "reflect": n - 1}[mode]  # the widest border one fold covers
+        if max(b, e) <= fold:  # t < 0 and t >= n are the border parts, each folded once
+            below, beyond = {"edge": (0, n - 1), "wrap": (t + n, t - n), "reflect": (-t, 2 * (n - 1) - t)}[mode]
+            inner = te.if_then_else(t < n, t, beyond) if e else t
+            return te.if_then_else(t >= 0, inner, below) if b else inner
+        if mode == "wrap":
+            return t % n
+        period = 2 * (n - 1)
+        if period == 0:  # reflect of a single element
+            return te.const(0)
+        r = t % period  # reflect: a triangle wave over 0 .. n-1 .. 1
+        return te.if_then_else(r < n, r, period - r)
+
+    def body(*o):
+        src = tuple(source(d, o[d]) + crop[d] for d in range(rank))
+        if mode != "constant":
+            return x[src]
+        conds = []
+        for d in range(rank):
+            if before[d]:
+                conds.append(o[d] >= before[d])
+            if after[d]:
+                conds.append(o[d] < before[d] + kept[d])
+        return te.if_then_else(te.all(*conds), x[src], fill) if conds else x[src]
+
+    return te.compute(shape, body, name="pad", tag="pad")
+
+
 # -- creation from types or attributes ------------------------------------------------------------
 @op("Shape", INJ, infer=lambda a, x: TensorType((len(range(x.rank)[a["start"] : a["end"]]),), "int64"),
     attrs=[Attr("start", "int", 0), Attr("end", "int", None)], reads_data=False)  # fmt: skip
@@ -313,9 +746,27 @@ def shape(a: dict, x: np.ndarray) -> np.ndarray:
     return np.array(x.shape[a["start"] : a["end"]], dtype=np.int64)
 
 
+@lowering("Shape")
+def _shape_te(a: dict, x: te.Tensor) -> te.Tensor:
+    dims = x.shape[a["start"] : a["end"]]
+
+    def body(i):
+        out = te.const(dims[-1] if dims else 0, "int64")
+        for k in reversed(range(len(dims) - 1)):
+            out = te.if_then_else(i == k, te.const(dims[k], "int64"), out)
+        return keep(out, x)
+
+    return te.compute((len(dims),), body, name="shape")
+
+
 @op("Size", INJ, infer=lambda a, x: TensorType((), "int64"), reads_data=False)
 def size(a: dict, x: np.ndarray) -> np.ndarray:
     return np.array(x.size, dtype=np.int64)
+
+
+@lowering("Size")
+def _size_te(a: dict, x: te.Tensor) -> te.Tensor:
+    return te.compute((), lambda: keep(te.const(numel(x.shape), "int64"), x), name="size")
 
 
 def _const_of_shape_infer(a: dict) -> TensorType:
@@ -328,6 +779,13 @@ def constant_of_shape(a: dict) -> np.ndarray:
     return np.full(a["shape"], a["value"].reshape(-1)[0], dtype=a["value"].dtype)
 
 
+@lowering("ConstantOfShape", schedule=schedule_injective("constant_of_shape"))
+def _constant_of_shape_te(a: dict) -> te.Tensor:
+    dtype = native_dtype(a["value"].dtype.name)
+    value = const_of(a["value"].reshape(-1)[0], dtype)
+    return te.compute(a["shape"], lambda *i: value, name="constant_of_shape", tag="constant_of_shape")
+
+
 def _eye_like_infer(a: dict, x: TensorType) -> TensorType:
     if x.rank != 2:
         raise ShapeError(f"EyeLike needs a 2-D input, got {x}")
@@ -337,6 +795,14 @@ def _eye_like_infer(a: dict, x: TensorType) -> TensorType:
 @op("EyeLike", INJ, infer=_eye_like_infer, attrs=[Attr("dtype", "dtype", None), Attr("k", "int", 0)], reads_data=False)
 def eye_like(a: dict, x: np.ndarray) -> np.ndarray:
     return np.eye(x.shape[0], x.shape[1], k=a["k"], dtype=np_dtype(a["dtype"]) if a["dtype"] else x.dtype)
+
+
+@lowering("EyeLike", schedule=schedule_injective("eye_like"))
+def _eye_like_te(a: dict, x: te.Tensor) -> te.Tensor:
+    dtype = native_dtype(a["dtype"] or x.dtype.name)
+    one, zero = const_of(1, dtype), const_of(0, dtype)
+    return te.compute(x.shape, lambda i, j: keep(te.if_then_else(j - i == a["k"], one, zero), x), name="eye_like",
+                      tag="eye_like")  # fmt: skip
 
 
 def _range_infer(a: dict, start: TensorType, limit: TensorType, delta: TensorType) -> TensorType:
@@ -368,9 +834,35 @@ def one_hot(a: dict, idx: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.where(hot, values[1], values[0]).astype(values.dtype)
 
 
+@lowering("OneHot", schedule=schedule_injective("one_hot"))
+def _one_hot_te(a: dict, idx: te.Tensor, values: te.Tensor) -> te.Tensor:
+    depth = a["depth"]
+    axis = norm_axis(a["axis"], idx.ndim + 1)
+    shape = _one_hot_infer(a, TensorType(idx.shape, idx.dtype.name), TensorType(values.shape, values.dtype.name)).shape
+
+    def body(*o):
+        v = te.cast(idx[o[:axis] + o[axis + 1 :]], "int64")  # astype(int64): floats truncate
+        return te.if_then_else(wrapped(v, depth) == o[axis], values[1], values[0])
+
+    return te.compute(shape, body, name="one_hot", tag="one_hot")
+
+
 @op("Trilu", INJ, infer=lambda a, x: x, attrs=[Attr("upper", "int", 1), Attr("k", "int", 0)])
 def trilu(a: dict, x: np.ndarray) -> np.ndarray:
     return np.triu(x, a["k"]) if a["upper"] else np.tril(x, a["k"])
+
+
+@lowering("Trilu", schedule=schedule_injective("trilu"))
+def _trilu_te(a: dict, x: te.Tensor) -> te.Tensor:
+    if x.ndim < 2:
+        raise NotLowerable("Trilu needs a matrix (rank >= 2)")
+    k, zero = a["k"], te.const(0, x.dtype)
+
+    def body(*o):
+        diag = o[-1] - o[-2]
+        return te.if_then_else(diag >= k if a["upper"] else diag <= k, x[o], zero)
+
+    return te.compute(x.shape, body, name="trilu", tag="trilu")
 
 
 # -- data-dependent shapes (the frontend evaluates them when their inputs are constant) ------------
@@ -428,6 +920,20 @@ def depth_to_space(a: dict, x: np.ndarray) -> np.ndarray:
     return y.reshape(n, c // (b * b), h * b, w * b)
 
 
+@lowering("DepthToSpace", schedule=schedule_injective("depth_to_space"))
+def _depth_to_space_te(a: dict, x: te.Tensor) -> te.Tensor:
+    b = a["blocksize"]
+    n, c, h, w = x.shape
+    cc = c // (b * b)
+
+    def body(i, ch, y, z):
+        by, bx = y % b, z % b
+        src = (by * b + bx) * cc + ch if a["mode"] == "DCR" else ch * (b * b) + by * b + bx
+        return x[i, src, y // b, z // b]
+
+    return te.compute((n, cc, h * b, w * b), body, name="depth_to_space", tag="depth_to_space")
+
+
 def _s2d_infer(a: dict, x: TensorType) -> TensorType:
     b = a["blocksize"]
     n, c, h, w = x.shape
@@ -447,6 +953,21 @@ def space_to_depth(a: dict, x: np.ndarray) -> np.ndarray:
     return y.reshape(n, c * b * b, h // b, w // b)
 
 
+@lowering("SpaceToDepth", schedule=schedule_injective("space_to_depth"))
+def _space_to_depth_te(a: dict, x: te.Tensor) -> te.Tensor:
+    b = a["blocksize"]
+    n, c, h, w = x.shape
+
+    def body(i, o, y, z):
+        if a["mode"] == "DCR":  # o = (by * b + bx) * c + ch
+            ch, blk = o % c, o // c
+        else:  # o = ch * b * b + by * b + bx
+            ch, blk = o // (b * b), o % (b * b)
+        return x[i, ch, y * b + blk // b, z * b + blk % b]
+
+    return te.compute((n, c * b * b, h // b, w // b), body, name="space_to_depth", tag="space_to_depth")
+
+
 @op("ReverseSequence", INJ, infer=lambda a, x, lens: x, inputs=(2, 2),
     attrs=[Attr("batch_axis", "int", 1), Attr("time_axis", "int", 0)])  # fmt: skip
 def reverse_sequence(a: dict, x: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -458,6 +979,21 @@ def reverse_sequence(a: dict, x: np.ndarray, lens: np.ndarray) -> np.ndarray:
         src[t_ax] = slice(0, n)
         out[tuple(src)] = np.flip(x[tuple(src)], axis=t_ax - (1 if b_ax < t_ax else 0))
     return out
+
+
+@lowering("ReverseSequence", schedule=schedule_injective("reverse_sequence"))
+def _reverse_sequence_te(a: dict, x: te.Tensor, lens: te.Tensor) -> te.Tensor:
+    b_ax, t_ax = a["batch_axis"], a["time_axis"]
+    steps = x.shape[t_ax]
+
+    def body(*o):
+        n = lens[o[b_ax]]  # the reference slices [0:n]: a negative n counts from the end
+        n = te.if_then_else(n < 0, te.maximum(n + steps, 0), te.minimum(n, steps))
+        t = o[t_ax]
+        return x[_with(o, t_ax, index_dtype(te.if_then_else(t < n, n - 1 - t, te.cast(t, n.dtype)), steps))]
+
+    return te.compute(x.shape, body, name="reverse_sequence", tag="reverse_sequence",
+                      attrs=rows(x.ndim - max(b_ax, t_ax) - 1))  # fmt: skip
 
 
 def _center_crop_pad_infer(a: dict, x: TensorType) -> TensorType:
@@ -485,6 +1021,26 @@ def center_crop_pad(a: dict, x: np.ndarray) -> np.ndarray:
     return out
 
 
+@lowering("CenterCropPad", schedule=schedule_injective("center_crop_pad"))
+def _center_crop_pad_te(a: dict, x: te.Tensor) -> te.Tensor:
+    shape = _center_crop_pad_infer(a, TensorType(x.shape, x.dtype.name)).shape
+    zero = te.const(0, x.dtype)
+
+    def body(*o):
+        src, conds = [], []
+        for d, (n_in, n_out) in enumerate(zip(x.shape, shape)):
+            if n_out <= n_in:
+                src.append(o[d] + (n_in - n_out) // 2)
+            else:
+                off = (n_out - n_in) // 2
+                src.append(o[d] - off)
+                conds += [o[d] >= off, o[d] < off + n_in]
+        return te.if_then_else(te.all(*conds), x[tuple(src)], zero) if conds else x[tuple(src)]
+
+    same = next((k for k in range(x.ndim) if x.shape[x.ndim - 1 - k] != shape[x.ndim - 1 - k]), x.ndim)
+    return te.compute(shape, body, name="center_crop_pad", tag="center_crop_pad", attrs=rows(same))
+
+
 # -- bit-level and cache updates ------------------------------------------------------------------
 def _bitcast_infer(a: dict, x: TensorType) -> TensorType:
     if np_dtype(a["to"]).itemsize != x.np_dtype.itemsize or a["to"].endswith(("int4", "int2", "e2m1fn")):
@@ -496,6 +1052,17 @@ def _bitcast_infer(a: dict, x: TensorType) -> TensorType:
 def bitcast(a: dict, x: np.ndarray) -> np.ndarray:
     """Reinterpret the bits (little endian) as another dtype of the same width."""
     return x.copy(order="C").view(np_dtype(a["to"]))
+
+
+@lowering("BitCast", schedule=schedule_injective("bitcast"))
+def _bitcast_te(a: dict, x: te.Tensor) -> te.Tensor:
+    """Between integer types of one width (and bool to 8-bit integers) a C conversion keeps the bits;
+    reinterpreting float bits needs an intrinsic that te does not have."""
+    to = native_dtype(a["to"])
+    src, dst = x.dtype, tir_dtype(to)
+    if src.is_float or dst.is_float or dst.is_bool:
+        raise NotLowerable(f"BitCast {src} -> {to} reinterprets float bits (no such te intrinsic yet)")
+    return te.compute(x.shape, lambda *i: te.cast(x[i], to), name="bitcast", tag="bitcast")
 
 
 def _tensor_scatter_infer(a: dict, cache: TensorType, update: TensorType, idx: TensorType | None = None) -> TensorType:
@@ -521,3 +1088,28 @@ def tensor_scatter(a: dict, cache: np.ndarray, update: np.ndarray, idx: np.ndarr
             raise ShapeError("TensorScatter writes along a sequence axis after the batch axis")
         np.moveaxis(out[b], axis - 1, 0)[pos] = np.moveaxis(update[b], axis - 1, 0)
     return out
+
+
+@lowering("TensorScatter", schedule=schedule_injective("tensor_scatter"))
+def _tensor_scatter_te(a: dict, cache: te.Tensor, update: te.Tensor, idx: te.Tensor | None = None) -> te.Tensor:
+    axis = norm_axis(a["axis"], cache.ndim)
+    size, steps = cache.shape[axis], update.shape[axis]
+    if axis == 0 or (idx is not None and idx.ndim != 1):
+        raise NotLowerable("TensorScatter writes along an axis after the batch axis, from a 1-D index")
+    if steps == 0 or numel(cache.shape) == 0:
+        return copy_compute(cache, "tensor_scatter", (update, idx))
+
+    def body(*o):
+        start = idx[o[0]] if idx is not None else te.const(0)
+        s = o[axis]
+        if a["mode"] == "linear":
+            t = s - start
+            hit = te.all(t >= 0, t < steps)
+        else:  # circular: of the steps t with (start + t) % size == s, the last one wins
+            t0 = (s - start) % size
+            hit = t0 < steps
+            t = t0 + (steps - 1 - t0) // size * size
+        src = _with(o, axis, index_dtype(te.minimum(te.maximum(t, 0), steps - 1), steps))
+        return te.if_then_else(hit, update[src], cache[o])
+
+    return te.compute(cache.shape, body, name="tensor_scatter", tag="tensor_scatter", attrs=rows(cache.ndim - axis - 1))

@@ -7,10 +7,13 @@ import itertools
 
 import numpy as np
 
+from ember import te
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, Pattern, one_of, op
-from ember.ops.resize import _cubic
+from ember.ops.resize import _cubic, _cubic_te
+from ember.ops.te_lib import NotLowerable, keep, lowering, numel, schedule_tables
+from ember.tir.expr import Expr
 
 # -- GridSample --------------------------------------------------------------------------------------
 GRID_ATTRS = [
@@ -296,3 +299,277 @@ def non_max_suppression(a: dict, boxes, scores, max_out=None, iou_thr=None, scor
                     keep.append(int(i))
             picked += [(b, c, i) for i in keep]
     return np.array(picked, dtype=np.int64).reshape(-1, 3)
+
+
+# -- TE computes -------------------------------------------------------------------------------------
+# The samplers mirror the references' float64 arithmetic; taps outside the image read a clamped
+# (in-bounds) element and get weight 0, so no load needs a guard.
+def _f64(v: Expr) -> Expr:
+    return te.cast(v, "float64")
+
+
+def _clamp_index(pos: Expr, size: int) -> Expr:
+    """A float64 position clamped into [0, size) and made an integer index."""
+    return te.cast(te.minimum(te.maximum(pos, 0.0), float(size - 1)), "int32" if size <= 2**31 else "int64")
+
+
+def _reflect_te(u: Expr, lo: float, hi: float) -> Expr:
+    span = hi - lo
+    if span <= 0:
+        return te.const(0.0, "float64")
+    d = te.abs(u - lo) % (2 * span)
+    return lo + te.if_then_else(d > span, 2 * span - d, d)
+
+
+def _grid_taps(u: Expr, mode: str) -> list[tuple[Expr, Expr]]:
+    """(float64 integer-valued position, weight) of the taps along one axis (`_taps`)."""
+    if mode == "nearest":
+        return [(te.round(u), te.const(1.0, "float64"))]
+    base = te.floor(u)
+    frac = u - base
+    if mode == "linear":
+        return [(base, 1.0 - frac), (base + 1.0, frac)]
+    return [(base + float(k), _cubic_te(frac - float(k), -0.75)) for k in (-1, 0, 1, 2)]
+
+
+@lowering("GridSample", schedule=schedule_tables("grid_sample"))
+def _grid_sample_te(a: dict, x: te.Tensor, grid: te.Tensor) -> te.Tensor:
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(a["mode"], a["mode"])
+    align, padding = bool(a["align_corners"]), a["padding_mode"]
+    n, c, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    nd, out_sp = len(spatial), grid.shape[1:-1]
+    shape = (n, c) + out_sp
+    if not all(spatial) and numel(shape):
+        raise NotLowerable("GridSample of an empty image")
+
+    def coordinate(d: int) -> te.Tensor:
+        """Input position along spatial axis d for each output point (grid component nd - 1 - d)."""
+        size = spatial[d]
+
+        def body(*i):
+            u = _f64(grid[i + (nd - 1 - d,)])
+            u = (u + 1) / 2 * (size - 1) if align else ((u + 1) * size - 1) / 2
+            if padding == "border":
+                return te.minimum(te.maximum(u, 0.0), float(size - 1))
+            if padding == "reflection":
+                return _reflect_te(u, 0.0, size - 1.0) if align else _reflect_te(u, -0.5, size - 0.5)
+            return u
+
+        return te.compute((n,) + out_sp, body, name=f"grid_coord{d}")
+
+    coords = [coordinate(d) for d in range(nd)]
+    ntaps = {"nearest": 1, "linear": 2, "cubic": 4}[mode]
+
+    def fix(pos: Expr, size: int) -> tuple[Expr, Expr | None]:  # (index, validity) as `_fix_index`
+        if padding == "zeros":
+            return _clamp_index(pos, size), te.all(pos >= 0.0, pos < float(size))
+        if padding == "border":
+            return _clamp_index(pos, size), None
+        lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        return _clamp_index(te.round(_reflect_te(pos, lo, hi)), size), None
+
+    def taps(d: int) -> tuple[te.Tensor, te.Tensor]:
+        """Tables [tap, n, *out] of the index along axis d and its weight (0 where the tap is outside and
+        padding reads zeros: weight * valid of the reference, one axis at a time)."""
+
+        def pick(t: Expr, b: Expr, p: tuple, want_index: bool) -> Expr:
+            size, out = spatial[d], None
+            for k, (pos, w) in reversed(list(enumerate(_grid_taps(coords[d][(b,) + p], mode)))):
+                index, ok = fix(pos, size)
+                if ok is not None:
+                    w = w * te.if_then_else(ok, te.const(1.0, "float64"), te.const(0.0, "float64"))
+                v = index if want_index else w
+                out = v if out is None else te.if_then_else(t == k, v, out)
+            return out
+
+        tshape = (ntaps, n) + out_sp
+        index = te.compute(tshape, lambda *i: pick(i[0], i[1], i[2:], True), name=f"grid_index{d}")
+        weight = te.compute(tshape, lambda *i: pick(i[0], i[1], i[2:], False), name=f"grid_weight{d}")
+        return index, weight
+
+    tables = [taps(d) for d in range(nd)]
+
+    def body(*i):
+        b, ch, p = i[0], i[1], i[2:]
+        total = None
+        for combo in itertools.product(range(ntaps), repeat=nd):
+            weight = None
+            for (_, w), k in zip(tables, combo):
+                weight = w[(k, b) + p] if weight is None else weight * w[(k, b) + p]
+            index = tuple(ix[(k, b) + p] for (ix, _), k in zip(tables, combo))
+            term = _f64(x[(b, ch) + index]) * weight
+            total = term if total is None else total + term
+        return te.cast(total, x.dtype)
+
+    return te.compute(shape, body, name="grid_sample", tag="grid_sample")
+
+
+@lowering("RoiAlign")
+def _roi_align_te(a: dict, x: te.Tensor, rois: te.Tensor, idx: te.Tensor) -> te.Tensor:
+    if a["sampling_ratio"] <= 0:
+        raise NotLowerable("adaptive sampling_ratio: the number of samples per bin depends on the roi sizes (data)")
+    if x.ndim != 4:
+        raise NotLowerable("RoiAlign of a non-4-D input")
+    oh, ow, scale, g = a["output_height"], a["output_width"], a["spatial_scale"], a["sampling_ratio"]
+    offset = 0.5 if a["coordinate_transformation_mode"] == "half_pixel" else 0.0
+    n, c, h, w = x.shape
+    shape = (rois.shape[0], c, oh, ow)
+    if not (n and h and w) and numel(shape):
+        raise NotLowerable("RoiAlign of an empty image")
+
+    def sample(r: Expr, ch: Expr, yy: Expr, xx: Expr) -> Expr:
+        """`_bilinear_terms` summed (avg) or maxed (max); 0 outside the image."""
+        img = te.minimum(te.maximum(idx[r], 0), n - 1)
+        outside = te.any(yy < -1.0, yy > float(h), xx < -1.0, xx > float(w))
+        corners = []
+        for v, size in ((yy, h), (xx, w)):
+            v = te.maximum(v, 0.0)
+            last = te.floor(v) >= float(size - 1)  # int(v) == floor(v) for v >= 0
+            lo = te.if_then_else(last, float(size - 1), te.floor(v))
+            v = te.if_then_else(last, lo, v)
+            hi = te.if_then_else(last, lo, lo + 1.0)
+            frac = v - lo
+            corners.append(((lo, 1 - frac), (hi, frac)))
+        terms = [wy * wx * _f64(x[img, ch, te.cast(py, "int64"), te.cast(px, "int64")])
+                 for (py, wy), (px, wx) in itertools.product(*corners)]  # fmt: skip
+        if a["mode"] == "avg":
+            value = terms[0] + terms[1] + terms[2] + terms[3]
+        else:
+            value = te.maximum(te.maximum(terms[0], terms[1]), te.maximum(terms[2], terms[3]))
+        return te.if_then_else(outside, te.const(0.0, "float64"), value)
+
+    def acc_body(r, ch, ph, pw):
+        iy, ix = te.reduce_axis((0, g), name="iy"), te.reduce_axis((0, g), name="ix")
+        x0, y0, x1, y1 = (_f64(rois[r, k]) * scale - offset for k in range(4))
+        rw, rh = x1 - x0, y1 - y0
+        if not offset:
+            rw, rh = te.maximum(rw, 1.0), te.maximum(rh, 1.0)
+        bh, bw = rh / oh, rw / ow
+        yy = y0 + _f64(ph) * bh + (_f64(iy.var) + 0.5) * bh / g
+        xx = x0 + _f64(pw) * bw + (_f64(ix.var) + 0.5) * bw / g
+        reducer = te.sum if a["mode"] == "avg" else te.max
+        return reducer(sample(r, ch, yy, xx), axis=[iy, ix])
+
+    acc = te.compute(shape, acc_body, name="roi_align_acc")
+    if a["mode"] == "avg":
+        return te.compute(shape, lambda *o: te.cast(acc[o] / float(g * g), x.dtype), name="roi_align")
+    return te.compute(shape, lambda *o: te.cast(acc[o], x.dtype), name="roi_align")
+
+
+@lowering("DeformConv", schedule=schedule_tables("deform_conv"))
+def _deform_conv_te(a: dict, x: te.Tensor, w: te.Tensor, offset: te.Tensor, b: te.Tensor | None = None,
+                    mask: te.Tensor | None = None) -> te.Tensor:  # fmt: skip
+    if x.ndim != 4:
+        raise NotLowerable("DeformConv of a non-2-D image")
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    oh, ow = offset.shape[2:]
+    (sh, sw), (dh, dw), (ph, pw) = a["strides"], a["dilations"], a["pads"][:2]
+    og, groups = a["offset_group"], a["group"]
+    per_group, taps = c // og, kh * kw
+    if not (h and wd) and numel((n, m, oh, ow)):
+        raise NotLowerable("DeformConv of an empty image")
+
+    def cols_body(bi, ch, k, oy, ox):
+        """Channel ch of the input sampled at kernel tap k of output position (oy, ox), times the mask."""
+        gi = ch // per_group
+        y = _f64(oy * sh - ph + k // kw * dh) + _f64(offset[bi, (gi * taps + k) * 2, oy, ox])
+        xx = _f64(ox * sw - pw + k % kw * dw) + _f64(offset[bi, (gi * taps + k) * 2 + 1, oy, ox])
+        y0, x0 = te.floor(y), te.floor(xx)
+        total = None
+        for dy, dx in itertools.product((0.0, 1.0), (0.0, 1.0)):
+            yy, xc = y0 + dy, x0 + dx
+            wgt = (1.0 - te.abs(y - yy)) * (1.0 - te.abs(xx - xc))
+            ok = te.all(yy >= 0.0, yy < float(h), xc >= 0.0, xc < float(wd))
+            v = _f64(x[bi, ch, _clamp_index(yy, h), _clamp_index(xc, wd)])
+            term = v * (wgt * te.if_then_else(ok, te.const(1.0, "float64"), te.const(0.0, "float64")))
+            total = term if total is None else total + term
+        if mask is not None:
+            total = total * _f64(mask[bi, gi * taps + k, oy, ox])
+        return total
+
+    cols = te.compute((n, c, taps, oh, ow), cols_body, name="deform_cols")
+    per_out = m // groups
+
+    def acc_body(bi, o, oy, ox):
+        ci, k = te.reduce_axis((0, cg), name="ci"), te.reduce_axis((0, taps), name="k")
+        src = o // per_out * cg + ci.var
+        return te.sum(_f64(w[o, ci.var, k.var // kw, k.var % kw]) * cols[bi, src, k.var, oy, ox], axis=[ci, k])
+
+    acc = te.compute((n, m, oh, ow), acc_body, name="deform_acc")
+
+    def out_body(bi, o, oy, ox):
+        v = acc[bi, o, oy, ox]
+        return te.cast(v + _f64(b[o]) if b is not None else v, x.dtype)
+
+    return te.compute((n, m, oh, ow), out_body, name="deform_conv", tag="deform_conv")
+
+
+@lowering("Col2Im")
+def _col2im_te(a: dict, x: te.Tensor) -> te.Tensor:
+    image, block = tuple(a["image_shape"]), tuple(a["block_shape"])
+    nd = len(image)
+    strides, dil = a["strides"] or (1,) * nd, a["dilations"] or (1,) * nd
+    pads = a["pads"] or (0,) * (2 * nd)
+    n, c = x.shape[0], x.shape[1] // numel(block)
+    padded = tuple(image[i] + pads[i] + pads[i + nd] for i in range(nd))
+    counts = [(padded[i] - dil[i] * (block[i] - 1) - 1) // strides[i] + 1 for i in range(nd)]
+    shape = (n, c) + image
+    if numel(block) == 0 or min(counts, default=1) <= 0:
+        raise NotLowerable("Col2Im with no blocks")
+
+    def acc_body(*o):
+        ks = [te.reduce_axis((0, k), name=f"k{d}") for d, k in enumerate(block)]
+        conds, pos = [], []
+        for d in range(nd):
+            q = o[2 + d] + pads[d] - ks[d].var * dil[d]  # where the block's tap k lands, in block steps * stride
+            conds += [q >= 0, q % strides[d] == 0, q // strides[d] < counts[d]]
+            pos.append(te.minimum(te.maximum(q // strides[d], 0), counts[d] - 1))
+        kflat, lflat = te.const(0), te.const(0)
+        for d in range(nd):
+            kflat = kflat * block[d] + ks[d].var
+            lflat = lflat * counts[d] + pos[d]
+        v = _f64(x[o[0], o[1] * numel(block) + kflat, lflat])
+        return te.sum(v, axis=ks, where=te.all(*conds))
+
+    acc = te.compute(shape, acc_body, name="col2im_acc")
+    return te.compute(shape, lambda *o: te.cast(acc[o], x.dtype), name="col2im")
+
+
+MAX_UNPOOL_SEARCH = 1 << 26  # output elements x input elements: above this, the search costs too much
+
+
+@lowering("MaxUnpool")
+def _max_unpool_te(a: dict, x: te.Tensor, idx: te.Tensor) -> te.Tensor:
+    """A scatter to data-given positions, lowered as a search: each output element looks for the last
+    input whose index names it, so it costs output x input comparisons (fine for small tensors only)."""
+    unpooled, shape = tuple(a["unpooled_shape"]), tuple(a["output_shape"])
+    total, size = numel(unpooled), numel(x.shape)
+    if numel(shape) * size > MAX_UNPOOL_SEARCH:
+        raise NotLowerable(f"a scatter lowered as a search would take {numel(shape) * size} comparisons")
+    if size == 0 or numel(shape) == 0:
+        return te.compute(shape, lambda *o: keep(te.const(0, x.dtype), x, idx), name="max_unpool")
+
+    def slot_body(*o):
+        js = [te.reduce_axis((0, d), name=f"j{k}") for k, d in enumerate(x.shape)]
+        flat, jflat = te.const(0, "int64"), te.const(0)
+        for v, d in zip(o, unpooled):
+            flat = flat * d + v
+        for j, d in zip(js, x.shape):
+            jflat = jflat * d + j.var
+        inside = te.all(*(v < d for v, d in zip(o, unpooled)))
+        names = te.if_then_else(idx[tuple(j.var for j in js)] < 0, idx[tuple(j.var for j in js)] + total,
+                                idx[tuple(j.var for j in js)])  # fmt: skip
+        return te.max(jflat, axis=js, where=te.all(inside, names == flat))
+
+    slot = te.compute(shape, slot_body, name="unpool_slot")  # the last input that lands here, or < 0
+
+    def body(*o):
+        f = te.maximum(slot[o], 0)
+        src = []
+        for d in reversed(x.shape):
+            src.append(f % d)
+            f = f // d
+        return te.if_then_else(slot[o] >= 0, x[tuple(reversed(src))], te.const(0, x.dtype))
+
+    return te.compute(shape, body, name="max_unpool")
