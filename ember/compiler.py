@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .codegen.c import c_symbol, codegen_c
-from .codegen.toolchain import compile_c
+from .codegen.c import c_symbol, codegen_c, codegen_c_unit
+from .codegen.toolchain import compile_units
 from .graph.ir import Graph, Node, Value
 from .ops import get_op
 from .ops.te_lib import NotLowerable, default_schedule
@@ -188,6 +188,7 @@ class GraphLowering:
             tuple((m.op, _attr_key(m.attrs)) for m in members),
             tuple((v.shape, v.dtype) for v in outer),
             tuple(baked),
+            tuple((v.shape, v.dtype) for v in node.outputs),  # optional outputs (Dropout's mask) change the kernel
         )
         if key in self.kernels:
             return self.kernels[key]
@@ -324,9 +325,14 @@ def compile(  # noqa: A001
     gl.run()
     workspace = gl.plan()
     t_lower = time.perf_counter()
-    funcs = [k.func for k in gl.kernels.values()]
-    source = codegen_c(funcs, target) + "\n" + runner_source(gl.steps)
-    lib = compile_c(source, target.cflags(), name="model")
+    units, protos = [], []
+    for k in gl.kernels.values():
+        src, proto = codegen_c_unit(k.func, target, threads_api=False)
+        units.append(src)
+        protos += proto
+    units.append(codegen_c([], target) + "\n" + "\n".join(protos) + "\n\n" + runner_source(gl.steps))
+    lib = compile_units(units, target.cflags(), name="model")
+    source = lib.with_suffix(".c").read_text()
     t_build = time.perf_counter()
     name = graph.name or "model"
     inputs = [gl.ids[v] for v in graph.inputs]

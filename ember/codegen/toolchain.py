@@ -73,3 +73,67 @@ def compile_c(source: str, flags: list[str], name: str = "kernel") -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return lib
+
+
+def _cached_build(key_parts: list[str], out_name: str, build) -> Path:
+    """Cache entry for a key: `build(tmpdir)` writes `out_name` into a fresh temp dir, then it is renamed in."""
+    key = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()
+    entry = cache_dir() / key[:2] / key
+    out = entry / out_name
+    if out.exists():
+        return out
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, entry)
+        except OSError:
+            if not out.exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _run_cc(cmd: list[str], source: str, name: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        keep = Path(tempfile.mkdtemp(prefix="ember-failed-")) / f"{name}.c"
+        keep.write_text(source)
+        raise CompileError(f"{' '.join(cmd[:3])} ... failed on {keep}:\n{proc.stderr.strip()[:4000]}")
+
+
+def compile_units(units: list[str], flags: list[str], name: str = "model", jobs: int | None = None) -> Path:
+    """A shared library from several C translation units, compiled in parallel.
+
+    Each unit's object file is cached by its own hash (a kernel shared by two models, or unchanged
+    between compiles, is compiled once); the library is cached by the hashes of its objects. The
+    units' sources are kept, concatenated, as `<name>.c` beside the library."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cc = find_cc()
+    if cc is None:
+        raise CompileError("no C compiler found (set CC, or install gcc/clang); the llvm target needs none")
+    version = cc_version(cc)
+    obj_flags = [f for f in flags if f != "-shared"]
+
+    def obj(i_src: tuple[int, str]) -> Path:
+        i, src = i_src
+
+        def build(tmp: Path) -> None:
+            (tmp / "unit.c").write_text(src)
+            _run_cc([cc, *obj_flags, "-c", str(tmp / "unit.c"), "-o", str(tmp / "unit.o")], src, f"{name}_{i}")
+
+        return _cached_build([src, version, *obj_flags, "object"], "unit.o", build)
+
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        objs = list(pool.map(obj, enumerate(units)))
+    source = "\n".join(units)
+
+    def link(tmp: Path) -> None:
+        (tmp / f"{name}.c").write_text(source)
+        _run_cc([cc, *flags, *map(str, objs), "-o", str(tmp / f"{name}.so"), "-lm"], source, name)
+
+    return _cached_build([str(o) for o in objs] + [version, *flags, "link"], f"{name}.so", link)

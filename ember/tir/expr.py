@@ -24,13 +24,19 @@ CMP_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 LOGIC_OPS = ("and", "or")
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}  # dataclass field names per node type
+
+
 class Node:
     """Base of expressions and statements: generic children, structural hash."""
 
     __slots__ = ()
 
     def _values(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
+        names = _FIELDS.get(type(self))
+        if names is None:
+            names = _FIELDS[type(self)] = tuple(f.name for f in fields(self))  # type: ignore[arg-type]
+        return tuple([getattr(self, n) for n in names])
 
     def __hash__(self) -> int:
         h = self.__dict__.get("_hash")
