@@ -19,9 +19,10 @@ import numpy as np
 from .codegen.c import c_symbol, codegen_c, codegen_c_unit
 from .codegen.toolchain import compile_units
 from .graph.ir import Graph, Node, Value
-from .ops import get_op
+from .ops import Pattern, get_op
 from .ops.te_lib import NotLowerable, default_schedule
 from .passes import run_passes
+from .passes.fuse import pattern as pattern_of
 from .runtime.executor import CompiledModel, KernelInfo, Plan, Step, ValueInfo
 from .target import Target
 from .te.lower import lower_schedule
@@ -87,8 +88,8 @@ def kernel_te(node: Node, target: Target) -> KernelTE:
                 got = f"{t.dtype}{list(t.shape)}"
                 raise AssertionError(f"{m.op} compute gives {got}, the shape rule says {v.type} (node {m.name})")
             tensors[v] = t
-        if anchor is None and opdef.schedule is not None:
-            anchor = m
+        if opdef.schedule is not None and (anchor is None or _RANK[pattern_of(m)] > _RANK[pattern_of(anchor)]):
+            anchor = m  # the member whose schedule drives the group: conv/matmul over reductions over injective
     outs = [tensors[v] for v in results]
     if anchor is not None:
         sch = get_op(anchor.op).schedule(anchor.attrs, outs, target)
@@ -96,6 +97,10 @@ def kernel_te(node: Node, target: Target) -> KernelTE:
         sch = default_schedule(outs, target)
     args = [tensors[p] for p in params if p not in scalars] + outs
     return KernelTE(args, outs, sch, [p not in scalars for p in params])
+
+
+_RANK = {Pattern.INJECTIVE: 0, Pattern.ELEMWISE: 0, Pattern.BROADCAST: 0, Pattern.OPAQUE: 1, Pattern.REDUCTION: 2,
+         Pattern.OUT_ELEMWISE_FUSABLE: 3}  # fmt: skip
 
 
 def _literal(data: np.ndarray, name: str) -> Tensor:
