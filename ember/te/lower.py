@@ -51,7 +51,7 @@ class Lowering:
         self.region_min: dict[Stage, list[Expr]] = {}
         self.buffers: dict[Stage, Buffer] = {}
         self.attached: dict[tuple[Stage, IterVar], list[Stage]] = {}
-        self.readers: dict[Stage, set[Stage]] = {}
+        self.readers: dict[Stage, dict[Stage, None]] = {}  # ordered sets: the IR must not depend on object ids
 
     def arg_stage(self, t: Tensor) -> Stage:
         """The stage of argument t; an input that the computation does not read is an unused parameter."""
@@ -94,7 +94,7 @@ class Lowering:
         for st, body in self.bodies.items():
             for n in walk(body):
                 if isinstance(n, TensorLoad):
-                    readers.setdefault(self.sch[n.tensor], set()).add(st)
+                    readers.setdefault(self.sch[n.tensor], {})[st] = None
         for st in self.sch.stages:
             if st.is_placeholder and st in readers and st not in arg_set:
                 raise ScheduleError(f"placeholder '{st.name}' is read but not in the argument list")
@@ -112,7 +112,7 @@ class Lowering:
                     f"which is no longer one of its loops [{', '.join(iv.name for iv in target.leaf_iter_vars)}]"
                 )
             pos = target.leaf_iter_vars.index(axis)
-            for r in readers.get(st, set()):
+            for r in readers.get(st, {}):
                 if not self.inside(r, target, pos):
                     raise ScheduleError(
                         f"stage '{st.name}' is computed at '{target.name}.{axis.name}', but its reader '{r.name}' "

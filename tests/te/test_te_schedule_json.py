@@ -29,6 +29,15 @@ def padded_sum():
     return A, E
 
 
+def softmax(m: int, n: int):
+    X = te.placeholder((m, n), name="X")
+    k1, k2 = te.reduce_axis((0, n), name="k1"), te.reduce_axis((0, n), name="k2")
+    M = te.compute((m,), lambda i: te.max(X[i, k1], axis=k1), name="M")
+    E = te.compute((m, n), lambda i, j: te.exp(X[i, j] - M[i]), name="E")
+    S = te.compute((m,), lambda i: te.sum(E[i, k2], axis=k2), name="S")
+    return X, te.compute((m, n), lambda i, j: E[i, j] / S[i], name="O")
+
+
 def padded_sum_ref(a):
     p = np.pad(a, ((0, 0), (2, 2)))
     return np.exp(sum(p[:, k : k + 12] for k in range(5)) * 0.1)
@@ -121,3 +130,26 @@ def test_replay_of_an_illegal_step_names_it():
     A, B, C = matmul()
     with pytest.raises(te.ScheduleError, match="stage 'C': no loop 'x' for split"):
         te.Schedule.load(C, [{"kind": "split", "stage": "C", "args": ["x", 2, None]}])
+
+
+def test_lowering_does_not_depend_on_object_identity():
+    """Regression: the readers of a stage were a set of stages, so the order in which their regions were united
+    (`min(a, min(a, 11))` or `min(min(a, 11), a)`) followed memory addresses: the same steps on fresh computes
+    gave different IR (and C source, so compile-cache misses)."""
+    steps = [
+        te.Step("split", "O", ("i", 7, None)),
+        te.Step("split", "O", ("j", 1, None)),
+        te.Step("reorder", "O", ("i.outer", "i.inner", "j.outer", "j.inner")),
+        te.Step("fuse", "O", ("i.outer", "i.inner")),
+        te.Step("fuse", "O", ("i.outer.i.inner.fused", "j.outer")),
+        te.Step("compute_at", "S", ("O", "i.outer.i.inner.fused.j.outer.fused")),
+        te.Step("compute_inline", "E"),
+        te.Step("compute_at", "M", ("O", "i.outer.i.inner.fused.j.outer.fused")),
+    ]
+    texts, alive = set(), []
+    for _ in range(40):
+        X, O = softmax(12, 7)
+        s = te.create_schedule(O).replay(steps)
+        alive.append(s)  # distinct objects at distinct addresses
+        texts.add(str(ember.lower(s, [X, O])))
+    assert len(texts) == 1, "\n\n".join(texts)
