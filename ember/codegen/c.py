@@ -38,8 +38,13 @@ _MATH = {
     "erf": ("erff", "erf"), "floor": ("floorf", "floor"), "ceil": ("ceilf", "ceil"),
     "round": ("nearbyintf", "nearbyint"), "pow": ("powf", "pow"), "sin": ("sinf", "sin"), "cos": ("cosf", "cos"),
     "abs": ("fabsf", "fabs"), "rsqrt": ("ember_rsqrt_f32", "ember_rsqrt_f64"),
-    "sigmoid": ("ember_sigmoid_f32", "ember_sigmoid_f64"),
+    "sigmoid": ("ember_sigmoid_f32", "ember_sigmoid_f64"), "tan": ("tanf", "tan"), "asin": ("asinf", "asin"),
+    "acos": ("acosf", "acos"), "atan": ("atanf", "atan"), "sinh": ("sinhf", "sinh"), "cosh": ("coshf", "cosh"),
+    "asinh": ("asinhf", "asinh"), "acosh": ("acoshf", "acosh"), "atanh": ("atanhf", "atanh"),
+    "log1p": ("log1pf", "log1p"), "fmod": ("fmodf", "fmod"),
 }  # fmt: skip
+
+_LIBM_NAMES = {n for pair in _MATH.values() for n in pair} | {"fmaxf", "fminf", "fmax", "fmin", "fabs"}
 
 _SCALAR_HELPERS = {
     "ember_rsqrt_f32": "static inline float ember_rsqrt_f32(float x) { return 1.0f / sqrtf(x); }",
@@ -47,6 +52,32 @@ _SCALAR_HELPERS = {
     "ember_sigmoid_f32": "static inline float ember_sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }",
     "ember_sigmoid_f64": "static inline double ember_sigmoid_f64(double x) { return 1.0 / (1.0 + exp(-x)); }",
 }
+
+
+INT_INTRINSICS = ("truncdiv", "truncmod", "pow", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+                  "shift_left", "shift_right")  # fmt: skip
+
+
+def _int_helper_body(fn: str, t: str, signed: bool, bits: int) -> str:
+    """Body of `static inline T ember_fn_T(T a[, T b])` for an integer intrinsic, with numpy's answers where C
+    has none: x / 0 and x % 0 give 0, INT_MIN / -1 wraps, a shift by a negative amount or by the bit width or
+    more gives 0 (-1 for a negative value shifted right), and a negative power truncates (1 / a**-b)."""
+    if fn == "truncdiv":
+        return f"return b == 0 ? 0 : {f'b == -1 ? ({t})(0 - (uint64_t)a) : ' if signed else ''}a / b;"
+    if fn == "truncmod":
+        return f"return (b == 0{' || b == -1' if signed else ''}) ? 0 : a % b;"
+    if fn == "pow":
+        neg = "if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;\n  " if signed else ""
+        loop = "while (e) { if (e & 1) r *= x; x *= x; e >>= 1; }"
+        return f"{neg}uint64_t r = 1, x = (uint64_t)a, e = (uint64_t)b;\n  {loop}\n  return ({t})r;"
+    if fn == "shift_left":
+        return f"return (uint64_t)b >= {bits} ? 0 : ({t})((uint64_t)a << b);"
+    if fn == "shift_right":  # past the width, a signed shift fills with the sign bit
+        return f"return (uint64_t)b >= {bits} ? {'(a < 0 ? -1 : 0)' if signed else '0'} : ({t})(a >> b);"
+    if fn == "bitwise_not":
+        return f"return ({t})~a;"
+    sym = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}[fn]
+    return f"return ({t})(a {sym} b);"
 
 
 def c_symbol(name: str) -> str:
@@ -62,7 +93,7 @@ def _ident(name: str) -> str:
     s = re.sub(r"[^0-9a-zA-Z_]", "_", name) or "v"
     if s[0].isdigit():
         s = "v" + s
-    return s + "_" if s in C_KEYWORDS else s
+    return s + "_" if s in C_KEYWORDS or s in _LIBM_NAMES else s
 
 
 class CCodegen:
@@ -253,6 +284,11 @@ class CCodegen:
             name = f"ember_{fn}_{dt.name}"
             body = f"return {fl}(a / b);" if fn == "floordiv" else f"return a - {fl}(a / b) * b;"
             return self.helper(name, f"static inline {t} {name}({t} a, {t} b) {{ {body} }}")
+        if fn in INT_INTRINSICS and dt.is_int:
+            name = f"ember_{fn}_{dt.name}"
+            params = f"{t} a" if fn == "bitwise_not" else f"{t} a, {t} b"
+            body = _int_helper_body(fn, t, dt.kind == "int", dt.bits)
+            return self.helper(name, f"static inline {t} {name}({params}) {{\n  {body}\n}}")
         if fn in ("floor", "ceil", "round") and dt.is_int:
             name = f"ember_identity_{dt.name}"
             return self.helper(name, f"static inline {t} {name}({t} a) {{ return a; }}")

@@ -6,9 +6,13 @@ from functools import reduce
 
 import numpy as np
 
+from ember import te
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError, broadcast_shapes, broadcast_type, check_same_dtype
+from ember.ops.elemwise import astype, intrinsic, nan_max, nan_min
 from ember.ops.opdef import Attr, OpDef, Pattern, one_of, op, register
+from ember.ops.te_lib import NotLowerable, elemwise, lowering
+from ember.tir import expr as tx
 
 B = Pattern.BROADCAST
 
@@ -80,10 +84,80 @@ for _name, _fn in COMPARISON.items():
     register(_binary_entry(_name, _fn, "bool"))
 
 
+# -- TE computes of the tables: name -> te function of (a, b), operands of one dtype ---------------------------
+def _div_te(a: tx.Expr, b: tx.Expr) -> tx.Expr:
+    return a / b if a.dtype.is_float else intrinsic("truncdiv", a, b)  # C division truncates, as ONNX wants
+
+
+def _bitwise(name: str):
+    def fn(a: tx.Expr, b: tx.Expr) -> tx.Expr:
+        if not a.dtype.is_int:
+            raise NotLowerable(f"{name} on {a.dtype}")
+        return intrinsic(name, a, b)
+
+    return fn
+
+
+def _logic(op: str):
+    def fn(a: tx.Expr, b: tx.Expr) -> tx.Expr:
+        if not a.dtype.is_bool:
+            raise NotLowerable(f"logical {op} on {a.dtype}")
+        return tx.binop(op, a, b) if op != "xor" else a != b
+
+    return fn
+
+
+ARITHMETIC_TE = {
+    "Add": lambda a, b: a + b,
+    "Sub": lambda a, b: a - b,
+    "Mul": lambda a, b: a * b,
+    "Div": _div_te,
+    "BitwiseAnd": _bitwise("bitwise_and"),
+    "BitwiseOr": _bitwise("bitwise_or"),
+    "BitwiseXor": _bitwise("bitwise_xor"),
+}
+COMPARISON_TE = {
+    "Equal": lambda a, b: a == b,
+    "Less": lambda a, b: a < b,
+    "LessOrEqual": lambda a, b: a <= b,
+    "Greater": lambda a, b: a > b,
+    "GreaterOrEqual": lambda a, b: a >= b,
+    "And": _logic("and"),
+    "Or": _logic("or"),
+    "Xor": _logic("xor"),
+}
+
+
+def _binary_lowering(name: str, fn) -> None:
+    def compute(a: dict, x: te.Tensor, y: te.Tensor) -> te.Tensor:
+        if name in ARITHMETIC_TE and x.dtype.is_bool:
+            raise NotLowerable(f"{name} on bool")
+        return elemwise(fn, x, y, name=name.lower())
+
+    lowering(name)(compute)
+
+
+for _name, _fn in {**ARITHMETIC_TE, **COMPARISON_TE}.items():
+    _binary_lowering(_name, _fn)
+
+
 @op("Pow", B, infer=lambda a, x, y: TensorType(broadcast_shapes(x.shape, y.shape), x.dtype), inputs=(2, 2))
 def pow_(a: dict, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """x ** y with the dtype of x (the exponent may have another dtype)."""
     return _pow(x, y).astype(x.dtype, copy=False)
+
+
+@lowering("Pow")
+def _(a: dict, x: te.Tensor, y: te.Tensor) -> te.Tensor:
+    if x.dtype.is_bool or y.dtype.is_bool:
+        raise NotLowerable("Pow on bool")
+
+    def fn(u: tx.Expr, v: tx.Expr) -> tx.Expr:
+        if u.dtype.is_float:
+            return te.pow(u, astype(v, u.dtype))
+        return astype(intrinsic("pow", astype(u, "int64"), astype(v, "int64")), u.dtype)  # as numpy: in int64
+
+    return elemwise(fn, x, y, name="pow")
 
 
 @op("Mod", B, infer=_binary_infer(None), inputs=(2, 2), attrs=[Attr("fmod", "int", 0, **one_of(0, 1))])
@@ -94,11 +168,43 @@ def mod(a: dict, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return out.astype(x.dtype, copy=False)
 
 
+def _floor_mod_te(a: tx.Expr, b: tx.Expr) -> tx.Expr:
+    """np.mod: the sign of the divisor; x % 0 is 0 for integers, NaN for floats."""
+    if a.dtype.is_float:
+        r = intrinsic("fmod", a, b)
+        return te.if_then_else(te.all(r != 0.0, (r < 0.0) != (b < 0.0)), r + b, r)
+    zero = tx.convert(0, b.dtype)
+    unsafe = b == zero if a.dtype.kind == "uint" else te.any(b == zero, b == tx.convert(-1, b.dtype))
+    safe = te.if_then_else(unsafe, tx.convert(1, b.dtype), b)  # x % 1 == x % -1 == 0; never divide by 0
+    return te.if_then_else(unsafe, zero, a % safe)
+
+
+@lowering("Mod")
+def _(a: dict, x: te.Tensor, y: te.Tensor) -> te.Tensor:
+    if x.dtype.is_bool:
+        raise NotLowerable("Mod on bool")
+
+    def fn(u: tx.Expr, v: tx.Expr) -> tx.Expr:
+        if not a["fmod"]:
+            return _floor_mod_te(u, v)
+        return intrinsic("fmod" if u.dtype.is_float else "truncmod", u, v)
+
+    return elemwise(fn, x, y, name="mod")
+
+
 @op("BitShift", B, infer=_binary_infer(None), inputs=(2, 2),
     attrs=[Attr("direction", "str", **one_of("LEFT", "RIGHT"))])  # fmt: skip
 def bit_shift(a: dict, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     fn = np.left_shift if a["direction"] == "LEFT" else np.right_shift
     return fn(x, y).astype(x.dtype, copy=False)
+
+
+@lowering("BitShift")
+def _(a: dict, x: te.Tensor, y: te.Tensor) -> te.Tensor:
+    if not x.dtype.is_int:
+        raise NotLowerable(f"BitShift on {x.dtype}")
+    name = "shift_left" if a["direction"] == "LEFT" else "shift_right"
+    return elemwise(lambda u, v: intrinsic(name, u, v), x, y, name="bitshift")
 
 
 def _prelu_infer(a: dict, x: TensorType, slope: TensorType) -> TensorType:
@@ -112,6 +218,11 @@ def prelu(a: dict, x: np.ndarray, slope: np.ndarray) -> np.ndarray:
     return np.where(x < 0, slope * x, x).astype(x.dtype, copy=False)
 
 
+@lowering("PRelu")
+def _(a: dict, x: te.Tensor, slope: te.Tensor) -> te.Tensor:
+    return elemwise(lambda u, s: te.if_then_else(u < tx.convert(0, u.dtype), s * u, u), x, slope, name="prelu")
+
+
 def _where_infer(a: dict, c: TensorType, x: TensorType, y: TensorType) -> TensorType:
     if c.dtype != "bool":
         raise ShapeError(f"Where condition must be bool, got {c.dtype}")
@@ -122,6 +233,11 @@ def _where_infer(a: dict, c: TensorType, x: TensorType, y: TensorType) -> Tensor
 @op("Where", B, infer=_where_infer, inputs=(3, 3))
 def where(a: dict, c: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(c, x, y).astype(x.dtype, copy=False)
+
+
+@lowering("Where")
+def _(a: dict, c: te.Tensor, x: te.Tensor, y: te.Tensor) -> te.Tensor:
+    return elemwise(te.if_then_else, c, x, y, name="where")
 
 
 def _variadic_infer(a: dict, *ts: TensorType) -> TensorType:
@@ -151,3 +267,38 @@ def _variadic_entry(name: str, fn) -> OpDef:
 
 for _name, _fn in VARIADIC.items():
     register(_variadic_entry(_name, _fn))
+
+
+def _mean_te(*xs: tx.Expr) -> tx.Expr:
+    total = _fold(lambda a, b: a + b, xs)
+    if total.dtype.is_float:
+        return total / float(len(xs))
+    return astype(te.cast(total, "float64") / float(len(xs)), total.dtype)  # numpy: true division, then astype
+
+
+def _fold(fn, xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = fn(out, x)
+    return out
+
+
+VARIADIC_TE = {
+    "Min": lambda *xs: _fold(nan_min, xs),
+    "Max": lambda *xs: _fold(nan_max, xs),
+    "Sum": lambda *xs: _fold(lambda a, b: a + b, xs),
+    "Mean": _mean_te,
+}
+
+
+def _variadic_lowering(name: str, fn) -> None:
+    def compute(a: dict, *xs: te.Tensor) -> te.Tensor:
+        if xs[0].dtype.is_bool:
+            raise NotLowerable(f"{name} on bool")
+        return elemwise(fn, *xs, name=name.lower())
+
+    lowering(name)(compute)
+
+
+for _name, _fn in VARIADIC_TE.items():
+    _variadic_lowering(_name, _fn)

@@ -6,9 +6,13 @@ import math
 
 import numpy as np
 
+from ember import te
 from ember.graph.types import TensorType, np_dtype
 from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, OpDef, Pattern, one_of, op, register
+from ember.ops.te_lib import NotLowerable, elemwise, lowering
+from ember.tir import expr as tx
+from ember.tir.dtype import DType
 
 E = Pattern.ELEMWISE
 
@@ -128,15 +132,201 @@ for _name, (_attrs, _fn) in UNARY_WITH_ATTRS.items():
     register(_unary_entry(_name, _attrs, _fn))
 
 
+# == TE computes ====================================================================================
+# Scalar building blocks shared by the elementwise, broadcast and reduction computes. NaN handling follows
+# the numpy references: C's `a > b ? a : b` (Ember's max) returns b when either side is NaN, so a max or
+# min with a constant puts the constant first to let a NaN operand through.
+TE_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
+
+
+def intrinsic(name: str, *args: tx.Expr, dtype: str | DType | None = None) -> tx.Expr:
+    """A call of a codegen intrinsic (libm function or integer helper), typed like its first argument."""
+    args = tuple(tx.convert(a) for a in args)
+    return tx.Call(name, args, te.cast(args[0], dtype).dtype if dtype else args[0].dtype)
+
+
+def fcall(name: str, x: tx.Expr) -> tx.Expr:
+    if not x.dtype.is_float:
+        raise NotLowerable(f"{name} needs a float operand, got {x.dtype}")
+    return intrinsic(name, x)
+
+
+def const_like(value: float | int | bool, x: tx.Expr) -> tx.Expr:
+    """`value` converted to x's dtype as numpy's astype would (float bounds truncate for integers)."""
+    return te.const(np.asarray(value).astype(x.dtype.numpy).item(), x.dtype)
+
+
+def max_with(c: float | int, x: tx.Expr) -> tx.Expr:
+    """max(c, x) with a NaN x propagated."""
+    return tx.binop("max", const_like(c, x), x)
+
+
+def min_with(c: float | int, x: tx.Expr) -> tx.Expr:
+    return tx.binop("min", const_like(c, x), x)
+
+
+def _nan_of(a: tx.Expr) -> tx.Expr:
+    """NaN where a is NaN, else 0: adding it carries a's NaN without a select over loaded values, which the
+    vectorizer refuses."""
+    return te.if_then_else(a != a, te.const(np.nan, a.dtype), te.const(0.0, a.dtype))
+
+
+def nan_max(a: tx.Expr, b: tx.Expr) -> tx.Expr:
+    """np.maximum: NaN if either side is NaN (`max` gives b, NaN, when b is; the added term covers a)."""
+    m = tx.binop("max", a, b)
+    return m + _nan_of(a) if a.dtype.is_float else m
+
+
+def nan_min(a: tx.Expr, b: tx.Expr) -> tx.Expr:
+    m = tx.binop("min", a, b)
+    return m + _nan_of(a) if a.dtype.is_float else m
+
+
+def astype(x: tx.Expr, to: str | DType) -> tx.Expr:
+    """numpy's `astype` for te dtypes: to bool is `!= 0`; float to a narrow integer goes through int32 (or int64
+    for uint32), as numpy's C casts do on x86, so out-of-range values wrap the same way."""
+    to = te.cast(te.const(0, "int32"), to).dtype if not isinstance(to, DType) else to
+    src = x.dtype
+    if src.scalar == to.scalar:
+        return x
+    if to.is_bool:
+        return x != tx.convert(0, src)
+    if src.is_float and to.is_int and to.bits < 32:
+        return te.cast(te.cast(x, "int32"), to)
+    if src.is_float and to.name == "uint32":
+        return te.cast(te.cast(x, "int64"), to)
+    return te.cast(x, to)
+
+
+def _sign(x: tx.Expr) -> tx.Expr:
+    one, zero = te.const(1, x.dtype), te.const(0, x.dtype)
+    if x.dtype.kind == "uint":
+        return te.if_then_else(x > zero, one, zero)
+    rest = x if x.dtype.is_float else zero  # 0 stays 0 (and -0.0, NaN stay themselves)
+    return te.if_then_else(x > zero, one, te.if_then_else(x < zero, te.const(-1, x.dtype), rest))
+
+
+def softplus(x: tx.Expr) -> tx.Expr:
+    """log(1 + exp(x)) without overflow: max(x, 0) + log1p(exp(-|x|)), as np.logaddexp."""
+    return max_with(0, x) + fcall("log1p", te.exp(-te.abs(x)))
+
+
+def sigmoid(x: tx.Expr) -> tx.Expr:
+    return fcall("sigmoid", x)
+
+
+def _erf_gelu(x: tx.Expr) -> tx.Expr:
+    return 0.5 * x * (1.0 + fcall("erf", x / float(np.sqrt(np.float32(2)) if x.dtype.bits == 32 else np.sqrt(2))))
+
+
+def _gelu_te(a: dict, x: tx.Expr) -> tx.Expr:
+    if a["approximate"] == "tanh":
+        inner = float(np.sqrt(2 / np.pi)) * (x + 0.044715 * (x * x * x))
+        return 0.5 * x * (1.0 + fcall("tanh", inner))
+    return _erf_gelu(x)
+
+
+def _float_op(name: str):
+    return lambda x: fcall(name, x)
+
+
+def _rounding(name: str):
+    return lambda x: fcall(name, x) if x.dtype.is_float else x
+
+
+_LIBM = ("Sqrt", "Exp", "Log", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
+         "Atanh", "Erf", "Tanh")  # fmt: skip
+
+# name -> te function of x (an Expr of the input's dtype), next to UNARY. Ops in INT_OK also take integers
+# (and Not, bool); the others need a float input.
+UNARY_TE = {
+    "Abs": te.abs,
+    "Neg": lambda x: -x,
+    "Reciprocal": lambda x: 1.0 / x,
+    **{n: _float_op(n.lower()) for n in _LIBM},
+    **{n: _rounding(n.lower()) for n in ("Ceil", "Floor", "Round")},  # nearbyint: halves to even
+    "Sign": _sign,
+    "Relu": lambda x: max_with(0, x),
+    "Sigmoid": sigmoid,
+    "Softsign": lambda x: x / (1.0 + te.abs(x)),
+    "Softplus": softplus,
+    "HardSwish": lambda x: x * min_with(1, max_with(0, x / 6.0 + 0.5)),
+    "Mish": lambda x: x * fcall("tanh", softplus(x)),
+    "Not": lambda x: ~x,
+    "BitwiseNot": lambda x: intrinsic("bitwise_not", x),
+    "Identity": lambda x: x,
+}
+INT_OK = {"Abs", "Neg", "Sign", "Relu", "Ceil", "Floor", "Round", "BitwiseNot", "Identity", "Shrink"}
+
+
+def _elu_like(alpha: float, x: tx.Expr) -> tx.Expr:
+    return te.if_then_else(x > 0.0, x, alpha * (fcall("exp", x) - 1.0))
+
+
+def _shrink_te(a: dict, x: tx.Expr) -> tx.Expr:
+    w = x if x.dtype.is_float else te.cast(x, "float64")  # numpy: integers meet Python floats in float64
+    lam = a["lambd"]
+    y = te.if_then_else(w < -lam, w + a["bias"], te.if_then_else(w > lam, w - a["bias"], tx.convert(0.0, w.dtype)))
+    return astype(y, x.dtype)
+
+
+UNARY_WITH_ATTRS_TE = {
+    "Elu": lambda a, x: _elu_like(a["alpha"], x),
+    "Selu": lambda a, x: a["gamma"] * _elu_like(a["alpha"], x),
+    "Celu": lambda a, x: max_with(0, x) + min_with(0, a["alpha"] * (fcall("exp", x / a["alpha"]) - 1.0)),
+    "LeakyRelu": lambda a, x: te.if_then_else(x >= 0.0, x, a["alpha"] * x),
+    "ThresholdedRelu": lambda a, x: te.if_then_else(x > a["alpha"], x, tx.convert(0.0, x.dtype)),
+    "HardSigmoid": lambda a, x: min_with(1, max_with(0, a["alpha"] * x + a["beta"])),
+    "Gelu": _gelu_te,
+    "Shrink": _shrink_te,
+    "Swish": lambda a, x: x * sigmoid(a["alpha"] * x),
+}
+
+
+def _unary_lowering(name: str, fn, with_attrs: bool) -> None:
+    def compute(a: dict, x: te.Tensor) -> te.Tensor:
+        if not x.dtype.is_float and name not in INT_OK and not (name == "Not" and x.dtype.is_bool):
+            raise NotLowerable(f"{name} on {x.dtype} has no native kernel")
+        return elemwise((lambda v: fn(a, v)) if with_attrs else fn, x, name=name.lower())
+
+    lowering(name)(compute)
+
+
+for _name, _fn in UNARY_TE.items():
+    _unary_lowering(_name, _fn, False)
+for _name, _fn in UNARY_WITH_ATTRS_TE.items():
+    _unary_lowering(_name, _fn, True)
+
+
 @op("IsNaN", E, infer=lambda a, x: x.with_dtype("bool"))
 def is_nan(a: dict, x: np.ndarray) -> np.ndarray:
     return np.isnan(x)
+
+
+@lowering("IsNaN")
+def _(a: dict, x: te.Tensor) -> te.Tensor:
+    if not x.dtype.is_float:
+        raise NotLowerable(f"IsNaN on {x.dtype}")
+    return elemwise(lambda v: v != v, x, name="isnan")
 
 
 @op("IsInf", E, infer=lambda a, x: x.with_dtype("bool"),
     attrs=[Attr("detect_negative", "int", 1), Attr("detect_positive", "int", 1)])  # fmt: skip
 def is_inf(a: dict, x: np.ndarray) -> np.ndarray:
     return (np.isposinf(x) & bool(a["detect_positive"])) | (np.isneginf(x) & bool(a["detect_negative"]))
+
+
+@lowering("IsInf")
+def _(a: dict, x: te.Tensor) -> te.Tensor:
+    if not x.dtype.is_float:
+        raise NotLowerable(f"IsInf on {x.dtype}")
+
+    def fn(v: tx.Expr) -> tx.Expr:
+        pos = v == te.const(np.inf, v.dtype) if a["detect_positive"] else te.const(False)
+        neg = v == te.const(-np.inf, v.dtype) if a["detect_negative"] else te.const(False)
+        return te.any(pos, neg)
+
+    return elemwise(fn, x, name="isinf")
 
 
 # -- Clip: bounds as attributes when constant (the frontend folds them), else as inputs ----
@@ -155,6 +345,19 @@ def clip(a: dict, x: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarray | 
         if bound is not None:
             y = fn(y, np.asarray(bound).astype(x.dtype).reshape(()))
     return y.astype(x.dtype, copy=False)
+
+
+@lowering("Clip")
+def _(a: dict, x: te.Tensor, lo: te.Tensor | None = None, hi: te.Tensor | None = None) -> te.Tensor:
+    def fn(v: tx.Expr) -> tx.Expr:
+        for bound, is_max in ((a["min"], True), (a["max"], False), (lo, True), (hi, False)):
+            if bound is None:
+                continue
+            b = bound[(0,) * bound.ndim] if isinstance(bound, te.Tensor) else const_like(bound, v)
+            v = tx.binop("max" if is_max else "min", b, v)  # the bound first: a NaN v stays NaN
+        return v
+
+    return elemwise(fn, x, name="clip")
 
 
 # -- Cast ----------------------------------------------------------------------------------
@@ -206,6 +409,13 @@ def cast(a: dict, x: np.ndarray) -> np.ndarray:
     return cast_array(x, a["to"], bool(a["saturate"]), a["round_mode"])
 
 
+@lowering("Cast")
+def _(a: dict, x: te.Tensor) -> te.Tensor:
+    if a["to"] not in TE_DTYPES:
+        raise NotLowerable(f"Cast to {a['to']} (no te dtype)")
+    return elemwise(lambda v: astype(v, a["to"]), x, name="cast")
+
+
 # -- Dropout (inference: identity; the mask output is all true) ------------------------------
 def _dropout_infer(a: dict, x: TensorType, ratio=None, training=None) -> tuple[TensorType, TensorType]:
     return x, x.with_dtype("bool")
@@ -215,3 +425,9 @@ def _dropout_infer(a: dict, x: TensorType, ratio=None, training=None) -> tuple[T
 def dropout(a: dict, x: np.ndarray, ratio=None, training=None) -> tuple[np.ndarray, np.ndarray]:
     """Inference Dropout; the frontend rejects training_mode=true."""
     return x.copy(), np.ones(x.shape, dtype=bool)
+
+
+@lowering("Dropout")
+def _(a: dict, x: te.Tensor, ratio=None, training=None) -> list[te.Tensor]:
+    mask = te.compute(x.shape, lambda *i: te.const(True), name="mask")
+    return [elemwise(lambda v: v, x, name="dropout"), mask]

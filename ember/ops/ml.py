@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember import te
 from ember.graph.types import TensorType
+from ember.ops.elemwise import astype
 from ember.ops.opdef import Attr, Pattern, op
+from ember.ops.te_lib import NotLowerable, elemwise, lowering
 
 # -- TfIdfVectorizer ----------------------------------------------------------------------------------
 TFIDF_ATTRS = [
@@ -59,6 +62,13 @@ def tfidf_vectorizer(a: dict, x: np.ndarray) -> np.ndarray:
 @op("Binarizer", Pattern.ELEMWISE, infer=lambda a, x: x, attrs=[Attr("threshold", "float", 0.0)])
 def binarizer(a: dict, x: np.ndarray) -> np.ndarray:
     return (x > a["threshold"]).astype(x.dtype)
+
+
+@lowering("Binarizer")
+def _(a: dict, x: te.Tensor) -> te.Tensor:
+    if x.dtype.is_bool:
+        raise NotLowerable("Binarizer on bool")
+    return elemwise(lambda v: astype(v > a["threshold"], v.dtype), x, name="binarizer")
 
 
 def _afe_infer(a: dict, x: TensorType, idx: TensorType) -> TensorType:

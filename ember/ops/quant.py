@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember import te
 from ember.graph.types import TensorType, is_float, np_dtype
 from ember.ops.common import ShapeError, norm_axis
-from ember.ops.elemwise import cast_array
+from ember.ops.elemwise import TE_DTYPES, cast_array
 from ember.ops.nn import CONV_ATTRS, _conv_infer, conv_nd, matmul_shape
 from ember.ops.opdef import Attr, Pattern, op
+from ember.ops.te_lib import NotLowerable, lowering
+from ember.tir import expr as tx
 
 OUT = Pattern.OUT_ELEMWISE_FUSABLE
 _INT_RANGES = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
@@ -78,6 +81,39 @@ def quantize_linear(a: dict, x: np.ndarray, scale: np.ndarray, zp: np.ndarray | 
     return quantize(x, s, z, dtype, bool(a["saturate"]))
 
 
+def param_at(p: te.Tensor, idx: tuple, x: te.Tensor, a: dict) -> tx.Expr:
+    """The scale or zero point that applies to element idx of x (per tensor, per axis or blocked)."""
+    if int(np.prod(p.shape)) == 1 and p.ndim <= 1:
+        return p[(0,) * p.ndim]
+    axis = norm_axis(a["axis"], x.ndim)
+    if a["block_size"]:
+        return p[tuple(i // a["block_size"] if d == axis else i for d, i in enumerate(idx))]
+    return p[idx[axis]]
+
+
+def _f64(v: tx.Expr) -> tx.Expr:
+    """v in float64 by way of float32, as the references widen their operands."""
+    return te.cast(te.cast(v, "float32"), "float64")
+
+
+@lowering("QuantizeLinear")
+def _(a: dict, x: te.Tensor, scale: te.Tensor, zp: te.Tensor | None = None) -> te.Tensor:
+    dtype = zp.dtype.name if zp is not None else (a["output_dtype"] or "uint8")
+    if dtype not in TE_DTYPES or is_float(dtype) or dtype == "bool":
+        raise NotLowerable(f"QuantizeLinear to {dtype}")
+    lo, hi = int_range(dtype)
+
+    def body(*i):
+        q = te.cast(x[i], "float32") / te.cast(param_at(scale, i, x, a), "float32")  # float32, as runtimes do
+        r = te.cast(te.round(q), "float64")
+        if zp is not None:
+            r = r + te.cast(param_at(zp, i, x, a), "float64")
+        clipped = tx.binop("min", te.const(float(hi), "float64"), tx.binop("max", te.const(float(lo), "float64"), r))
+        return te.cast(clipped, dtype)
+
+    return te.compute(x.shape, body, name="quantize")
+
+
 def _dequantize_infer(a: dict, x: TensorType, scale: TensorType, zp: TensorType | None = None) -> TensorType:
     _check_param("scale", x, scale, a)
     return x.with_dtype(a["output_dtype"] or scale.dtype)
@@ -92,6 +128,21 @@ def dequantize_linear(a: dict, x: np.ndarray, scale: np.ndarray, zp: np.ndarray 
         xf = xf - expand_param(zp.astype(np.float32).astype(np.float64), x.shape, axis, a["block_size"])
     s = expand_param(scale.astype(np.float64), x.shape, axis, a["block_size"])
     return (xf * s).astype(np_dtype(a["output_dtype"] or scale.dtype.name))
+
+
+@lowering("DequantizeLinear")
+def _(a: dict, x: te.Tensor, scale: te.Tensor, zp: te.Tensor | None = None) -> te.Tensor:
+    dtype = a["output_dtype"] or scale.dtype.name
+    if dtype not in TE_DTYPES:
+        raise NotLowerable(f"DequantizeLinear to {dtype}")
+
+    def body(*i):
+        v = _f64(x[i])
+        if zp is not None:
+            v = v - _f64(param_at(zp, i, x, a))
+        return te.cast(v * te.cast(param_at(scale, i, x, a), "float64"), dtype)
+
+    return te.compute(x.shape, body, name="dequantize")
 
 
 def _dyn_quant_infer(a: dict, x: TensorType) -> tuple[TensorType, TensorType, TensorType]:

@@ -456,6 +456,7 @@ class Analyzer:
         return {t: k for t, k in terms.items() if k != 0}, ca - cb
 
     def _simplify_cmp(self, op: str, a: Expr, b: Expr) -> Expr:
+        given = BinOp(op, a, b, boolean)
         if op in ("gt", "ge"):
             op, a, b = {"gt": "lt", "ge": "le"}[op], b, a
         terms, c = self._diff(a, b)  # compare (a - b) with 0
@@ -470,6 +471,15 @@ class Analyzer:
             return const(True, boolean)
         if truth[1]:
             return const(False, boolean)
+        index_like = Var | Const | BinOp | Cast | Select | Not
+        data = any(not isinstance(n, index_like) for t in terms for n in _walk(t))  # loads, calls
+        if (
+            a.dtype.kind == "uint"
+            or data
+            or (lo is not None and lo < min_value(a.dtype))
+            or (hi is not None and hi > max_value(a.dtype))
+        ):
+            return given  # a - b may wrap around (unsigned, or data values rather than indices): keep it as is
         if op == "le":  # integers: x <= 0  <=>  x < 1
             op, c = "lt", c - 1
         g = math.gcd(*terms.values()) if terms else 1
