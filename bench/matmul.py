@@ -1,9 +1,12 @@
 """The classic GEMM schedule progression on this machine, against numpy (OpenBLAS) and FMA peak.
 
-    python bench/matmul.py [--size 1024] [--threads 1,2] [--json]
+    python bench/matmul.py [--size 1024] [--threads 1,2] [--target c,llvm] [--json]
 
 Per schedule and thread count: median ms, GFLOP/s, fraction of numpy's sgemm at the same thread
 count and fraction of the machine's float32 peak (measured by an FMA microbenchmark in this run).
+With several targets (`--target c,llvm`), each target's table is printed and the JSON holds them under
+"targets" (the first target's results also stay at the top level), with each target's best as a
+fraction of the first's.
 OpenBLAS is measured at its best: when OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are set (they pin an
 older kernel on some machines), the bench re-runs itself without them; --keep-openblas-env opts out.
 """
@@ -22,7 +25,7 @@ import time
 import numpy as np
 
 import ember
-from ember.codegen.toolchain import compile_c
+from ember.codegen.toolchain import CompileError, compile_c
 from ember.demo import SCHEDULES, GemmTiles
 from ember.target import Target
 
@@ -53,9 +56,12 @@ float fma_loop(int64_t iters) {{
 
 
 def measure_peak(threads: int, lanes: int, chains: int = 12) -> float:
-    """float32 GFLOP/s of independent vector FMA chains on `threads` threads."""
+    """float32 GFLOP/s of independent vector FMA chains on `threads` threads (NaN without a C compiler)."""
     src = fma_peak_source(lanes, threads, chains)
-    lib = ctypes.CDLL(str(compile_c(src, Target.parse("c").cflags(), name="fma_peak")))
+    try:
+        lib = ctypes.CDLL(str(compile_c(src, Target.parse("c").cflags(), name="fma_peak")))
+    except CompileError:
+        return float("nan")
     lib.fma_loop.argtypes = [ctypes.c_int64]
     lib.fma_loop.restype = ctypes.c_float
     iters = 2_000_000
@@ -85,16 +91,16 @@ def numpy_gflops(a: np.ndarray, b: np.ndarray, threads: int) -> tuple[float, str
     return n / statistics.median(runs) / 1e9, kernel
 
 
-def run(size: int, threads_list: list[int], names: list[str]) -> dict:
+def run(size: int, threads_list: list[int], names: list[str], kind: str = "c") -> dict:
     M = N = K = size
     rng = np.random.default_rng(0)
     a = rng.standard_normal((M, K), dtype=np.float32)
     b = rng.standard_normal((K, N), dtype=np.float32)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     flops = 2 * M * N * K
-    out: dict = {"size": size, "threads": {}}
+    out: dict = {"size": size, "target": kind, "threads": {}}
     for threads in threads_list:
-        target = Target.parse(f"c -threads={threads}")
+        target = Target.parse(f"{kind} -threads={threads}")
         tiles = GemmTiles.for_target(target)
         peak = measure_peak(threads, tiles.lanes)
         np_gflops, kernel = numpy_gflops(a, b, threads)
@@ -122,7 +128,7 @@ def run(size: int, threads_list: list[int], names: list[str]) -> dict:
 def print_table(res: dict) -> None:
     size = res["size"]
     for threads, row in res["threads"].items():
-        print(f"\n{size}x{size}x{size} float32 matmul, {threads} thread(s)")
+        print(f"\n{size}x{size}x{size} float32 matmul, target {res.get('target', 'c')}, {threads} thread(s)")
         print(f"  numpy (OpenBLAS {row['numpy_kernel']}): {row['numpy_gflops']:.1f} GFLOP/s")
         print(f"  FMA peak: {row['peak_gflops']:.1f} GFLOP/s")
         head = ("schedule", "median ms", "GFLOP/s", "x numpy", "x peak", "rel err", "build s")
@@ -139,20 +145,35 @@ def main() -> None:
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated subset of " + ",".join(SCHEDULES))
+    p.add_argument("--target", default="c", help="comma-separated target kinds (c, llvm); ratios are to the first")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
     p.add_argument("--keep-openblas-env", action="store_true", help="keep OPENBLAS_CORETYPE/L2_SIZE as set")
     args = p.parse_args()
     if not args.keep_openblas_env and any(v in os.environ for v in PINNED):
         env = {k: v for k, v in os.environ.items() if k not in PINNED}
         sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
-    res = run(args.size, [int(t) for t in args.threads.split(",")], args.schedules.split(","))
-    print_table(res)
+    threads = [int(t) for t in args.threads.split(",")]
+    kinds = args.target.split(",")
+    results = {kind: run(args.size, threads, args.schedules.split(","), kind) for kind in kinds}
+    for res in results.values():
+        print_table(res)
+
+    def slim(res: dict) -> dict:
+        return {t: {k: v for k, v in r.items() if k != "details"} for t, r in res["threads"].items()}
+
+    first = results[kinds[0]]
+    if len(kinds) > 1:
+        print(f"\nbest GFLOP/s as a fraction of {kinds[0]}'s best:")
+        for kind in kinds[1:]:
+            for t in first["threads"]:
+                ratio = results[kind]["threads"][t]["best_gflops"] / first["threads"][t]["best_gflops"]
+                print(f"  {kind}, {t} thread(s): {ratio:.2f}")
+                results[kind]["threads"][t]["best_vs_first"] = ratio
     if args.json:
-        slim = {
-            "size": res["size"],
-            "threads": {t: {k: v for k, v in r.items() if k != "details"} for t, r in res["threads"].items()},
-        }
-        print(json.dumps(slim))
+        out = {"size": first["size"], "target": kinds[0], "threads": slim(first)}
+        if len(kinds) > 1:
+            out["targets"] = {kind: slim(res) for kind, res in results.items()}
+        print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .codegen.c import c_symbol, codegen_c
-from .codegen.toolchain import compile_c
+from .codegen.toolchain import compile_c, find_cc
 from .runtime.module import ArgSpec, Module
 from .target import Target
 from .te.lower import lower_schedule
@@ -29,24 +29,44 @@ def lower(sch: Schedule, args: Sequence[Tensor], name: str = "default_function",
 def build(
     sch: Schedule | PrimFunc,
     args: Sequence[Tensor] | None = None,
-    target: str | Target = "c",
+    target: str | Target | None = None,
     name: str = "default_function",
 ) -> Module:
     """Compile a schedule (or lowered function) for `target` and load it.
 
     The result is called with one numpy array per argument, outputs written in place:
-    `f(a, b, c)`. Shapes, dtypes and layout are checked before any native code runs."""
-    target = Target.parse(target)
+    `f(a, b, c)`. Shapes, dtypes and layout are checked before any native code runs. The default
+    target is "c", or "llvm" where no C compiler is installed."""
+    target = Target.parse(target if target is not None else default_target())
     if isinstance(sch, PrimFunc):
         func = sch
     else:
         if args is None:
             raise TypeError("build(schedule, args): the argument tensors are required")
         func = lower(sch, args, name)
-    if target.kind != "c":
-        raise NotImplementedError(f"target {target.kind!r} is not available yet; use target='c'")
-    source = codegen_c(func, target)
-    lib = compile_c(source, target.cflags())
     written = {n.buffer for n in walk(func.body) if isinstance(n, Store)}
     specs = [ArgSpec(b.name, b.shape, b.dtype.name, b in written) for b in func.params]
+    if target.kind == "llvm":
+        return _build_llvm(func, target, specs)
+    if target.kind != "c":
+        raise NotImplementedError(f"target {target.kind!r} is not available yet; use target='c' or 'llvm'")
+    source = codegen_c(func, target)
+    lib = compile_c(source, target.cflags())
     return Module(lib, {c_symbol(func.name): specs}, source, func)
+
+
+def default_target() -> str:
+    """"c" where a C compiler is installed, else "llvm" (llvmlite needs none)."""
+    return "c" if find_cc() is not None else "llvm"
+
+
+def _build_llvm(func: PrimFunc, target: Target, specs: list[ArgSpec]) -> Module:
+    import os
+
+    from .codegen.llvm import JITEngine, codegen_llvm
+    from .runtime.jit import JITModule
+
+    source = codegen_llvm(func, target)
+    jit = JITEngine(source, target)
+    jit.set_num_threads(target.threads or os.cpu_count() or 1)
+    return JITModule(jit, {c_symbol(func.name): specs}, source, func)

@@ -9,6 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 
 KINDS = ("c", "llvm", "cuda", "opencl")
+FLAGS = ("fastmath",)  # options without a value: "llvm -fastmath" means fastmath=1
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Target:
                 extra.append(value)
             elif value:
                 options.append((key, value))
+            elif key in FLAGS:
+                options.append((key, "1"))
             else:
                 raise ValueError(f"target {spec!r}: unknown option {p!r}")
         return Target(kind, extra_flags=tuple(extra), options=tuple(options), **kw)

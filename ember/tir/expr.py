@@ -305,7 +305,7 @@ def const(value: Any, dt: str | DType | None = None) -> Const:
         if isinstance(value, bool | np.bool_):
             dt = boolean
         elif isinstance(value, int | np.integer):
-            dt = dtype(np.asarray(value).dtype) if isinstance(value, np.integer) else int32
+            dt = dtype(np.asarray(value).dtype) if isinstance(value, np.integer) else _int_dtype(value)
         elif isinstance(value, float | np.floating):
             dt = dtype(np.asarray(value).dtype) if isinstance(value, np.floating) else float32
         else:
@@ -322,6 +322,10 @@ def const(value: Any, dt: str | DType | None = None) -> Const:
     return Const(value, dt.scalar)
 
 
+def _int_dtype(value: int) -> DType:
+    return int32 if -(2**31) <= value < 2**31 else dtype("int64")
+
+
 def convert(x: Any, like: DType | None = None) -> Expr:
     """Turn a Python scalar into a Const (adopting `like`'s dtype where sensible)."""
     if isinstance(x, Expr):
@@ -333,6 +337,8 @@ def convert(x: Any, like: DType | None = None) -> Expr:
     if like is not None and not like.is_bool:
         if isinstance(x, float | np.floating) and not like.is_float:
             return const(x, float32)
+        if isinstance(x, int) and like.is_int and not min_value(like) <= x <= max_value(like):
+            return const(x)  # 2**40 next to an int32 index is an int64 constant (the sum is int64)
         return const(x, like.scalar)
     return const(x)
 

@@ -1,0 +1,860 @@
+"""LLVM IR from the loop IR (llvmlite), JIT-compiled for the host CPU.
+
+Needs no C compiler: `ember.build(s, args, target="llvm")` works where gcc is missing.
+
+- Each PrimFunc becomes `i32 name(ptr noalias A, ptr noalias B, ...)` returning 0, or -1 when a heap
+  allocation failed (as the C target's functions do).
+- Vectorized loops arrive as vector expressions (Ramp, Broadcast, vector Load/Store) and become LLVM
+  vector types `<N x float>`; contiguous accesses are single vector loads/stores, others per-lane.
+- Floating point follows C with GCC's defaults (`contract`: a*b+c may become one FMA). The target
+  option `-fastmath` (`"llvm -fastmath"`) sets LLVM's `fast` flags instead.
+- A parallel loop is outlined into `void region(ptr closure, i64 begin, i64 end)` whose closure holds
+  the buffers and variables it uses; `ember_parallel_for` (LLVM IR in `RUNTIME_IR`, linked into every
+  module) splits [0, n) into one static chunk per thread, runs chunk 0 on the calling thread and the
+  others on POSIX threads created for the region and joined at its end (no persistent pool: a region
+  costs one pthread_create per extra thread, ~10-30 us). A parallel loop inside a parallel loop runs
+  serially. The thread count is the module global `ember_num_threads` (`Module.set_num_threads`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..target import Target
+from ..tir.arith import Analyzer
+from ..tir.dtype import DType
+from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
+from ..tir.functor import walk
+from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
+from .c import STACK_LIMIT, CodegenError, _register_slots, c_symbol
+
+try:  # llvmlite is the optional extra `ember[llvm]`
+    import llvmlite.binding as llvm
+    import llvmlite.ir as ir
+except ImportError:  # pragma: no cover - exercised where llvmlite is missing
+    llvm = ir = None  # type: ignore[assignment]
+
+MAX_THREADS = 64
+
+# intrinsic -> LLVM intrinsic (vector-capable), else libm names (float32, float64) called per lane
+_LLVM_MATH = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "floor": "llvm.floor", "ceil": "llvm.ceil",
+              "abs": "llvm.fabs", "round": "llvm.nearbyint", "sin": "llvm.sin", "cos": "llvm.cos",
+              "pow": "llvm.pow"}  # fmt: skip
+_LIBM = {"tanh": ("tanhf", "tanh"), "erf": ("erff", "erf"), "tan": ("tanf", "tan"), "asin": ("asinf", "asin"),
+         "acos": ("acosf", "acos"), "atan": ("atanf", "atan"), "sinh": ("sinhf", "sinh"), "cosh": ("coshf", "cosh"),
+         "asinh": ("asinhf", "asinh"), "acosh": ("acoshf", "acosh"), "atanh": ("atanhf", "atanh"),
+         "log1p": ("log1pf", "log1p"), "fmod": ("fmodf", "fmod")}  # fmt: skip
+
+_CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+RUNTIME_IR = r"""
+%task = type { ptr, ptr, i64, i64 }
+
+@ember_num_threads = global i32 1
+
+declare i32 @pthread_create(ptr, ptr, ptr, ptr)
+declare i32 @pthread_join(i64, ptr)
+
+define internal ptr @ember_worker(ptr %t) {
+  %fp = getelementptr %task, ptr %t, i32 0, i32 0
+  %fn = load ptr, ptr %fp
+  %cp = getelementptr %task, ptr %t, i32 0, i32 1
+  %c = load ptr, ptr %cp
+  %bp = getelementptr %task, ptr %t, i32 0, i32 2
+  %b = load i64, ptr %bp
+  %ep = getelementptr %task, ptr %t, i32 0, i32 3
+  %e = load i64, ptr %ep
+  call void %fn(ptr %c, i64 %b, i64 %e)
+  ret ptr null
+}
+
+; fn(closure, begin, end) over [0, n): chunk 0 here, chunks 1.. on fresh threads (inline if creation fails)
+define void @ember_parallel_for(ptr %fn, ptr %closure, i64 %n) {
+entry:
+  %tasks = alloca [64 x %task], align 16
+  %tids = alloca [64 x i64], align 16
+  %ok = alloca [64 x i8], align 16
+  %nt32 = load i32, ptr @ember_num_threads
+  %nt0 = sext i32 %nt32 to i64
+  %c1 = icmp slt i64 %nt0, %n
+  %nt1 = select i1 %c1, i64 %nt0, i64 %n
+  %c2 = icmp slt i64 %nt1, 64
+  %nt = select i1 %c2, i64 %nt1, i64 64
+  %serial = icmp sle i64 %nt, 1
+  br i1 %serial, label %alone, label %split
+alone:
+  call void %fn(ptr %closure, i64 0, i64 %n)
+  ret void
+split:
+  %nm1 = add i64 %n, %nt
+  %nm2 = sub i64 %nm1, 1
+  %chunk = sdiv i64 %nm2, %nt
+  br label %spawn
+spawn:
+  %t = phi i64 [ 1, %split ], [ %t1, %spawned ]
+  %begin = mul i64 %t, %chunk
+  %e0 = add i64 %begin, %chunk
+  %c3 = icmp slt i64 %e0, %n
+  %end = select i1 %c3, i64 %e0, i64 %n
+  %okp = getelementptr [64 x i8], ptr %ok, i64 0, i64 %t
+  store i8 0, ptr %okp
+  %empty = icmp sge i64 %begin, %end
+  br i1 %empty, label %spawned, label %create
+create:
+  %tp = getelementptr [64 x %task], ptr %tasks, i64 0, i64 %t
+  %tf = getelementptr %task, ptr %tp, i32 0, i32 0
+  store ptr %fn, ptr %tf
+  %tc = getelementptr %task, ptr %tp, i32 0, i32 1
+  store ptr %closure, ptr %tc
+  %tb = getelementptr %task, ptr %tp, i32 0, i32 2
+  store i64 %begin, ptr %tb
+  %te = getelementptr %task, ptr %tp, i32 0, i32 3
+  store i64 %end, ptr %te
+  %tidp = getelementptr [64 x i64], ptr %tids, i64 0, i64 %t
+  %rc = call i32 @pthread_create(ptr %tidp, ptr null, ptr @ember_worker, ptr %tp)
+  %failed = icmp ne i32 %rc, 0
+  br i1 %failed, label %inline, label %started
+inline:
+  call void %fn(ptr %closure, i64 %begin, i64 %end)
+  br label %spawned
+started:
+  store i8 1, ptr %okp
+  br label %spawned
+spawned:
+  %t1 = add i64 %t, 1
+  %more = icmp slt i64 %t1, %nt
+  br i1 %more, label %spawn, label %first
+first:
+  %c4 = icmp slt i64 %chunk, %n
+  %end0 = select i1 %c4, i64 %chunk, i64 %n
+  call void %fn(ptr %closure, i64 0, i64 %end0)
+  br label %join
+join:
+  %j = phi i64 [ 1, %first ], [ %j1, %joined ]
+  %jokp = getelementptr [64 x i8], ptr %ok, i64 0, i64 %j
+  %jok = load i8, ptr %jokp
+  %running = icmp ne i8 %jok, 0
+  br i1 %running, label %dojoin, label %joined
+dojoin:
+  %jtidp = getelementptr [64 x i64], ptr %tids, i64 0, i64 %j
+  %jtid = load i64, ptr %jtidp
+  %jrc = call i32 @pthread_join(i64 %jtid, ptr null)
+  br label %joined
+joined:
+  %j1 = add i64 %j, 1
+  %jmore = icmp slt i64 %j1, %nt
+  br i1 %jmore, label %join, label %done
+done:
+  ret void
+}
+"""
+
+
+def available() -> bool:
+    return llvm is not None
+
+
+def _require() -> None:
+    if llvm is None:
+        raise ImportError("the llvm target needs llvmlite: pip install 'ember[llvm]' (or pip install llvmlite)")
+
+
+@functools.cache
+def _init() -> None:
+    _require()
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+
+
+# -- types -------------------------------------------------------------------------------------
+
+
+def ltype(dt: DType):
+    """The LLVM register type of a dtype (bool is i1)."""
+    if dt.is_bool:
+        t = ir.IntType(1)
+    elif dt.is_float:
+        t = ir.FloatType() if dt.bits == 32 else ir.DoubleType()
+    else:
+        t = ir.IntType(dt.bits)
+    return t if dt.lanes == 1 else ir.VectorType(t, dt.lanes)
+
+
+def mtype(dt: DType):
+    """The LLVM memory type of one element (bool is a byte)."""
+    return ir.IntType(8) if dt.is_bool else ltype(dt.scalar)
+
+
+@dataclass
+class _FnState:
+    """What the generator needs while it emits one LLVM function."""
+
+    fn: Any
+    builder: Any
+    entry: Any  # builder at the top of the entry block: allocas go there (hoisted out of loops)
+    vars: dict[Var, Any] = field(default_factory=dict)
+    bufs: dict[Buffer, Any] = field(default_factory=dict)
+    slots: dict[Buffer, dict[int, Any]] = field(default_factory=dict)  # local buffers kept in registers
+    status: Any = None
+    in_parallel: bool = False
+
+
+class LLVMCodegen:
+    def __init__(self, module, target: Target):
+        self.module = module
+        self.target = target
+        fast = dict(target.options).get("fastmath", "0") not in ("0", "false", "")
+        self.fp_flags = ("fast",) if fast else ("contract",)
+        self.ana = Analyzer()
+        self.st: _FnState = None  # type: ignore[assignment]
+        self.regions = 0
+        self.i32, self.i64, self.ptr = ir.IntType(32), ir.IntType(64), ir.PointerType()
+
+    @property
+    def b(self):
+        return self.st.builder
+
+    # -- helpers -----------------------------------------------------------------------------
+    def declare(self, name: str, ret, args: list) -> Any:
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, args), name)
+        return fn
+
+    def intrinsic(self, base: str, t) -> Any:
+        return self.declare(f"{base}.{_suffix(t)}", t, [t] * (2 if base == "llvm.pow" else 1))
+
+    def fp(self, instr):
+        instr.flags.extend(self.fp_flags)
+        return instr
+
+    def splat(self, v, lanes: int):
+        if isinstance(v.type, ir.VectorType):
+            return v
+        vt = ir.VectorType(v.type, lanes)
+        one = self.b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(self.i32, 0))
+        mask = ir.Constant(ir.VectorType(self.i32, lanes), [0] * lanes)
+        return self.b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), mask)
+
+    def lanewise(self, values: list, lanes: int, fn: Callable[..., Any]):
+        """Apply a scalar function per lane (lanes == 1: once)."""
+        if lanes == 1:
+            return fn(*values)
+        values = [self.splat(v, lanes) for v in values]
+        out = None
+        for lane in range(lanes):
+            idx = ir.Constant(self.i32, lane)
+            r = fn(*[self.b.extract_element(v, idx) for v in values])
+            if out is None:
+                out = ir.Constant(ir.VectorType(r.type, lanes), ir.Undefined)
+            out = self.b.insert_element(out, r, idx)
+        return out
+
+    def alloca(self, t, name: str, count: int | None = None, align: int | None = None):
+        size = None if count is None else ir.Constant(self.i64, count)
+        a = self.st.entry.alloca(t, size=size, name=name)
+        if align:
+            a.align = align
+        return a
+
+    # -- expressions -------------------------------------------------------------------------
+    def expr(self, e: Expr):
+        if isinstance(e, Var):
+            if e not in self.st.vars:
+                raise CodegenError(f"LLVM codegen: variable '{e.name}' used outside its loop or let")
+            return self.st.vars[e]
+        if isinstance(e, Const):
+            return self.const(e.value, e.dtype)
+        if isinstance(e, Load):
+            return self.load(e)
+        if isinstance(e, BinOp):
+            return self.binop(e)
+        if isinstance(e, Not):
+            a = self.expr(e.a)
+            if e.a.dtype.is_bool:
+                return self.b.not_(a)
+            return self.b.zext(self.b.icmp_signed("==", a, ir.Constant(a.type, 0)), a.type)
+        if isinstance(e, Select):
+            lanes = e.dtype.lanes
+            c = self.expr(e.cond)
+            t, f = self.expr(e.t), self.expr(e.f)
+            if lanes > 1:
+                t, f = self.splat(t, lanes), self.splat(f, lanes)
+            return self.b.select(c, t, f)
+        if isinstance(e, Cast):
+            return self.cast(self.expr(e.value), e.value.dtype, e.dtype)
+        if isinstance(e, Call):
+            return self.call(e)
+        if isinstance(e, Ramp):
+            base, stride = self.expr(e.base), self.expr(e.stride)
+            t = base.type
+            steps = ir.Constant(ir.VectorType(t, e.lanes), list(range(e.lanes)))
+            return self.b.add(self.splat(base, e.lanes), self.b.mul(self.splat(stride, e.lanes), steps))
+        if isinstance(e, Broadcast):
+            return self.splat(self.expr(e.value), e.lanes)
+        raise CodegenError(f"LLVM codegen: unsupported expression {type(e).__name__}: {e}")
+
+    def const(self, value, dt: DType):
+        t = ltype(dt.scalar)
+        if dt.is_bool:
+            c = ir.Constant(t, int(bool(value)))
+        elif dt.is_float:
+            c = ir.Constant(t, float(value))
+        else:
+            v = int(value) & ((1 << dt.bits) - 1)  # two's complement bits
+            c = ir.Constant(t, v)
+        return c if dt.lanes == 1 else ir.Constant(ir.VectorType(t, dt.lanes), [c.constant] * dt.lanes)
+
+    def binop(self, e: BinOp):
+        op, dt = e.op, e.dtype
+        lanes = dt.lanes
+        a, b = self.expr(e.a), self.expr(e.b)
+        if lanes > 1:
+            a, b = self.splat(a, lanes), self.splat(b, lanes)
+        odt = e.a.dtype  # operand dtype (comparisons)
+        B = self.b
+        if op in _CMP:
+            if odt.is_float:
+                if op == "ne":
+                    return B.fcmp_unordered("!=", a, b)
+                return B.fcmp_ordered(_CMP[op], a, b)
+            if odt.kind == "int":
+                return B.icmp_signed(_CMP[op], a, b)
+            return B.icmp_unsigned(_CMP[op], a, b)
+        if op in ("and", "or"):
+            return B.and_(a, b) if op == "and" else B.or_(a, b)
+        if op in ("min", "max"):
+            sym = "<" if op == "min" else ">"
+            if dt.is_float:
+                c = B.fcmp_ordered(sym, a, b)
+            elif dt.kind == "int":
+                c = B.icmp_signed(sym, a, b)
+            else:
+                c = B.icmp_unsigned(sym, a, b)
+            return B.select(c, a, b)
+        if dt.is_float:
+            if op in ("add", "sub", "mul", "div"):
+                fn = {"add": B.fadd, "sub": B.fsub, "mul": B.fmul, "div": B.fdiv}[op]
+                return self.fp(fn(a, b))
+            if op in ("floordiv", "floormod"):
+                q = self.b.call(self.intrinsic("llvm.floor", a.type), [self.fp(B.fdiv(a, b))])
+                return q if op == "floordiv" else self.fp(B.fsub(a, self.fp(B.fmul(q, b))))
+        elif op in ("add", "sub", "mul"):
+            # int32/int64 overflow is undefined in C (nsw, as gcc assumes); narrower types wrap
+            flags = ["nsw"] if dt.kind == "int" and dt.bits >= 32 else []
+            return {"add": B.add, "sub": B.sub, "mul": B.mul}[op](a, b, flags=flags)
+        elif op in ("floordiv", "floormod"):
+            return self.int_divmod(op, e.a, e.b, a, b, dt)
+        elif op == "div":
+            raise CodegenError(f"integer true division in {e}")
+        raise CodegenError(f"LLVM codegen: unsupported operator {op} on {dt}")
+
+    def int_divmod(self, op: str, ea: Expr, eb: Expr, a, b, dt: DType):
+        B = self.b
+        signed = dt.kind == "int"
+        if dt.lanes == 1:
+            la, _ = self.ana.bounds(ea)
+            lb, _ = self.ana.bounds(eb)
+            if la is not None and la >= 0 and lb is not None and lb > 0:
+                return B.sdiv(a, b) if op == "floordiv" else B.srem(a, b)
+        if not signed:
+            return B.udiv(a, b) if op == "floordiv" else B.urem(a, b)
+        q, r = self.signed_divrem(a, b, eb)
+        zero = ir.Constant(a.type, 0) if dt.lanes == 1 else self.splat(ir.Constant(a.type.element, 0), dt.lanes)
+        adjust = B.and_(B.icmp_signed("!=", r, zero), B.xor(B.icmp_signed("<", r, zero), B.icmp_signed("<", b, zero)))
+        if op == "floordiv":
+            return B.sub(q, B.zext(adjust, q.type))
+        return B.select(adjust, B.add(r, b), r)
+
+    def signed_divrem(self, a, b, eb: Expr):
+        """(a / b, a % b) truncated, without the traps of x86: b == 0 gives (0, 0) and b == -1 gives
+        (-a wrapping, 0), as numpy's integer division does."""
+        B = self.b
+        if isinstance(eb, Const) and eb.value not in (0, -1):
+            return B.sdiv(a, b), B.srem(a, b)
+        t = b.type
+        lanes = t.count if isinstance(t, ir.VectorType) else 1
+        scalar = t.element if lanes > 1 else t
+        zero, one, neg = (self.splat(ir.Constant(scalar, v), lanes) if lanes > 1 else ir.Constant(scalar, v)
+                          for v in (0, 1, -1))  # fmt: skip
+        is0, is_neg = B.icmp_signed("==", b, zero), B.icmp_signed("==", b, neg)
+        safe = B.select(B.or_(is0, is_neg), one, b)
+        q = B.select(is0, zero, B.select(is_neg, B.sub(zero, a), B.sdiv(a, safe)))
+        r = B.select(B.or_(is0, is_neg), zero, B.srem(a, safe))
+        return q, r
+
+    def cast(self, v, src: DType, dst: DType):
+        B = self.b
+        t = ltype(dst)
+        if src.scalar == dst.scalar:
+            return v
+        if dst.is_bool:
+            if src.is_float:
+                return B.fcmp_unordered("!=", v, ir.Constant(v.type, None))
+            return B.icmp_unsigned("!=", v, ir.Constant(v.type, None))
+        if src.is_bool:
+            return B.uitofp(v, t) if dst.is_float else B.zext(v, t)
+        if src.is_float and dst.is_float:
+            return B.fpext(v, t) if dst.bits > src.bits else B.fptrunc(v, t)
+        if src.is_float:
+            return B.fptosi(v, t) if dst.kind == "int" else B.fptoui(v, t)
+        if dst.is_float:
+            return B.sitofp(v, t) if src.kind == "int" else B.uitofp(v, t)
+        if dst.bits > src.bits:
+            return B.sext(v, t) if src.kind == "int" else B.zext(v, t)
+        if dst.bits < src.bits:
+            return B.trunc(v, t)
+        return v  # same width, other signedness: the same bits
+
+    def call(self, e: Call):
+        dt, name = e.dtype, e.name
+        args = [self.expr(a) for a in e.args]
+        if dt.lanes > 1:
+            args = [self.splat(a, dt.lanes) for a in args]
+        B = self.b
+        if dt.is_float:
+            t = ltype(dt)
+            if name in _LLVM_MATH:
+                return B.call(self.intrinsic(_LLVM_MATH[name], t), args)
+            if name == "rsqrt":
+                root = B.call(self.intrinsic("llvm.sqrt", t), args)
+                return self.fp(B.fdiv(self.const(1.0, dt), root))
+            if name == "sigmoid":
+                ex = B.call(self.intrinsic("llvm.exp", t), [self.fp(B.fneg(args[0]))])
+                return self.fp(B.fdiv(self.const(1.0, dt), self.fp(B.fadd(self.const(1.0, dt), ex))))
+            if name in _LIBM:
+                st = ltype(dt.scalar)
+                fn = self.declare(_LIBM[name][0 if dt.bits == 32 else 1], st, [st] * len(args))
+                return self.lanewise(args, dt.lanes, lambda *xs: B.call(fn, list(xs)))
+        elif dt.is_int:
+            return self.int_call(name, args, dt, e)
+        raise CodegenError(f"LLVM codegen: no {name} for {dt}")
+
+    def int_call(self, name: str, args: list, dt: DType, e: Call):
+        B = self.b
+        signed = dt.kind == "int"
+        t = args[0].type
+        scalar = t.element if isinstance(t, ir.VectorType) else t
+
+        def c(v: int):
+            k = ir.Constant(scalar, v & ((1 << dt.bits) - 1))
+            return self.splat(k, dt.lanes) if dt.lanes > 1 else k
+
+        if name in ("floor", "ceil", "round"):
+            return args[0]
+        if name == "abs":
+            a = args[0]
+            return B.select(B.icmp_signed("<", a, c(0)), B.sub(c(0), a), a) if signed else a
+        if name == "bitwise_not":
+            return B.xor(args[0], c(-1))
+        if name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+            return {"bitwise_and": B.and_, "bitwise_or": B.or_, "bitwise_xor": B.xor}[name](*args)
+        if name in ("shift_left", "shift_right"):
+            a, s = args
+            big = B.icmp_unsigned(">=", s, c(dt.bits))  # also a negative amount, as an unsigned number
+            s_ok = B.select(big, c(0), s)
+            if name == "shift_left":
+                return B.select(big, c(0), B.shl(a, s_ok))
+            if signed:
+                fill = B.select(B.icmp_signed("<", a, c(0)), c(-1), c(0))
+                return B.select(big, fill, B.ashr(a, s_ok))
+            return B.select(big, c(0), B.lshr(a, s_ok))
+        if name in ("truncdiv", "truncmod"):
+            a, b = args
+            if signed:
+                q, r = self.signed_divrem(a, b, e.args[1])
+            else:
+                zero_b = B.icmp_unsigned("==", b, c(0))
+                safe = B.select(zero_b, c(1), b)
+                q, r = (B.select(zero_b, c(0), x) for x in (B.udiv(a, safe), B.urem(a, safe)))
+            return q if name == "truncdiv" else r
+        if name == "pow":
+            fn = self.int_pow_helper(scalar, signed)
+            return self.lanewise(args, dt.lanes, lambda x, y: B.call(fn, [x, y]))
+        raise CodegenError(f"LLVM codegen: no {name} for {dt}")
+
+    def int_pow_helper(self, t, signed: bool):
+        """`T ember_ipow_T(T a, T b)`: repeated squaring; a negative power truncates (1 / a**-b) like numpy."""
+        name = f"ember_ipow_{'i' if signed else 'u'}{t.width}"
+        if name in self.module.globals:
+            return self.module.globals[name]
+        fn = ir.Function(self.module, ir.FunctionType(t, [t, t]), name)
+        fn.linkage = "internal"
+        a, b = fn.args
+        B = ir.IRBuilder(fn.append_basic_block("entry"))
+        zero, one = ir.Constant(t, 0), ir.Constant(t, 1)
+        loop, body, done = fn.append_basic_block("loop"), fn.append_basic_block("body"), fn.append_basic_block("done")
+        if signed:
+            neg_bb, pos_bb = fn.append_basic_block("neg"), fn.append_basic_block("pos")
+            B.cbranch(B.icmp_signed("<", b, zero), neg_bb, pos_bb)
+            B.position_at_end(neg_bb)
+            minus1 = ir.Constant(t, (1 << t.width) - 1)
+            odd = B.icmp_unsigned("!=", B.and_(b, one), zero)
+            r_m1 = B.select(odd, minus1, one)
+            B.ret(B.select(B.icmp_signed("==", a, one), one, B.select(B.icmp_signed("==", a, minus1), r_m1, zero)))
+            B.position_at_end(pos_bb)
+        entry_end = B.block
+        B.branch(loop)
+        B.position_at_end(loop)
+        r, x, k = B.phi(t), B.phi(t), B.phi(t)
+        r.add_incoming(one, entry_end)
+        x.add_incoming(a, entry_end)
+        k.add_incoming(b, entry_end)
+        B.cbranch(B.icmp_unsigned("!=", k, zero), body, done)
+        B.position_at_end(body)
+        odd = B.icmp_unsigned("!=", B.and_(k, one), zero)
+        r2 = B.select(odd, B.mul(r, x), r)
+        x2, k2 = B.mul(x, x), B.lshr(k, one)
+        B.branch(loop)
+        r.add_incoming(r2, body)
+        x.add_incoming(x2, body)
+        k.add_incoming(k2, body)
+        B.position_at_end(done)
+        B.ret(r)
+        return fn
+
+    # -- memory ------------------------------------------------------------------------------
+    def address(self, buf: Buffer, idx):
+        if buf not in self.st.bufs:
+            raise CodegenError(f"LLVM codegen: buffer '{buf.name}' used outside its allocation")
+        return self.b.gep(self.st.bufs[buf], [idx], source_etype=mtype(buf.dtype))
+
+    def load(self, e: Load):
+        if len(e.indices) != 1:
+            raise CodegenError(f"load of {e.buffer.name} is not flattened")
+        buf, idx = e.buffer, e.indices[0]
+        B = self.b
+        if buf in self.st.slots:
+            slot, t = self.st.slots[buf][_const_offset(idx)]
+            return B.load(slot, typ=t)
+        align = buf.dtype.itemsize
+        if idx.dtype.lanes == 1:
+            v = B.load(self.address(buf, self.expr(idx)), typ=mtype(buf.dtype), align=align)
+            return B.trunc(v, ir.IntType(1)) if buf.dtype.is_bool else v
+        if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
+            p = self.address(buf, self.expr(idx.base))
+            return B.load(p, typ=ltype(e.dtype), align=align)
+        vi = self.expr(idx)
+        et = mtype(buf.dtype)
+        return self.lanewise([vi], idx.dtype.lanes, lambda i: B.load(self.address(buf, i), typ=et, align=align))
+
+    def store(self, s: Store) -> None:
+        if len(s.indices) != 1:
+            raise CodegenError(f"store to {s.buffer.name} is not flattened")
+        buf, idx = s.buffer, s.indices[0]
+        B = self.b
+        value = self.expr(s.value)
+        if buf in self.st.slots:
+            _store(B, value, self.st.slots[buf][_const_offset(idx)][0])
+            return
+        align = buf.dtype.itemsize
+        if idx.dtype.lanes == 1:
+            if buf.dtype.is_bool:
+                value = B.zext(value, ir.IntType(8))
+            B.store(value, self.address(buf, self.expr(idx)), align=align)
+            return
+        lanes = idx.dtype.lanes
+        value = self.splat(value, lanes)
+        if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
+            _store(B, value, self.address(buf, self.expr(idx.base)), align)
+            return
+        vi = self.expr(idx)
+        for lane in range(lanes):
+            k = ir.Constant(self.i32, lane)
+            B.store(B.extract_element(value, k), self.address(buf, B.extract_element(vi, k)), align=align)
+
+    # -- statements --------------------------------------------------------------------------
+    def stmt(self, s: Stmt) -> None:
+        if isinstance(s, Seq):
+            for x in s.stmts:
+                self.stmt(x)
+        elif isinstance(s, For):
+            self.loop(s)
+        elif isinstance(s, Store):
+            self.store(s)
+        elif isinstance(s, IfThenElse):
+            self.if_then_else(s)
+        elif isinstance(s, LetStmt):
+            value = self.expr(s.value)
+            self.st.vars[s.var] = value
+            lo, hi = self.ana.bounds(s.value) if s.value.dtype.is_int and s.value.dtype.lanes == 1 else (None, None)
+            with self.ana.scope(s.var, lo, hi):
+                self.stmt(s.body)
+        elif isinstance(s, Allocate):
+            self.allocate(s)
+        elif isinstance(s, Evaluate):
+            if not isinstance(s.value, Const):
+                self.expr(s.value)
+        else:
+            raise CodegenError(f"LLVM codegen: unsupported statement {type(s).__name__}")
+
+    def if_then_else(self, s: IfThenElse) -> None:
+        cond = self.expr(s.cond)
+        B = self.b
+        if s.else_case is None:
+            with B.if_then(cond):
+                self.stmt(s.then_case)
+            return
+        with B.if_else(cond) as (then, other):
+            with then:
+                self.stmt(s.then_case)
+            with other:
+                self.stmt(s.else_case)
+
+    def loop(self, s: For) -> None:
+        if s.kind is ForKind.THREAD_BINDING:
+            raise CodegenError(
+                f"loop '{s.var.name}' is bound to {s.thread_tag}, which needs a GPU target (cuda, opencl), "
+                f"not {self.target.kind}"
+            )
+        if s.kind is ForKind.PARALLEL and not self.st.in_parallel:
+            self.parallel_loop(s)
+            return
+        lo = self.expr(s.min)
+        end = self.expr(self.ana.simplify(s.min + s.extent))
+        self.counted_loop(s.var, lo, end, s.body, ana_bounds=self.ana.bind_loop(s.var, s.min, s.extent))
+
+    def counted_loop(self, var: Var, lo, end, body: Stmt, ana_bounds) -> None:
+        B = self.b
+        pre = B.block
+        head = B.append_basic_block(f"{var.name}.head")
+        inner = B.append_basic_block(f"{var.name}.body")
+        exit_ = B.append_basic_block(f"{var.name}.exit")
+        B.branch(head)
+        B.position_at_end(head)
+        i = B.phi(lo.type, name=var.name)
+        i.add_incoming(lo, pre)
+        B.cbranch(B.icmp_signed("<", i, end), inner, exit_)
+        B.position_at_end(inner)
+        self.st.vars[var] = i
+        with self.ana.scope(var, *ana_bounds):
+            self.stmt(body)
+        nxt = B.add(i, ir.Constant(i.type, 1), flags=["nsw"])
+        i.add_incoming(nxt, B.block)
+        B.branch(head)
+        B.position_at_end(exit_)
+
+    def parallel_loop(self, s: For) -> None:
+        """Outline the loop body into a region function run by `ember_parallel_for`."""
+        bound = {n.var for n in walk(s.body) if isinstance(n, For | LetStmt)} | {s.var}
+        used_vars = [v for v in _unique(n for n in walk(s) if isinstance(n, Var)) if v not in bound]
+        used_bufs = [b for b in _unique(n.buffer for n in walk(s.body) if isinstance(n, Load | Store))]
+        outer_bufs = [b for b in used_bufs if b in self.st.bufs]
+        slot_bufs = [b for b in used_bufs if b in self.st.slots]  # register buffers: their slots' addresses
+        slot_keys = [(b, off) for b in slot_bufs for off in sorted(self.st.slots[b])]
+        values = [self.st.vars[v] for v in used_vars if v in self.st.vars]
+        used_vars = [v for v in used_vars if v in self.st.vars]
+        # the closure: one field per outer variable value and buffer pointer, then the status pointer
+        fields = [v.type for v in values] + [self.ptr] * (len(outer_bufs) + 1 + len(slot_keys))
+        ctype = ir.LiteralStructType(fields)
+        clo = self.alloca(ctype, "closure")
+        slot_ptrs = [self.st.slots[b][off][0] for b, off in slot_keys]
+        for k, v in enumerate([*values, *(self.st.bufs[b] for b in outer_bufs), self.st.status, *slot_ptrs]):
+            _store(self.b, v, self.b.gep(clo, [ir.Constant(self.i32, 0), ir.Constant(self.i32, k)], source_etype=ctype))
+        # inner(noalias buffers..., values..., i64 begin, i64 end): noalias is kept when inlined into the region
+        self.regions += 1
+        base = f"{self.st.fn.name}_par{self.regions}"
+        inner_ty = ir.FunctionType(ir.VoidType(), [self.ptr] * len(outer_bufs) + [v.type for v in values]
+                                   + [self.i64, self.i64, self.ptr] + [self.ptr] * len(slot_keys))  # fmt: skip
+        inner = ir.Function(self.module, inner_ty, base + "_body")
+        inner.linkage = "internal"
+        for k in range(len(outer_bufs)):
+            inner.args[k].add_attribute("noalias")
+        region = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [self.ptr, self.i64, self.i64]), base)
+        region.linkage = "internal"
+        rb = ir.IRBuilder(region.append_basic_block("entry"))
+        cl = region.args[0]
+        loaded = [rb.load(rb.gep(cl, [ir.Constant(self.i32, 0), ir.Constant(self.i32, k)], source_etype=ctype),
+                          typ=fields[k]) for k in range(len(fields))]  # fmt: skip
+        nv = len(values)
+        nb = len(outer_bufs)
+        args = loaded[nv : nv + nb] + loaded[:nv] + [region.args[1], region.args[2], loaded[nv + nb]]
+        rb.call(inner, args + loaded[nv + nb + 1 :])
+        rb.ret_void()
+        # the body
+        outer = self.st
+        st = self._new_state(inner)
+        st.in_parallel = True
+        nb = len(outer_bufs)
+        begin, end, st.status = inner.args[nb + nv : nb + nv + 3]
+        st.bufs = dict(zip(outer_bufs, inner.args[:nb]))
+        st.vars = dict(zip(used_vars, inner.args[nb : nb + nv]))
+        for (b, off), p in zip(slot_keys, inner.args[nb + nv + 3 :]):
+            st.slots.setdefault(b, {})[off] = (p, outer.slots[b][off][1])
+        self.st = st
+        vt = ltype(s.var.dtype)
+        if vt.width != 64:
+            begin, end = st.builder.trunc(begin, vt), st.builder.trunc(end, vt)
+        i_var = Var(s.var.name + "_p", s.var.dtype)
+        lb, hb = self.ana.bind_loop(s.var, s.min, s.extent)
+        ext_hi = None if lb is None or hb is None else hb - lb
+        # i runs over [begin, end) of [0, extent); the loop variable is min + i
+        body = LetStmt(s.var, s.min + i_var, s.body)
+        self.counted_loop(i_var, begin, end, body, (0, ext_hi))
+        st.builder.ret_void()
+        self.st = outer
+        # the call
+        n = self.expr(s.extent)
+        n64 = self.b.sext(n, self.i64) if n.type.width < 64 else n
+        pf = self.declare("ember_parallel_for", ir.VoidType(), [self.ptr, self.ptr, self.i64])
+        self.b.call(pf, [region, clo, n64])
+
+    def allocate(self, s: Allocate) -> None:
+        b = s.buffer
+        st = self.st
+        slots = _register_slots(s) if b.scope == "local" else None
+        if slots is not None:
+            types = {off: ltype(b.dtype.with_lanes(lanes)) for off, lanes in slots.items()}
+            st.slots[b] = {off: (self.alloca(t, f"{b.name}_{off}"), t) for off, t in types.items()}
+            self.stmt(s.body)
+            del st.slots[b]
+            return
+        t = mtype(b.dtype)
+        if b.nbytes <= STACK_LIMIT:
+            arr = self.alloca(t, b.name, count=max(b.size, 1), align=64)
+            st.bufs[b] = arr
+            self.stmt(s.body)
+            del st.bufs[b]
+            return
+        B = self.b
+        nbytes = -(-b.nbytes // 64) * 64
+        alloc = self.declare("aligned_alloc", self.ptr, [self.i64, self.i64])
+        free = self.declare("free", ir.VoidType(), [self.ptr])
+        p = B.call(alloc, [ir.Constant(self.i64, 64), ir.Constant(self.i64, nbytes)], name=b.name)
+        with B.if_else(B.icmp_unsigned("==", p, ir.Constant(self.ptr, None))) as (failed, ok):
+            with failed:
+                B.store(ir.Constant(self.i32, -1), st.status)
+            with ok:
+                st.bufs[b] = p
+                self.stmt(s.body)
+                del st.bufs[b]
+                B.call(free, [p])
+
+    # -- functions ---------------------------------------------------------------------------
+    def _new_state(self, fn) -> _FnState:
+        entry = fn.append_basic_block("entry")
+        start = fn.append_basic_block("start")
+        eb = ir.IRBuilder(entry)
+        eb.branch(start)
+        eb.position_at_start(entry)  # allocas before the branch
+        return _FnState(fn, ir.IRBuilder(start), eb)
+
+    def function(self, f: PrimFunc):
+        fty = ir.FunctionType(self.i32, [self.ptr] * len(f.params))
+        fn = ir.Function(self.module, fty, c_symbol(f.name))
+        for arg, p in zip(fn.args, f.params):
+            arg.name = c_symbol(p.name)
+            arg.add_attribute("noalias")
+        self.st = st = self._new_state(fn)
+        st.bufs = dict(zip(f.params, fn.args))
+        st.status = self.alloca(self.i32, "status")
+        st.entry.store(ir.Constant(self.i32, 0), st.status)
+        self.stmt(f.body)
+        st.builder.ret(st.builder.load(st.status, typ=self.i32))
+        return fn
+
+
+def _store(builder, value, ptr, align: int | None = None) -> None:
+    """A store without llvmlite's pointee check: it types GEP results (float*, {ptr}*) where LLVM's pointers
+    are opaque, so a vector stored at an element's address, or a field stored into a struct, is refused."""
+    st = ir.instructions.StoreInstr(builder.block, value, ptr)
+    st.align = align
+    builder._insert(st)
+
+
+def _const_offset(idx: Expr) -> int:
+    from .c import _const_offset as off
+
+    v = off(idx)
+    assert v is not None
+    return v
+
+
+def _unique(items) -> list:
+    seen, out = set(), []
+    for x in items:
+        if id(x) not in seen:
+            seen.add(id(x))
+            out.append(x)
+    return out
+
+
+def _suffix(t) -> str:
+    if isinstance(t, ir.VectorType):
+        return f"v{t.count}{_suffix(t.element)}"
+    if isinstance(t, ir.FloatType):
+        return "f32"
+    if isinstance(t, ir.DoubleType):
+        return "f64"
+    return f"i{t.width}"
+
+
+# -- compile and load --------------------------------------------------------------------------
+
+
+def codegen_llvm(funcs: PrimFunc | list[PrimFunc], target: Target | str = "llvm") -> str:
+    """The LLVM IR (text) of a module holding the given functions, before optimization."""
+    _require()
+    target = Target.parse(target)
+    funcs = [funcs] if isinstance(funcs, PrimFunc) else list(funcs)
+    module = ir.Module(name="ember")
+    for f in funcs:
+        LLVMCodegen(module, target).function(f)
+    return str(module)
+
+
+def _target_machine(target: Target):
+    _init()
+    t = llvm.Target.from_triple(llvm.get_process_triple())
+    if target.mcpu == "native":
+        cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    else:
+        cpu, features = target.mcpu, ""
+    opt = {"-O0": 0, "-O1": 1, "-O2": 2}.get(target.opt, 3)
+    return t.create_target_machine(cpu=cpu, features=features, opt=opt, codemodel="jitdefault", jit=True)
+
+
+_lock = threading.Lock()
+
+
+class JITEngine:
+    """LLVM IR compiled in memory: function addresses and globals of one execution engine."""
+
+    def __init__(self, ir_text: str, target: Target):
+        _init()
+        tm = _target_machine(target)
+        with _lock:  # llvmlite's module and engine objects are not thread-safe
+            mod = llvm.parse_assembly(ir_text)
+            mod.link_in(llvm.parse_assembly(RUNTIME_IR))
+            mod.triple = tm.triple
+            mod.data_layout = str(tm.target_data)
+            mod.verify()
+            level = {"-O0": 0, "-O1": 1, "-O2": 2}.get(target.opt, 3)
+            pto = llvm.create_pipeline_tuning_options(speed_level=level)
+            pto.loop_vectorization = level >= 2
+            pto.slp_vectorization = level >= 2
+            pb = llvm.create_pass_builder(tm, pto)
+            pb.getModulePassManager().run(mod, pb)
+            self.engine = llvm.create_mcjit_compiler(mod, tm)
+            self.engine.finalize_object()
+            self.engine.run_static_constructors()
+        self.llmod = mod
+        self.tm = tm
+        self.optimized_ir = str(mod)
+
+    def address(self, name: str) -> int:
+        addr = self.engine.get_function_address(name)
+        if not addr:
+            raise CodegenError(f"LLVM module has no function {name!r}")
+        return addr
+
+    def set_num_threads(self, n: int) -> None:
+        ctypes.c_int32.from_address(self.engine.get_global_value_address("ember_num_threads")).value = max(1, n)
+
+    def assembly(self) -> str:
+        return self.tm.emit_assembly(self.llmod)
