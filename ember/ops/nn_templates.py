@@ -1,0 +1,656 @@
+"""Compute/schedule templates of the neural-network operators: GEMM on packed panels, direct
+convolution (output channels or output width in vectors), window reductions, row reductions.
+
+Each template has two halves that meet through stage tags and attributes:
+
+- a compute builder, called from an op's compute in `ember.ops.nn`, makes the stages of the
+  algorithm (packing, the accumulation) and records its plan (tile sizes, layouts) in the
+  `attrs` of the accumulation stage; the op then writes its output stage (the epilogue: bias,
+  scaling, the crop of padded tiles) reading the accumulation, and names it in the output's
+  attrs (`{"template": "gemm", "acc": acc}`);
+- `schedule_nn(attrs, outs, target)` finds those output stages and applies the template's
+  schedule: the accumulation goes to a register tile (`cache_write` + `compute_at` the output's
+  tile loop), its innermost data axis is vectorized by the target's lanes, the output's outer
+  loops run in parallel. Stages that no template claims get `te_lib.default_schedule`'s treatment.
+
+Layout decisions that change the compute (panel width, channel block) are taken at compute
+time for the host CPU (`host_target()`); vector lanes are re-derived from the real target when
+scheduling, so a cross-compiled kernel is still correct, if tuned for the host.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ember import te
+from ember.ops.te_lib import schedule_flat
+from ember.target import Target, host_cpu_flags
+from ember.te.tensor import ComputeOp, Reduce, Tensor
+from ember.tir.dtype import DType
+from ember.tir.expr import Expr
+
+Index = tuple[Expr, ...]
+
+
+@functools.cache
+def host_target() -> Target:
+    return Target.parse("c")
+
+
+def vector_regs(target: Target) -> int:
+    """Vector registers of the target's ISA (AVX-512: 32, AVX2/SSE/NEON class: 16)."""
+    if target.vector_bits >= 512 or (target.mcpu == "native" and "avx512f" in host_cpu_flags()):
+        return 32
+    return 16
+
+
+def lanes_of(dtype: DType | str, target: Target) -> int:
+    bits = te.placeholder((), dtype).dtype.bits if isinstance(dtype, str) else dtype.bits
+    return target.vector_lanes(max(bits, 8))
+
+
+def zero(dtype: DType) -> Expr:
+    return te.const(0, dtype)
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _best_block(n: int, cap: int) -> int:
+    """A block size <= cap for an axis of length n: a divisor of n when one is at least cap/2,
+    else cap (the last block is then shifted back to end at n: it overlaps, never overruns)."""
+    if n <= cap:
+        return n
+    div = max(d for d in range(1, cap + 1) if n % d == 0)
+    return div if 2 * div >= cap else cap
+
+
+# =====================================================================================================
+# GEMM: acc[*batch, i, j] = sum_k a(batch, i, k) * b(batch_b, k, j)
+# =====================================================================================================
+@dataclass(frozen=True)
+class GemmPlan:
+    mr: int  # rows of the register tile
+    nr: int  # columns of the register tile (the panel width when packed)
+    packed: bool  # B repacked into panels [N / nr, K, nr]
+    kr: int = 4  # reduction unroll
+
+
+def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None) -> GemmPlan:
+    """Tile sizes: an mr x nr accumulator tile that fits the register file. B is packed into
+    panels when enough rows reuse each panel; for few rows (M < 8) the panel copy would cost as
+    much as the product, and B is read in place with wider rows of the tile."""
+    target = target or host_target()
+    lanes = lanes_of(dtype, target)
+    regs = vector_regs(target)
+    if lanes > N and M < 8:
+        return GemmPlan(mr=max(1, M), nr=max(N, 1), packed=False)
+    if M < 8:
+        nvec = max(1, min(4, N // lanes, (regs - 4) // max(M, 1)))
+        return GemmPlan(mr=max(M, 1), nr=nvec * lanes, packed=False)
+    nr = 2 * lanes if lanes < N else lanes
+    mr = min(M, (regs - 4) // (nr // lanes) if regs >= 32 else 6)
+    mr = min(mr, 12)
+    return GemmPlan(mr=mr, nr=nr, packed=True)
+
+
+def gemm_acc(
+    batch: tuple[int, ...],
+    M: int,
+    N: int,
+    K: int,
+    a_at: Callable[[Index, Expr, Expr], Expr],
+    b_at: Callable[[Index, Expr, Expr], Expr],
+    b_batch: tuple[int, ...],
+    b_index: Callable[[Index], Index],
+    dtype: DType | str,
+    name: str = "gemm",
+) -> Tensor:
+    """The accumulation stage of a (batched) matrix product, shape (*batch, M, Np) with Np >= N
+    (columns past N are padding: read only [..., :N]).
+
+    a_at(batch_idx, i, k) and b_at(b_batch_idx, k, j) give the operands' elements (already cast to
+    the accumulation dtype); b_index maps an index of `batch` to an index of B's batch dims
+    `b_batch` (broadcasting), so a B without batch dims is packed once for all batches."""
+    dt = te.placeholder((), dtype).dtype if isinstance(dtype, str) else dtype
+    plan = gemm_plan(M, N, K, dt)
+    k = te.reduce_axis((0, K), name="k")
+    nb = len(batch)
+    if plan.packed:
+        nr = plan.nr
+        npanels = -(-N // nr)
+
+        def pack(*idx):
+            bb, (jb, kk, z) = idx[: len(b_batch)], idx[len(b_batch) :]
+            j = jb * nr + z
+            v = b_at(bb, kk, j)
+            return v if N % nr == 0 else te.if_then_else(j < N, v, zero(v.dtype))
+
+        pb = te.compute(b_batch + (npanels, K, nr), pack, name=f"{name}_packed_b", tag="gemm_pack")
+
+        def body(*idx):
+            bi, i, j = idx[:nb], idx[nb], idx[nb + 1]
+            return te.sum(a_at(bi, i, k) * pb[b_index(bi) + (j // nr, k, j % nr)], axis=k)
+
+        shape = batch + (M, npanels * nr)
+    else:
+        pb = None
+
+        def body(*idx):
+            bi, i, j = idx[:nb], idx[nb], idx[nb + 1]
+            return te.sum(a_at(bi, i, k) * b_at(b_index(bi), k, j), axis=k)
+
+        shape = batch + (M, N)
+    return te.compute(shape, body, name=name, tag="gemm", attrs={"plan": plan, "pack": pb})
+
+
+def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
+    """Register-tile the accumulation at the output's (i, j) tile; attrs `i_axis`/`j_axis` name the
+    output's row and column axes (None for a 1-d operand), its other axes are batch loops."""
+    acc: Tensor = attrs["acc"]
+    plan: GemmPlan = acc.op.attrs["plan"]
+    O = s[out]
+    axes = list(O.op.axis)
+    ia, ja = attrs.get("i_axis"), attrs.get("j_axis")
+    lanes = min(lanes_of(acc.dtype, target), plan.nr)
+    vec = plan.nr % lanes == 0 and lanes > 1
+    accl = s.cache_write(acc, "local")
+    s[acc].compute_inline()
+    outer = [ax for d, ax in enumerate(axes) if d not in (ia, ja)]
+    inner = []
+    if ia is not None:
+        io, ii = O.split(axes[ia], plan.mr)
+        outer.append(io)
+        inner.append(ii)
+        O.unroll(ii)
+    if ja is not None:
+        jo, ji = O.split(axes[ja], plan.nr)
+        outer.append(jo)
+        inner.append(ji)
+    O.reorder(*outer, *inner)
+    if ja is not None and vec:
+        jio, jii = O.split(inner[-1], lanes)
+        O.unroll(jio)
+        O.vectorize(jii)
+    L = s[accl]
+    *lb, li, lj = L.op.axis
+    (kax,) = L.op.reduce_axis
+    ko, ki = L.split(kax, plan.kr)
+    if vec:
+        jco, jci = L.split(lj, lanes)
+        L.reorder(*lb, ko, ki, li, jco, jci)
+        L.vectorize(jci)
+        L.unroll(jco)
+    else:
+        L.reorder(*lb, ko, ki, li, lj)
+    L.unroll(li)
+    L.unroll(ki)
+    L.compute_at(O, outer[-1])
+    _parallel(O, outer, out, target)
+    done = {O.name, L.name}
+    pb = acc.op.attrs.get("pack")
+    if pb is not None:
+        done.add(_schedule_pack(s, pb, 3, target))
+    return done
+
+
+def _schedule_pack(s: te.Schedule, t: Tensor, inner_dims: int, target: Target) -> str:
+    """A packed operand [..., block, ..., lanes]: vectorize the last axis, parallel over the leading ones."""
+    P = s[t]
+    axes = P.op.axis
+    P.vectorize(axes[-1])
+    lead = axes[: len(axes) - inner_dims + 1]
+    if target.num_cores > 1 and math.prod(t.shape) >= 1 << 16:
+        P.parallel(P.fuse(*lead) if len(lead) > 1 else lead[0])
+    return P.name
+
+
+def _parallel(O: te.Stage, outer: list, out: Tensor, target: Target) -> None:
+    """Run the outer tile loops of an output stage in parallel when there is enough work."""
+    if target.num_cores <= 1 or not outer or _work(out) < 1 << 17:
+        return
+    O.parallel(O.fuse(*outer) if len(outer) > 1 else outer[0])
+
+
+def _work(out: Tensor) -> int:
+    """Multiply-adds of the stages an output reads (a rough size for parallel decisions)."""
+    total, seen, todo = 0, set(), [out]
+    while todo:
+        t = todo.pop()
+        if id(t.op) in seen or not isinstance(t.op, ComputeOp):
+            continue
+        seen.add(id(t.op))
+        n = math.prod(t.shape)
+        if isinstance(t.op.body, Reduce):
+            n *= math.prod(iv.dom[1] for iv in t.op.reduce_axis)
+        total += n
+        todo.extend(t.op.inputs)
+    return total
+
+
+# =====================================================================================================
+# direct convolution and window reductions (pooling), N-d, NCHW
+# =====================================================================================================
+@dataclass(frozen=True)
+class Window:
+    """Geometry of a sliding window over the spatial dims (after padding)."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    out: tuple[int, ...]  # output spatial shape
+
+    def at(self, o: Sequence[Expr], k: Sequence[Expr]) -> tuple[Expr, ...]:
+        return tuple(oi * s + ki * d for oi, ki, s, d in zip(o, k, self.strides, self.dilations))
+
+
+def pad_input(x_at: Callable[..., Expr], shape: tuple[int, ...], before: Sequence[int], after: Sequence[int],
+              value: Expr, dtype: DType, name: str = "pad", materialize: bool = True) -> Tensor:  # fmt: skip
+    """x padded along its trailing len(before) dims. Materialized once at root by default (a copy of
+    the input is cheaper than a bounds check in every inner-loop read, and keeps those reads vector
+    loads); else inlined into the reader, whose loop partitioning drops the checks inside.
+    x_at(*idx) reads the unpadded input."""
+    lead = len(shape) - len(before)
+    if not any(before) and not any(after):
+        return te.compute(shape, lambda *idx: x_at(*idx), name=name)  # inlined into its readers
+    padded = shape[:lead] + tuple(n + b + a for n, b, a in zip(shape[lead:], before, after))
+
+    def body(*idx):
+        conds, src = [], list(idx[:lead])
+        for i, n, b in zip(idx[lead:], shape[lead:], before):
+            src.append(i - b)
+            conds += [i >= b, i < b + n]
+        return te.if_then_else(te.all(*conds), x_at(*src), value)
+
+    return te.compute(padded, body, name=name, tag="nn_pad", attrs={"materialize": materialize})
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    kind: str  # "conv_oc": output channels in vectors; "conv_ow": output width in vectors
+    block: int  # conv_oc: channels per vector block (ocb); conv_ow: output channels per tile
+    width: int  # output-width positions per tile
+    vector: bool = True  # vectors along the width (False: strided reads would be gathers)
+
+
+def conv_plan(Co: int, Cog: int, ow: int, stride: int, dtype: DType, target: Target | None = None) -> ConvPlan:
+    """conv_oc when a group's output channels fill whole vectors (dense convs: any stride, the input
+    read as scalars), else conv_ow (depthwise, few channels per group: vectors along the width)."""
+    target = target or host_target()
+    lanes = lanes_of(dtype, target)
+    regs = vector_regs(target)
+    if Cog % lanes == 0 and lanes > 1:
+        ocb = 2 * lanes if Cog % (2 * lanes) == 0 else lanes
+        cap = (regs - 4) // (ocb // lanes)
+        return ConvPlan("conv_oc", ocb, _best_block(ow, min(cap, 24)))
+    if ow >= 2 * lanes and stride == 1:
+        return ConvPlan("conv_ow", max(1, min(Co, 12 if regs >= 32 else 6)), 2 * lanes)
+    width = lanes if ow >= lanes else _pow2_floor(ow)
+    return ConvPlan("conv_ow", max(1, min(Co, 8 if regs >= 32 else 4)), width)
+
+
+def conv_acc(
+    xp: Tensor,
+    w_at: Callable[[Expr, Expr, tuple[Expr, ...]], Expr],
+    Co: int,
+    groups: int,
+    win: Window,
+    dtype: DType,
+    name: str = "conv",
+) -> tuple[Tensor, Callable[..., Expr], str]:
+    """Direct grouped convolution of padded input xp (N, C, *spatial) with weights w_at(co, ci, k).
+
+    Returns (acc, read, template): read(n, co, *o) is the accumulated output element."""
+    N, C = xp.shape[:2]
+    Cg, Cog = C // groups, Co // groups
+    plan = conv_plan(Co, Cog, win.out[-1], win.strides[-1], dtype)
+    ci = te.reduce_axis((0, Cg), name="rc")
+    ks = [te.reduce_axis((0, k), name=f"rk{d}") for d, k in enumerate(win.kernel)]
+    raxes = [ci, *ks]
+    if plan.kind == "conv_oc":
+        ocb = plan.block
+        cbg = Cog // ocb  # vector blocks per group
+
+        def pack(*idx):
+            return w_at(idx[0] * ocb + idx[-1], idx[1], tuple(idx[2:-1]))
+
+        wp = te.compute((Co // ocb, Cg, *win.kernel, ocb), pack, name=f"{name}_packed_w", tag="conv_pack")
+
+        def body(*idx):
+            n, cb, o, oc = idx[0], idx[1], idx[2:-1], idx[-1]
+            x = xp[(n, (cb // cbg) * Cg + ci if groups > 1 else ci) + win.at(o, ks)]
+            return te.sum(x * wp[(cb, ci, *ks, oc)], axis=raxes)
+
+        acc = te.compute((N, Co // ocb, *win.out, ocb), body, name=name, tag="conv_oc",
+                         attrs={"plan": plan, "pack": wp})  # fmt: skip
+        return acc, lambda n, co, *o: acc[(n, co // ocb, *o, co % ocb)], "conv_oc"  # noqa: E731
+
+    def body_ow(*idx):
+        n, co, o = idx[0], idx[1], idx[2:]
+        c = (co // Cog) * Cg + ci if groups > 1 else ci
+        return te.sum(xp[(n, c) + win.at(o, ks)] * w_at(co, ci, tuple(ks)), axis=raxes)
+
+    acc = te.compute((N, Co, *win.out), body_ow, name=name, tag="conv_ow", attrs={"plan": plan})
+    return acc, lambda n, co, *o: acc[(n, co, *o)], "conv_ow"
+
+
+def window_acc(xp: Tensor, win: Window, reducer, pre: Callable[[Expr], Expr] | None = None,
+               name: str = "pool") -> Tensor:  # fmt: skip
+    """reducer over each window of padded xp (N, C, *spatial): a pooling accumulation."""
+    ks = [te.reduce_axis((0, k), name=f"rk{d}") for d, k in enumerate(win.kernel)]
+    N, C = xp.shape[:2]
+    lanes = lanes_of(xp.dtype, host_target())
+    ow = win.out[-1]
+    if win.strides[-1] > 1:
+        plan = ConvPlan("conv_ow", max(1, min(C, 2)), min(ow, 16), vector=False)
+    else:
+        plan = ConvPlan("conv_ow", max(1, min(C, 4)), lanes if ow >= lanes else _pow2_floor(ow))
+
+    def body(*idx):
+        v = xp[idx[:2] + win.at(idx[2:], ks)]
+        return reducer(pre(v) if pre else v, axis=ks)
+
+    return te.compute((N, C, *win.out), body, name=name, tag="conv_ow", attrs={"plan": plan})
+
+
+def _schedule_conv_oc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
+    """Output tile: `width` positions of the last spatial axis x one block of output channels, the
+    block in vectors (the accumulator tile lives in registers); reduction loops (ci, kernel) outside
+    the tile; the copy-out scatters channel vectors to NCHW."""
+    acc: Tensor = attrs["acc"]
+    plan: ConvPlan = acc.op.attrs["plan"]
+    lanes = min(lanes_of(acc.dtype, target), plan.block)
+    O = s[out]
+    n, co, *sp = O.op.axis
+    accl = s.cache_write(acc, "local")
+    s[acc].compute_inline()
+    cob, coi = O.split(co, plan.block)
+    wo, wi = O.split(sp[-1], plan.width)
+    outer = [n, cob, *sp[:-1], wo]
+    O.reorder(*outer, wi, coi)
+    O.unroll(wi)
+    if plan.block % lanes == 0:
+        cio, cii = O.split(coi, lanes)
+        O.unroll(cio)
+        O.vectorize(cii)
+    L = s[accl]
+    ln, lcb, *lsp, loc = L.op.axis
+    red = L.op.reduce_axis
+    if plan.block % lanes == 0:
+        oco, oci = L.split(loc, lanes)
+        L.reorder(ln, lcb, *lsp[:-1], *red, lsp[-1], oco, oci)
+        L.vectorize(oci)
+        L.unroll(oco)
+    else:
+        L.reorder(ln, lcb, *lsp[:-1], *red, lsp[-1], loc)
+    L.unroll(lsp[-1])
+    L.compute_at(O, wo)
+    _parallel(O, outer[:-1], out, target)
+    return {O.name, L.name, _schedule_pack(s, acc.op.attrs["pack"], len(acc.op.attrs["pack"].shape), target)}
+
+
+def _schedule_conv_ow(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
+    """Output tile: `block` channels x `width` positions of the last spatial axis, the positions in
+    vectors; reduction loops outside the tile (also serves pooling windows)."""
+    acc: Tensor = attrs["acc"]
+    plan: ConvPlan = acc.op.attrs["plan"]
+    lanes = min(lanes_of(acc.dtype, target), plan.width)
+    O = s[out]
+    n, co, *sp = O.op.axis
+    accl = s.cache_write(acc, "local")
+    s[acc].compute_inline()
+    cob, coi = O.split(co, plan.block)
+    wo, wi = O.split(sp[-1], plan.width)
+    outer = [n, cob, *sp[:-1], wo]
+    O.reorder(*outer, coi, wi)
+    O.unroll(coi)
+    vec = plan.vector and plan.width % lanes == 0 and lanes > 1 and plan.width & (plan.width - 1) == 0
+    if vec:
+        wio, wii = O.split(wi, lanes)
+        O.unroll(wio)
+        O.vectorize(wii)
+    L = s[accl]
+    ln, lco, *lsp = L.op.axis
+    red = L.op.reduce_axis
+    if vec:
+        lwo, lwi = L.split(lsp[-1], lanes)
+        L.reorder(ln, *lsp[:-1], *red, lco, lwo, lwi)
+        L.vectorize(lwi)
+        L.unroll(lwo)
+    else:
+        L.reorder(ln, *lsp[:-1], *red, lco, lsp[-1])
+        L.unroll(lsp[-1])
+        O.unroll(wi)
+    L.unroll(lco)
+    L.compute_at(O, wo)
+    _parallel(O, outer[:-1], out, target)
+    return {O.name, L.name}
+
+
+# =====================================================================================================
+# exp in vector arithmetic
+# =====================================================================================================
+def exp(x: Expr) -> Expr:
+    """exp for float32 in plain arithmetic and selects, so that it vectorizes (the C library's expf
+    runs once per lane): x = n ln2 + r with |r| <= ln2/2 (Cody-Waite), Cephes' degree-7 polynomial
+    for e^r (about 1 ulp), and 2^n as a product of one factor per binary digit of |n| (each digit
+    found on its own: a sequential scale-by-digit would repeat the expression tree, te has no let).
+    NaN stays NaN, exp(-inf) = 0, overflow gives inf. Other dtypes use the library call."""
+    if x.dtype.scalar.name != "float32":
+        return te.exp(x)
+
+    def f(v: float) -> Expr:
+        return te.const(v, "float32")
+
+    def rint(v: Expr) -> Expr:  # round to nearest for |v| < 2^22: adding 1.5 * 2^23 drops the fraction
+        return (v + f(12582912.0)) - f(12582912.0)
+
+    def pick(cond: Expr, a: float, b: float) -> Expr:  # selects of constants only: they vectorize
+        return te.if_then_else(cond, f(a), f(b))
+
+    xc = te.minimum(te.maximum(x, f(-104.0)), f(88.75))
+    n = rint(xc * f(1.44269504088896341))
+    r = xc - n * f(0.693359375) - n * f(-2.12194440e-4)
+    p = f(1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = p * r + f(c)
+    p = (p * (r * r) + r + f(1.0)) * f(2.0)  # times 2^n = 2 * 2^(n - 1): the factors stay finite
+    m = te.abs(n - f(1.0))  # an integer <= 152
+    for b in range(8):
+        half = float(2**b)
+        q = rint(m * f(1.0 / (2 * half)) - f(0.5 - 0.25 / half))  # floor(m / 2^(b+1)), never a tie
+        digit = pick(m - q * f(2 * half) >= f(half), 1.0, 0.0)
+        up = pick(n < f(1.0), 2.0 ** -(2**b), 2.0 ** (2**b) if b < 7 else 0.0)  # 2^128: only needed below
+        p = p * (digit * up + (f(1.0) - digit))  # exact: one of the two terms is 0
+    return p * pick(x > f(88.72283), math.inf, 1.0) * pick(x != x, math.nan, 1.0)
+
+
+# =====================================================================================================
+# row reductions (softmax, normalizations, global pooling): rows of contiguous elements
+# =====================================================================================================
+ROW_TAGS = ("row_partial", "row_reduce", "row_buffer")
+
+
+def row_reduce(rows: tuple[int, ...], length: int, at: Callable[[Index, Expr], Expr], reducer: te.Reducer,
+               dtype: DType, name: str = "row") -> Callable[[Index], Expr]:  # fmt: skip
+    """reducer over l in [0, length) of at(r, l), for each row index r of shape `rows`; returns the
+    reduced value's reader. Long rows reduce in vectors first (a partial result per lane, then
+    across the lanes, then the tail past the last whole vector), so the loop over l vectorizes."""
+    lanes = lanes_of(dtype, host_target())
+    nr = len(rows)
+    if length < 2 * lanes or lanes == 1:
+        l_ = te.reduce_axis((0, length), name="rl")
+        whole = te.compute(rows, lambda *r: reducer(at(r, l_), axis=l_), name=name, tag="row_reduce")
+        return lambda r: whole[tuple(r)]
+    full = length // lanes
+    lo = te.reduce_axis((0, full), name="rlo")
+    part = te.compute(rows + (lanes,), lambda *i: reducer(at(i[:nr], lo * lanes + i[nr]), axis=lo),
+                      name=f"{name}_lanes", tag="row_partial")  # fmt: skip
+    v = te.reduce_axis((0, lanes), name="rv")
+    total = te.compute(rows, lambda *r: reducer(part[r + (v,)], axis=v), name=name, tag="row_reduce")
+    if length % lanes == 0:
+        return lambda r: total[tuple(r)]
+    t = te.reduce_axis((0, length % lanes), name="rt")
+    tail = te.compute(rows, lambda *r: reducer(at(r, full * lanes + t), axis=t), name=f"{name}_tail",
+                      tag="row_reduce")  # fmt: skip
+    return lambda r: reducer.combine(total[tuple(r)], tail[tuple(r)])
+
+
+def row_buffer(shape: tuple[int, ...], fn: Callable[..., Expr], name: str) -> Tensor:
+    """An elementwise stage kept per row (computed once at the row loop, e.g. softmax's exp)."""
+    return te.compute(shape, fn, name=name, tag="row_buffer", attrs={"materialize": True})
+
+
+def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
+    """The output's leading `rows` axes fused into the row loop (parallel when big), its other axes
+    fused and vectorized; every row stage whose readers all run in that loop is computed there."""
+    O = s[out]
+    k = attrs["rows"]
+    axes = O.op.axis
+    lanes = lanes_of(out.dtype, target)
+    inner = axes[k:]
+    if inner:
+        f = O.fuse(*inner) if len(inner) > 1 else inner[0]
+        if math.prod(out.shape[k:]) >= lanes:
+            _, fi = O.split(f, lanes)
+            O.vectorize(fi)
+    done = {O.name}
+    if k == 0:
+        return done
+    row = O.fuse(*axes[:k]) if k > 1 else axes[0]
+    members = _row_members(s, O)
+    for st in s.stages:
+        if st not in members:
+            continue
+        st.compute_at(O, row)
+        done.add(st.name)
+        tag = st.op.tag
+        sl = lanes_of(st.op.dtype, target)
+        if tag == "row_partial" and st.op.shape[-1] % sl == 0:
+            _, li = st.split(st.op.axis[-1], sl)
+            st.vectorize(li)
+        elif tag == "row_buffer" and len(st.op.axis) > k:
+            f = st.fuse(*st.op.axis[k:]) if len(st.op.axis) > k + 1 else st.op.axis[k]
+            if math.prod(st.op.shape[k:]) >= sl:
+                _, fi = st.split(f, sl)
+                st.vectorize(fi)
+    if target.num_cores > 1 and _work(out) >= 1 << 16 and math.prod(out.shape[:k]) > 1:
+        O.parallel(row)
+    return done
+
+
+def _row_members(s: te.Schedule, O: te.Stage) -> set[te.Stage]:
+    """Row stages (by tag) that can be computed inside O's row loop: every stage that reads them
+    (looking through stages that will be inlined) is O or another member."""
+
+    def inlined(st: te.Stage) -> bool:
+        op = st.op
+        return (not st.is_output and isinstance(op, ComputeOp) and not isinstance(op.body, Reduce)
+                and not op.attrs.get("materialize") and not op.attrs.get("template"))  # fmt: skip
+
+    readers: dict[te.Stage, set[te.Stage]] = {}
+    for st in s.stages:
+        for t in st.op.inputs:
+            readers.setdefault(s[t], set()).add(st)
+
+    def effective(st: te.Stage, seen=None) -> set[te.Stage]:
+        out = set()
+        for r in readers.get(st, ()):
+            out |= effective(r) if inlined(r) else {r}
+        return out
+
+    cand = {st for st in s.stages if isinstance(st.op, ComputeOp) and st.op.tag in ROW_TAGS and not st.is_output}
+    changed = True
+    while changed:
+        changed = False
+        for st in list(cand):
+            if any(r is not O and r not in cand for r in effective(st)):
+                cand.discard(st)
+                changed = True
+    return cand
+
+
+# =====================================================================================================
+# schedule entry point
+# =====================================================================================================
+SCHEDULES: dict[str, Callable[[te.Schedule, Tensor, dict, Target], set[str]]] = {
+    "gemm": _schedule_gemm,
+    "conv_oc": _schedule_conv_oc,
+    "conv_ow": _schedule_conv_ow,
+    "rows": _schedule_row_template,
+}
+
+
+def schedule_nn(attrs: dict, outs: Sequence[Tensor], target: Target) -> te.Schedule:
+    """Templates for the stages that name one (`attrs["template"]`), default treatment elsewhere.
+
+    A template stage that a fused elementwise consumer reads (conv + bias + relu) is inlined into
+    that output, which is then tiled in its place. Other elementwise intermediates are inlined
+    unless marked `materialize`; root stages are fused, vectorized and parallelized (`schedule_flat`)."""
+    s = te.create_schedule(list(outs))
+    done: set[str] = set()
+    for st in list(s.stages):
+        op = st.op
+        kind = op.attrs.get("template") if isinstance(op, ComputeOp) else None
+        if kind is None or math.prod(op.shape) == 0:
+            continue
+        anchor = st if st.is_output else _elementwise_output(s, st, outs)
+        if anchor is None:
+            anchor = st
+        elif anchor is not st:
+            st.compute_inline()
+        done |= SCHEDULES[kind](s, anchor.op.output(), op.attrs, target)
+    for st in s.stages:
+        if st.is_placeholder or st.is_output or st.name in done or st.attach != "root":
+            continue
+        op = st.op
+        if isinstance(op, ComputeOp) and not isinstance(op.body, Reduce) and not op.attrs.get("materialize"):
+            st.compute_inline()
+    for st in s.stages:
+        if st.is_placeholder or st.attach != "root" or st.name in done:
+            continue
+        if isinstance(st.op, ComputeOp) and st.op.tag == "nn_pad":
+            _schedule_rows(st, st.op.output(), target)
+        else:
+            schedule_flat(st, target)
+    return s
+
+
+def _schedule_rows(st: te.Stage, t: Tensor, target: Target) -> None:
+    """Outer axes fused (parallel when big), the last axis split by the lanes and vectorized: bounds
+    checks along the last axis (padding) are then partitioned out of the vector loop."""
+    axes = st.op.axis
+    if not axes or math.prod(t.shape) == 0:
+        return
+    lanes = lanes_of(t.dtype, target)
+    if t.shape[-1] >= lanes:
+        _, wi = st.split(axes[-1], lanes)
+        st.vectorize(wi)
+    if len(axes) > 1:
+        outer = st.fuse(*axes[:-1])
+        if target.num_cores > 1 and math.prod(t.shape) >= 1 << 16:
+            st.parallel(outer)
+
+
+def _elementwise_output(s: te.Schedule, st: te.Stage, outs: Sequence[Tensor]) -> te.Stage | None:
+    """The output of the same shape that reads st through elementwise stages only (a fused epilogue)."""
+    for out in outs:
+        o = s[out]
+        if tuple(out.shape) != tuple(st.op.shape) or isinstance(o.op.body, Reduce):
+            continue
+        todo, seen = [o], set()
+        while todo:
+            cur = todo.pop()
+            for t in cur.op.inputs:
+                p = s[t]
+                if p is st:
+                    return o
+                if p.is_placeholder or p.name in seen or isinstance(p.op.body, Reduce):
+                    continue
+                seen.add(p.name)
+                todo.append(p)
+    return None
