@@ -1,0 +1,106 @@
+"""Whole models through `ember.compile`: native kernels only, compared with onnxruntime on random inputs.
+
+Tolerance: float32 outputs within rtol 1e-4; atol 1e-5 covers outputs near zero, where relative error is
+meaningless (the models end in ReLU/softmax/layer norm, so many outputs are 0 or tiny)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import ember
+from ember import zoo
+from ember.frontend.onnx import ModelError, UnsupportedOperatorError
+from ember.runtime.module import ArgumentError
+
+ort = pytest.importorskip("onnxruntime")
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+@pytest.fixture(scope="module", params=list(zoo.BLOCKS))
+def compiled(request):
+    model = zoo.BLOCKS[request.param]()
+    return model, ember.compile(model, fallback=False)
+
+
+def test_matches_onnxruntime(compiled):
+    model, m = compiled
+    for seed in range(2):
+        feeds = zoo.random_feeds(model, seed)
+        ours = m.run(feeds)
+        theirs = run_ort(model, feeds)
+        for (name, a), b in zip(ours.items(), theirs):
+            np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def test_summary_and_native_execution(compiled):
+    _, m = compiled
+    s = m.summary()
+    assert s["fallback_ops"] == [] and s["native_calls_per_run"] == 1
+    assert s["nodes"] >= s["kernels"] > 0 and s["compile_seconds"] > 0
+
+
+def test_positional_call_and_profile(compiled):
+    model, m = compiled
+    feeds = zoo.random_feeds(model, 3)
+    y = m(*feeds.values())
+    first = y[0] if isinstance(y, tuple) else y
+    np.testing.assert_allclose(first, run_ort(model, feeds)[0], rtol=RTOL, atol=ATOL)
+    rows = m.profile(list(feeds.values()), repeat=2)
+    assert len(rows) == m.summary()["kernels"] and all(r["seconds"] >= 0 for r in rows)
+    assert m.benchmark(list(feeds.values()), repeat=2)["median"] > 0
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model = zoo.resnet_basic_block()
+    m = ember.compile(model)
+    path = m.save(tmp_path / "block")
+    assert {p.name for p in path.iterdir()} >= {"model.so", "model.c", "plan.json", "weights.npz"}
+    loaded = ember.load(path)
+    feeds = zoo.random_feeds(model, 5)
+    (a,) = loaded.run(feeds).values()
+    (b,) = m.run(feeds).values()
+    np.testing.assert_array_equal(a, b)
+
+
+def test_wrong_input_shape_dtype_and_names_raise_before_running():
+    m = ember.compile(zoo.mlp())
+    x = np.zeros((4, 48), np.float32)
+    with pytest.raises(ArgumentError, match="shape"):
+        m(np.zeros((4, 47), np.float32))
+    with pytest.raises(ArgumentError, match="dtype"):
+        m(x.astype(np.float64))
+    with pytest.raises(ArgumentError, match="missing"):
+        m.run({"y": x})
+    with pytest.raises(ArgumentError, match="takes 1 inputs"):
+        m(x, x)
+
+
+def test_corrupt_and_truncated_files_raise_model_error(tmp_path):
+    good = zoo.mlp().SerializeToString()
+    (tmp_path / "trunc.onnx").write_bytes(good[: len(good) // 2])
+    (tmp_path / "junk.onnx").write_bytes(b"\x00\xffnot a model at all")
+    for name in ("trunc.onnx", "junk.onnx", "missing.onnx"):
+        with pytest.raises(ModelError, match=name):
+            ember.compile(str(tmp_path / name))
+
+
+def test_unknown_operators_listed_in_one_error():
+    h = onnx.helper
+    nodes = [
+        h.make_node("OtherOp", ["x"], ["a"], domain="com.example"),
+        h.make_node("FancyOp", ["a"], ["b"], domain="com.example"),
+        h.make_node("FancyOp", ["b"], ["c"], domain="com.example"),
+        h.make_node("Relu", ["c"], ["y"]),
+    ]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", 1, [2])], [h.make_tensor_value_info("y", 1, [2])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.example", 1)])
+    with pytest.raises(UnsupportedOperatorError) as e:
+        ember.compile(model)
+    assert "FancyOp" in str(e.value) and "OtherOp" in str(e.value)
