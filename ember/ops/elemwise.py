@@ -139,10 +139,11 @@ for _name, (_attrs, _fn) in UNARY_WITH_ATTRS.items():
 TE_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
 
 
-def intrinsic(name: str, *args: tx.Expr, dtype: str | DType | None = None) -> tx.Expr:
-    """A call of a codegen intrinsic (libm function or integer helper), typed like its first argument."""
+def intrinsic(name: str, *args: tx.Expr) -> tx.Expr:
+    """A call of a codegen intrinsic (a libm function, or an integer helper of ember.codegen.c), typed like its
+    first argument."""
     args = tuple(tx.convert(a) for a in args)
-    return tx.Call(name, args, te.cast(args[0], dtype).dtype if dtype else args[0].dtype)
+    return tx.Call(name, args, args[0].dtype)
 
 
 def fcall(name: str, x: tx.Expr) -> tx.Expr:
@@ -237,8 +238,8 @@ def _rounding(name: str):
 _LIBM = ("Sqrt", "Exp", "Log", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
          "Atanh", "Erf", "Tanh")  # fmt: skip
 
-# name -> te function of x (an Expr of the input's dtype), next to UNARY. Ops in INT_OK also take integers
-# (and Not, bool); the others need a float input.
+# name -> te function of x (an Expr of the input's dtype), next to UNARY. Ops in INT_OK also take integers,
+# BitwiseNot only integers, Not only bool; the others need a float input.
 UNARY_TE = {
     "Abs": te.abs,
     "Neg": lambda x: -x,
@@ -256,7 +257,7 @@ UNARY_TE = {
     "BitwiseNot": lambda x: intrinsic("bitwise_not", x),
     "Identity": lambda x: x,
 }
-INT_OK = {"Abs", "Neg", "Sign", "Relu", "Ceil", "Floor", "Round", "BitwiseNot", "Identity", "Shrink"}
+INT_OK = {"Abs", "Neg", "Sign", "Relu", "Ceil", "Floor", "Round", "Shrink"}
 
 
 def _elu_like(alpha: float, x: tx.Expr) -> tx.Expr:
@@ -283,9 +284,14 @@ UNARY_WITH_ATTRS_TE = {
 }
 
 
+def _accepts(name: str, dt: DType) -> bool:
+    special = {"Identity": True, "Not": dt.is_bool, "BitwiseNot": dt.is_int}
+    return special.get(name, dt.is_float or (dt.is_int and name in INT_OK))
+
+
 def _unary_lowering(name: str, fn, with_attrs: bool) -> None:
     def compute(a: dict, x: te.Tensor) -> te.Tensor:
-        if not x.dtype.is_float and name not in INT_OK and not (name == "Not" and x.dtype.is_bool):
+        if not _accepts(name, x.dtype):
             raise NotLowerable(f"{name} on {x.dtype} has no native kernel")
         return elemwise((lambda v: fn(a, v)) if with_attrs else fn, x, name=name.lower())
 
