@@ -831,14 +831,15 @@ def _softmax_family(kind: str, a: dict, x: Tensor) -> Tensor:
         first = st.reduce(lambda i: te.if_then_else(x[i] == m(i), i[axis], te.const(x.shape[axis])), te.min,
                           x.dtype, "hm_first")  # fmt: skip
         return te.compute(x.shape, lambda *i: te.cast(i[axis] == first(i), x.dtype), name="hardmax", attrs=st.attrs)
+    tab = T.exp_table() if x.dtype.name == "float32" else None
     if kind == "LogSoftmax":
-        total = st.reduce(lambda i: T.exp(x[i] - m(i)), te.sum, x.dtype, "lsm_sum")
+        total = st.reduce(lambda i: T.exp(x[i] - m(i), tab), te.sum, x.dtype, "lsm_sum")
         shift = st.stage(lambda i: m(i) + te.log(total(i)), "lsm_shift")
         return te.compute(x.shape, lambda *i: x[i] - shift(i), name="log_softmax", attrs=st.attrs)
     if st.k is not None:
-        e = T.row_buffer(x.shape, lambda *i: T.exp(x[i] - m(i)), "sm_exp")
+        e = T.row_buffer(x.shape, lambda *i: T.exp(x[i] - m(i), tab), "sm_exp")
     else:
-        e = te.compute(x.shape, lambda *i: T.exp(x[i] - m(i)), name="sm_exp", attrs={"materialize": True})
+        e = te.compute(x.shape, lambda *i: T.exp(x[i] - m(i), tab), name="sm_exp", attrs={"materialize": True})
     total = st.reduce(lambda i: e[i], te.sum, x.dtype, "sm_sum")
     rcp = st.stage(lambda i: te.const(1.0, x.dtype) / total(i), "sm_rcp")
     return te.compute(x.shape, lambda *i: e[i] * rcp(i), name="softmax", attrs=st.attrs)

@@ -434,12 +434,19 @@ def _schedule_conv_ow(s: te.Schedule, out: Tensor, attrs: dict, target: Target) 
 # =====================================================================================================
 # exp in vector arithmetic
 # =====================================================================================================
-def exp(x: Expr) -> Expr:
+def exp_table() -> Tensor:
+    """2^(k - 151) for k in [0, 280): the powers of two `exp` scales by, computed once per kernel call."""
+    return te.compute((280,), lambda k: te.pow(te.const(2.0, "float32"), te.cast(k - 151, "float32")),
+                      name="exp2_table", attrs={"materialize": True})  # fmt: skip
+
+
+def exp(x: Expr, table: Tensor | None = None) -> Expr:
     """exp for float32 in plain arithmetic and selects, so that it vectorizes (the C library's expf
     runs once per lane): x = n ln2 + r with |r| <= ln2/2 (Cody-Waite), Cephes' degree-7 polynomial
-    for e^r (about 1 ulp), and 2^n as a product of one factor per binary digit of |n| (each digit
-    found on its own: a sequential scale-by-digit would repeat the expression tree, te has no let).
-    NaN stays NaN, exp(-inf) = 0, overflow gives inf. Other dtypes use the library call."""
+    for e^r (about 1 ulp), and 2^n looked up in `table` (`exp_table()`, a gather), or else built
+    as a product of one factor per binary digit of |n| (each digit found on its own: a sequential
+    scale-by-digit would repeat the expression tree, te has no let). NaN stays NaN, exp(-inf) = 0,
+    overflow gives inf. Other dtypes use the library call."""
     if x.dtype.scalar.name != "float32":
         return te.exp(x)
 
@@ -459,6 +466,8 @@ def exp(x: Expr) -> Expr:
     for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
         p = p * r + f(c)
     p = (p * (r * r) + r + f(1.0)) * f(2.0)  # times 2^n = 2 * 2^(n - 1): the factors stay finite
+    if table is not None:  # 2^(n - 1) = table[n + 150]
+        return p * table[te.cast(n, "int32") + 150] * pick(x > f(88.72283), math.inf, 1.0) * pick(x != x, math.nan, 1.0)
     m = te.abs(n - f(1.0))  # an integer <= 152
     for b in range(8):
         half = float(2**b)

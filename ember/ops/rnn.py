@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -12,6 +13,7 @@ from ember.ops.common import ShapeError
 from ember.ops.nn_templates import schedule_nn
 from ember.ops.opdef import Attr, Pattern, one_of, op
 from ember.ops.te_lib import NotLowerable, lowering
+from ember.target import Target
 
 # activation name -> f(x, alpha, beta); alpha/beta default per ONNX when not given
 ACTIVATIONS: dict[str, tuple[Callable, float | None, float | None]] = {
@@ -153,9 +155,12 @@ def lstm(a: dict, *args) -> tuple[np.ndarray, ...]:
     return _run("LSTM", a, *args)
 
 
-# -- TE computes: the time loop unrolled, one set of stages per step (the state of a step is read by
-# the next step's recurrent matrix product, so each step is materialized).
-MAX_STEPS = 64  # longer sequences run by reference: the kernel would have thousands of stages
+# -- TE computes: the time loop unrolled, one set of stages per step and direction (the state of a step is
+# read by the next step's recurrent matrix product, so each step's state is materialized). Stages grow with
+# the steps, and so do lowering and C compile times (16 steps of a 128-wide LSTM: about 4 s); longer
+# sequences run by reference. Lowering nests one allocation per stage, and Python's recursion limit
+# stops it near 300 stages.
+MAX_STEPS = 16  # steps x directions
 
 TE_ACTIVATIONS: dict[str, Callable] = {
     "Relu": lambda x, a, b: te.maximum(x, te.const(0.0, x.dtype)),
@@ -200,10 +205,10 @@ def _lower(kind: str, a: dict, x, w, r, b=None, lens=None, h0=None, c0=None, p=N
         raise NotLowerable(f"{kind} on {x.dtype}")
     layout = a["layout"]
     seq, batch = (x.shape[0], x.shape[1]) if layout == 0 else (x.shape[1], x.shape[0])
-    if seq > MAX_STEPS:
-        raise NotLowerable(f"{kind} over {seq} steps (the time loop is unrolled up to {MAX_STEPS})")
-    hidden, dt = a["hidden_size"], x.dtype
     dirs = 2 if a["direction"] == "bidirectional" else 1
+    if seq * dirs > MAX_STEPS:
+        raise NotLowerable(f"{kind} over {seq} steps x {dirs} directions (the time loop is unrolled up to {MAX_STEPS})")
+    hidden, dt = a["hidden_size"], x.dtype
     gh = GATES[kind] * hidden
     acts = _te_activations(a, kind, dirs)
     clip = a["clip"]
@@ -263,18 +268,27 @@ def _lower(kind: str, a: dict, x, w, r, b=None, lens=None, h0=None, c0=None, p=N
             hs = _compute((batch, hidden), lambda bi, j, h_new=h_new, hp=hp, active=active: te.if_then_else(
                 active(bi), h_new(bi, j), hp[bi, j]), name=f"h{d}_{step}", attrs={"materialize": True})  # fmt: skip
             h_prev = lambda bi, j, hs=hs: hs[bi, j]  # noqa: E731
-            steps.append((hs, time, active))
+            steps.append((hs, time, active))  # noqa: B023
         finals.append((h_prev, c_prev))
         ys.append(steps)
 
+    def pick(k, options: list, lo: int = 0):
+        """options[k - lo] for an index expression k: a balanced tree of selects (depth log2 n)."""
+        if len(options) == 1:
+            return options[0]
+        mid = len(options) // 2
+        return te.if_then_else(k < lo + mid, pick(k, options[:mid], lo), pick(k, options[mid:], lo + mid))
+
     def y(*i):
         t, d, bi, j = i if layout == 0 else (i[1], i[2], i[0], i[3])
-        v = zero
-        for dd, steps in enumerate(ys):
-            for hs, time, active in steps:
-                hit = te.all(d == dd, active(bi), time(bi) == t)
-                v = te.if_then_else(hit, hs[bi, j], v)
-        return v
+        per_dir = []
+        for dd, steps in enumerate(ys):  # the step that wrote time t: t, or counted from the sequence's end
+            reverse = a["direction"] == "reverse" or dd == 1
+            last = (lens[bi] - 1 if lens is not None else te.const(seq - 1)) if reverse else None
+            step = last - t if reverse else t
+            v = pick(step, [hs[bi, j] for hs, _, _ in steps])
+            per_dir.append(te.if_then_else(t < lens[bi], v, zero) if lens is not None else v)
+        return pick(d, per_dir)
 
     def final(which):
         def body(*i):
@@ -337,5 +351,11 @@ def _lstm_cell(a, f, cl, gate, c_prev, p, d, hidden, active, dt, shape, tag):
     return cs, h_new
 
 
+def _schedule(a: dict, outs: list, target: Target):
+    """The default treatment without parallel loops: a step's stages are small and run one after
+    another, and a fork/join per stage costs more than it saves."""
+    return schedule_nn(a, outs, dataclasses.replace(target, threads=1))
+
+
 for _kind in GATES:
-    lowering(_kind, schedule=schedule_nn)(lambda a, *xs, _kind=_kind: _lower(_kind, a, *xs))
+    lowering(_kind, schedule=_schedule)(lambda a, *xs, _kind=_kind: _lower(_kind, a, *xs))

@@ -495,10 +495,13 @@ def test_conv_plans() -> None:
     assert T.conv_plan(3, 3, 10, 2, dt).kind == "conv_ow"
 
 
-def test_vector_exp() -> None:
-    """The arithmetic exp of the softmax kernels: about 1 ulp, and the special values."""
+@pytest.mark.parametrize("table", [False, True])
+def test_vector_exp(table: bool) -> None:
+    """The arithmetic exp of the softmax kernels (powers of two by digits or from a table): about 1 ulp,
+    and the special values."""
     x = te.placeholder((4096,), "float32", name="x")
-    y = te.compute((4096,), lambda i: T.exp(x[i]), name="y")
+    tab = T.exp_table() if table else None
+    y = te.compute((4096,), lambda i: T.exp(x[i], tab), name="y")
     s = te.create_schedule(y)
     _, inner = s[y].split(y.op.axis[0], 16)
     s[y].vectorize(inner)
@@ -514,3 +517,15 @@ def test_vector_exp() -> None:
     np.testing.assert_array_equal(np.isinf(out), np.isinf(ref))
     np.testing.assert_array_equal(np.isnan(out), np.isnan(xs))
     assert np.all(np.abs(out[~normal & np.isfinite(ref)]) <= 2 * np.finfo(np.float32).tiny)
+
+
+def test_long_recurrence_runs_by_reference() -> None:
+    """The time loop is unrolled up to MAX_STEPS step-directions; longer sequences fall back (and say why)."""
+    from ember.ops.rnn import MAX_STEPS
+
+    nodes = [N("RNN", [f(MAX_STEPS + 1, 1, 2), f(1, 3, 2), f(1, 3, 3)], {"hidden_size": 3}, outputs=2)]
+    model, _ = build(nodes, 18)
+    with pytest.raises(Exception, match="unrolled"):
+        ember.compile(model, fallback=False)
+    compiled = ember.compile(model)
+    assert compiled.summary()["fallback_ops"] == ["RNN"]
