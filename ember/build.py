@@ -16,13 +16,20 @@ from .tir.stmt import PrimFunc, Store
 from .tir.transform import optimize
 
 
-def lower(sch: Schedule, args: Sequence[Tensor], name: str = "default_function", trace: bool = False) -> PrimFunc:
+def lower(
+    sch: Schedule, args: Sequence[Tensor], name: str = "default_function", trace: bool = False, gpu: bool = False
+) -> PrimFunc:
     """The optimized loop IR of a schedule (print it to read the loop nest).
 
-    `trace=True` prints the IR after each loop pass."""
+    `trace=True` prints the IR after each loop pass; `gpu=True` runs the GPU targets' passes (vectorized
+    loops stay scalar loops: the threads are the lanes)."""
     func = lower_schedule(sch, args, name)
     if trace:
         print(f"# after schedule\n{func}\n")
+    if gpu:
+        from .codegen.gpu import GPU_PIPELINE
+
+        return optimize(func, GPU_PIPELINE, trace=trace)
     return optimize(func, trace=trace)
 
 
@@ -43,13 +50,17 @@ def build(
     else:
         if args is None:
             raise TypeError("build(schedule, args): the argument tensors are required")
-        func = lower(sch, args, name)
+        func = lower(sch, args, name, gpu=target.kind in ("cuda", "opencl"))
     written = {n.buffer for n in walk(func.body) if isinstance(n, Store)}
     specs = [ArgSpec(b.name, b.shape, b.dtype.name, b in written) for b in func.params]
     if target.kind == "llvm":
         return _build_llvm(func, target, specs)
+    if target.kind == "opencl":
+        return _build_opencl(func, target)
+    if target.kind == "cuda":
+        return _build_cuda(func, target)
     if target.kind != "c":
-        raise NotImplementedError(f"target {target.kind!r} is not available yet; use target='c' or 'llvm'")
+        raise NotImplementedError(f"target {target.kind!r} is not available yet")
     source = codegen_c(func, target)
     lib = compile_c(source, target.cflags())
     return Module(lib, {c_symbol(func.name): specs}, source, func)
@@ -70,3 +81,22 @@ def _build_llvm(func: PrimFunc, target: Target, specs: list[ArgSpec]) -> Module:
     jit = JITEngine(source, target)
     jit.set_num_threads(target.threads or os.cpu_count() or 1)
     return JITModule(jit, {c_symbol(func.name): specs}, source, func)
+
+
+def _build_opencl(func: PrimFunc, target: Target):
+    from .codegen.gpu import split_host_device
+    from .codegen.opencl import codegen_opencl
+    from .runtime.opencl import OpenCLModule
+
+    prog = split_host_device(func)
+    return OpenCLModule(prog, codegen_opencl(prog, target), func)
+
+
+def _build_cuda(func: PrimFunc, target: Target):
+    from .codegen.cuda import codegen_cuda, compile_cuda
+    from .codegen.gpu import split_host_device
+    from .runtime.cuda import CUDAModule
+
+    prog = split_host_device(func)
+    source = codegen_cuda(prog, target)
+    return CUDAModule(prog, source, compile_cuda(source, target), func)

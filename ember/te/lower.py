@@ -217,6 +217,23 @@ class Lowering:
             out[iv.var] = self.relax((v, v), st, first) or dom
         return out
 
+    def relax_threads(self, it: tuple[Expr, Expr], st: Stage) -> tuple[Expr, Expr] | None:
+        """Widen an interval over the threadIdx-bound loops of st and of the stages it is computed in: a
+        "shared" buffer is filled once for all the threads of a block (as TVM's bound inference does)."""
+        env: dict[Var, tuple[Expr, Expr]] = {}
+        s: Stage | None = st
+        while s is not None:
+            loops = self.loops[s]
+            for iv in s.leaf_iter_vars:
+                attr = s.iter_attrs.get(iv)
+                if attr is not None and (attr.thread_tag or "").startswith("threadIdx"):
+                    env[loops.var[iv]] = (const(0, self.index_dtype), const(loops.extent[iv] - 1, self.index_dtype))
+            s = s.attach_stage if s.attach == "at" else None
+        if not env:
+            return it
+        lo, hi = self.ana.interval(it[0], env), self.ana.interval(it[1], env)
+        return None if lo is None or hi is None else (lo[0], hi[1])
+
     def region(self, st: Stage) -> list[tuple[Expr, int]]:
         """The part of st's output read inside the loop it is computed at, as (min, extent) per dim:
         each reader's loops (and those of the stages between it and the attach loop) are relaxed."""
@@ -239,6 +256,8 @@ class Lowering:
                     while it is not None and s is not target:
                         s = s.attach_stage  # type: ignore[assignment]
                         it = self.relax(it, s, pos + 1 if s is target else 0)
+                    if it is not None and st.scope == "shared":
+                        it = self.relax_threads(it, target)
                     if it is None:
                         unbounded[d] = True
                         continue
