@@ -20,9 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
+import os
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..target import Target
@@ -32,6 +36,7 @@ from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ram
 from ..tir.functor import walk
 from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
 from .c import STACK_LIMIT, CodegenError, _register_slots, c_symbol
+from .toolchain import cache_dir
 
 try:  # llvmlite is the optional extra `ember[llvm]`
     import llvmlite.binding as llvm
@@ -823,29 +828,51 @@ _lock = threading.Lock()
 
 
 class JITEngine:
-    """LLVM IR compiled in memory: function addresses and globals of one execution engine."""
+    """LLVM IR compiled in memory: function addresses and globals of one execution engine.
+
+    Machine code is cached on disk by a content hash of (IR, target, CPU, llvmlite version), beside the C
+    toolchain's cache: a cache hit skips both the optimization passes and code generation."""
 
     def __init__(self, ir_text: str, target: Target):
         _init()
-        tm = _target_machine(target)
+        self.ir_text, self.target = ir_text, target
+        self.tm = tm = _target_machine(target)
+        key = _object_key(ir_text, target, tm)
+        self.object_path = cache_dir() / "llvm" / key[:2] / f"{key}.o"
+        cached = self.object_path.read_bytes() if self.object_path.exists() else None
+        self.from_cache = cached is not None
         with _lock:  # llvmlite's module and engine objects are not thread-safe
-            mod = llvm.parse_assembly(ir_text)
-            mod.link_in(llvm.parse_assembly(RUNTIME_IR))
-            mod.triple = tm.triple
-            mod.data_layout = str(tm.target_data)
-            mod.verify()
-            level = {"-O0": 0, "-O1": 1, "-O2": 2}.get(target.opt, 3)
-            pto = llvm.create_pipeline_tuning_options(speed_level=level)
-            pto.loop_vectorization = level >= 2
-            pto.slp_vectorization = level >= 2
-            pb = llvm.create_pass_builder(tm, pto)
-            pb.getModulePassManager().run(mod, pb)
+            mod = self._parse()
+            if cached is None:
+                self._optimize(mod)
             self.engine = llvm.create_mcjit_compiler(mod, tm)
+            self.engine.set_object_cache(lambda _m, buf: _atomic_write(self.object_path, buf), lambda _m: cached)
             self.engine.finalize_object()
             self.engine.run_static_constructors()
         self.llmod = mod
-        self.tm = tm
-        self.optimized_ir = str(mod)
+
+    def _parse(self):
+        mod = llvm.parse_assembly(self.ir_text)
+        mod.link_in(llvm.parse_assembly(RUNTIME_IR))
+        mod.triple = self.tm.triple
+        mod.data_layout = str(self.tm.target_data)
+        mod.verify()
+        return mod
+
+    def _optimize(self, mod) -> None:
+        level = {"-O0": 0, "-O1": 1, "-O2": 2}.get(self.target.opt, 3)
+        pto = llvm.create_pipeline_tuning_options(speed_level=level)
+        pto.loop_vectorization = level >= 2
+        pto.slp_vectorization = level >= 2
+        pb = llvm.create_pass_builder(self.tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+
+    @property
+    def optimized_ir(self) -> str:
+        with _lock:
+            mod = self._parse()
+            self._optimize(mod)
+            return str(mod)
 
     def address(self, name: str) -> int:
         addr = self.engine.get_function_address(name)
@@ -857,4 +884,27 @@ class JITEngine:
         ctypes.c_int32.from_address(self.engine.get_global_value_address("ember_num_threads")).value = max(1, n)
 
     def assembly(self) -> str:
-        return self.tm.emit_assembly(self.llmod)
+        with _lock:
+            mod = self._parse()
+            self._optimize(mod)
+            return self.tm.emit_assembly(mod)
+
+
+def _object_key(ir_text: str, target: Target, tm) -> str:
+    import llvmlite
+
+    cpu = llvm.get_host_cpu_name() + llvm.get_host_cpu_features().flatten() if target.mcpu == "native" else ""
+    parts = [ir_text, RUNTIME_IR, str(target), tm.triple, cpu, llvmlite.__version__]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

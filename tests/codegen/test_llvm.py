@@ -294,3 +294,18 @@ def _has_cc() -> bool:
 def test_the_default_with_a_c_compiler_is_c():
     build_mod = sys.modules["ember.build"]
     assert build_mod.default_target() == ("c" if _has_cc() else "llvm")
+
+
+def test_machine_code_is_cached_on_disk_by_content(monkeypatch, tmp_path, rng):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    s, args = vector_add(48, 8)
+    first = ember.build(s, args, target="llvm")
+    second = ember.build(s, args, target="llvm")
+    assert not first.jit.from_cache and second.jit.from_cache
+    assert list(tmp_path.glob("llvm/*/*.o")) == [second.jit.object_path]
+    assert not list(tmp_path.glob("llvm/*/.*"))  # no temporary files left
+    a = rng.standard_normal(48).astype("float32")
+    b = np.empty_like(a)
+    second(a, b)
+    np.testing.assert_allclose(b, a * 2 + 1, rtol=1e-6)
+    assert "<8 x float>" in second.jit.optimized_ir
