@@ -17,6 +17,7 @@ from ember.ops.common import ShapeError, broadcast_shapes, norm_axes, norm_axis,
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.te_lib import NotLowerable, broadcast_indices, lowering
 from ember.te.tensor import Tensor
+from ember.tir.dtype import dtype as as_dtype
 
 OUT = Pattern.OUT_ELEMWISE_FUSABLE
 CONV_ATTRS = [Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints"), Attr("group", "int", 1)]
@@ -89,7 +90,7 @@ def conv_te(x: Tensor, w: Tensor | tuple[int, ...], b: Tensor | None, a: dict, d
     points never reach the pads). post(v, co) is the epilogue after the bias (requantization)."""
     nd = x.ndim - 2
     strides, pads, dil = _spatial(a, nd)
-    dtype = te.placeholder((), dtype).dtype if isinstance(dtype, str) else (dtype or x.dtype)
+    dtype = as_dtype(dtype) if dtype is not None else x.dtype
     n, _, *isp = x.shape
     co, _, *ks = w if isinstance(w, tuple) else w.shape
     osp = tuple(window_out_dim(isp[i], ks[i], strides[i], (pads[i], pads[i + nd]), dil[i]) for i in range(nd))

@@ -11,7 +11,10 @@ Each template has two halves that meet through stage tags and attributes:
 - `schedule_nn(attrs, outs, target)` finds those output stages and applies the template's
   schedule: the accumulation goes to a register tile (`cache_write` + `compute_at` the output's
   tile loop), its innermost data axis is vectorized by the target's lanes, the output's outer
-  loops run in parallel. Stages that no template claims get `te_lib.default_schedule`'s treatment.
+  loops run in parallel. When a fused elementwise epilogue (relu, a residual add) reads the
+  template's output, that output is inlined and the fused output is tiled in its place. Other
+  stages are inlined unless their attrs say `materialize` (padded inputs, per-row buffers, the
+  states of a recurrence), and root stages are fused and vectorized (`te_lib.schedule_flat`).
 
 Layout decisions that change the compute (panel width, channel block) are taken at compute
 time for the host CPU (`host_target()`); vector lanes are re-derived from the real target when
@@ -30,6 +33,7 @@ from ember.ops.te_lib import schedule_flat
 from ember.target import Target, host_cpu_flags
 from ember.te.tensor import ComputeOp, Reduce, Tensor
 from ember.tir.dtype import DType
+from ember.tir.dtype import dtype as as_dtype
 from ember.tir.expr import Expr
 
 Index = tuple[Expr, ...]
@@ -48,8 +52,8 @@ def vector_regs(target: Target) -> int:
 
 
 def lanes_of(dtype: DType | str, target: Target) -> int:
-    bits = te.placeholder((), dtype).dtype.bits if isinstance(dtype, str) else dtype.bits
-    return target.vector_lanes(max(bits, 8))
+    """Lanes of one vector register for elements of dtype."""
+    return target.vector_lanes(max(as_dtype(dtype).bits, 8))
 
 
 def zero(dtype: DType) -> Expr:
@@ -116,7 +120,7 @@ def gemm_acc(
     a_at(batch_idx, i, k) and b_at(b_batch_idx, k, j) give the operands' elements (already cast to
     the accumulation dtype); b_index maps an index of `batch` to an index of B's batch dims
     `b_batch` (broadcasting), so a B without batch dims is packed once for all batches."""
-    dt = te.placeholder((), dtype).dtype if isinstance(dtype, str) else dtype
+    dt = as_dtype(dtype)
     plan = gemm_plan(M, N, K, dt)
     k = te.reduce_axis((0, K), name="k")
     nb = len(batch)

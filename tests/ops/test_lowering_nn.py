@@ -26,6 +26,7 @@ from ember.graph.evaluate import evaluate
 from ember.ops import get_op
 from ember.ops import nn_templates as T
 from ember.ops.nn import matmul_te
+from ember.tir.dtype import dtype as as_dtype
 
 ort = pytest.importorskip("onnxruntime")
 RTOL = 1e-4
@@ -478,8 +479,8 @@ def test_fused_epilogues_and_model() -> None:
 # -- plans: which template serves which shape ---------------------------------------------------------------
 def test_gemm_plans() -> None:
     lanes = T.lanes_of("float32", T.host_target())
-    assert T.gemm_plan(128, 768, 768, te.placeholder((), "float32").dtype).packed
-    few_rows = T.gemm_plan(1, 768, 768, te.placeholder((), "float32").dtype)
+    assert T.gemm_plan(128, 768, 768, as_dtype("float32")).packed
+    few_rows = T.gemm_plan(1, 768, 768, as_dtype("float32"))
     assert not few_rows.packed and few_rows.mr == 1 and few_rows.nr % lanes == 0
     x, y = te.placeholder((100, 24), "float32"), te.placeholder((24, 10), "float32")
     out = matmul_te(x, y)
@@ -487,7 +488,7 @@ def test_gemm_plans() -> None:
 
 
 def test_conv_plans() -> None:
-    dt = te.placeholder((), "float32").dtype
+    dt = as_dtype("float32")
     lanes = T.lanes_of(dt, T.host_target())
     dense = T.conv_plan(64, 64, 56, 1, dt)
     assert dense.kind == "conv_oc" and dense.block % lanes == 0 and 56 % dense.width == 0
