@@ -21,17 +21,13 @@ DEFAULT_ARCH = "sm_80"
 
 
 class CUDACodegen(GPUCodegen):
-    kernel_prefix = 'extern "C" __global__ void __launch_bounds__({threads}) '
+    kernel_prefix = 'extern "C" __global__ __launch_bounds__({threads}) '
     global_ptr = "{t}* __restrict__"
     shared_decl = "__shared__ {t} {name}[{n}];"
     helper_prefix = "static __device__ inline"
     thread_exprs = {tag: tag for tag in ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y",
                                          "threadIdx.z")}  # fmt: skip
     barrier = "__syncthreads()"
-
-    def kernel(self, k) -> str:  # noqa: ANN001
-        src = super().kernel(k)
-        return src.replace("void __launch_bounds__", "__launch_bounds__", 1).replace(" {threads}) void", ") void")
 
 
 PRELUDE = """\
