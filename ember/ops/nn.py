@@ -1009,7 +1009,19 @@ def _gemm_compute(a: dict, x: Tensor, y: Tensor, c: Tensor | None = None) -> Ten
             v = v + (cv * beta if exact else te.cast(te.cast(cv, "float64") * beta, v.dtype)) if beta != 1.0 else v + cv
         return v
 
+    m, k = xt.shape
+    if a["transB"] and m < 8 and k >= 2 * T.lanes_of(x.dtype, T.host_target()):
+        return _dot_rows_te(xt, y, post, "gemm")  # a fully connected layer: rows of W are contiguous
     return matmul_te(xt, yt, post=post, name="gemm")
+
+
+def _dot_rows_te(x: Tensor, w: Tensor, post, name: str) -> Tensor:
+    """x @ w^T for few rows of x: each output a dot product of two contiguous rows (vectorized partial
+    sums of the row template), so w streams once along its rows instead of across them."""
+    (m, k), n = x.shape, w.shape[0]
+    st = _Stats((m, n, k), (2,))
+    dot = st.reduce(lambda i: x[i[0], i[2]] * w[i[1], i[2]], te.sum, x.dtype, f"{name}_dot")
+    return te.compute((m, n), lambda i, j: post(dot((i, j, 0)), i, j), name=name, attrs={"template": "rows", "rows": 2})
 
 
 def _einsum_infer(a: dict, *ts: TensorType) -> TensorType:

@@ -289,7 +289,7 @@ def conv_plan(Co: int, Cog: int, ow: int, stride: int, dtype: DType, target: Tar
     regs = vector_regs(target)
     if Cog % lanes == 0 and lanes > 1:
         ocb = 2 * lanes if Cog % (2 * lanes) == 0 else lanes
-        cap = (regs - 4) // (ocb // lanes)
+        cap = (regs - 4) // (ocb // lanes)  # wider channel blocks for narrow maps spill (measured)
         return ConvPlan("conv_oc", ocb, _best_block(ow, min(cap, 24)))
     if ow >= 2 * lanes and stride == 1:
         return ConvPlan("conv_ow", max(1, min(Co, 12 if regs >= 32 else 6)), 2 * lanes)

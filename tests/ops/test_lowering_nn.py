@@ -166,6 +166,8 @@ GROUPS: dict[str, tuple[int, list[N]]] = {
             N("Gemm", [f(5, 6), f(6, 7), f()], {"beta": -1.0}),
             N("Gemm", [f(5, 6), f(6, 7), f(5, 7)], {"alpha": 0.0}),
             N("Gemm", [f(6, 5), f(7, 6)], {"transA": 1, "transB": 1}),
+            N("Gemm", [f(2, 70), f(30, 70), f(30)], {"transB": 1, "alpha": 2.0}),  # a linear layer: dot products
+            N("Gemm", [f(40, 3), f(33, 40)], {"transA": 1, "transB": 1}),
             N("Gemm", [R((3, 4), "int32", -9, 9), R((4, 5), "int32", -9, 9), R((5,), "int32", -9, 9)], ref=True),
         ],
     ),  # fmt: skip
