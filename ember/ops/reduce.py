@@ -418,3 +418,60 @@ def _axis_infer_cum(a: dict, x: TensorType) -> TensorType:
 
 register(_cum_entry("CumSum", np.cumsum, 0))
 register(_cum_entry("CumProd", np.cumprod, 1))
+
+
+# -- TE computes of TopK and CumSum/CumProd (search formulations, O(n^2) along the axis) ----------
+TOPK_MAX_PAIRS = 1 << 28  # comparisons (lines x n x n) beyond which TopK runs by reference
+
+
+@lowering("TopK")
+def _topk_te(a: dict, x):
+    """rank(i) = #{j: x[j] better than x[i], or equal with j < i} (ONNX: ties keep the lower index);
+    output p takes the element of rank p."""
+    axis = norm_axis(a["axis"], x.ndim)
+    n, k = x.shape[axis], a["k"]
+    lines = int(np.prod(x.shape, dtype=np.int64)) // max(n, 1)
+    if lines * n * n > TOPK_MAX_PAIRS:
+        raise NotLowerable(f"TopK as rank counting needs {lines * n * n} comparisons")
+    at = lambda i, v: i[:axis] + (v,) + i[axis + 1 :]  # noqa: E731
+
+    def rank_body(*i):
+        j = te.reduce_axis((0, n), name="j")
+        xi, xj = x[i], x[at(i, j.var)]
+        better = xj > xi if a["largest"] else xj < xi
+        return te.sum(te.const(1, "int32"), axis=j, where=te.any(better, te.all(xj == xi, j.var < i[axis])))
+
+    rank = te.compute(x.shape, rank_body, name="topk_rank")
+    shape = at(x.shape, k)
+
+    def index_body(*o):
+        r = te.reduce_axis((0, n), name="r")
+        return te.max(te.cast(r.var, "int64"), axis=r, where=rank[at(o, r.var)] == o[axis])
+
+    index = te.compute(shape, index_body, name="topk_index")
+    values = te.compute(shape, lambda *o: x[at(o, te.cast(index[o], "int32"))], name="topk_values")
+    indices = te.compute(shape, lambda *o: index[o], name="topk_indices")
+    return [values, indices]
+
+
+def _cum_te(name: str, reducer) -> None:
+    @lowering(name)
+    def compute(a: dict, x):
+        axis = norm_axis(a["axis"], x.ndim)
+        n = x.shape[axis]
+
+        def body(*i):
+            r = te.reduce_axis((0, max(n, 1)), name="r")
+            j = (n - 1 - r.var) if a["reverse"] else r.var  # the reference's summation order
+            if a["reverse"]:
+                take = j > i[axis] if a["exclusive"] else j >= i[axis]
+            else:
+                take = j < i[axis] if a["exclusive"] else j <= i[axis]
+            return reducer(x[i[:axis] + (j,) + i[axis + 1 :]], axis=r, where=take)
+
+        acc = te.compute(x.shape, body, name=name.lower())
+        return te.compute(x.shape, lambda *i: acc[i], name=name.lower() + "_out")
+
+
+_cum_te("CumSum", te.sum)
+_cum_te("CumProd", te.comm_reducer(lambda p, q: p * q, lambda t: 1, "prod"))
