@@ -5,6 +5,7 @@ is checked against, so they favour accuracy over speed."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -586,6 +587,54 @@ def batch_norm(a: dict, x, scale, bias, mean, var) -> tuple[np.ndarray, ...]:
     return (y * scale.reshape(shape) + bias.reshape(shape)).astype(x.dtype)
 
 
+@lowering("BatchNormalization", schedule=T.schedule_nn)
+def _batch_norm_compute(a: dict, x: Tensor, scale, bias, mean, var) -> list[Tensor]:
+    """Inference: x * s + t with s = scale / sqrt(var + eps) and t = bias - mean * s per channel
+    (computed once, not per element). training_mode: batch statistics over all axes but the
+    channels, and the running statistics updated with `momentum`."""
+    if not x.dtype.is_float:
+        raise NotLowerable(f"BatchNormalization on {x.dtype}")
+    c = x.shape[1] if x.ndim > 1 else 1
+
+    def ch(i):
+        return i[1] if x.ndim > 1 else te.const(0)
+
+    def p(t: Tensor, ci):
+        return te.cast(t[ci], x.dtype)
+
+    eps = a["epsilon"]
+    if not a["training_mode"]:
+        mul = te.compute((c,), lambda ci: p(scale, ci) * te.rsqrt(p(var, ci) + eps), name="bn_scale",
+                         attrs={"materialize": True})  # fmt: skip
+        add = te.compute((c,), lambda ci: p(bias, ci) - p(mean, ci) * mul[ci], name="bn_shift",
+                         attrs={"materialize": True})  # fmt: skip
+        return [te.compute(x.shape, lambda *i: x[i] * mul[ch(i)] + add[ch(i)], name="batch_norm")]
+    st = _Stats(x.shape, tuple(d for d in range(x.ndim) if d != 1))
+    n = math.prod(x.shape[d] for d in st.axes)
+    inv_n = 1.0 / n if n else math.nan
+    s1 = st.reduce(lambda i: x[i], te.sum, x.dtype, "bn_sum")
+    bmean = st.stage(lambda i: s1(i) * inv_n, "bn_mean")
+
+    def sq(i):
+        d = x[i] - bmean(i)
+        return d * d
+
+    s2 = st.reduce(sq, te.sum, x.dtype, "bn_sumsq")
+    bvar = st.stage(lambda i: s2(i) * inv_n, "bn_var")
+    y = te.compute(x.shape, lambda *i: (x[i] - bmean(i)) * te.rsqrt(bvar(i) + eps) * p(scale, ch(i)) + p(bias, ch(i)),
+                   name="batch_norm")  # fmt: skip
+    m = a["momentum"]
+
+    def running(old: Tensor, stat, name: str) -> Tensor:
+        def body(ci):
+            idx = tuple(ci if d == 1 else te.const(0) for d in range(x.ndim)) if x.ndim > 1 else (te.const(0),)
+            return te.cast(te.cast(old[ci], x.dtype) * m + stat(idx) * (1.0 - m), old.dtype)
+
+        return te.compute((c,), body, name=name)
+
+    return [y, running(mean, bmean, "bn_running_mean"), running(var, bvar, "bn_running_var")]
+
+
 @op("InstanceNormalization", Pattern.OPAQUE, infer=lambda a, x, s, b: x, inputs=(3, 3),
     attrs=[Attr("epsilon", "float", 1e-5)])  # fmt: skip
 def instance_norm(a: dict, x, scale, bias) -> np.ndarray:
@@ -1127,6 +1176,33 @@ def _det_infer(a: dict, x: TensorType) -> TensorType:
 @op("Det", Pattern.OPAQUE, infer=_det_infer)
 def det(a: dict, x: np.ndarray) -> np.ndarray:
     return np.linalg.det(_acc(x)).astype(x.dtype)
+
+
+DET_MAX = 4  # the Leibniz sum has n! terms
+
+
+@lowering("Det", schedule=T.schedule_nn)
+def _det_compute(a: dict, x: Tensor) -> Tensor:
+    """Leibniz's formula (a signed sum over permutations), in float64, for matrices up to 4 x 4;
+    LU with pivoting is sequential and data-dependent: larger matrices run by reference."""
+    n = x.shape[-1]
+    if n > DET_MAX or not x.dtype.is_float:
+        raise NotLowerable(f"Det of {n} x {n} {x.dtype} matrices (native up to {DET_MAX} x {DET_MAX})")
+    terms = []
+    for perm in itertools.permutations(range(n)):
+        inversions = sum(perm[i] > perm[j] for i in range(n) for j in range(i + 1, n))
+        terms.append((-1.0 if inversions % 2 else 1.0, perm))
+
+    def body(*b):
+        total = te.const(0.0, "float64")
+        for sign, perm in terms:
+            term = te.const(sign, "float64")
+            for r, col in enumerate(perm):
+                term = term * te.cast(x[b + (r, col)], "float64")
+            total = total + term
+        return te.cast(total, x.dtype)
+
+    return te.compute(x.shape[:-2], body, name="det")
 
 
 # -- QLinearMatMul, QLinearConv: the entries are in ember.ops.quant (which imports this module for

@@ -271,6 +271,18 @@ GROUPS: dict[str, tuple[int, list[N]]] = {
             N("MeanVarianceNormalization", [f(2, 3, 4, 5)]),
             N("MeanVarianceNormalization", [f(2, 3, 4, 5)], {"axes": [2, 3]}),
             N("LRN", [f(2, 7, 4, 5)], {"size": 3}),
+            N("BatchNormalization", [f(2, 3, 4, 5), f(3), f(3), f(3), f(3, low=0.5, high=2)], {"epsilon": 1e-3}),
+            N("BatchNormalization", [f(4, 6), f(6), f(6), f(6), f(6, low=0.5, high=2)]),
+            N(
+                "BatchNormalization",
+                [f(2, 3, 4, 5), f(3), f(3), f(3), f(3, low=0.5, high=2)],
+                {"training_mode": 1, "momentum": 0.8},
+                outputs=3,
+                ref=True,
+            ),  # fmt: skip
+            N("Det", [f(2, 2)]),
+            N("Det", [f(3, 3, 3)]),
+            N("Det", [f(2, 4, 4)]),
             N("LRN", [f(1, 5, 3, 3)], {"size": 4, "alpha": 0.01, "beta": 0.6, "bias": 2.0}, ref=True),  # even size
         ],
     ),  # fmt: skip
