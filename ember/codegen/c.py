@@ -12,6 +12,8 @@ import math
 import re
 from collections.abc import Callable
 
+import numpy as np
+
 from ..target import Target
 from ..tir.arith import Analyzer
 from ..tir.dtype import DType
@@ -123,6 +125,10 @@ class CCodegen:
         return self.names[key]
 
     def ctype(self, dt: DType) -> str:
+        if dt.is_half:  # float16/bfloat16 values are computed in float; only buffers hold 16 bits
+            if dt.lanes > 1:
+                raise CodegenError(f"vectors of {dt.name} are not supported")
+            return "float"
         if dt.lanes == 1:
             return dt.c_type
         name = f"{dt.name}x{dt.lanes}"
@@ -172,8 +178,8 @@ class CCodegen:
         if dt.is_bool:
             return ("true" if v else "false"), 16
         if dt.is_float:
-            f = float(v)
-            suffix = "f" if dt.bits == 32 else ""
+            f = float(np.asarray(v, dtype=dt.numpy)) if dt.is_half else float(v)
+            suffix = "f" if dt.bits <= 32 else ""
             if math.isnan(f):
                 return ("NAN" if suffix else "(double)NAN"), 16
             if math.isinf(f):
@@ -206,7 +212,10 @@ class CCodegen:
             sym, p = _OPS[op]
             if op == "div" and dt.is_int:
                 raise CodegenError(f"integer true division in {e}")
-            return f"{self.expr(a, p)} {sym} {self.expr(b, p + 1)}", p
+            text = f"{self.expr(a, p)} {sym} {self.expr(b, p + 1)}"
+            if dt.is_half and op in ("add", "sub", "mul", "div"):  # numpy rounds each half operation
+                return f"{self.half_helper(dt, 'round')}({text})", 15
+            return text, p
         if op in ("and", "or"):
             if vec:
                 sym, p = ("&", 8) if op == "and" else ("|", 6)
@@ -264,11 +273,11 @@ class CCodegen:
 
     def scalar_fn(self, fn: str, dt: DType) -> str:
         if fn in _MATH and dt.is_float:
-            name = _MATH[fn][0 if dt.bits == 32 else 1]
+            name = _MATH[fn][0 if dt.bits <= 32 else 1]
             if name in _SCALAR_HELPERS:
                 self.helper(name, _SCALAR_HELPERS[name])
             return name
-        t = dt.c_type
+        t = self.ctype(dt.scalar)
         if fn == "abs":
             name = f"ember_abs_{dt.name}"
             return self.helper(name, f"static inline {t} {name}({t} a) {{ return a < 0 ? ({t})-a : a; }}")
@@ -295,12 +304,22 @@ class CCodegen:
         raise CodegenError(f"C codegen: no {fn} for {dt}")
 
     def call(self, e: Call) -> str:
-        return self.lanewise(e.name, list(e.args), e.dtype)
+        text = self.lanewise(e.name, list(e.args), e.dtype)
+        return f"{self.half_helper(e.dtype, 'round')}({text})" if e.dtype.is_half else text
+
+    def half_helper(self, dt: DType, what: str) -> str:
+        """ember_{f16,bf16}_{to_f32, from_f32, round}: 16-bit float storage converted in software (RNE)."""
+        tag = "f16" if dt.name == "float16" else "bf16"
+        for name, code in _HALF_HELPERS[tag].items():
+            self.helper(name, code)
+        return {"to_f32": f"ember_{tag}_to_f32", "from_f32": f"ember_f32_to_{tag}", "round": f"ember_round_{tag}"}[what]
 
     def cast(self, e: Cast) -> str:
         if e.dtype.lanes == 1:
             if e.dtype.is_bool:
                 return f"({self.expr(e.value)} != 0)"
+            if e.dtype.is_half:
+                return f"{self.half_helper(e.dtype, 'round')}((float){self.expr(e.value, 14)})"
             return f"({e.dtype.c_type}){self.expr(e.value, 14)}"
         return f"__builtin_convertvector({self.expr(e.value)}, {self.ctype(e.dtype)})"
 
@@ -340,6 +359,8 @@ class CCodegen:
         idx = e.indices[0]
         if e.buffer in self.registers:
             return f"{buf}_{_const_offset(idx)}"
+        if idx.dtype.lanes == 1 and e.buffer.dtype.is_half:
+            return f"{self.half_helper(e.buffer.dtype, 'to_f32')}({buf}[{self.expr(idx)}])"
         if idx.dtype.lanes == 1:
             return f"{buf}[{self.expr(idx)}]"
         dt = e.dtype
@@ -349,7 +370,7 @@ class CCodegen:
             code = f"static inline {t} {name}(const {s}* p) {{ {t} v; __builtin_memcpy(&v, p, sizeof v); return v; }}"
             return f"{self.helper(name, code)}(&{buf}[{self.expr(idx.base)}])"
         it = self.ctype(idx.dtype)
-        name = f"ember_gather_{t}"
+        name = f"ember_gather_{t}_{it}"
         init = _lanes_init(dt.lanes, lambda l: f"p[idx[{l}]]")
         code = f"static inline {t} {name}(const {s}* p, {it} idx) {{\n  return ({t}){init};\n}}"
         return f"{self.helper(name, code)}({buf}, {self.expr(idx)})"
@@ -439,6 +460,9 @@ class CCodegen:
         if s.buffer in self.registers:
             self.emit(f"{buf}_{_const_offset(idx)} = {value};")
             return
+        if idx.dtype.lanes == 1 and s.buffer.dtype.is_half:
+            self.emit(f"{buf}[{self.expr(idx)}] = {self.half_helper(s.buffer.dtype, 'from_f32')}({value});")
+            return
         if idx.dtype.lanes == 1:
             self.emit(f"{buf}[{self.expr(idx)}] = {value};")
             return
@@ -450,7 +474,7 @@ class CCodegen:
             self.emit(f"{self.helper(name, code)}(&{buf}[{self.expr(idx.base)}], {value});")
             return
         it = self.ctype(idx.dtype)
-        name = f"ember_scatter_{t}"
+        name = f"ember_scatter_{t}_{it}"
         code = (
             f"static inline void {name}({sc}* p, {it} idx, {t} v) {{\n"
             f"  for (int l = 0; l < {dt.lanes}; ++l) p[idx[l]] = v[l];\n}}"
@@ -503,10 +527,59 @@ class CCodegen:
             const_ = "" if p in self.written else "const "
             params.append(f"{const_}{p.dtype.c_type}* restrict {self.name(p)}")
         sig = f"int32_t {_ident(f.name)}({', '.join(params) or 'void'})"
+        self.signature = sig
         doc = [
             f"// {f.name}(" + ", ".join(f"{p.name}: {p.dtype}[{', '.join(map(str, p.shape))}]" for p in f.params) + ")"
         ]
         return "\n".join([*doc, sig + " {", "  int32_t ember_status = 0;", *body, "  return ember_status;", "}"])
+
+
+_HALF_HELPERS = {
+    "f16": {
+        "ember_f16_to_f32": """static inline float ember_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+  if (e == 0) {  /* zero or subnormal: m * 2^-24 */
+    float f = (float)m * 5.9604644775390625e-8f;
+    return sign ? -f : f;
+  }
+  bits = e == 31 ? (sign | 0x7f800000u | (m << 13)) : (sign | ((e + 112u) << 23) | (m << 13));
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}""",
+        "ember_f32_to_f16": """static inline uint16_t ember_f32_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);  /* rounds to infinity */
+  if (ax < 0x38800000u) {  /* below the smallest normal: a multiple of 2^-24, rounded half to even */
+    float v;
+    memcpy(&v, &ax, 4);
+    return (uint16_t)(sign | (uint32_t)nearbyintf(v * 16777216.0f));
+  }
+  return (uint16_t)(sign | ((ax + 0xfffu + ((ax >> 13) & 1u) - 0x38000000u) >> 13));
+}""",
+        "ember_round_f16": "static inline float ember_round_f16(float f) {\n"
+        "  return ember_f16_to_f32(ember_f32_to_f16(f));\n}",
+    },
+    "bf16": {
+        "ember_bf16_to_f32": """static inline float ember_bf16_to_f32(uint16_t h) {
+  uint32_t b = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}""",
+        "ember_f32_to_bf16": """static inline uint16_t ember_f32_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);  /* quiet NaN */
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}""",
+        "ember_round_bf16": "static inline float ember_round_bf16(float f) {\n"
+        "  return ember_bf16_to_f32(ember_f32_to_bf16(f));\n}",
+    },
+}
 
 
 def _lanes_init(lanes: int, lane: Callable[[int], str]) -> str:
@@ -575,16 +648,24 @@ void ember_set_num_threads(int32_t n) {
 """
 
 
-def codegen_c(funcs: PrimFunc | list[PrimFunc], target: Target | str = "c") -> str:
+def codegen_c(funcs: PrimFunc | list[PrimFunc], target: Target | str = "c", threads_api: bool = True) -> str:
     """The C source of a module holding the given functions."""
+    return codegen_c_unit(funcs, target, threads_api)[0]
+
+
+def codegen_c_unit(
+    funcs: PrimFunc | list[PrimFunc], target: Target | str = "c", threads_api: bool = True
+) -> tuple[str, list[str]]:
+    """(C source of a translation unit holding the functions, their prototypes for other units)."""
     target = Target.parse(target)
     funcs = [funcs] if isinstance(funcs, PrimFunc) else list(funcs)
     types: dict[str, str] = {}
     helpers: dict[str, str] = {}
-    bodies = []
+    bodies, protos = [], []
     for f in funcs:
         g = CCodegen(target)
         bodies.append(g.function(f))
+        protos.append(g.signature + ";")
         types.update(g.vec_types)
         helpers.update(g.helpers)
     parts = [PRELUDE]
@@ -592,6 +673,7 @@ def codegen_c(funcs: PrimFunc | list[PrimFunc], target: Target | str = "c") -> s
         parts.append("\n".join(types.values()) + "\n")
     if helpers:
         parts.append("\n".join(helpers.values()) + "\n")
-    parts.append(THREADS_API)
+    if threads_api:
+        parts.append(THREADS_API)
     parts += [b + "\n" for b in bodies]
-    return "\n".join(parts)
+    return "\n".join(parts), protos

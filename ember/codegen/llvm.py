@@ -184,6 +184,8 @@ def ltype(dt: DType):
     if dt.is_bool:
         t = ir.IntType(1)
     elif dt.is_float:
+        if dt.is_half:
+            raise NotImplementedError(f"{dt.name} is not supported by the llvm target yet (use target 'c')")
         t = ir.FloatType() if dt.bits == 32 else ir.DoubleType()
     else:
         t = ir.IntType(dt.bits)

@@ -136,7 +136,8 @@ for _name, (_attrs, _fn) in UNARY_WITH_ATTRS.items():
 # Scalar building blocks shared by the elementwise, broadcast and reduction computes. NaN handling follows
 # the numpy references: C's `a > b ? a : b` (Ember's max) returns b when either side is NaN, so a max or
 # min with a constant puts the constant first to let a NaN operand through.
-TE_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
+TE_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
+             "float32", "float64")  # fmt: skip
 
 
 def intrinsic(name: str, *args: tx.Expr) -> tx.Expr:

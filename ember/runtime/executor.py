@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..tir.dtype import numpy_dtype
 from .module import ArgumentError
 
 Fallback = Callable[[str, dict, list[np.ndarray]], list[np.ndarray]]
@@ -40,7 +41,7 @@ class ValueInfo:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return int(np.prod(self.shape, dtype=np.int64)) * numpy_dtype(self.dtype).itemsize
 
 
 @dataclass
@@ -161,7 +162,7 @@ class CompiledModel:
             if v.kind == "temp":
                 start = pad + v.offset
                 buf = self._workspace[start : start + v.nbytes]
-                self._views[i] = buf.view(v.dtype).reshape(v.shape)
+                self._views[i] = buf.view(numpy_dtype(v.dtype)).reshape(v.shape)
                 self._table[i] = base + start
             elif v.kind == "weight":
                 self._views[i] = self._weights[i]
@@ -215,7 +216,7 @@ class CompiledModel:
             v = plan.values[vid]
             if not isinstance(x, np.ndarray):
                 x = np.asarray(x)
-            if x.dtype != np.dtype(v.dtype):
+            if x.dtype != numpy_dtype(v.dtype):
                 raise ArgumentError(f"input '{v.name}' has dtype {x.dtype}, expected {v.dtype}")
             if x.shape != v.shape:
                 raise ArgumentError(f"input '{v.name}' has shape {x.shape}, expected {v.shape}")
@@ -230,7 +231,7 @@ class CompiledModel:
         for vid in self.plan.outputs:
             v = self.plan.values[vid]
             if v.kind == "output":
-                a = np.empty(v.shape, dtype=v.dtype)
+                a = np.empty(v.shape, dtype=numpy_dtype(v.dtype))
                 self._views[vid] = a
                 self._table[vid] = a.ctypes.data
             outs.append(None)
@@ -305,7 +306,7 @@ class CompiledModel:
         out = []
         for vid in self.plan.inputs:
             v = self.plan.values[vid]
-            dt = np.dtype(v.dtype)
+            dt = numpy_dtype(v.dtype)
             if dt.kind == "f":
                 out.append(rng.standard_normal(v.shape).astype(dt))
             elif dt.kind == "b":

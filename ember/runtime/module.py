@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from ..tir.dtype import numpy_dtype
+
 
 class ArgumentError(ValueError):
     """A call with arguments that do not match the compiled function (raised before native code runs)."""
@@ -49,7 +51,7 @@ class Function:
             where = f"{self.name}: argument '{spec.name}'"
             if not isinstance(a, np.ndarray):
                 raise ArgumentError(f"{where} must be a numpy array, got {type(a).__name__}")
-            if a.dtype != np.dtype(spec.dtype):
+            if a.dtype != numpy_dtype(spec.dtype):
                 raise ArgumentError(f"{where} has dtype {a.dtype}, expected {spec.dtype}")
             if a.shape != spec.shape:
                 raise ArgumentError(f"{where} has shape {a.shape}, expected {spec.shape}")

@@ -21,6 +21,8 @@ _SCALARS: dict[str, tuple[str, int, str]] = {
     "uint16": ("uint", 16, "uint16_t"),
     "uint32": ("uint", 32, "uint32_t"),
     "uint64": ("uint", 64, "uint64_t"),
+    "float16": ("float", 16, "uint16_t"),  # storage types: computed in float32, rounded when stored
+    "bfloat16": ("float", 16, "uint16_t"),
     "float32": ("float", 32, "float"),
     "float64": ("float", 64, "double"),
 }
@@ -71,14 +73,28 @@ class DType:
         return DType(self.name, lanes)
 
     @property
+    def is_half(self) -> bool:
+        """float16/bfloat16: held as 16 bits, computed in float32."""
+        return self.kind == "float" and self.bits == 16
+
+    @property
     def numpy(self) -> np.dtype:
-        return np.dtype(self.name)
+        return numpy_dtype(self.name)
 
     def __str__(self) -> str:
         return self.name if self.lanes == 1 else f"{self.name}x{self.lanes}"
 
     def __repr__(self) -> str:
         return f"DType({str(self)!r})"
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a scalar type name (bfloat16 comes from ml_dtypes, which onnx depends on)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 def dtype(x: str | DType | np.dtype | type) -> DType:

@@ -191,6 +191,9 @@ def vectorize_loop(loop: For) -> Stmt:
         return substitute(loop.body, {loop.var: loop.min})  # type: ignore[return-value]
     if lanes & (lanes - 1) or lanes > MAX_LANES:
         return _fallback(loop, f"{lanes} lanes (needs a power of two <= {MAX_LANES})")
+    half = [n for n in walk(loop.body) if isinstance(n, Expr) and n.dtype.is_half]
+    if half or any(isinstance(n, Load | Store) and n.buffer.dtype.is_half for n in walk(loop.body)):
+        return _fallback(loop, "16-bit floats are converted element by element")
     try:
         return _Vectorizer(loop.var, loop.min, lanes).stmt(loop.body)
     except CannotVectorize as e:
