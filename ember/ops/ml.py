@@ -7,9 +7,10 @@ import numpy as np
 
 from ember import te
 from ember.graph.types import TensorType
-from ember.ops.elemwise import astype
+from ember.ops.elemwise import astype, const_like
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.te_lib import NotLowerable, elemwise, lowering
+from ember.tir import expr as tx
 
 # -- TfIdfVectorizer ----------------------------------------------------------------------------------
 TFIDF_ATTRS = [
@@ -58,6 +59,59 @@ def tfidf_vectorizer(a: dict, x: np.ndarray) -> np.ndarray:
     return out.reshape(_tfidf_infer(a, TensorType.of(x)).shape).astype(np.float32)
 
 
+TFIDF_TERM_LIMIT = 1024  # pool n-gram items a TfIdfVectorizer kernel spells out as comparisons
+
+
+@lowering("TfIdfVectorizer")
+def _(a: dict, x: te.Tensor) -> te.Tensor:
+    """out[r, c] counts, over skips s and start positions i, the pool n-grams of column c found at
+    x[r, i], x[r, i + s + 1], ...: every pool n-gram is a chain of comparisons with constants."""
+    if a["pool_strings"] or not x.dtype.is_int or x.ndim not in (1, 2):
+        raise NotLowerable("TfIdfVectorizer over strings (or not 1-d/2-d integers)")
+    table = _ngram_table(a)
+    if sum(len(g) for g in table) > TFIDF_TERM_LIMIT:
+        raise NotLowerable(f"TfIdfVectorizer with a pool of {len(table)} n-grams")
+    width, length = max(a["ngram_indexes"]) + 1, x.shape[-1]
+    lo, hi = max(a["min_gram_length"], 1), a["max_gram_length"]
+    s = te.reduce_axis((0, a["max_skip_count"] + 1), name="s")
+    i = te.reduce_axis((0, max(length, 1)), name="i")
+
+    def item(r, pos: tx.Expr) -> tx.Expr:
+        pos = te.minimum(pos, length - 1)  # in bounds; the count only takes positions below length
+        return x[(r, pos) if x.ndim == 2 else (pos,)]
+
+    def count(r, c) -> tx.Expr:
+        terms = []
+        for gram, col in table.items():
+            n = len(gram)
+            if not lo <= n <= hi or length == 0:
+                continue
+            step = s.var + 1
+            conds = [c == col, i.var + (n - 1) * step < length] + ([s.var == 0] if n == 1 else [])
+            items = [item(r, i.var + t * step) for t in range(n)]
+            conds += [it == const_like(v, it) for it, v in zip(items, gram)]
+            terms.append(te.if_then_else(te.all(*conds), te.const(1.0), te.const(0.0)))
+        total = terms[0] if terms else te.const(0.0)
+        for t in terms[1:]:
+            total = total + t
+        return te.sum(total, axis=[s, i])
+
+    shape = (width,) if x.ndim == 1 else (x.shape[0], width)
+    counts = te.compute(shape, lambda *o: count(o[0] if x.ndim == 2 else 0, o[-1]), name="tfidf_count")
+    if a["mode"] == "TF":
+        return counts
+    weights = a["weights"] or (1.0,) * width
+
+    def weighted(*o):
+        c, w = o[-1], te.const(0.0)
+        for col, wc in enumerate(weights):
+            w = te.if_then_else(c == col, te.const(float(np.float32(wc))), w)
+        v = counts[o]
+        return te.if_then_else(v > 0.0, w, te.const(0.0)) if a["mode"] == "IDF" else v * w
+
+    return te.compute(shape, weighted, name="tfidf")
+
+
 # -- ai.onnx.ml -----------------------------------------------------------------------------------------
 @op("Binarizer", Pattern.ELEMWISE, infer=lambda a, x: x, attrs=[Attr("threshold", "float", 0.0)])
 def binarizer(a: dict, x: np.ndarray) -> np.ndarray:
@@ -81,6 +135,26 @@ def array_feature_extractor(a: dict, x: np.ndarray, idx: np.ndarray) -> np.ndarr
     """Columns `idx` of the last axis."""
     out = np.take(x, idx.reshape(-1).astype(np.int64), axis=-1)
     return out.reshape(_afe_infer(a, TensorType.of(x), TensorType.of(idx)).shape)
+
+
+@lowering("ArrayFeatureExtractor")
+def _(a: dict, x: te.Tensor, idx: te.Tensor) -> te.Tensor:
+    """out[.., j] = x[.., idx.flat[j]]; negative indices count from the end, as np.take's (out-of-range ones,
+    which the reference rejects, are clamped)."""
+    n, count = x.shape[-1], int(np.prod(idx.shape, dtype=np.int64))
+    lead = x.shape[:-1] if x.ndim > 1 else (1,)
+
+    def body(*i):
+        j, flat = i[-1], []
+        for d in reversed(range(idx.ndim)):
+            flat.append(j % idx.shape[d] if d else j)
+            j = j // idx.shape[d]
+        v = te.cast(idx[tuple(reversed(flat))], "int64")
+        v = te.if_then_else(v < 0, v + n, v)
+        v = te.minimum(te.maximum(v, te.const(0, "int64")), te.const(max(n - 1, 0), "int64"))
+        return x[(*i[:-1], v) if x.ndim > 1 else (v,)]
+
+    return te.compute(lead + (count,), body, name="array_feature_extractor")
 
 
 TREE_ATTRS = [

@@ -13,6 +13,7 @@ from ember.ops.common import ShapeError, norm_axis
 from ember.ops.elemwise import TE_DTYPES, cast_array
 from ember.ops.nn import CONV_ATTRS, _conv_infer, conv_nd, matmul_shape
 from ember.ops.opdef import Attr, Pattern, op
+from ember.ops.reduce import reduce_te, schedule_reduce
 from ember.ops.te_lib import NotLowerable, lowering
 from ember.tir import expr as tx
 
@@ -157,6 +158,33 @@ def dynamic_quantize_linear(a: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndar
     zp = np.clip(np.rint(-lo / scale), 0, 255) if scale else 0.0
     y = quantize(x, np.array(scale), zp, "uint8") if scale else np.zeros(x.shape, np.uint8)
     return y, np.array(scale, np.float32), np.array(zp, np.uint8)
+
+
+@lowering("DynamicQuantizeLinear", schedule=schedule_reduce)
+def _(a: dict, x: te.Tensor) -> list[te.Tensor]:
+    """The data range (with 0) in float64 as the reference, scale = range / 255 rounded to float32, then
+    QuantizeLinear's arithmetic; a zero range gives zeros."""
+    if x.dtype.name != "float32":
+        raise NotLowerable(f"DynamicQuantizeLinear on {x.dtype}")
+    axes = tuple(range(x.ndim))
+    lo = tx.binop("min", te.const(0.0, "float32"), reduce_te(x, axes, False, te.min, name="dql_min")[()])
+    hi = tx.binop("max", te.const(0.0, "float32"), reduce_te(x, axes, False, te.max, name="dql_max")[()])
+    scale = te.compute((), lambda: te.cast((te.cast(hi, "float64") - te.cast(lo, "float64")) / 255.0, "float32"),
+                       name="dql_scale")  # fmt: skip
+
+    def clip255(v: tx.Expr) -> tx.Expr:
+        return tx.binop("min", te.const(255.0, "float64"), tx.binop("max", te.const(0.0, "float64"), v))
+
+    s = scale[()]
+    zp_f = te.if_then_else(s == 0.0, te.const(0.0, "float64"),
+                           clip255(te.round(-te.cast(lo, "float64") / te.cast(s, "float64"))))  # fmt: skip
+    zp = te.compute((), lambda: te.cast(zp_f, "uint8"), name="dql_zero_point")
+
+    def body(*i):
+        q = te.cast(te.round(x[i] / s), "float64") + te.cast(zp[()], "float64")
+        return te.if_then_else(s == 0.0, te.const(0, "uint8"), te.cast(clip255(q), "uint8"))
+
+    return [te.compute(x.shape, body, name="dql_y"), scale, zp]
 
 
 def _qlinear_params(ps: tuple) -> tuple:

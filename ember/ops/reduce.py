@@ -394,6 +394,47 @@ def topk(a: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)
 
 
+QUADRATIC_LIMIT = 1 << 26  # element pairs a quadratic compute (TopK ranks, CumSum windows) may visit
+
+
+def _precedes(u: tx.Expr, v: tx.Expr, iu: tx.Expr, iv: tx.Expr, largest: bool) -> tx.Expr:
+    """Whether (value u at index iu) comes before (v at iv) in the reference's order: by value, NaN as the
+    greatest, ties by index."""
+    better = u > v if largest else u < v
+    tie = u == v
+    if u.dtype.is_float:
+        nan_u, nan_v = u != u, v != v
+        better = te.any(better, te.all(nan_u, ~nan_v) if largest else te.all(~nan_u, nan_v))
+        tie = te.any(tie, te.all(nan_u, nan_v))
+    return te.any(better, te.all(tie, iu < iv))
+
+
+@lowering("TopK")
+def _(a: dict, x: te.Tensor) -> list[te.Tensor]:
+    """The rank of each element (how many precede it), then for output position j the index ranked j, and
+    its value: quadratic in the axis length, which suits the short axes TopK meets in models."""
+    if x.dtype.is_bool:
+        raise NotLowerable("TopK on bool")
+    axis, k, largest = norm_axis(a["axis"], x.ndim), a["k"], bool(a["largest"])
+    n = x.shape[axis]
+    if int(np.prod(x.shape, dtype=np.int64)) * n > QUADRATIC_LIMIT:
+        raise NotLowerable(f"TopK over an axis of {n}: the quadratic compute would be too slow")
+
+    def along(i: tuple, j) -> tuple:
+        return i[:axis] + (j,) + i[axis + 1 :]
+
+    m = te.reduce_axis((0, n), name="m")
+    rank = te.compute(x.shape, lambda *i: te.sum(te.cast(_precedes(x[along(i, m)], x[i], m.var, i[axis], largest),
+                                                         "int64"), axis=m), name="topk_rank")  # fmt: skip
+    r = te.reduce_axis((0, n), name="r")
+    shape = along(x.shape, k)
+    index = te.compute(shape, lambda *i: te.sum(te.if_then_else(rank[along(i, r)] == te.cast(i[axis], "int64"),
+                                                                te.cast(r.var, "int64"), te.const(0, "int64")),
+                                                axis=r), name="topk_index")  # fmt: skip
+    values = te.compute(shape, lambda *i: x[along(i, index[i])], name="topk_values")
+    return [values, index]
+
+
 # -- CumSum / CumProd --------------------------------------------------------------------------
 CUM_ATTRS = (Attr("axis", "int"), Attr("exclusive", "int", 0), Attr("reverse", "int", 0))
 
@@ -420,58 +461,31 @@ register(_cum_entry("CumSum", np.cumsum, 0))
 register(_cum_entry("CumProd", np.cumprod, 1))
 
 
-# -- TE computes of TopK and CumSum/CumProd (search formulations, O(n^2) along the axis) ----------
-TOPK_MAX_PAIRS = 1 << 28  # comparisons (lines x n x n) beyond which TopK runs by reference
-
-
-@lowering("TopK")
-def _topk_te(a: dict, x):
-    """rank(i) = #{j: x[j] better than x[i], or equal with j < i} (ONNX: ties keep the lower index);
-    output p takes the element of rank p."""
-    axis = norm_axis(a["axis"], x.ndim)
-    n, k = x.shape[axis], a["k"]
-    lines = int(np.prod(x.shape, dtype=np.int64)) // max(n, 1)
-    if lines * n * n > TOPK_MAX_PAIRS:
-        raise NotLowerable(f"TopK as rank counting needs {lines * n * n} comparisons")
-    at = lambda i, v: i[:axis] + (v,) + i[axis + 1 :]  # noqa: E731
-
-    def rank_body(*i):
-        j = te.reduce_axis((0, n), name="j")
-        xi, xj = x[i], x[at(i, j.var)]
-        better = xj > xi if a["largest"] else xj < xi
-        return te.sum(te.const(1, "int32"), axis=j, where=te.any(better, te.all(xj == xi, j.var < i[axis])))
-
-    rank = te.compute(x.shape, rank_body, name="topk_rank")
-    shape = at(x.shape, k)
-
-    def index_body(*o):
-        r = te.reduce_axis((0, n), name="r")
-        return te.max(te.cast(r.var, "int64"), axis=r, where=rank[at(o, r.var)] == o[axis])
-
-    index = te.compute(shape, index_body, name="topk_index")
-    values = te.compute(shape, lambda *o: x[at(o, te.cast(index[o], "int32"))], name="topk_values")
-    indices = te.compute(shape, lambda *o: index[o], name="topk_indices")
-    return [values, indices]
-
-
-def _cum_te(name: str, reducer) -> None:
-    @lowering(name)
-    def compute(a: dict, x):
+def _cum_lowering(name: str, reducer: te.Reducer) -> None:
+    def compute(a: dict, x: te.Tensor) -> te.Tensor:
+        """out[.., j, ..] combines the x[.., k, ..] with k <= j (k < j exclusive; k >= j reversed, from the
+        end): a reduction over the whole axis under a condition, quadratic in its length."""
+        if x.dtype.is_bool:
+            raise NotLowerable(f"{name} on bool")
         axis = norm_axis(a["axis"], x.ndim)
         n = x.shape[axis]
+        if int(np.prod(x.shape, dtype=np.int64)) * n > QUADRATIC_LIMIT:
+            raise NotLowerable(f"{name} over an axis of {n}: the quadratic compute would be too slow")
+        r = te.reduce_axis((0, n), name="r")
 
         def body(*i):
-            r = te.reduce_axis((0, max(n, 1)), name="r")
-            j = (n - 1 - r.var) if a["reverse"] else r.var  # the reference's summation order
+            j = i[axis]
+            k = n - 1 - r.var if a["reverse"] else r.var  # the reference's order of summation
             if a["reverse"]:
-                take = j > i[axis] if a["exclusive"] else j >= i[axis]
+                inside = k > j if a["exclusive"] else k >= j
             else:
-                take = j < i[axis] if a["exclusive"] else j <= i[axis]
-            return reducer(x[i[:axis] + (j,) + i[axis + 1 :]], axis=r, where=take)
+                inside = k < j if a["exclusive"] else k <= j
+            return reducer(x[i[:axis] + (k,) + i[axis + 1 :]], axis=r, where=inside)
 
-        acc = te.compute(x.shape, body, name=name.lower())
-        return te.compute(x.shape, lambda *i: acc[i], name=name.lower() + "_out")
+        return te.compute(x.shape, body, name=name.lower())
+
+    lowering(name)(compute)
 
 
-_cum_te("CumSum", te.sum)
-_cum_te("CumProd", te.comm_reducer(lambda p, q: p * q, lambda t: 1, "prod"))
+_cum_lowering("CumSum", te.sum)
+_cum_lowering("CumProd", PROD)

@@ -1,6 +1,7 @@
-"""Native kernels of the elementwise and broadcasting operators (elemwise.py, broadcast.py, and Binarizer,
-QuantizeLinear, DequantizeLinear) against onnxruntime, or against the op's numpy reference where
-onnxruntime lacks the op or the dtype, or where ONNX leaves a result to the runtime (NaN in Max, x / 0).
+"""Native kernels of the elementwise and broadcasting operators (elemwise.py, broadcast.py), quantization
+(quant.py) and the ai.onnx.ml / TfIdfVectorizer operators (ml.py) against onnxruntime, or against the op's
+numpy reference where onnxruntime lacks the op or the dtype, or where ONNX leaves a result to the runtime
+(NaN in Max, x / 0).
 
 Table driven: a group is a list of independent nodes compiled as one model (one C compile per group) with
 `ember.compile(model, fallback=False)`, so that every node must get a kernel; each output is compared on
@@ -58,6 +59,7 @@ class N:
     ref: bool = False  # compare with Ember's numpy reference instead of onnxruntime
     outputs: int = 1
     domain: str = ""
+    out_shape: tuple[int, ...] | None = None  # for ops onnx's shape inference does not know (ai.onnx.ml)
 
 
 def f(*shape: int, low: float = -2.0, high: float = 2.0, special: bool = False) -> R:
@@ -82,6 +84,11 @@ def build(nodes: list[N], opset: int, keep: list[int] | None = None) -> tuple[on
         outs += [f"n{k}_{n.op}_out{j}" for j in range(n.outputs)]
         onnx_nodes.append(helper.make_node(n.op, names, outs[-n.outputs :], domain=n.domain, **n.attrs))
     out_infos = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs]
+    for k, n in enumerate(nodes):
+        if n.out_shape is not None:  # an ai.onnx.ml op keeping its input's dtype
+            name = f"n{k}_{n.op}_out0"
+            info = helper.make_tensor_value_info(name, ELEM[n.inputs[0].dtype], n.out_shape)
+            out_infos = [info if o.name == name else o for o in out_infos]
     graph = helper.make_graph(onnx_nodes, "group", inputs, out_infos, inits)
     imports = [helper.make_opsetid("", opset), helper.make_opsetid("ai.onnx.ml", 3)]
     model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=imports), strict_mode=True)
@@ -117,6 +124,8 @@ POSITIVE = ["Sqrt", "Log", "Reciprocal"]
 UNIT = ["Asin", "Acos", "Atanh"]
 NO_ORT_F64 = {"Tan", "Atan", "Sinh", "Cosh", "Asinh", "Erf", "Softsign", "Softplus", "HardSwish", "Mish"}
 SHAPE = (5, 67)  # vector loops with a tail
+TFIDF = {"mode": "TF", "min_gram_length": 1, "max_gram_length": 2, "max_skip_count": 3, "ngram_counts": [0, 3],
+         "ngram_indexes": [0, 1, 2, 3, 4, 5, 6], "pool_int64s": [2, 3, 5, 5, 6, 7, 8, 6, 7, 3, 3]}  # fmt: skip
 
 GROUPS: dict[str, tuple[int, list[N]]] = {
     "unary-float32": (22, [N(op, [f(*SHAPE, low=-3, high=3)]) for op in UNARY]
@@ -283,6 +292,15 @@ GROUPS: dict[str, tuple[int, list[N]]] = {
                                R((2, 3, 10), "int8", -5, 5)], {"axis": 2, "block_size": 4}),
         N("Binarizer", [f(3, 67)], {"threshold": 0.3}, domain="ai.onnx.ml"),
         N("Binarizer", [R((3, 67), "int32", -9, 9)], {"threshold": 1.5}, domain="ai.onnx.ml", ref=True),
+        N("DynamicQuantizeLinear", [f(3, 67)], outputs=3),
+        N("DynamicQuantizeLinear", [f(3, 67, low=0.1, high=3)], outputs=3),  # the range still includes 0
+        N("ArrayFeatureExtractor", [f(3, 67), R((2, 2), "int64", 0, 66)], domain="ai.onnx.ml", out_shape=(3, 4)),
+        N("ArrayFeatureExtractor", [f(3, 67), R((3,), "int64", -67, 66)], domain="ai.onnx.ml", out_shape=(3, 3),
+          ref=True),  # negative indices: onnxruntime rejects them, np.take counts from the end
+        N("ArrayFeatureExtractor", [f(67), R((3,), "int64", 0, 66)], domain="ai.onnx.ml", out_shape=(1, 3)),
+        N("TfIdfVectorizer", [R((2, 12), "int32", 1, 8)], TFIDF),
+        N("TfIdfVectorizer", [R((12,), "int64", 1, 8)], {**TFIDF, "mode": "IDF", "weights": [0.5, 1, 2, 3, 4, 5, 6]}),
+        N("TfIdfVectorizer", [R((12,), "int64", 1, 8)], {**TFIDF, "mode": "TFIDF", "min_gram_length": 2}),
         N("Dropout", [f(3, 67)], outputs=2),
         N("Dropout", [f(3, 67), np.float32(0.3), np.bool_(False)]),
     ]),

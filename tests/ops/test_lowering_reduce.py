@@ -1,5 +1,6 @@
-"""Native kernels of the reductions (Reduce*, ArgMax, ArgMin) against onnxruntime, or against the op's numpy
-reference where onnxruntime lacks the dtype or ONNX leaves the answer open (NaN, empty reductions).
+"""Native kernels of the reductions (Reduce*, ArgMax, ArgMin, CumSum, CumProd, TopK) against onnxruntime, or
+against the op's numpy reference where onnxruntime lacks the dtype or ONNX leaves the answer open (NaN, empty
+reductions).
 
 Table driven like test_lowering_pointwise: a group of independent nodes is one model, compiled once with
 `ember.compile(model, fallback=False)`. The shapes cover each schedule of `ember.ops.reduce.schedule_reduce`:
@@ -55,6 +56,7 @@ class N:
     inputs: list  # R specs (graph inputs) or arrays (initializers: axes)
     attrs: dict = field(default_factory=dict)
     ref: bool = False  # compare with Ember's numpy reference instead of onnxruntime
+    outputs: int = 1
 
 
 def build(nodes: list[N], opset: int, keep: list[int] | None = None) -> tuple[onnx.ModelProto, dict[str, R]]:
@@ -70,8 +72,8 @@ def build(nodes: list[N], opset: int, keep: list[int] | None = None) -> tuple[on
                 inputs.append(helper.make_tensor_value_info(names[-1], ELEM[spec.dtype], list(spec.shape)))
             else:
                 inits.append(numpy_helper.from_array(np.asarray(spec), names[-1]))
-        outs.append(f"n{k}_{n.op}_out")
-        onnx_nodes.append(helper.make_node(n.op, names, [outs[-1]], **n.attrs))
+        outs += [f"n{k}_{n.op}_out{j}" for j in range(n.outputs)]
+        onnx_nodes.append(helper.make_node(n.op, names, outs[-n.outputs :], **n.attrs))
     out_infos = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs]
     graph = helper.make_graph(onnx_nodes, "group", inputs, out_infos, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -159,6 +161,24 @@ GROUPS: dict[str, tuple[int, list[N]]] = {
         N("ReduceSum", [R((), "float32"), np.array([], np.int64)], {"keepdims": 1}),
         N("ReduceMean", [R((1, 1, 1))]),
     ]),
+    # CumSum/CumProd (a reduction under a window condition) and TopK (ranks, then the index of each rank)
+    "scans-topk": (18, [
+        *[N("CumSum", [R(shape, low=-2, high=2), np.array(axis, np.int64)], {"exclusive": ex, "reverse": rev})
+          for shape, axis in (((7,), 0), ((3, 40), 1), ((3, 40), 0), ((2, 3, 4), -2))
+          for ex, rev in ((0, 0), (1, 0), (0, 1), (1, 1))],
+        N("CumSum", [R((4, 9), "int32", -9, 9), np.array(1, np.int64)], {"exclusive": 1}),
+        N("CumSum", [R((0, 3)), np.array(0, np.int64)]),
+        *[N("TopK", [R(shape, low=0, high=3, ties=ties), np.array([k], np.int64)], {"axis": ax, "largest": lg},
+            outputs=2) for shape, ax, k, lg, ties in (((3, 40), 1, 5, 1, True), ((3, 40), 1, 7, 0, False),
+                                                      ((6, 5, 4), 0, 6, 1, False), ((6, 5, 4), -1, 0, 1, True))],
+        N("TopK", [R((2, 9), "int64", -3, 3), np.array([4], np.int64)], outputs=2),
+        N("TopK", [R((2, 9), "uint64", 0, 3), np.array([4], np.int64)], {"largest": 0}, outputs=2, ref=True),
+        N("TopK", [R((3, 9), nans=4), np.array([9], np.int64)], outputs=2, ref=True),
+        N("TopK", [R((3, 9), nans=4), np.array([9], np.int64)], {"largest": 0}, outputs=2, ref=True),
+    ]),
+    "cumprod": (26, [N("CumProd", [R((3, 20), low=0.8, high=1.2), np.array(ax, np.int64)],
+                       {"exclusive": ex, "reverse": rev}, ref=True)
+                     for ax, ex, rev in ((1, 0, 0), (1, 1, 1), (0, 1, 0), (0, 0, 1))]),
     "arg": (13, [
         N(op, [R(shape, low=0, high=3, ties=True)], {"axis": axis, "keepdims": kd, "select_last_index": last})
         for op in ("ArgMax", "ArgMin") for shape in ((3, 37), (2, 5, 70)) for axis in range(-1, len(shape))
