@@ -67,8 +67,8 @@ def kernel_te(node: Node, target: Target) -> KernelTE:
         body = node.attrs["body"]
         members, params, results = body.nodes, body.inputs, body.outputs
     else:
-        members, params, results = [node], [v for v in node.inputs if v is not None], node.outputs
-    outer = [v for v in node.inputs if v is not None]
+        members, params, results = [node], _distinct_inputs(node), node.outputs
+    outer = _distinct_inputs(node)
     scalars = {p: o.data for p, o in zip(params, outer) if o.is_constant and o.data.size == 1}
     tensors: dict[Value, Tensor] = {}
     try:
@@ -101,6 +101,11 @@ def kernel_te(node: Node, target: Target) -> KernelTE:
 
 _RANK = {Pattern.INJECTIVE: 0, Pattern.ELEMWISE: 0, Pattern.BROADCAST: 0, Pattern.OPAQUE: 1, Pattern.REDUCTION: 2,
          Pattern.OUT_ELEMWISE_FUSABLE: 3}  # fmt: skip
+
+
+def _distinct_inputs(node: Node) -> list[Value]:
+    """A node's present inputs, each once (Mul(x, x) reads one buffer)."""
+    return list(dict.fromkeys(v for v in node.inputs if v is not None))
 
 
 def _literal(data: np.ndarray, name: str) -> Tensor:
@@ -175,7 +180,7 @@ class GraphLowering:
                                    inputs=[None if v is None else self.vid(v) for v in node.inputs],
                                    outputs=[self.vid(v) for v in node.outputs]))  # fmt: skip
             return
-        ins = [v for v in node.inputs if v is not None]
+        ins = _distinct_inputs(node)
         args = [self.vid(v) for v, passed in zip(ins, kernel.passed) if passed] + [self.vid(v) for v in node.outputs]
         body = node.attrs["body"].nodes if node.op == "Fused" else [node]
         info = KernelInfo(kernel.name, args, [m.name for m in body], [m.op for m in body], kernel.flops)
@@ -186,7 +191,7 @@ class GraphLowering:
 
     def kernel(self, node: Node) -> Kernel:
         """The kernel of a node: its op's TE compute, or for a Fused node its members' computes composed."""
-        outer = [v for v in node.inputs if v is not None]
+        outer = _distinct_inputs(node)
         members = node.attrs["body"].nodes if node.op == "Fused" else [node]
         baked = [v.data.tobytes() if v.is_constant and v.data.size == 1 else None for v in outer]
         key = (
