@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .build import _deep_enough
 from .codegen.c import c_symbol, codegen_c, codegen_c_unit
 from .codegen.toolchain import compile_units
 from .graph.ir import Graph, Node, Value
@@ -331,6 +332,7 @@ def compile(  # noqa: A001
     graph = graph.copy()
     graph, pass_report = run_passes(graph, opt_level=opt_level, disabled=disabled_passes)
     t_passes = time.perf_counter()
+    _deep_enough()
     gl = GraphLowering(graph, target, allow_fallback=fallback)
     gl.run()
     workspace = gl.plan()

@@ -262,7 +262,7 @@ def compute(
 ) -> Tensor:
     """A tensor whose element at (i, j, ...) is fcompute(i, j, ...)."""
     shape = _check_shape(shape, f"compute {name}")
-    params = list(inspect.signature(fcompute).parameters.values())
+    params = [p for p in inspect.signature(fcompute).parameters.values() if p.default is inspect.Parameter.empty]
     if len(params) == 1 and params[0].kind is inspect.Parameter.VAR_POSITIONAL:
         names = [f"i{d}" for d in range(len(shape))]
     else:
