@@ -215,6 +215,8 @@ class CCodegen:
             text = f"{self.expr(a, p)} {sym} {self.expr(b, p + 1)}"
             if dt.is_half and op in ("add", "sub", "mul", "div"):  # numpy rounds each half operation
                 return f"{self.half_helper(dt, 'round')}({text})", 15
+            if not vec and dt.is_int and dt.bits < 32 and op in ("add", "sub", "mul"):
+                return f"({dt.c_type})({text})", 14  # C computes in int: wrap back to the narrow type
             return text, p
         if op in ("and", "or"):
             if vec:
@@ -232,11 +234,13 @@ class CCodegen:
         cmp = "<" if op == "min" else ">"
         t = self.ctype(dt)
         name = f"ember_{op}_{t}"
+        nan = " || a != a" if dt.is_float else ""  # numpy's maximum/minimum: a NaN on either side wins
         if dt.lanes == 1:
-            code = f"static inline {t} {name}({t} a, {t} b) {{ return a {cmp} b ? a : b; }}"
+            code = f"static inline {t} {name}({t} a, {t} b) {{ return (a {cmp} b{nan}) ? a : b; }}"
         else:
             sel = self.vselect_helper(dt)
-            code = f"static inline {t} {name}({t} a, {t} b) {{ return {sel}(a {cmp} b, a, b); }}"
+            vnan = " | (a != a)" if dt.is_float else ""
+            code = f"static inline {t} {name}({t} a, {t} b) {{ return {sel}((a {cmp} b){vnan}, a, b); }}"
         return f"{self.helper(name, code)}({self.expr(a)}, {self.expr(b)})"
 
     def divmod(self, op: str, a: Expr, b: Expr, dt: DType) -> tuple[str, int]:

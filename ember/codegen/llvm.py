@@ -337,8 +337,8 @@ class LLVMCodegen:
             return B.and_(a, b) if op == "and" else B.or_(a, b)
         if op in ("min", "max"):
             sym = "<" if op == "min" else ">"
-            if dt.is_float:
-                c = B.fcmp_ordered(sym, a, b)
+            if dt.is_float:  # numpy's maximum/minimum: a NaN on either side wins
+                c = B.or_(B.fcmp_ordered(sym, a, b), B.fcmp_unordered("!=", a, a))
             elif dt.kind == "int":
                 c = B.icmp_signed(sym, a, b)
             else:

@@ -119,16 +119,11 @@ def test_integer_arithmetic_wraps_like_numpy_in_int8(check_build, rng):
     check_build(te.create_schedule(B), [A, B], lambda a: a.sum(axis=1, dtype=np.int8), rng, inputs={"A": a})
 
 
-NARROW_INT_BUG = (
-    "C codegen computes int8/int16/uint8 add, sub and mul in C's promoted int and never narrows the result back, "
-    "so a compare or a widening cast sees 200 where the IR (and numpy) say int8(100 + 100) = -56; "
-    "vector code (GCC vector types) wraps"
-)
-
-
+# C computes int8/int16/uint8 arithmetic in promoted int: the codegen wraps results back to the narrow type, so
+# a compare or a widening cast sees int8(100 + 100) = -56 as numpy does (vector code wraps by itself).
 @pytest.mark.parametrize(
     "vectorize",
-    [pytest.param(False, marks=pytest.mark.xfail(strict=True, reason=NARROW_INT_BUG)), True],
+    [False, True],
     ids=["scalar", "vector"],
 )
 @pytest.mark.parametrize("dt", ["int8", "uint8"])
@@ -138,7 +133,6 @@ def test_narrow_integer_arithmetic_wraps_before_it_is_widened(check_build, rng, 
     check_build(s, [A, B], lambda a: (a + a).astype(np.int32) + (a * a).astype(np.int32), rng, inputs={"A": a})
 
 
-@pytest.mark.xfail(strict=True, reason=NARROW_INT_BUG)
 def test_narrow_integer_arithmetic_wraps_before_it_is_compared(check_build, rng):
     A = te.placeholder((4,), "int8", name="A")
     B = te.compute((4,), lambda i: A[i] + A[i] > 0, name="B")
@@ -146,13 +140,8 @@ def test_narrow_integer_arithmetic_wraps_before_it_is_compared(check_build, rng)
     check_build(te.create_schedule(B), [A, B], lambda a: (a + a) > 0, rng, inputs={"A": a})
 
 
-NAN_MAX_BUG = (
-    "te.max/te.min compile to `a > b ? a : b`, which returns b when either is NaN: max(1, NaN) is NaN but "
-    "max(NaN, 1) is 1, so a max reduction keeps a NaN only when it comes last (numpy's maximum propagates NaN)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=NAN_MAX_BUG)
+# te.max/te.min propagate NaN from either side, as numpy's maximum/minimum: a reduction's result does not
+# depend on where the NaN comes.
 @pytest.mark.parametrize("reducer, ref", [(te.max, np.max), (te.min, np.min)])
 def test_max_and_min_reductions_propagate_nan(check_build, rng, reducer, ref):
     A = te.placeholder((3, 5), name="A")
