@@ -463,7 +463,8 @@ def exp(x: Expr, table: Tensor | None = None) -> Expr:
     def pick(cond: Expr, a: float, b: float) -> Expr:  # selects of constants only: they vectorize
         return te.if_then_else(cond, f(a), f(b))
 
-    xc = te.minimum(te.maximum(x, f(-104.0)), f(88.75))
+    finite = te.if_then_else(x != x, f(0.0), x)  # max/min propagate NaN; NaN is put back at the end
+    xc = te.minimum(te.maximum(finite, f(-104.0)), f(88.75))
     n = rint(xc * f(1.44269504088896341))
     r = xc - n * f(0.693359375) - n * f(-2.12194440e-4)
     p = f(1.9875691500e-4)

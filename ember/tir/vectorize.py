@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from .expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
+from .expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var, same
 from .functor import map_children, transform, walk
 from .stmt import Allocate, Evaluate, For, ForKind, IfThenElse, LetStmt, Seq, Stmt, Store
 
@@ -121,7 +121,9 @@ class _Vectorizer:
         L = self.lanes
         if _lanes(e.cond) == 1:
             return Select(e.cond, broadcast(e.t, L), broadcast(e.f, L))
-        if any(isinstance(n, Load) for side in (e.t, e.f) for n in walk(side)):
+        read = [n for n in walk(e.cond) if isinstance(n, Load)]  # evaluated for every lane anyway
+        guarded = [n for side in (e.t, e.f) for n in walk(side) if isinstance(n, Load)]
+        if any(not any(same(g, r) for r in read) for g in guarded):
             raise CannotVectorize("a per-lane condition guards a memory read (padding/boundary check)")
         bits = mask_bits(e.cond)
         if e.t.dtype.is_bool or bits != e.t.dtype.bits:
