@@ -264,7 +264,16 @@ def vectorize_a_loop_that_holds_the_reduction_loop():
 @case("vectorize_fallback=a per-lane condition guards a memory read")
 def vectorize_a_guarded_read_falls_back():
     A = te.placeholder((16,), name="A")
-    B = te.compute((16,), lambda i: te.if_then_else(A[i] > 0.0, A[i], 0.0), name="B")
+    B = te.compute((16,), lambda i: te.if_then_else(i >= 1, A[i - 1], 0.0), name="B")  # A[-1] must not be read
+    s = te.create_schedule(B)
+    s[B].vectorize(B.op.axis[0])
+    return s, [A, B], lambda a: np.concatenate([[0.0], a[:-1]]).astype(a.dtype)
+
+
+@case("ramp(", lacks=("vectorize_fallback",))
+def vectorize_a_select_reading_what_its_condition_reads():
+    A = te.placeholder((16,), name="A")
+    B = te.compute((16,), lambda i: te.if_then_else(A[i] > 0.0, A[i], 0.0), name="B")  # relu as a select
     s = te.create_schedule(B)
     s[B].vectorize(B.op.axis[0])
     return s, [A, B], lambda a: np.maximum(a, 0)
