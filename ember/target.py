@@ -69,10 +69,11 @@ class Target:
         `-fno-predictive-commoning`: GCC 12's predictive commoning (on at -O3) moves stores across
         iterations of an OpenMP thread's chunk and writes back stale values to elements that belong to
         other threads, e.g. `#pragma omp parallel for` over `ii < 2` of `C[io * 14 + ii * 7] = 0` loses
-        stores in one call out of a few hundred (regression test in tests/codegen/test_codegen_c.py)."""
+        stores in one call out of a few hundred (regression test in tests/codegen/test_codegen_c.py).
+        `-fno-math-errno`: kernels never read errno, and without it GCC keeps sqrt/floor/... as calls."""
         return [
-            self.opt, f"-march={self.mcpu}", "-fno-predictive-commoning", "-fopenmp", "-fPIC", "-shared", "-std=gnu11",
-            *self.extra_flags,
+            self.opt, f"-march={self.mcpu}", "-fno-predictive-commoning", "-fno-math-errno", "-fopenmp", "-fPIC",
+            "-shared", "-std=gnu11", *self.extra_flags,
         ]  # fmt: skip
 
     @property

@@ -14,12 +14,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..target import Target
+from ..target import Target, host_cpu_flags
 from ..tir.arith import Analyzer
 from ..tir.dtype import DType
 from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
 from ..tir.functor import walk
 from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
+from .toolchain import has_libmvec
 
 STACK_LIMIT = 32 * 1024  # bytes: larger allocations go to the heap
 
@@ -44,6 +45,13 @@ _MATH = {
     "acos": ("acosf", "acos"), "atan": ("atanf", "atan"), "sinh": ("sinhf", "sinh"), "cosh": ("coshf", "cosh"),
     "asinh": ("asinhf", "asinh"), "acosh": ("acoshf", "acosh"), "atanh": ("atanhf", "atanh"),
     "log1p": ("log1pf", "log1p"), "fmod": ("fmodf", "fmod"),
+}  # fmt: skip
+
+# intrinsic -> the libmvec (glibc vector math) function; names follow the x86 vector function ABI
+_LIBMVEC = {
+    "exp": "exp", "log": "log", "erf": "erf", "tanh": "tanh", "sin": "sin", "cos": "cos", "pow": "pow",
+    "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "sinh": "sinh", "cosh": "cosh",
+    "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "log1p": "log1p",
 }  # fmt: skip
 
 _LIBM_NAMES = {n for pair in _MATH.values() for n in pair} | {"fmaxf", "fminf", "fmax", "fmin", "fabs"}
@@ -267,6 +275,10 @@ class CCodegen:
         if dt.lanes == 1:
             return f"{sname}({', '.join(self.expr(x) for x in args)})"
         t = self.ctype(dt)
+        vec = self.simd_math(fn, dt)
+        if vec is not None:
+            vargs = [x if x.dtype.lanes > 1 else Broadcast(x, dt.lanes) for x in args]
+            return f"{vec}({', '.join(self.expr(x) for x in vargs)})"
         arg_types = [self.ctype(x.dtype.with_lanes(dt.lanes)) for x in args]
         params = ", ".join(f"{at} x{i}" for i, at in enumerate(arg_types))
         name = f"ember_{fn}_{t}"
@@ -274,6 +286,45 @@ class CCodegen:
         code = f"static inline {t} {name}({params}) {{\n  return ({t}){lanes};\n}}"
         vargs = [x if x.dtype.lanes > 1 else Broadcast(x, dt.lanes) for x in args]
         return f"{self.helper(name, code)}({', '.join(self.expr(x) for x in vargs)})"
+
+    def simd_math(self, fn: str, dt: DType) -> str | None:
+        """A helper computing `fn` on a whole float vector with glibc's libmvec (about 4 ulp), splitting
+        vectors wider than the ISA's registers; None when libmvec does not apply."""
+        if fn == "sigmoid":
+            exp = self.simd_math("exp", dt)
+            if exp is None:
+                return None
+            t, one = self.ctype(dt), "1.0f" if dt.bits == 32 else "1.0"
+            name = f"ember_simd_sigmoid_{t}"
+            return self.helper(name, f"static inline {t} {name}({t} x) {{ return {one} / ({one} + {exp}(-x)); }}")
+        if fn not in _LIBMVEC or dt.scalar.name not in ("float32", "float64") or not has_libmvec():
+            return None
+        flags = host_cpu_flags() if self.target.mcpu == "native" else frozenset()
+        width = {512: "e", 256: "d", 128: "b"}
+        bits = dt.bits * dt.lanes
+        isa = [(b, c) for b, c in width.items() if b <= bits and (b != 512 or "avx512f" in flags)
+               and (b != 256 or "avx2" in flags)]  # fmt: skip
+        if not isa or bits % isa[0][0]:
+            return None
+        reg_bits, letter = isa[0]
+        n = reg_bits // dt.bits
+        libm = _LIBMVEC[fn] + ("f" if dt.bits == 32 else "")
+        arity = 2 if fn == "pow" else 1
+        sym = f"_ZGV{letter}N{n}{'v' * arity}_{libm}"
+        reg_t, t = self.ctype(dt.with_lanes(n)), self.ctype(dt)
+        self.helper(sym, f"extern {reg_t} {sym}({', '.join([reg_t] * arity)});")
+        name = f"ember_simd_{fn}_{t}"
+        params = ", ".join(f"{t} x{i}" for i in range(arity))
+        if n == dt.lanes:
+            body = f"  return {sym}({', '.join(f'x{i}' for i in range(arity))});"
+        else:  # wider than a register: call per register-sized part
+            parts = [f"  {t} r;", f"  {reg_t} {', '.join(f'a{i}' for i in range(arity))};",
+                     f"  for (int h = 0; h < {dt.lanes // n}; ++h) {{"]  # fmt: skip
+            parts += [f"    memcpy(&a{i}, ({dt.c_type}*)&x{i} + h * {n}, sizeof a{i});" for i in range(arity)]
+            parts += [f"    a0 = {sym}({', '.join(f'a{i}' for i in range(arity))});",
+                      f"    memcpy(({dt.c_type}*)&r + h * {n}, &a0, sizeof a0);", "  }", "  return r;"]  # fmt: skip
+            body = "\n".join(parts)
+        return self.helper(name, f"static inline {t} {name}({params}) {{\n{body}\n}}")
 
     def scalar_fn(self, fn: str, dt: DType) -> str:
         if fn in _MATH and dt.is_float:

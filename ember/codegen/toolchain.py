@@ -43,6 +43,15 @@ def cc_version(cc: str) -> str:
         return cc
 
 
+@functools.cache
+def has_libmvec() -> bool:
+    """Whether glibc's vector math library (SIMD expf, logf, erff, tanhf, ...) can be linked."""
+    import ctypes.util
+    import platform
+
+    return platform.machine() in ("x86_64", "AMD64") and ctypes.util.find_library("mvec") is not None
+
+
 def compile_c(source: str, flags: list[str], name: str = "kernel") -> Path:
     """Path of a shared library built from `source` (reused from the cache when present)."""
     cc = find_cc()
@@ -58,7 +67,8 @@ def compile_c(source: str, flags: list[str], name: str = "kernel") -> Path:
     try:
         src = tmp / f"{name}.c"
         src.write_text(source)
-        cmd = [cc, *flags, str(src), "-o", str(tmp / f"{name}.so"), "-lm"]
+        libs = ["-lmvec", "-lm"] if "_ZGV" in source and has_libmvec() else ["-lm"]
+        cmd = [cc, *flags, str(src), "-o", str(tmp / f"{name}.so"), *libs]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             keep = Path(tempfile.mkdtemp(prefix="ember-failed-")) / f"{name}.c"
@@ -134,6 +144,7 @@ def compile_units(units: list[str], flags: list[str], name: str = "model", jobs:
 
     def link(tmp: Path) -> None:
         (tmp / f"{name}.c").write_text(source)
-        _run_cc([cc, *flags, *map(str, objs), "-o", str(tmp / f"{name}.so"), "-lm"], source, name)
+        libs = ["-lmvec", "-lm"] if "_ZGV" in source and has_libmvec() else ["-lm"]
+        _run_cc([cc, *flags, *map(str, objs), "-o", str(tmp / f"{name}.so"), *libs], source, name)
 
     return _cached_build([str(o) for o in objs] + [version, *flags, "link"], f"{name}.so", link)
