@@ -232,3 +232,25 @@ def test_resnet18_kernels_at_most_a_third_of_onnx_nodes():
     g, _ = run_passes(from_onnx(model), opt_level=3)
     kernels = [n for n in g.nodes if n.op not in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")]
     assert len(kernels) <= len(model.graph.node) / 3, (len(kernels), len(model.graph.node))
+
+
+def test_unroll_scan_inlines_each_step():
+    from onnx import helper
+
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]), helper.make_node("Mul", ["s_out", "x_t"], ["y_t"])],
+        "body",
+        [helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [3]), helper.make_tensor_value_info("x_t", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("s_out", TensorProto.FLOAT, [3]), helper.make_tensor_value_info("y_t", TensorProto.FLOAT, [3])],
+    )  # fmt: skip
+    scan = helper.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1,
+                            scan_input_directions=[1], scan_output_axes=[1])  # fmt: skip
+    graph = helper.make_graph(
+        [scan], "g",
+        [helper.make_tensor_value_info("s0", TensorProto.FLOAT, [3]), helper.make_tensor_value_info("xs", TensorProto.FLOAT, [4, 3])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [3]), helper.make_tensor_value_info("ys", TensorProto.FLOAT, [3, 4])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    g = run_passes(from_onnx(model), opt_level=0)[0]
+    assert "Scan" not in ops(g) and ops(g).count("Add") == 4
+    check_same_function(model, g)
