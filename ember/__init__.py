@@ -16,11 +16,13 @@ from .target import Target
 __version__ = "0.1.0"
 
 
-def compile(model, target="c", input_shapes=None, fallback=True, opt_level=3, disabled_passes=()):  # noqa: A001
-    """Compile a model (ONNX file path, onnx.ModelProto or ember Graph); see `ember.compiler.compile`."""
+def compile(model, target="c", input_shapes=None, fallback=True, opt_level=3, disabled_passes=(),  # noqa: A001
+            tuning_log=None):  # fmt: skip
+    """Compile a model (ONNX file path, onnx.ModelProto or ember Graph); see `ember.compiler.compile`.
+    `tuning_log`: a log written by `ember tune`, whose best config per workload is applied."""
     from .compiler import compile as _compile
 
-    return _compile(model, target, input_shapes, fallback, opt_level, disabled_passes)
+    return _compile(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log)
 
 
 def load(path):

@@ -215,6 +215,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Tune a model's heavy kernels (template knobs, measured here) into a log for --tuning-log."""
+    from ember.tune.cli import run_tune
+
+    return run_tune(args)
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """Import a model and print Ember's graph (optionally after a graph pass)."""
     from ember.frontend.onnx import ModelError, from_onnx
@@ -281,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--top", type=int, default=10)
     b.add_argument("--json", action="store_true")
     b.set_defaults(fn=cmd_bench)
+    tu = sub.add_parser("tune", help=cmd_tune.__doc__)
+    from ember.tune.cli import add_arguments as _tune_arguments
+
+    _tune_arguments(tu)
+    tu.set_defaults(fn=cmd_tune)
     sh = sub.add_parser("show", help=cmd_show.__doc__)
     sh.add_argument("model", nargs="?", help="path to an .onnx file")
     sh.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")

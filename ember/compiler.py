@@ -8,9 +8,11 @@ graph -> kernels (one per node with a TE compute; views like Reshape become alia
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +28,7 @@ from .passes import run_passes
 from .passes.fuse import pattern as pattern_of
 from .runtime.executor import CompiledModel, KernelInfo, Plan, Step, ValueInfo
 from .target import Target
+from .te.config import CONFIG_ATTR, ConfigError, load_best
 from .te.lower import lower_schedule
 from .te.tensor import ComputeOp, Reduce, Tensor, compute, const, placeholder
 from .tir.transform import optimize
@@ -60,10 +63,43 @@ class KernelTE:
     passed: list[bool]  # per node input: an argument (False: a one-element constant baked in)
 
 
-def kernel_te(node: Node, target: Target) -> KernelTE:
+def anchor_member(node: Node) -> Node | None:
+    """The member whose schedule drives a node's kernel: conv/matmul over reductions over injective
+    (the first of the highest rank); None when no member has a schedule."""
+    members = node.attrs["body"].nodes if node.op == "Fused" else [node]
+    anchor = None
+    for m in members:
+        if get_op(m.op).schedule is not None and (anchor is None or _RANK[pattern_of(m)] > _RANK[pattern_of(anchor)]):
+            anchor = m
+    return anchor
+
+
+def workload_key(anchor: Node) -> str:
+    """The tuning workload of an anchor node: op, input shapes and dtypes, attributes (JSON)."""
+    ins = [None if v is None else [list(v.shape), v.dtype] for v in anchor.inputs]
+    attrs = {k: _json_attr(v) for k, v in sorted(anchor.attrs.items()) if k != CONFIG_ATTR}
+    return json.dumps([anchor.op, ins, attrs], separators=(",", ":"))
+
+
+def _json_attr(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return {"ndarray": [x.dtype.name, list(x.shape)]} if x.size > 16 else x.tolist()
+    if isinstance(x, Graph):
+        return {"graph": x.name}
+    if isinstance(x, list | tuple):
+        return [_json_attr(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x if isinstance(x, str | int | float | bool | None) else repr(x)
+
+
+def kernel_te(node: Node, target: Target, cfg: Any = None) -> KernelTE:
     """Build a node's kernel in `ember.te`: its op's compute, or a Fused node's members' computes
     composed (each member reads the tensors its producers computed), scheduled by the first member
-    whose op has a schedule (conv, matmul, ...) or the default schedule."""
+    whose op has a schedule (conv, matmul, ...) or the default schedule.
+
+    `cfg` (an `ember.te.config` ConfigSpace or ConfigEntity) goes to the anchor member's compute
+    as `attrs[CONFIG_ATTR]`; None leaves every template at its fallback config."""
     if node.op == "Fused":
         body = node.attrs["body"]
         members, params, results = body.nodes, body.inputs, body.outputs
@@ -77,20 +113,19 @@ def kernel_te(node: Node, target: Target) -> KernelTE:
             tensors[p] = _literal(scalars[p], f"c{i}") if p in scalars else placeholder(p.shape, p.dtype, name=f"in{i}")
     except TypeError as e:
         raise LoweringUnsupported(str(e)) from e
-    anchor = None
+    anchor = anchor_member(node)
     for m in members:
         opdef = get_op(m.op)
         if opdef.compute is None:
             raise LoweringUnsupported(f"{m.op} has no TE compute yet")
-        outs = opdef.compute(m.attrs, *[None if v is None else tensors[v] for v in m.inputs])
+        attrs = {**m.attrs, CONFIG_ATTR: cfg} if m is anchor and cfg is not None else m.attrs
+        outs = opdef.compute(attrs, *[None if v is None else tensors[v] for v in m.inputs])
         outs = list(outs) if isinstance(outs, list | tuple) else [outs]
         for t, v in zip(outs, m.outputs):
             if tuple(t.shape) != tuple(v.shape) or t.dtype.name != v.dtype:
                 got = f"{t.dtype}{list(t.shape)}"
                 raise AssertionError(f"{m.op} compute gives {got}, the shape rule says {v.type} (node {m.name})")
             tensors[v] = t
-        if opdef.schedule is not None and (anchor is None or _RANK[pattern_of(m)] > _RANK[pattern_of(anchor)]):
-            anchor = m  # the member whose schedule drives the group: conv/matmul over reductions over injective
     outs = [tensors[v] for v in results]
     if anchor is not None:
         sch = get_op(anchor.op).schedule(anchor.attrs, outs, target)
@@ -126,6 +161,7 @@ class GraphLowering:
     kernels: dict[Any, Kernel] = field(default_factory=dict)  # dedup key -> kernel
     steps: list[Step] = field(default_factory=list)
     fallback_reasons: dict[str, str] = field(default_factory=dict)
+    configs: Mapping[str, Any] = field(default_factory=dict)  # workload key -> tuned config (ember.te.config)
 
     def vid(self, v: Value, kind: str = "temp") -> int:
         if v not in self.ids:
@@ -203,13 +239,26 @@ class GraphLowering:
         )
         if key in self.kernels:
             return self.kernels[key]
-        te_kernel = kernel_te(node, self.target)
+        te_kernel = self._kernel_te(node)
         label = node.attrs["body"].name.removeprefix("fused_") if node.op == "Fused" else node.op.lower()
         name = c_symbol(f"{label[:48]}_{len(self.kernels)}")
         func = optimize(lower_schedule(te_kernel.schedule, te_kernel.args, name))
         kernel = Kernel(name, func, _flops(te_kernel.outputs), te_kernel.passed)
         self.kernels[key] = kernel
         return kernel
+
+    def _kernel_te(self, node: Node) -> KernelTE:
+        """kernel_te with the tuned config of the node's anchor workload, if the log has one."""
+        anchor = anchor_member(node) if self.configs else None
+        cfg = self.configs.get(workload_key(anchor)) if anchor is not None else None
+        if cfg is None:
+            return kernel_te(node, self.target)
+        try:
+            return kernel_te(node, self.target, cfg)
+        except ConfigError as e:
+            warnings.warn(f"tuning log: config for {node.name} ({anchor.op}) does not apply: {e}; using the fallback",
+                          stacklevel=2)  # fmt: skip
+            return kernel_te(node, self.target)
 
     def plan(self) -> int:
         """Assign workspace offsets to temps by liveness; returns the workspace size."""
@@ -312,11 +361,14 @@ def compile(  # noqa: A001
     fallback: bool = True,
     opt_level: int = 3,
     disabled_passes: Sequence[str] = (),
+    tuning_log: str | os.PathLike | None = None,
 ) -> CompiledModel:
     """Compile a model (ONNX path or ModelProto, or an ember Graph) for `target`.
 
     `opt_level` 0..3 and `disabled_passes` choose the graph passes (`ember.passes.PASSES`); with
-    `fallback=False` every node must get a native kernel (else one error lists those that do not)."""
+    `fallback=False` every node must get a native kernel (else one error lists those that do not).
+    `tuning_log` (JSON lines written by `ember tune`) gives each tuned workload its best config;
+    the others keep their templates' fallback configs."""
     t0 = time.perf_counter()
     target = Target.parse(target)
     if target.kind != "c":
@@ -333,7 +385,8 @@ def compile(  # noqa: A001
     graph, pass_report = run_passes(graph, opt_level=opt_level, disabled=disabled_passes)
     t_passes = time.perf_counter()
     _deep_enough()
-    gl = GraphLowering(graph, target, allow_fallback=fallback)
+    configs = load_best(tuning_log, str(target)) if tuning_log else {}
+    gl = GraphLowering(graph, target, allow_fallback=fallback, configs=configs)
     gl.run()
     workspace = gl.plan()
     t_lower = time.perf_counter()
@@ -362,6 +415,7 @@ def compile(  # noqa: A001
         "lower_seconds": t_lower - t_passes,
         "build_seconds": t_build - t_lower,
         "fallback_reasons": gl.fallback_reasons,
+        "tuned_workloads": len(configs),
         "cc": os.environ.get("CC", "cc"),
     }
     return CompiledModel(lib, plan, gl.weights, source, reference_fallback, summary)

@@ -17,6 +17,7 @@ from ember.ops import reduce as _reduce_ops  # noqa: F401  (registers the Softma
 from ember.ops.common import ShapeError, broadcast_shapes, norm_axes, norm_axis, window_out_dim
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.te_lib import NotLowerable, broadcast_indices, lowering
+from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
 from ember.tir.dtype import dtype as as_dtype
 
@@ -97,11 +98,12 @@ def conv_te(x: Tensor, w: Tensor | tuple[int, ...], b: Tensor | None, a: dict, d
     osp = tuple(window_out_dim(isp[i], ks[i], strides[i], (pads[i], pads[i + nd]), dil[i]) for i in range(nd))
     x_at = x_at or (lambda *i: x[i])
     w_at = w_at or (lambda o, c, k: w[(o, c, *k)])
+    cfg = a.get(CONFIG_ATTR)  # a tuning config (ember.te.config), None: the templates' fallback
     if a["group"] == 1 and set(ks) | set(strides) == {1} and not any(pads):
-        return _conv1x1_te(x, x_at, co, w_at, b, dtype, post, name)
+        return _conv1x1_te(x, x_at, co, w_at, b, dtype, post, name, cfg=cfg)
     xp = T.pad_input(x_at, x.shape, pads[:nd], pads[nd:], T.zero(dtype), dtype, name=f"{name}_pad")
     acc, read, kind = T.conv_acc(xp, w_at, co, a["group"], T.Window(tuple(ks), strides, dil, osp), dtype,
-                                 name=f"{name}_acc")  # fmt: skip
+                                 name=f"{name}_acc", cfg=cfg)  # fmt: skip
 
     def out(*idx):
         v = read(*idx)
@@ -111,7 +113,7 @@ def conv_te(x: Tensor, w: Tensor | tuple[int, ...], b: Tensor | None, a: dict, d
     return te.compute((n, co, *osp), out, name=name, attrs={"template": kind, "acc": acc})
 
 
-def _conv1x1_te(x: Tensor, x_at, co: int, w_at, b: Tensor | None, dtype, post, name: str) -> Tensor:
+def _conv1x1_te(x: Tensor, x_at, co: int, w_at, b: Tensor | None, dtype, post, name: str, cfg=None) -> Tensor:
     """A 1x1 convolution as one matrix product W (Co x Ci) @ X[n, :, row, :] (Ci x width) per output
     row: the GEMM template then vectorizes along the width and stores whole rows."""
     n, ci, *sp = x.shape
@@ -128,10 +130,10 @@ def _conv1x1_te(x: Tensor, x_at, co: int, w_at, b: Tensor | None, dtype, post, n
     swap = sp[-1] < T.lanes_of(dtype, T.host_target()) <= co // 2
     if swap:  # narrow rows: output channels in the vectors
         acc = T.gemm_acc(batch, sp[-1], co, ci, lambda bi, j, k: xv(bi, k, j), lambda bb, k, i: wv(i, k), (),
-                         lambda bi: (), dtype, name=f"{name}_acc")  # fmt: skip
+                         lambda bi: (), dtype, name=f"{name}_acc", cfg=cfg)  # fmt: skip
     else:
         acc = T.gemm_acc(batch, co, sp[-1], ci, lambda bi, i, k: wv(i, k), xv, batch, lambda bi: bi, dtype,
-                         name=f"{name}_acc")  # fmt: skip
+                         name=f"{name}_acc", cfg=cfg)  # fmt: skip
 
     def out(*idx):
         bi = (idx[0], *idx[2:-1])
@@ -927,7 +929,8 @@ def matmul(a: dict, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.matmul(_acc(x), _acc(y)).astype(x.dtype)
 
 
-def matmul_te(x: Tensor, y: Tensor, dtype=None, pre_x=None, pre_y=None, post=None, name: str = "matmul") -> Tensor:
+def matmul_te(x: Tensor, y: Tensor, dtype=None, pre_x=None, pre_y=None, post=None, name: str = "matmul",
+              cfg=None) -> Tensor:  # fmt: skip
     """numpy.matmul of x and y through the GEMM template: 1-d operands promoted, batch dims broadcast.
 
     pre_x/pre_y map an operand element (and its row index i / column index j) to the accumulation
@@ -960,10 +963,10 @@ def matmul_te(x: Tensor, y: Tensor, dtype=None, pre_x=None, pre_y=None, post=Non
     swap = not (a1 or b1) and N < T.lanes_of(dtype, T.host_target()) <= M // 2
     if swap:
         acc = T.gemm_acc(batch, N, M, K, lambda bi, j, k: yb(b_batch(bi), k, j), lambda ab, k, i: xa(ab, i, k),
-                         abatch, a_batch, dtype, name=f"{name}_acc")  # fmt: skip
+                         abatch, a_batch, dtype, name=f"{name}_acc", cfg=cfg)  # fmt: skip
     else:
         acc = T.gemm_acc(batch, M, N, K, lambda bi, i, k: xa(a_batch(bi), i, k), yb, bbatch, b_batch, dtype,
-                         name=f"{name}_acc")  # fmt: skip
+                         name=f"{name}_acc", cfg=cfg)  # fmt: skip
 
     def out(*idx):
         i = te.const(0) if a1 else idx[nb]
@@ -981,7 +984,7 @@ def matmul_te(x: Tensor, y: Tensor, dtype=None, pre_x=None, pre_y=None, post=Non
 
 @lowering("MatMul", schedule=T.schedule_nn)
 def _matmul_compute(a: dict, x: Tensor, y: Tensor) -> Tensor:
-    return matmul_te(x, y)
+    return matmul_te(x, y, cfg=a.get(CONFIG_ATTR))
 
 
 def _matmul_int_infer(a: dict, x: TensorType, y: TensorType, *zps) -> TensorType:
@@ -1061,7 +1064,7 @@ def _gemm_compute(a: dict, x: Tensor, y: Tensor, c: Tensor | None = None) -> Ten
     m, k = xt.shape
     if a["transB"] and m < 8 and k >= 2 * T.lanes_of(x.dtype, T.host_target()):
         return _dot_rows_te(xt, y, post, "gemm")  # a fully connected layer: rows of W are contiguous
-    return matmul_te(xt, yt, post=post, name="gemm")
+    return matmul_te(xt, yt, post=post, name="gemm", cfg=a.get(CONFIG_ATTR))
 
 
 def _dot_rows_te(x: Tensor, w: Tensor, post, name: str) -> Tensor:

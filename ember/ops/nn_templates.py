@@ -16,6 +16,13 @@ Each template has two halves that meet through stage tags and attributes:
   stages are inlined unless their attrs say `materialize` (padded inputs, per-row buffers, the
   states of a recurrence), and root stages are fused and vectorized (`te_lib.schedule_flat`).
 
+Tuning: the choices of the GEMM (`gemm_plan`) and conv_oc (`_tuned_conv_oc_plan`) plans are knobs
+of a config space (`ember.te.config`). A config reaches a template explicitly: the compiler puts it
+in the anchor node's attrs under `CONFIG_ATTR` ("__config__"), the op's compute (`ember.ops.nn`)
+passes it as `cfg=` to `gemm_acc`/`conv_acc`, whose plan (recorded in the accumulation's attrs) the
+schedule then reads. Without a config (None) the plans are the heuristics below, which are also the
+knobs' defaults: the fallback config.
+
 Layout decisions that change the compute (panel width, channel block) are taken at compute
 time for the host CPU (`host_target()`); vector lanes are re-derived from the real target when
 scheduling, so a cross-compiled kernel is still correct, if tuned for the host.
@@ -31,6 +38,7 @@ from dataclasses import dataclass
 from ember import te
 from ember.ops.te_lib import schedule_flat
 from ember.target import Target, host_cpu_flags
+from ember.te.config import ConfigBase
 from ember.te.tensor import ComputeOp, Reduce, Tensor
 from ember.tir.dtype import DType
 from ember.tir.dtype import dtype as as_dtype
@@ -82,12 +90,19 @@ class GemmPlan:
     nr: int  # columns of the register tile (the panel width when packed)
     packed: bool  # B repacked into panels [N / nr, K, nr]
     kr: int = 4  # reduction unroll
+    order: str = "ij"  # outer tile loops: row blocks outside ("ij") or column panels outside ("ji")
+    unroll: tuple[str, str] = ("unroll", "unroll")  # register tile rows, column vectors: "unroll" or "none"
 
 
-def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None) -> GemmPlan:
+def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None,
+              cfg: ConfigBase | None = None) -> GemmPlan:  # fmt: skip
     """Tile sizes: an mr x nr accumulator tile that fits the register file. B is packed into
     panels when enough rows reuse each panel; for few rows (M < 8) the panel copy would cost as
-    much as the product, and B is read in place with wider rows of the tile."""
+    much as the product, and B is read in place with wider rows of the tile.
+
+    With a tuning config `cfg` (`ember.te.config`), the packed plan's choices are its knobs
+    (tile_m, tile_n, tile_k, order, pack_b, unroll_tile); the values computed here are their defaults
+    (the fallback)."""
     target = target or host_target()
     lanes = lanes_of(dtype, target)
     regs = vector_regs(target)
@@ -99,7 +114,29 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     nr = 2 * lanes if lanes < N else lanes
     mr = min(M, (regs - 4) // (nr // lanes) if regs >= 32 else 6)
     mr = min(mr, 12)
-    return GemmPlan(mr=mr, nr=nr, packed=True)
+    if cfg is None:
+        return GemmPlan(mr=mr, nr=nr, packed=True)
+    return _tuned_gemm_plan(cfg, M, N, K, lanes, GemmPlan(mr=mr, nr=nr, packed=True))
+
+
+def _tuned_gemm_plan(cfg: ConfigBase, M: int, N: int, K: int, lanes: int, dflt: GemmPlan) -> GemmPlan:
+    """The packed GEMM's knobs: register tile rows and columns (whole vectors), reduction unroll,
+    order of the outer tile loops, B packed into panels or read in place, unrolling of the register
+    tile's rows and column vectors."""
+    cfg.template = cfg.template or "gemm"
+    rows = sorted({r for r in (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16) if r <= M} | {dflt.mr})
+    mr = cfg.define_split("tile_m", M, 2, policy="candidate", candidates=[(-1, r) for r in rows],
+                          default=(-1, dflt.mr))[-1]  # fmt: skip
+    cols = sorted({v * lanes for v in (1, 2, 3, 4) if v == 1 or (v - 1) * lanes < N} | {dflt.nr})
+    nr = cfg.define_split("tile_n", N, 2, policy="candidate", candidates=[(-1, c) for c in cols],
+                          default=(-1, dflt.nr))[-1]  # fmt: skip
+    unrolls = sorted({k for k in (1, 2, 4, 8) if k <= K} | {min(dflt.kr, K)})
+    kr = cfg.define_split("tile_k", K, 2, policy="candidate", candidates=[(-1, k) for k in unrolls],
+                          default=(-1, min(dflt.kr, K)))[-1]  # fmt: skip
+    order = cfg.define_knob("order", ["ij", "ji"], default=dflt.order)
+    packed = cfg.define_knob("pack_b", [True, False], default=dflt.packed)
+    unroll = cfg.define_annotate("unroll_tile", 2, policy="try_unroll", default=dflt.unroll)
+    return GemmPlan(mr=mr, nr=nr, packed=packed, kr=kr, order=order, unroll=unroll)
 
 
 def gemm_acc(
@@ -113,15 +150,17 @@ def gemm_acc(
     b_index: Callable[[Index], Index],
     dtype: DType | str,
     name: str = "gemm",
+    cfg: ConfigBase | None = None,
 ) -> Tensor:
     """The accumulation stage of a (batched) matrix product, shape (*batch, M, Np) with Np >= N
     (columns past N are padding: read only [..., :N]).
 
     a_at(batch_idx, i, k) and b_at(b_batch_idx, k, j) give the operands' elements (already cast to
     the accumulation dtype); b_index maps an index of `batch` to an index of B's batch dims
-    `b_batch` (broadcasting), so a B without batch dims is packed once for all batches."""
+    `b_batch` (broadcasting), so a B without batch dims is packed once for all batches. `cfg` is
+    the tuning config (`gemm_plan`), None for the fallback plan."""
     dt = as_dtype(dtype)
-    plan = gemm_plan(M, N, K, dt)
+    plan = gemm_plan(M, N, K, dt, cfg=cfg)
     k = te.reduce_axis((0, K), name="k")
     nb = len(batch)
     if plan.packed:
@@ -175,6 +214,8 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
         jo, ji = O.split(axes[ja], plan.nr)
         outer.append(jo)
         inner.append(ji)
+    if plan.order == "ji" and ia is not None and ja is not None:
+        outer[-2], outer[-1] = outer[-1], outer[-2]  # column panels outside: one panel of B stays in cache
     O.reorder(*outer, *inner)
     if ja is not None and vec:
         jio, jii = O.split(inner[-1], lanes)
@@ -188,10 +229,12 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
         jco, jci = L.split(lj, lanes)
         L.reorder(*lb, ko, ki, li, jco, jci)
         L.vectorize(jci)
-        L.unroll(jco)
+        if plan.unroll[1] == "unroll":
+            L.unroll(jco)
     else:
         L.reorder(*lb, ko, ki, li, lj)
-    L.unroll(li)
+    if plan.unroll[0] == "unroll":
+        L.unroll(li)
     L.unroll(ki)
     L.compute_at(O, outer[-1])
     _parallel(O, outer, out, target)
@@ -279,6 +322,11 @@ class ConvPlan:
     block: int  # conv_oc: channels per vector block (ocb); conv_ow: output channels per tile
     width: int  # output-width positions per tile
     vector: bool = True  # vectors along the width (False: strided reads would be gathers)
+    height: int = 1  # conv_oc: output rows per tile
+    reduce_order: str = "rc_k"  # conv_oc: input channels outside the kernel window ("rc_k"), inside it
+    # ("k_rc"), or between its rows and columns ("kh_rc_kw")
+    unroll_kw: bool = False  # conv_oc: unroll the innermost kernel axis
+    unroll: tuple[str, str] = ("unroll", "unroll")  # conv_oc: register tile positions, channel vectors
 
 
 def conv_plan(Co: int, Cog: int, ow: int, stride: int, dtype: DType, target: Target | None = None) -> ConvPlan:
@@ -297,6 +345,29 @@ def conv_plan(Co: int, Cog: int, ow: int, stride: int, dtype: DType, target: Tar
     return ConvPlan("conv_ow", max(1, min(Co, 8 if regs >= 32 else 4)), width)
 
 
+def _tuned_conv_oc_plan(cfg: ConfigBase, dflt: ConvPlan, Cog: int, win: Window, lanes: int) -> ConvPlan:
+    """conv_oc's knobs: channel block (whole vectors dividing a group's channels; it sets the weight
+    layout), output positions per tile along the width and the height, the order of the reduction
+    loops, unrolling of the innermost kernel axis and of the register tile (positions, channel vectors)."""
+    cfg.template = cfg.template or "conv_oc"
+    ow = win.out[-1]
+    blocks = sorted({v * lanes for v in (1, 2, 4) if Cog % (v * lanes) == 0} | {dflt.block})
+    block = cfg.define_split("tile_oc", Cog, 2, policy="candidate", candidates=[(-1, b) for b in blocks],
+                             default=(-1, dflt.block))[-1]  # fmt: skip
+    widths = sorted({w for w in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28) if w <= ow} | {dflt.width})
+    width = cfg.define_split("tile_ow", ow, 2, policy="candidate", candidates=[(-1, w) for w in widths],
+                             default=(-1, dflt.width))[-1]  # fmt: skip
+    height = 1
+    if len(win.out) >= 2 and win.out[-2] > 1:
+        height = cfg.define_split("tile_oh", win.out[-2], 2, policy="candidate", candidates=[(-1, 1), (-1, 2)],
+                                  default=(-1, 1))[-1]  # fmt: skip
+    orders = ["rc_k", "k_rc"] + (["kh_rc_kw"] if len(win.kernel) >= 2 else [])
+    order = cfg.define_knob("reduce_order", orders, default=dflt.reduce_order)
+    unroll_kw = cfg.define_knob("unroll_kw", [False, True], default=dflt.unroll_kw)
+    unroll = cfg.define_annotate("unroll_tile", 2, policy="try_unroll", default=dflt.unroll)
+    return ConvPlan("conv_oc", block, width, height=height, reduce_order=order, unroll_kw=unroll_kw, unroll=unroll)
+
+
 def conv_acc(
     xp: Tensor,
     w_at: Callable[[Expr, Expr, tuple[Expr, ...]], Expr],
@@ -305,13 +376,17 @@ def conv_acc(
     win: Window,
     dtype: DType,
     name: str = "conv",
+    cfg: ConfigBase | None = None,
 ) -> tuple[Tensor, Callable[..., Expr], str]:
     """Direct grouped convolution of padded input xp (N, C, *spatial) with weights w_at(co, ci, k).
 
-    Returns (acc, read, template): read(n, co, *o) is the accumulated output element."""
+    Returns (acc, read, template): read(n, co, *o) is the accumulated output element. `cfg` is the
+    tuning config of the conv_oc template (`_tuned_conv_oc_plan`), None for the fallback plan."""
     N, C = xp.shape[:2]
     Cg, Cog = C // groups, Co // groups
     plan = conv_plan(Co, Cog, win.out[-1], win.strides[-1], dtype)
+    if cfg is not None and plan.kind == "conv_oc":
+        plan = _tuned_conv_oc_plan(cfg, plan, Cog, win, lanes_of(dtype, host_target()))
     ci = te.reduce_axis((0, Cg), name="rc")
     ks = [te.reduce_axis((0, k), name=f"rk{d}") for d, k in enumerate(win.kernel)]
     raxes = [ci, *ks]
@@ -374,27 +449,50 @@ def _schedule_conv_oc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) 
     s[acc].compute_inline()
     cob, coi = O.split(co, plan.block)
     wo, wi = O.split(sp[-1], plan.width)
-    outer = [n, cob, *sp[:-1], wo]
-    O.reorder(*outer, wi, coi)
-    O.unroll(wi)
+    rows = plan.height > 1 and len(sp) >= 2
+    if rows:
+        ho, hi = O.split(sp[-2], plan.height)
+        outer, tile = [n, cob, *sp[:-2], ho, wo], [hi, wi]
+    else:
+        outer, tile = [n, cob, *sp[:-1], wo], [wi]
+    O.reorder(*outer, *tile, coi)
+    for ax in tile:
+        O.unroll(ax)
     if plan.block % lanes == 0:
         cio, cii = O.split(coi, lanes)
         O.unroll(cio)
         O.vectorize(cii)
     L = s[accl]
     ln, lcb, *lsp, loc = L.op.axis
-    red = L.op.reduce_axis
+    red = _reduce_order(L.op.reduce_axis, plan.reduce_order)
+    ltile = lsp[-2:] if rows else lsp[-1:]
+    lrest = lsp[: len(lsp) - len(ltile)]
     if plan.block % lanes == 0:
         oco, oci = L.split(loc, lanes)
-        L.reorder(ln, lcb, *lsp[:-1], *red, lsp[-1], oco, oci)
+        L.reorder(ln, lcb, *lrest, *red, *ltile, oco, oci)
         L.vectorize(oci)
-        L.unroll(oco)
+        if plan.unroll[1] == "unroll":
+            L.unroll(oco)
     else:
-        L.reorder(ln, lcb, *lsp[:-1], *red, lsp[-1], loc)
-    L.unroll(lsp[-1])
+        L.reorder(ln, lcb, *lrest, *red, *ltile, loc)
+    if plan.unroll[0] == "unroll":
+        for ax in ltile:
+            L.unroll(ax)
+    if plan.unroll_kw and len(red) > 1:
+        L.unroll(L.op.reduce_axis[-1])
     L.compute_at(O, wo)
     _parallel(O, outer[:-1], out, target)
     return {O.name, L.name, _schedule_pack(s, acc.op.attrs["pack"], len(acc.op.attrs["pack"].shape), target)}
+
+
+def _reduce_order(red: Sequence, order: str) -> list:
+    """Reduction loops (rc, *kernel axes) in a conv_oc plan's order."""
+    rc, *ks = red
+    if order == "k_rc":
+        return [*ks, rc]
+    if order == "kh_rc_kw" and len(ks) >= 2:
+        return [*ks[:-1], rc, ks[-1]]
+    return [rc, *ks]
 
 
 def _schedule_conv_ow(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:

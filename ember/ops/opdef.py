@@ -10,6 +10,8 @@ frontend (explicit pads, axes as attributes, ...).
 Conventions:
   infer(attrs, *types) -> tuple[TensorType, ...]   (None for an absent optional input)
   reference(attrs, *arrays) -> tuple[np.ndarray, ...]
+  compute(attrs, *tensors): attrs may hold the reserved key "__config__" (`ember.te.config.CONFIG_ATTR`),
+    a tuning config for the op's template; computes without tunable templates ignore it
 """
 
 from __future__ import annotations

@@ -1,0 +1,372 @@
+"""Config spaces: the knobs a schedule template reads, and one point of such a space.
+
+A template (a compute + schedule in `ember.ops.nn_templates`) asks a config object for each of its
+choices, giving the choices and the value it would pick on its own (the fallback, derived from
+shapes and target):
+
+    mr = cfg.define_split("tile_m", M, 2, policy="candidate", candidates=[...], default=(-1, 6))[-1]
+    order = cfg.define_knob("order", ["ij", "ji"], default="ij")
+
+The same template code serves three config objects:
+
+- `ConfigSpace`: records every knob (space extraction) and answers with the defaults, so a
+  template run with an empty space is the untuned (fallback) kernel;
+- `ConfigEntity`: one point (an index and a value per knob): answers with its values, checked
+  against the choices the template declares for this workload;
+- None, which templates turn into a fresh `ConfigSpace` (the fallback).
+
+Knob values are plain hashable data: a split is a tuple of factors with -1 for the outer part,
+a reorder a permutation tuple, an annotation a tuple of "none"/"unroll"/"vec" per axis, and a free
+knob any JSON scalar. A config reaches an operator's compute explicitly, through the reserved
+attribute `attrs[CONFIG_ATTR]` of the fused group's anchor node (see `ember.compiler.kernel_te`).
+
+`load_best(path, target)` reads a tuning log (JSON lines written by `ember.tune`) and gives the
+best config per workload, which `ember.compile(..., tuning_log=path)` applies.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_ATTR = "__config__"  # reserved attrs key: the tuning config given to an anchor op's compute
+
+ANNOTATIONS = ("none", "unroll", "vec")
+
+
+class ConfigError(ValueError):
+    """A config that does not fit the template's space (unknown value, wrong workload)."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One named choice: its kind ("split", "reorder", "annotate", "knob") and ordered choices."""
+
+    name: str
+    kind: str
+    choices: tuple
+    default: Any
+
+    def __post_init__(self):
+        if not self.choices:
+            raise ConfigError(f"knob {self.name!r} has no choices")
+        if self.default not in self.choices:
+            raise ConfigError(f"knob {self.name!r}: default {self.default!r} is not one of its choices")
+
+    def __len__(self) -> int:
+        return len(self.choices)
+
+    def index(self, value: Any) -> int:
+        try:
+            return self.choices.index(value)
+        except ValueError:
+            raise ConfigError(f"knob {self.name!r}: {value!r} is not one of {list(self.choices)[:8]}...") from None
+
+
+def _split_choices(extent: int, num_outputs: int, policy: str, candidates, max_factor: int | None) -> tuple:
+    """Tuples (-1, f1, ..., f_{n-1}) of inner factors for a split of `extent` into num_outputs loops."""
+    if policy == "candidate":
+        if not candidates:
+            raise ConfigError("define_split(policy='candidate') needs candidates")
+        return tuple(tuple(int(x) for x in c) for c in candidates)
+    cap = min(extent, max_factor or extent)
+    if policy == "factors":
+        per = [d for d in range(1, cap + 1) if extent % d == 0]
+    elif policy == "power2":
+        per = [1 << i for i in range(cap.bit_length()) if 1 << i <= cap]
+    elif policy == "verbose":
+        per = sorted({d for d in range(1, cap + 1) if extent % d == 0} | {1 << i for i in range(cap.bit_length())})
+        per = [d for d in per if d <= cap]
+    else:
+        raise ConfigError(f"unknown split policy {policy!r} (factors, power2, verbose, candidate)")
+    out = []
+    for fs in itertools.product(per, repeat=num_outputs - 1):
+        p = math.prod(fs)
+        if p <= extent and (policy != "factors" or extent % p == 0):
+            out.append((-1, *fs))
+    return tuple(out)
+
+
+class ConfigBase:
+    """The `define_*` vocabulary shared by spaces and entities; subclasses say what a knob answers."""
+
+    template: str = ""
+
+    def _define(self, knob: Knob) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def define_split(self, name: str, extent: int, num_outputs: int = 2, policy: str = "factors",
+                     candidates: Sequence[Sequence[int]] | None = None, max_factor: int | None = None,
+                     filter: Callable[[tuple], bool] | None = None,
+                     default: Sequence[int] | None = None) -> tuple:  # fmt: skip
+        """Split a loop of `extent` into num_outputs loops: the inner factors (the outer is -1)."""
+        choices = _split_choices(int(extent), num_outputs, policy, candidates, max_factor)
+        if filter is not None:
+            choices = tuple(c for c in choices if filter(c))
+        dflt = tuple(default) if default is not None else choices[0]
+        return self._define(Knob(name, "split", choices, dflt))
+
+    def define_reorder(self, name: str, num_axes: int, policy: str = "all",
+                       candidates: Sequence[Sequence[int]] | None = None,
+                       default: Sequence[int] | None = None) -> tuple:  # fmt: skip
+        """An order of num_axes loops: a permutation (all of them, or the candidates)."""
+        if policy == "all":
+            choices = tuple(itertools.permutations(range(num_axes)))
+        elif policy == "candidate" and candidates:
+            choices = tuple(tuple(int(i) for i in c) for c in candidates)
+        else:
+            raise ConfigError(f"define_reorder {name!r}: policy 'all', or 'candidate' with candidates")
+        dflt = tuple(default) if default is not None else choices[0]
+        return self._define(Knob(name, "reorder", choices, dflt))
+
+    def define_annotate(self, name: str, num_axes: int, policy: str = "try_unroll",
+                        candidates: Sequence[Sequence[str]] | None = None,
+                        default: Sequence[str] | None = None) -> tuple:  # fmt: skip
+        """An annotation ("none", "unroll", "vec") per loop: policy try_unroll, try_unroll_vec or candidate."""
+        if policy == "try_unroll":
+            choices = tuple(itertools.product(("none", "unroll"), repeat=num_axes))
+        elif policy == "try_unroll_vec":
+            inner = tuple(itertools.product(("none", "unroll"), repeat=num_axes - 1))
+            choices = tuple((*c, last) for c in inner for last in ANNOTATIONS)
+        elif policy == "candidate" and candidates:
+            choices = tuple(tuple(str(a) for a in c) for c in candidates)
+        else:
+            raise ConfigError(f"define_annotate {name!r}: unknown policy {policy!r}")
+        bad = {a for c in choices for a in c} - set(ANNOTATIONS)
+        if bad:
+            raise ConfigError(f"define_annotate {name!r}: unknown annotation(s) {sorted(bad)}")
+        dflt = tuple(default) if default is not None else choices[0]
+        return self._define(Knob(name, "annotate", choices, dflt))
+
+    def define_knob(self, name: str, choices: Sequence[Any], default: Any = None) -> Any:
+        """A free choice among JSON scalars (strings, numbers, booleans)."""
+        choices = tuple(choices)
+        return self._define(Knob(name, "knob", choices, choices[0] if default is None else default))
+
+
+class ConfigSpace(ConfigBase):
+    """Every knob a template declared, in declaration order; points are numbered in mixed radix
+    (the first knob varies fastest). Used as a config, it answers with the knobs' defaults."""
+
+    def __init__(self, template: str = ""):
+        self.template = template
+        self.knobs: dict[str, Knob] = {}
+
+    def _define(self, knob: Knob) -> Any:
+        old = self.knobs.get(knob.name)
+        if old is not None and old.choices != knob.choices:
+            raise ConfigError(f"knob {knob.name!r} defined twice with different choices")
+        self.knobs[knob.name] = knob
+        return knob.default
+
+    def __getitem__(self, name: str) -> Any:
+        return self.knobs[name].default
+
+    def __len__(self) -> int:
+        return math.prod(len(k) for k in self.knobs.values())
+
+    def __iter__(self) -> Iterator[ConfigEntity]:
+        return (self.get(i) for i in range(len(self)))
+
+    def __repr__(self) -> str:
+        knobs = ", ".join(f"{k.name}:{len(k)}" for k in self.knobs.values())
+        return f"ConfigSpace({self.template or '?'}, {len(self)} points: {knobs})"
+
+    # -- points -----------------------------------------------------------------------------
+    def digits(self, index: int) -> list[int]:
+        if not 0 <= index < len(self):
+            raise ConfigError(f"config index {index} is out of range for a space of {len(self)} points")
+        out = []
+        for k in self.knobs.values():
+            index, d = divmod(index, len(k))
+            out.append(d)
+        return out
+
+    def index_of(self, digits: Sequence[int]) -> int:
+        index, radix = 0, 1
+        for d, k in zip(digits, self.knobs.values()):
+            index += d * radix
+            radix *= len(k)
+        return index
+
+    def get(self, index: int) -> ConfigEntity:
+        values = {k.name: k.choices[d] for k, d in zip(self.knobs.values(), self.digits(index))}
+        return ConfigEntity(index, values, self.template)
+
+    def entity(self, values: dict[str, Any]) -> ConfigEntity:
+        """The point with these knob values (JSON lists accepted for tuples); missing knobs take defaults."""
+        unknown = set(values) - set(self.knobs)
+        if unknown:
+            raise ConfigError(f"config names knobs {sorted(unknown)} that the {self.template} template does not have")
+        digits = [k.index(_tupled(values.get(k.name, k.default))) for k in self.knobs.values()]
+        return self.get(self.index_of(digits))
+
+    def fallback(self) -> ConfigEntity:
+        """The template's own choice for this workload and target (every knob at its default)."""
+        return self.entity({})
+
+    def sample(self, rng: random.Random, n: int, exclude: set[int] | None = None) -> list[ConfigEntity]:
+        """Up to n distinct random points not in exclude."""
+        exclude = exclude or set()
+        total = len(self)
+        left = total - len(exclude)
+        if left <= 0:
+            return []
+        n = min(n, left)
+        if left <= 4 * n:  # dense: draw from the remaining indices
+            rest = [i for i in range(total) if i not in exclude]
+            return [self.get(i) for i in rng.sample(rest, n)]
+        seen: set[int] = set()
+        while len(seen) < n:
+            i = rng.randrange(total)
+            if i not in exclude:
+                seen.add(i)
+        return [self.get(i) for i in seen]
+
+    def neighbours(self, cfg: ConfigEntity, adjacent: bool = True) -> list[ConfigEntity]:
+        """Points that differ from cfg in one knob: by one step of its ordered choices (adjacent),
+        or by any other choice."""
+        digits = self.digits(cfg.index)
+        out = []
+        for pos, k in enumerate(self.knobs.values()):
+            steps = (-1, 1) if adjacent else range(-digits[pos], len(k) - digits[pos])
+            for s in steps:
+                d = digits[pos] + s
+                if s != 0 and 0 <= d < len(k):
+                    out.append(self.get(self.index_of(digits[:pos] + [d] + digits[pos + 1 :])))
+        return out
+
+    def random_neighbour(self, cfg: ConfigEntity, rng: random.Random) -> ConfigEntity:
+        """cfg with one knob (that has a choice) set to another random value."""
+        digits = self.digits(cfg.index)
+        knobs = [(p, k) for p, k in enumerate(self.knobs.values()) if len(k) > 1]
+        if not knobs:
+            return cfg
+        pos, k = rng.choice(knobs)
+        d = rng.randrange(len(k) - 1)
+        digits[pos] = d if d < digits[pos] else d + 1
+        return self.get(self.index_of(digits))
+
+    def to_json(self) -> dict:
+        return {"template": self.template, "knobs": [
+            {"name": k.name, "kind": k.kind, "choices": _jsonable(k.choices), "default": _jsonable(k.default)}
+            for k in self.knobs.values()]}  # fmt: skip
+
+    @staticmethod
+    def from_json(d: dict) -> ConfigSpace:
+        space = ConfigSpace(d.get("template", ""))
+        for k in d["knobs"]:
+            space._define(Knob(k["name"], k["kind"], _tupled(k["choices"]), _tupled(k["default"])))
+        return space
+
+
+@dataclass
+class ConfigEntity(ConfigBase):
+    """One point of a space: its index (-1 when unknown) and a value per knob. As a config, it
+    answers each `define_*` with its value, after checking the value is one of the choices."""
+
+    index: int
+    values: dict[str, Any]
+    template: str = ""
+    strict: bool = field(default=True, repr=False)
+
+    def _define(self, knob: Knob) -> Any:
+        if knob.name not in self.values:
+            if self.strict and self.values:
+                raise ConfigError(f"config has no value for knob {knob.name!r} of the {self.template} template")
+            return knob.default
+        value = _tupled(self.values[knob.name])
+        knob.index(value)
+        return value
+
+    def __getitem__(self, name: str) -> Any:
+        return _tupled(self.values[name])
+
+    def key(self) -> str:
+        """A canonical string of the knob values (identifies the point across runs)."""
+        return json.dumps(_jsonable(self.values), sort_keys=True, separators=(",", ":"))
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "knobs": _jsonable(self.values)}
+
+    @staticmethod
+    def from_json(d: dict, template: str = "") -> ConfigEntity:
+        return ConfigEntity(int(d.get("index", -1)), {k: _tupled(v) for k, v in d["knobs"].items()}, template)
+
+    def __str__(self) -> str:
+        body = ", ".join(f"{k}={_short(v)}" for k, v in self.values.items())
+        return f"[{self.index}] {body}"
+
+
+def _short(v: Any) -> str:
+    return "x".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def _tupled(x: Any) -> Any:
+    return tuple(_tupled(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+def as_config(cfg: ConfigBase | None) -> ConfigBase:
+    """A template's config: the one given, or a fresh space (every knob at its fallback value)."""
+    return ConfigSpace() if cfg is None else cfg
+
+
+# ------------------------------------------------------------------------------------------------
+# reading the best records of a tuning log (the writer lives in ember.tune.log)
+# ------------------------------------------------------------------------------------------------
+def read_records(path: str | Path) -> Iterator[dict]:
+    """The records of a JSON-lines tuning log; a torn last line (a killed writer) is skipped."""
+    p = Path(path)
+    if not p.exists():
+        return
+    with p.open() as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and "workload" in rec and "config" in rec:
+                yield rec
+
+
+def target_kind(target: str) -> str:
+    return str(target).split()[0] if str(target).strip() else ""
+
+
+def load_best(path: str | Path, target: str) -> dict[str, ConfigEntity]:
+    """Best (lowest cost) config per workload among the log's successful records for `target`:
+    records of exactly this target win over records of the same target kind ("c", "llvm")."""
+    best: dict[str, tuple[tuple[int, float], dict]] = {}
+    for rec in read_records(path):
+        cost = rec.get("cost")
+        if rec.get("error") or cost is None:
+            continue
+        rt = str(rec.get("target", ""))
+        if rt == str(target):
+            rank = 0
+        elif target_kind(rt) == target_kind(str(target)):
+            rank = 1
+        else:
+            continue
+        score = (rank, float(cost))
+        w = rec["workload"]
+        if w not in best or score < best[w][0]:
+            best[w] = (score, rec)
+    return {w: ConfigEntity.from_json(rec["config"], rec.get("template", "")) for w, (_, rec) in best.items()}

@@ -1,0 +1,62 @@
+"""`ember tune MODEL --trials N --log LOG [--tuner xgb|ga|random|grid] [--target T] [--plot PNG]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="path to an .onnx file")
+    p.add_argument("--trials", type=int, default=64, help="measurements per tunable workload (default 64)")
+    p.add_argument("--log", required=True, help="JSON-lines tuning log (appended; a re-run resumes from it)")
+    p.add_argument("--tuner", default="xgb", choices=["xgb", "ga", "random", "grid"])
+    p.add_argument("--target", default="c")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8, help="candidates built in parallel, then measured")
+    p.add_argument("--max-tasks", type=int, default=None, help="tune only the N heaviest workloads")
+    p.add_argument("--plot", metavar="PNG", help="plot best GFLOP/s so far vs trials (needs matplotlib)")
+    p.add_argument("--run-timeout", type=float, default=20.0, help="seconds before a candidate run is killed")
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from ember.frontend.onnx import ModelError
+    from ember.frontend.show import parse_shape
+    from ember.tune.driver import plot_history, summary_table, tune_tasks
+    from ember.tune.measure import Measurer
+    from ember.tune.task import extract_tasks
+
+    shapes = dict(parse_shape(x) for x in args.input_shape) or None
+    t0 = time.perf_counter()
+    try:
+        tasks = extract_tasks(args.model, args.target, input_shapes=shapes)
+    except (ModelError, FileNotFoundError, ValueError, NotImplementedError) as e:
+        print(f"ember tune: {e}", file=sys.stderr)
+        return 1
+    if args.max_tasks is not None:
+        tasks = tasks[: args.max_tasks]
+    print(f"ember tune: {args.model}: {len(tasks)} tunable workload(s), target '{args.target}', tuner {args.tuner}, "
+          f"{args.trials} trials each, log {args.log}")  # fmt: skip
+    for i, t in enumerate(tasks):
+        print(f"  [{i + 1}] {t.template:<8} x{t.weight:<3} {len(t.space):>6} configs  "
+              f"{t.flops / 1e6:9.1f} MFLOP  {t.name}")  # fmt: skip
+    if not tasks:
+        return 0
+    with Measurer(run_timeout=args.run_timeout) as m:
+        results = tune_tasks(tasks, args.tuner, args.trials, args.log, measurer=m, seed=args.seed,
+                             batch_size=args.batch_size)  # fmt: skip
+    print()
+    print(summary_table(results))
+    resumed = sum(r.resumed for r in results)
+    print(f"{sum(len(r.trials) for r in results) - resumed} measured now, {resumed} from the log; "
+          f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
+    if args.plot:
+        curves = {f"{r.task.template} {r.task.name[:40]}": [r.best_so_far] for r in results}
+        if plot_history(curves, args.plot, title=f"{args.tuner}: best GFLOP/s so far per workload"):
+            print(f"plot: {args.plot}")
+        else:
+            print("plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+    print(f"apply: ember.compile(model, tuning_log={args.log!r})  or  ember bench MODEL --tuning-log {args.log}")
+    return 0

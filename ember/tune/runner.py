@@ -1,0 +1,93 @@
+"""The runner process of `ember.tune.measure`: `python -m ember.tune.runner`.
+
+Reads requests (length-prefixed pickles) on stdin, answers on stdout: load a candidate's library,
+call it once on the task's inputs, compare with the reference, then time it. Whatever the
+candidate does to this process (a segfault, an endless loop) is seen by the parent as a crash or
+a time-out of this one candidate.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def _load_arrays(path: str, cache: dict) -> list[np.ndarray]:
+    if path not in cache:
+        with np.load(path) as z:
+            cache[path] = [z[f"a{i}"] for i in range(len(z.files))]
+    return cache[path]
+
+
+def mismatch(y: np.ndarray, r: np.ndarray, rtol: float) -> str:
+    """Why y is not r within rtol (relative to r's largest magnitude, at least 1); "" when it is."""
+    r = np.asarray(r).astype(y.dtype, copy=False)
+    if y.shape != r.shape:
+        return f"shape {y.shape}, expected {r.shape}"
+    if y.dtype.kind not in "fc":
+        n = int(np.count_nonzero(y != r))
+        return f"{n} of {y.size} elements differ" if n else ""
+    fin = np.isfinite(r)
+    if not np.array_equal(np.isfinite(y), fin) or not np.array_equal(y[~fin], r[~fin], equal_nan=True):
+        return "non-finite values differ"
+    if not fin.any():
+        return ""
+    scale = max(1.0, float(np.abs(r[fin]).max()))
+    err = float(np.abs(y[fin].astype(np.float64) - r[fin]).max())
+    return f"max abs error {err:.3g} > {rtol * scale:.3g}" if err > rtol * scale else ""
+
+
+def run_one(msg: dict, cache: dict) -> dict:
+    from ember.runtime.module import ArgSpec, Function
+
+    specs = [ArgSpec(n, tuple(s), d, w) for n, s, d, w in msg["specs"]]
+    inputs = _load_arrays(msg["inputs"], cache)
+    outputs = [np.zeros(s.shape, dtype=np.dtype(s.dtype)) for s in specs[len(inputs) :]]
+    arrays = [*inputs, *outputs]
+    fn = Function(ctypes.CDLL(msg["lib"]), msg["symbol"], specs)
+    fn(*arrays)
+    if msg.get("save"):
+        np.savez(msg["save"], **{f"a{i}": y for i, y in enumerate(outputs)})
+    if msg.get("ref"):
+        for i, (y, r) in enumerate(zip(outputs, _load_arrays(msg["ref"], cache))):
+            bad = mismatch(y, r, msg["rtol"])
+            if bad:
+                return {"error": "wrong", "detail": f"output {i}: {bad}"}
+    if msg["repeat"] <= 0:
+        return {"costs": [0.0]}
+    warmup = msg["warmup"] if cache.get("warm") else max(msg["warmup"], 0.3)  # a fresh process: clocks, pages
+    cache["warm"] = True
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warmup:
+        fn.call_unchecked(arrays)
+    r = fn.benchmark(*arrays, repeat=msg["repeat"], min_time=msg["min_time"], warmup=1)
+    return {"costs": r["runs"]}
+
+
+def main() -> None:
+    from ember.tune.measure import recv_msg, send_msg
+
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol
+    inp = sys.stdin.buffer
+    cache: dict = {}
+    while True:
+        try:
+            msg = recv_msg(inp)
+        except EOFError:
+            return
+        if msg is None:
+            return
+        try:
+            res = run_one(msg, cache)
+        except Exception as e:
+            res = {"error": "runtime", "detail": f"{type(e).__name__}: {e}"[:2000]}
+        send_msg(out, res)
+
+
+if __name__ == "__main__":
+    main()

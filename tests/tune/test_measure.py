@@ -1,0 +1,78 @@
+"""Measurement survives bad candidates: a compile error, a segfault, a hang and a wrong answer are
+recorded as errors with their reasons, and the next candidates are measured as usual."""
+
+import numpy as np
+
+from ember import te
+from ember.tune import Measurer, Task, TuningLog, tune_task
+
+N = 64
+
+
+def planted(cfg):
+    """A template whose `mode` knob plants a bad candidate (module level: built in worker processes)."""
+    mode = cfg.define_knob("mode", ["ok", "crash", "hang", "wrong", "bad_build", "ok2"])
+    A = te.placeholder((N,), "float32", name="A")
+    if mode == "bad_build":
+        raise ValueError("this config cannot be built")
+    if mode == "crash":  # reads ~1.6 GB past the end of A: a segfault
+        C = te.compute((N,), lambda i: A[(i + 1) * 400_000_000], name="C")
+    elif mode == "hang":  # 10^10 dependent float adds: far past the time limit
+        r1 = te.reduce_axis((0, 100_000), name="r1")
+        r2 = te.reduce_axis((0, 100_000), name="r2")
+        C = te.compute((N,), lambda i: te.sum(A[(i + r1 + r2) % N], axis=[r1, r2]), name="C")
+    elif mode == "wrong":
+        C = te.compute((N,), lambda i: A[i] + 1.0, name="C")
+    else:
+        C = te.compute((N,), lambda i: A[i] * 2.0, name="C")
+    s = te.create_schedule(C)
+    if mode == "ok2":
+        _, xi = s[C].split(C.op.axis[0], 8)
+        s[C].unroll(xi)
+    return s, [A, C]
+
+
+def reference(inputs):
+    return [inputs[0] * 2.0]
+
+
+def test_planted_bad_candidates_are_survived(tmp_path):
+    task = Task.from_template("planted", planted, reference_fn=reference)
+    space = task.space
+    assert len(space) == 6
+    configs = [space.entity({"mode": m}) for m in ("ok", "crash", "hang", "wrong", "bad_build", "ok2")]
+    with Measurer(n_parallel=2, run_timeout=3.0, repeat=2, min_time=0.001, warmup=0.0) as m:
+        results = m.measure(task, configs)
+        again = m.measure(task, [configs[0]])  # the runner was restarted after the crash and the hang
+    kinds = [r.error for r in results]
+    assert kinds == [None, "crash", "timeout", "wrong", "compile", None], [(r.error, r.detail) for r in results]
+    assert "SIGSEGV" in results[1].detail or "signal" in results[1].detail
+    assert "within 3 s" in results[2].detail
+    assert "max abs error" in results[3].detail
+    assert "cannot be built" in results[4].detail
+    assert results[0].ok and results[0].cost > 0 and results[5].ok
+    assert again[0].ok
+
+
+def test_tuning_goes_on_past_errors(tmp_path):
+    task = Task.from_template("planted", planted, reference_fn=reference)
+    log = TuningLog(tmp_path / "log.jsonl")
+    with Measurer(n_parallel=2, run_timeout=3.0, repeat=1, min_time=0.001, warmup=0.0) as m:
+        res = tune_task(task, "grid", 6, m, log=log, batch_size=3)
+    assert len(res.trials) == 6 and res.n_errors == 4
+    assert res.best_config is not None and res.best_config["mode"] in ("ok", "ok2")
+    recs = log.records()
+    assert len(recs) == 6
+    errs = {r["config"]["knobs"]["mode"]: r["error"] for r in recs}
+    assert errs["ok"] is None and errs["crash"]["kind"] == "crash" and errs["hang"]["kind"] == "timeout"
+    best = log.best(task.target)[task.workload]
+    assert best["mode"] in ("ok", "ok2")
+
+
+def test_reference_from_fallback_when_no_numpy_reference():
+    task = Task.from_template("planted", planted)  # no reference_fn: the fallback config ("ok") is the oracle
+    cfgs = [task.space.entity({"mode": "ok2"}), task.space.entity({"mode": "wrong"})]
+    with Measurer(n_parallel=1, run_timeout=5.0, repeat=1, min_time=0.001, warmup=0.0) as m:
+        ok, wrong = m.measure(task, cfgs)
+    assert ok.ok and wrong.error == "wrong"
+    assert np.isfinite(ok.cost)

@@ -1,0 +1,49 @@
+"""Every point of a small GEMM space and a small conv space computes the right answer (numpy reference)."""
+
+import pytest
+
+from ember.ops import nn_templates as T
+from ember.tune import Measurer, Task
+
+LANES = T.lanes_of("float32", T.host_target())
+
+CASES = [
+    ("MatMul", [(8, 1), (1, LANES)], {}),  # GEMM: 7 row tiles x 2 orders x packed or not x 4 tile unrolls
+    ("Conv", [(1, 3, 1, 2), (LANES, 3, 3, 3)],
+     {"pads": (1, 1, 1, 1), "strides": (1, 1), "dilations": (1, 1)}),  # conv_oc: widths x orders x unrolls
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("op,inputs,attrs", CASES, ids=["gemm", "conv"])
+def test_every_point_is_correct(op, inputs, attrs):
+    task = Task.from_op(op, inputs, attrs)
+    space = task.space
+    assert 8 <= len(space) <= 120, space
+    with Measurer(n_parallel=2, repeat=0, run_timeout=20.0) as m:  # repeat=0: check the answer, skip timing
+        results = m.measure(task, list(space))
+    bad = [(r.config, r.error, r.detail) for r in results if not r.ok]
+    assert not bad, bad[:3]
+
+
+def test_conv1x1_tunes_through_the_gemm_template():
+    task = Task.from_op("Conv", [(1, 3, 4, 2 * LANES), (12, 3, 1, 1)],
+                        {"pads": (0, 0, 0, 0), "strides": (1, 1), "dilations": (1, 1)})  # fmt: skip
+    assert task.space.template == "gemm"
+    space = task.space
+    pts = [space.get(i) for i in range(0, len(space), max(1, len(space) // 6))]
+    pts += [space.entity({"tile_k": (-1, 2), "tile_m": (-1, 5), "pack_b": pb}) for pb in (True, False)]  # 3 % 2
+    with Measurer(n_parallel=2, repeat=0) as m:
+        results = m.measure(task, pts)
+    assert all(r.ok for r in results), [(r.error, r.detail) for r in results if not r.ok]
+
+
+def test_conv_row_tiles_and_partial_width_tiles():
+    task = Task.from_op("Conv", [(1, 3, 5, 5), (2 * LANES, 3, 3, 3)],
+                        {"pads": (1, 1, 1, 1), "strides": (1, 1), "dilations": (1, 1)})  # fmt: skip
+    space = task.space
+    pts = [space.entity({"tile_oh": (-1, 2), "tile_ow": (-1, w), "tile_oc": (-1, oc), "reduce_order": o})
+           for w, oc, o in [(2, LANES, "k_rc"), (3, 2 * LANES, "kh_rc_kw"), (4, LANES, "rc_k")]]  # fmt: skip
+    pts.append(space.entity({"tile_oh": (-1, 2), "unroll_tile": ("none", "none"), "unroll_kw": True}))
+    with Measurer(n_parallel=2, repeat=0) as m:
+        results = m.measure(task, pts)
+    assert all(r.ok for r in results), [(r.error, r.detail) for r in results if not r.ok]

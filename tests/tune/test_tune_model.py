@@ -1,0 +1,105 @@
+"""Task extraction matches the compiler's kernels; a log's best configs are applied by ember.compile;
+`ember tune` killed mid-run and restarted loses no record and measures nothing twice."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ember
+from ember.ops import nn_templates as T
+from ember.tune import TuningLog, extract_tasks
+
+LANES = T.lanes_of("float32", T.host_target())
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def small_model() -> onnx.ModelProto:
+    """conv A (4 -> LANES) -> relu -> conv B -> relu -> conv C (B's workload again) -> relu."""
+    rng = np.random.default_rng(0)
+    c = LANES
+
+    def conv(name, x, cin):
+        w = numpy_helper.from_array(rng.standard_normal((c, cin, 3, 3)).astype(np.float32) * 0.2, f"{name}_w")
+        b = numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), f"{name}_b")
+        node = helper.make_node("Conv", [x, f"{name}_w", f"{name}_b"], [f"{name}_y"], pads=[1, 1, 1, 1])
+        relu = helper.make_node("Relu", [f"{name}_y"], [f"{name}_r"])
+        return [node, relu], [w, b]
+
+    nodes, inits = [], []
+    x = "x"
+    for name, cin in (("a", 4), ("b", c), ("c", c)):
+        n, i = conv(name, x, cin)
+        nodes += n
+        inits += i
+        x = f"{name}_r"
+    g = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, c, 6, 6])], inits)  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("model") / "small.onnx"
+    onnx.save(small_model(), str(p))
+    return p
+
+
+def test_extract_tasks_and_apply_best(model_path, tmp_path):
+    tasks = extract_tasks(str(model_path), "c")
+    assert sorted(t.weight for t in tasks) == [1, 2]
+    assert all(t.template == "conv_oc" and len(t.space) > 1 for t in tasks)
+    assert len({t.workload for t in tasks}) == 2
+    # a log naming a non-default config for each workload: ember.compile applies it, the answer is unchanged
+    log = TuningLog(tmp_path / "log.jsonl")
+    recs = []
+    for t in tasks:
+        cfg = t.space.entity({"tile_ow": (-1, 1), "unroll_tile": ("none", "unroll")})
+        assert cfg.index != t.space.fallback().index
+        recs.append({"workload": t.workload, "template": t.template, "target": t.target, "config": cfg.to_json(),
+                     "cost": 1e-6, "error": None})  # fmt: skip
+    log.append(recs)
+    x = np.random.default_rng(1).standard_normal((1, 4, 6, 6)).astype(np.float32)
+    base = ember.compile(str(model_path), "c")
+    tuned = ember.compile(str(model_path), "c", tuning_log=str(log.path))
+    assert tuned.summary()["tuned_workloads"] == 2
+    assert tuned.source != base.source
+    np.testing.assert_allclose(tuned(x), base(x), rtol=1e-5, atol=1e-5)
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_cli_tune_killed_and_resumed(model_path, tmp_path):
+    log = tmp_path / "tune.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "ember.cli", "tune", str(model_path), "--trials", "4", "--log", str(log),
+           "--tuner", "random", "--batch-size", "2"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.time() + 60
+    while time.time() < deadline and len(_records(log)) < 2 and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = _records(log)
+    assert 2 <= len(first) < 8, "the run was not killed mid-way"
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    final = _records(log)
+    assert final[: len(first)] == first  # nothing lost or rewritten
+    assert len(final) == 8  # 4 trials x 2 workloads in all: nothing measured twice
+    keys = [(r["workload"], json.dumps(r["config"]["knobs"], sort_keys=True)) for r in final]
+    assert len(set(keys)) == len(keys)
+    assert "measured now" in out.stdout and f"{len(first)} from the log" in out.stdout
