@@ -8,8 +8,10 @@ BERT-base-like encoder with 4 layers at sequence 128, 5 x (Conv, BN, ReLU) at 64
 at batch 64) with random weights, exported to ONNX with torch.onnx. Without torch, the same
 architectures come from `ember.zoo` (ONNX built directly) and the torch column is left out.
 
-Per model and thread count: median latency of each system (runs interleaved after warm-up),
-the ratio to Ember, Ember's compile time, and the max relative difference from onnxruntime.
+Per model and thread count: median latency of each system (after warm-up, the systems take turns
+in blocks of a few runs, with a pause before each block and its first run not counted, so that
+one system's idle worker threads do not steal CPU from the next; ONNX Runtime's threads do not
+spin), the ratio to Ember, Ember's compile time, and the max relative difference from onnxruntime.
 The last lines give the geometric means of the ratios.
 """
 
@@ -217,6 +219,9 @@ def build(name: str) -> tuple[onnx.ModelProto, Callable | None, dict[str, np.nda
     return model, run_torch, feeds
 
 
+BLOCK = 5  # runs of one system in a row
+
+
 def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -234,6 +239,7 @@ def bench_model(name: str, threads: int, repeat: int, tuning_log: str | None) ->
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle ORT threads must not steal CPU
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     ref = sess.run(None, feeds)
     ours = list(m.run(feeds).values())
@@ -246,9 +252,12 @@ def bench_model(name: str, threads: int, repeat: int, tuning_log: str | None) ->
         for _ in range(3):
             fn()
     times: dict[str, list[float]] = {k: [] for k in systems}
-    for _ in range(repeat):  # interleaved, so drifts of a shared machine hit every system alike
+    blocks = max(1, repeat // BLOCK)
+    for _ in range(blocks):  # systems in turn, a block each, so drifts of a shared machine hit every system alike
         for k, fn in systems.items():
-            times[k].append(timed(fn))
+            time.sleep(0.05)  # the previous system's worker threads go idle
+            fn()  # the first run after a switch warms caches and wakes this system's threads: not counted
+            times[k] += [timed(fn) for _ in range(-(-repeat // blocks))]
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     s = m.summary()
     return {"ms": med, "ratio": {k: med[k] / med["ember"] for k in med}, "compile_s": s["compile_seconds"],

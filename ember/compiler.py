@@ -382,7 +382,7 @@ def compile(  # noqa: A001
     nodes = len(graph.nodes)
     t_import = time.perf_counter()
     graph = graph.copy()
-    graph, pass_report = run_passes(graph, opt_level=opt_level, disabled=disabled_passes)
+    graph, pass_report = run_passes(graph, opt_level=opt_level, disabled=disabled_passes, target=target)
     t_passes = time.perf_counter()
     _deep_enough()
     configs = load_best(tuning_log, str(target)) if tuning_log else {}

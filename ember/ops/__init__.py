@@ -4,7 +4,22 @@ Importing this package registers every operator in `OPS`. Modules group operator
 kind; each operator is defined exactly once, by its table row or `@op` entry.
 """
 
-from ember.ops import broadcast, control, elemwise, fused, ml, nn, quant, reduce, resize, rnn, signal, tensor, vision  # noqa: F401, E501  (registers operators)
+from ember.ops import (  # noqa: F401  (registers operators)
+    broadcast,
+    control,
+    elemwise,
+    fused,
+    layout,
+    ml,
+    nn,
+    quant,
+    reduce,
+    resize,
+    rnn,
+    signal,
+    tensor,
+    vision,
+)
 from ember.ops.common import ShapeError
 from ember.ops.opdef import (
     OPS,

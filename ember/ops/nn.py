@@ -403,22 +403,29 @@ def _average_pool_compute(a: dict, x: Tensor) -> Tensor:
     if not x.dtype.is_float:
         raise NotLowerable(f"AveragePool on {x.dtype}")
     acc, win, pads = _pool_acc(a, x, 0.0, te.sum, name="avgpool")
-    nd = len(win.kernel)
-    include = bool(a["count_include_pad"])
+    count = window_count(x.shape[2:], pads, win, bool(a["count_include_pad"]), x.dtype)
+    return _pool_out(acc, lambda v, i: v / count(i[2:]), "avgpool")
 
-    def count(i):
+
+def window_count(size: tuple[int, ...], pads: tuple[int, ...], win: T.Window, include_pad: bool, dtype):
+    """count(out_pos): the number of cells of the window at output position out_pos (spatial indices)
+    inside the input of spatial shape `size` (include_pad: inside the explicitly padded input; never
+    the ceil_mode overhang), counted per axis."""
+    nd = len(win.kernel)
+
+    def count(pos):
         total = te.const(1)
         for d in range(nd):
-            size, pb, pe = x.shape[2 + d], pads[d], pads[nd + d]
-            lo, hi = (-pb, size + pe) if include else (0, size)
-            base = i[2 + d] * win.strides[d] - pb
+            pb, pe = pads[d], pads[nd + d]
+            lo, hi = (-pb, size[d] + pe) if include_pad else (0, size[d])
+            base = pos[d] * win.strides[d] - pb
             dil, k = win.dilations[d], win.kernel[d]
             first = te.maximum((lo - base + dil - 1) // dil, 0)
             last = te.minimum((hi - 1 - base) // dil, k - 1)
             total = total * te.maximum(last - first + 1, 0)
-        return te.cast(total, x.dtype)
+        return te.cast(total, dtype)
 
-    return _pool_out(acc, lambda v, i: v / count(i), "avgpool")
+    return count
 
 
 @op("LpPool", Pattern.OPAQUE, infer=_pool_infer, attrs=POOL_ATTRS + [Attr("p", "int", 2)])

@@ -3,8 +3,9 @@
     graph, report = run_passes(graph, opt_level=3, disabled=["fuse_ops"], verify=True)
 
 `PASSES` lists them in pipeline order; a pass runs when `opt_level >= pass.opt_level` and its name
-is not disabled. `report` has each pass's seconds and node count after it; `dump_after=NAME`
-prints the graph after that pass (`ember show MODEL --after NAME`).
+is not disabled; passes that decide by target (layouts) get `target` (default: the host CPU).
+`report` has each pass's seconds and node count after it; `dump_after=NAME` prints the graph after
+that pass (`ember show MODEL --after NAME`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ember.graph.ir import Graph
+from ember.target import Target
 
 from .batchnorm import fold_batchnorm
 from .cleanup import dead_code_elimination, eliminate_common_subexpr, fold_constant
 from .control import unroll_scan
 from .fuse import fuse_ops
+from .layout import convert_layout
 from .simplify import simplify
 
 
@@ -28,6 +31,7 @@ class Pass:
     fn: Callable[[Graph], Graph]
     opt_level: int
     doc: str
+    takes_target: bool = False  # fn(graph, target=...): decisions for the compilation target
 
 
 PASSES: list[Pass] = [
@@ -38,6 +42,8 @@ PASSES: list[Pass] = [
     Pass("fold_constant", fold_constant, 1, "evaluate subgraphs whose inputs are all constants"),
     Pass("eliminate_common_subexpr", eliminate_common_subexpr, 2, "merge identical nodes and constants"),
     Pass("dead_code_elimination", dead_code_elimination, 1, "drop nodes whose outputs are unused"),
+    Pass("convert_layout", convert_layout, 3, "convolutions and the ops between them to NCHW[x]c", takes_target=True),
+    Pass("fold_constant", fold_constant, 3, "evaluate subgraphs whose inputs are all constants (re-laid out weights)"),
     Pass("fuse_ops", fuse_ops, 1, "group operators into kernels by pattern kind (Fused nodes)"),
 ]
 
@@ -57,6 +63,7 @@ def run_passes(
     verify: bool = False,
     dump_after: str | None = None,
     passes: Sequence[Pass] | None = None,
+    target: Target | str | None = None,
 ) -> tuple[Graph, list[dict]]:
     unknown = set(disabled) - set(pass_names())
     if unknown:
@@ -68,7 +75,7 @@ def run_passes(
         if opt_level < p.opt_level or p.name in disabled:
             continue
         t0 = time.perf_counter()
-        graph = p.fn(graph)
+        graph = p.fn(graph, target=target) if p.takes_target else p.fn(graph)
         dt = time.perf_counter() - t0
         if verify:
             try:

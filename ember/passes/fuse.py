@@ -93,7 +93,7 @@ def fuse_ops(graph: Graph) -> Graph:
         for m in merged:
             group[m] = merged
 
-    groups = {id(g): g for g in group.values() if len(g) > 1}
+    groups = {id(g): g for g in group.values() if len(g) > 1 and not all(m.op in VIEWS for m in g)}  # views are free
     for members in groups.values():
         _make_fused(graph, sorted(members, key=pos.__getitem__))
     graph.topo_sort()

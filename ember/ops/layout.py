@@ -1,0 +1,313 @@
+"""Operators of the blocked layout NCHW[x]c, made by the ConvertLayout pass (`ember.passes.layout`).
+
+A layout is a string of axes: upper case letters are whole (primal) axes, a lower case letter with a
+factor is a block of its primal axis, innermost where it stands. "NCHW16c" is [N, C/16, H, W, 16],
+channel c of pixel (h, w) at [n, c // 16, h, w, c % 16]; "OIHW16i16o" packs convolution weights as
+[O/16, I/16, H, W, 16 (i), 16 (o)].
+
+- `LayoutTransform(src_layout, dst_layout)`: the same tensor in another layout (injective; on a
+  constant, such as weights, it is folded at compile time).
+- `ConvNCHWc`: 2-d convolution of x [N, C/cb, H, W, cb] with packed weights [K/kb, C/cb, KH, KW, cb,
+  kb] (`group` 1), or depthwise with weights [C/kb, 1, KH, KW, 1, kb] (`group` = C = K, cb = kb),
+  and a bias [K]; output [N, K/kb, OH, OW, kb].
+- `PoolNCHWc(mode="max"|"avg", ...)` and `GlobalPoolNCHWc(mode)`: MaxPool/AveragePool and
+  GlobalAveragePool/GlobalMaxPool on [N, C/c, H, W, c] (the ONNX attributes of those ops).
+
+References convert to NCHW, call the NCHW operator's reference and convert back. Computes use the
+templates of `ember.ops.nchwc_templates`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ember import te
+from ember.graph.types import TensorType
+from ember.ops import nchwc_templates as B
+from ember.ops import nn
+from ember.ops import nn_templates as T
+from ember.ops.common import ShapeError, window_out_dim
+from ember.ops.opdef import Attr, Pattern, one_of, op
+from ember.ops.te_lib import NotLowerable, lowering, schedule_injective
+from ember.te.tensor import Tensor
+from ember.tir.expr import Expr
+
+
+# -- layouts --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    """Axes in memory order: (letter, factor), factor 0 for a primal (upper case) axis."""
+
+    axes: tuple[tuple[str, int], ...]
+
+    @staticmethod
+    def parse(text: str) -> Layout:
+        parts = re.findall(r"(\d*)([A-Za-z])", text)
+        if "".join(n + a for n, a in parts) != text or not parts:
+            raise ValueError(f"layout {text!r}: expected letters, each lower case one after its block size")
+        axes = []
+        for num, letter in parts:
+            if letter.isupper() != (num == ""):
+                raise ValueError(f"layout {text!r}: {num}{letter}: upper case axes take no size, blocks need one")
+            if letter.islower() and int(num) < 1:
+                raise ValueError(f"layout {text!r}: block {num}{letter} must be at least 1")
+            axes.append((letter, int(num) if num else 0))
+        letters = [a for a, _ in axes]
+        if len(set(letters)) != len(letters):
+            raise ValueError(f"layout {text!r} names an axis twice")
+        if any(a.islower() and a.upper() not in letters for a in letters):
+            raise ValueError(f"layout {text!r}: a block without its axis")
+        return Layout(tuple(axes))
+
+    def __str__(self) -> str:
+        return "".join(f"{f}{a}" if f else a for a, f in self.axes)
+
+    def primal(self) -> list[str]:
+        return [a for a, f in self.axes if not f]
+
+    def block(self, primal: str) -> int:
+        """The block size of a primal axis (1 when it is not blocked)."""
+        return next((f for a, f in self.axes if a == primal.lower()), 1)
+
+    def pos(self, letter: str) -> int:
+        return [a for a, _ in self.axes].index(letter)
+
+
+def _layouts(a: dict) -> tuple[Layout, Layout]:
+    src, dst = Layout.parse(a["src_layout"]), Layout.parse(a["dst_layout"])
+    if sorted(src.primal()) != sorted(dst.primal()):
+        raise ShapeError(f"LayoutTransform {src} -> {dst}: the layouts have different axes")
+    return src, dst
+
+
+def full_extents(layout: Layout, shape: tuple[int, ...]) -> dict[str, int]:
+    """Extent of each primal axis of a tensor of `shape` in `layout`."""
+    if len(shape) != len(layout.axes):
+        raise ShapeError(f"layout {layout} has {len(layout.axes)} axes, the tensor has shape {list(shape)}")
+    for (a, f), n in zip(layout.axes, shape):
+        if f and n != f:
+            raise ShapeError(f"layout {layout}: axis {f}{a} has extent {n}, not {f}")
+    return {a: shape[layout.pos(a)] * layout.block(a) for a in layout.primal()}
+
+
+def transformed_shape(src: Layout, dst: Layout, shape: tuple[int, ...]) -> tuple[int, ...]:
+    full = full_extents(src, shape)
+    out = []
+    for a, f in dst.axes:
+        if f:
+            out.append(f)
+            continue
+        if full[a] % dst.block(a):
+            raise ShapeError(f"layout {dst}: axis {a} of extent {full[a]} does not split in blocks of {dst.block(a)}")
+        out.append(full[a] // dst.block(a))
+    return tuple(out)
+
+
+def _has_block(layout: Layout, primal: str) -> bool:
+    return any(a == primal.lower() for a, _ in layout.axes)
+
+
+def _to_primal(layout: Layout, x: np.ndarray, order: list[str]) -> np.ndarray:
+    """x in `layout` as an array of the primal axes in `order` (blocks merged into their axes)."""
+    perm, shape = [], []
+    for a in order:
+        perm += [layout.pos(a), layout.pos(a.lower())] if _has_block(layout, a) else [layout.pos(a)]
+        shape.append(x.shape[layout.pos(a)] * layout.block(a))
+    return x.transpose(perm).reshape(shape)
+
+
+def _from_primal(layout: Layout, x: np.ndarray, order: list[str]) -> np.ndarray:
+    """The inverse of `_to_primal`: primal axes in `order` to `layout`."""
+    split, names = [], []
+    for a, n in zip(order, x.shape):
+        f = layout.block(a)
+        split += [n // f, f] if _has_block(layout, a) else [n]
+        names += [a, a.lower()] if _has_block(layout, a) else [a]
+    return x.reshape(split).transpose([names.index(a) for a, _ in layout.axes])
+
+
+def relayout(x: np.ndarray, src: str, dst: str) -> np.ndarray:
+    """numpy: x converted from layout src to layout dst."""
+    s, d = Layout.parse(src), Layout.parse(dst)
+    order = s.primal()
+    return np.ascontiguousarray(_from_primal(d, _to_primal(s, x, order), order))
+
+
+# -- LayoutTransform ------------------------------------------------------------------------------------
+def _lt_infer(a: dict, x: TensorType) -> TensorType:
+    src, dst = _layouts(a)
+    return x.with_shape(transformed_shape(src, dst, x.shape))
+
+
+@op("LayoutTransform", Pattern.INJECTIVE, infer=_lt_infer,
+    attrs=[Attr("src_layout", "str"), Attr("dst_layout", "str")])  # fmt: skip
+def layout_transform(a: dict, x: np.ndarray) -> np.ndarray:
+    """x re-laid out from src_layout to dst_layout (see the module doc for layout strings)."""
+    return relayout(x, a["src_layout"], a["dst_layout"])
+
+
+@lowering("LayoutTransform", schedule=schedule_injective("layout_transform"))
+def _layout_transform_compute(a: dict, x: Tensor) -> Tensor:
+    src, dst = _layouts(a)
+    shape = transformed_shape(src, dst, x.shape)
+
+    def body(*idx):
+        full = {}
+        for (letter, f), i in zip(dst.axes, idx):
+            if not f:
+                full[letter] = full.get(letter, 0) + i * dst.block(letter)
+            else:
+                full[letter.upper()] = full.get(letter.upper(), 0) + i
+        src_idx = []
+        for letter, f in src.axes:
+            if f:
+                src_idx.append(full[letter.upper()] % f)
+            else:
+                blk = src.block(letter)
+                src_idx.append(full[letter] // blk if blk > 1 else full[letter])
+        return x[tuple(src_idx)]
+
+    return te.compute(shape, body, name="layout_transform", tag="layout_transform")
+
+
+# -- ConvNCHWc ------------------------------------------------------------------------------------------
+def _blocked(x: TensorType, what: str) -> tuple[int, int, int, int, int]:
+    if x.rank != 5:
+        raise ShapeError(f"{what} must be 5-d [N, C/c, H, W, c] (NCHW[x]c), got {x}")
+    return x.shape  # type: ignore[return-value]
+
+
+def _conv_nchwc_infer(a: dict, x: TensorType, w: TensorType, b: TensorType | None = None) -> TensorType:
+    n, cb_, h, wd, cb = _blocked(x, "ConvNCHWc input")
+    if w.rank != 6:
+        raise ShapeError(f"ConvNCHWc weight must be 6-d [K/kb, C/cb, KH, KW, cb, kb], got {w}")
+    kb_, wcb_, kh, kw, wcb, kb = w.shape
+    strides, pads, dil = nn._spatial(a, 2)
+    if a["group"] == 1:
+        if (wcb_, wcb) != (cb_, cb):
+            raise ShapeError(f"ConvNCHWc weight {w} does not match input {x}: its input blocks must be [{cb_}, {cb}]")
+    elif (a["group"], wcb_, wcb, kb_, kb) != (cb_ * cb, 1, 1, cb_, cb):
+        raise ShapeError(f"ConvNCHWc with group={a['group']} must be depthwise (group = channels, weight "
+                         f"[{cb_}, 1, KH, KW, 1, {cb}]), got input {x} and weight {w}")  # fmt: skip
+    if b is not None and b.shape != (kb_ * kb,):
+        raise ShapeError(f"ConvNCHWc bias {b} must have shape [{kb_ * kb}]")
+    oh = window_out_dim(h, kh, strides[0], (pads[0], pads[2]), dil[0])
+    ow = window_out_dim(wd, kw, strides[1], (pads[1], pads[3]), dil[1])
+    return TensorType((n, kb_, oh, ow, kb), x.dtype)
+
+
+def _to_nchw(x: np.ndarray) -> np.ndarray:
+    return relayout(x, f"NCHW{x.shape[-1]}c", "NCHW")
+
+
+def _to_nchwc(x: np.ndarray, block: int) -> np.ndarray:
+    return relayout(x, "NCHW", f"NCHW{block}c")
+
+
+@op("ConvNCHWc", Pattern.OUT_ELEMWISE_FUSABLE, infer=_conv_nchwc_infer, inputs=(2, 3), attrs=nn.CONV_ATTRS)
+def conv_nchwc(a: dict, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """Conv in the blocked layout: x NCHW[cb]c, weights OIHW[cb]i[kb]o, output NCHW[kb]c."""
+    kb, cb = w.shape[-1], w.shape[-2]
+    wl = relayout(w, f"OIHW{cb}i{kb}o", "OIHW")
+    return _to_nchwc(nn.conv(a, _to_nchw(x), wl, b), kb)
+
+
+@lowering("ConvNCHWc", schedule=T.schedule_nn)
+def _conv_nchwc_compute(a: dict, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    strides, pads, dil = nn._spatial(a, 2)
+    kh, kw, kb = w.shape[2], w.shape[3], w.shape[5]
+    n, _, h, wd, _ = x.shape
+    out = (window_out_dim(h, kh, strides[0], (pads[0], pads[2]), dil[0]),
+           window_out_dim(wd, kw, strides[1], (pads[1], pads[3]), dil[1]))  # fmt: skip
+    acc, read = B.conv_nchwc_acc(x, w, pads, T.Window((kh, kw), strides, dil, out), a["group"] > 1, name="conv_acc")
+
+    def body(n_, k_, oh, ow, v):
+        val = read(n_, k_, oh, ow, v)
+        return val + b[k_ * kb + v] if b is not None else val
+
+    return te.compute((n, w.shape[0], *out, kb), body, name="conv_nchwc",
+                      attrs={"template": "conv_nchwc" if a["group"] == 1 else "window_nchwc", "acc": acc})  # fmt: skip
+
+
+# -- pooling ----------------------------------------------------------------------------------------------
+MODE = Attr("mode", "str", **one_of("max", "avg"))
+POOL_NCHWC_ATTRS = [MODE, *nn.POOL_ATTRS, Attr("count_include_pad", "int", 0)]
+
+
+def _pool_nchwc_infer(a: dict, x: TensorType) -> TensorType:
+    _blocked(x, "PoolNCHWc input")
+    if len(a["kernel_shape"]) != 2:
+        raise ShapeError(f"PoolNCHWc needs a 2-d kernel, got {list(a['kernel_shape'])}")
+    nchw = (x.shape[0], x.shape[1] * x.shape[4], x.shape[2], x.shape[3])
+    oh, ow = nn._pool_dims(a, nchw)
+    return x.with_shape((x.shape[0], x.shape[1], oh, ow, x.shape[4]))
+
+
+@op("PoolNCHWc", Pattern.OPAQUE, infer=_pool_nchwc_infer, attrs=POOL_NCHWC_ATTRS)
+def pool_nchwc(a: dict, x: np.ndarray) -> np.ndarray:
+    """MaxPool (mode "max") or AveragePool (mode "avg") of x in NCHW[c]c."""
+    attrs = {p.name: a[p.name] for p in nn.POOL_ATTRS}
+    if a["mode"] == "max":
+        y = nn.max_pool({**attrs, "storage_order": 0}, _to_nchw(x))[0]
+    else:
+        y = nn.average_pool({**attrs, "count_include_pad": a["count_include_pad"]}, _to_nchw(x))
+    return _to_nchwc(y, x.shape[-1])
+
+
+@lowering("PoolNCHWc", schedule=T.schedule_nn)
+def _pool_nchwc_compute(a: dict, x: Tensor) -> Tensor:
+    if not x.dtype.is_float:
+        raise NotLowerable(f"PoolNCHWc on {x.dtype}")
+    strides, pads, dil = nn._spatial(a, 2)
+    ks = a["kernel_shape"]
+    size = x.shape[2:4]
+    out = nn._pool_dims(a, (x.shape[0], x.shape[1] * x.shape[4], *size))
+    extra = [max(0, (out[i] - 1) * strides[i] + dil[i] * (ks[i] - 1) + 1 - size[i] - pads[i] - pads[i + 2])
+             for i in range(2)]  # fmt: skip
+    win = T.Window(tuple(ks), strides, dil, tuple(out))
+    ends = (pads[2] + extra[0], pads[3] + extra[1])
+    if a["mode"] == "max":
+        acc, read = B.window_nchwc_acc(x, (*pads[:2], *ends), te.const(-np.inf, x.dtype), win, te.max, name="maxpool")
+
+        def body(*i: Expr) -> Expr:
+            return read(*i)
+    else:
+        acc, read = B.window_nchwc_acc(x, (*pads[:2], *ends), T.zero(x.dtype), win, te.sum, name="avgpool")
+        count = nn.window_count(size, pads, win, bool(a["count_include_pad"]), x.dtype)
+
+        def body(*i: Expr) -> Expr:
+            return read(*i) / count(i[2:4])
+
+    return te.compute(acc.shape, body, name=f"{a['mode']}pool_nchwc", attrs={"template": "window_nchwc", "acc": acc})
+
+
+def _global_pool_nchwc_infer(a: dict, x: TensorType) -> TensorType:
+    _blocked(x, "GlobalPoolNCHWc input")
+    return x.with_shape((x.shape[0], x.shape[1], 1, 1, x.shape[4]))
+
+
+@op("GlobalPoolNCHWc", Pattern.REDUCTION, infer=_global_pool_nchwc_infer, attrs=[MODE])
+def global_pool_nchwc(a: dict, x: np.ndarray) -> np.ndarray:
+    """GlobalMaxPool (mode "max") or GlobalAveragePool (mode "avg") of x in NCHW[c]c."""
+    fn = nn.global_max_pool if a["mode"] == "max" else nn.global_average_pool
+    return _to_nchwc(fn({}, _to_nchw(x)), x.shape[-1])
+
+
+@lowering("GlobalPoolNCHWc", schedule=T.schedule_nn)
+def _global_pool_nchwc_compute(a: dict, x: Tensor) -> Tensor:
+    if not x.dtype.is_float:
+        raise NotLowerable(f"GlobalPoolNCHWc on {x.dtype}")
+    h, w = x.shape[2:4]
+    win = T.Window((h, w), (1, 1), (1, 1), (1, 1))
+    reducer = te.max if a["mode"] == "max" else te.sum
+    acc, read = B.window_nchwc_acc(x, (0, 0, 0, 0), T.zero(x.dtype), win, reducer, name=f"global_{a['mode']}pool")
+    scale = 1.0 / (h * w)
+
+    def body(*i: Expr) -> Expr:
+        return read(*i) * te.const(scale, x.dtype) if a["mode"] == "avg" else read(*i)
+
+    return te.compute(acc.shape, body, name=f"global_{a['mode']}pool_nchwc",
+                      attrs={"template": "window_nchwc", "acc": acc})  # fmt: skip

@@ -1,0 +1,207 @@
+"""Compute/schedule templates of the blocked layout NCHW[x]c, for the ops of `ember.ops.layout`.
+
+A blocked tensor [N, C/x, H, W, x] holds x channels (one vector of the target) contiguously at each
+pixel, so channel vectors load and store whole, at any stride:
+
+- dense convolution (`conv_nchwc_acc`, template "conv_nchwc"): a register tile of `owt` output
+  positions x `kbt` blocks of output channels, each block one vector; the input element of each
+  position is broadcast and multiplied by the weight vectors, weights pre-packed at compile time as
+  [K/kb, C/cb, KH, KW, cb, kb] (`ember.passes.layout` folds the re-layout of the constant). The
+  reduction loops (input channel blocks, kernel rows, kernel columns, channels of a block) run
+  outside the tile, the input channels of a block innermost: both operands are read contiguously.
+- window reductions with one channel vector per position (`window_nchwc_acc`, template
+  "window_nchwc"): depthwise convolution, max/average pooling, global pooling. A tile of `owt`
+  positions, the reduction over the window outside it.
+
+The output of a template is the op's epilogue stage (bias, a fused relu or residual add, the
+average's division), tiled as the accumulation and computed from its registers; the outer tile
+loops run in parallel (batch, channel blocks, output rows) when there is enough work. Padding is
+one materialized copy of the input (tag "nn_pad"), scheduled with the templates of
+`ember.ops.nn_templates`, which dispatches on the template names registered here.
+
+Tile choices are made in one place, `nchwc_plan` (marked below): tuning changes them there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ember import te
+from ember.ops.nn_templates import SCHEDULES, Window, _work, host_target, lanes_of, pad_input, vector_regs, zero
+from ember.target import Target
+from ember.te.tensor import Tensor
+from ember.tir.dtype import DType
+from ember.tir.expr import Expr
+
+
+@dataclass(frozen=True)
+class NCHWcPlan:
+    kbt: int  # blocks of output channels per register tile (window ops: 1)
+    owt: int  # output positions per register tile along a row
+    oht: int = 1  # rows per register tile (whole rows fit in one tile: short rows)
+
+
+PANEL_BYTES = 512 << 10  # weights of one channel-block tile that stay in L2 while the rows of a map reuse them
+
+
+# -----------------------------------------------------------------------------------------------------
+# TILE CHOICES of the blocked templates: the one place to change them (tuning overrides them here)
+# -----------------------------------------------------------------------------------------------------
+def nchwc_plan(KB: int, block: int, out: tuple[int, int], dtype: DType | str, panel: int = 0,
+               target: Target | None = None) -> NCHWcPlan:  # fmt: skip
+    """A register tile of output positions x output channel vectors that fills the accumulators (all
+    vector registers but 4: weights, the broadcast input). Dense convolutions (`panel`: bytes of the
+    weights of one output channel block) take 2 channel vectors per tile (each broadcast input element
+    feeds 2 FMAs, each weight vector `owt`), 4 when rows are short (7x7 maps), fewer when the weights
+    of the tile would not stay in L2 (`PANEL_BYTES`) for the next row; window ops one. A row is split
+    into balanced tiles; short rows are taken whole, several per tile."""
+    target = target or host_target()
+    oh, ow = out
+    vecs = max(1, block // lanes_of(dtype, target))  # vectors per channel block
+    accs = vector_regs(target) - 4
+    kbt = 1
+    if panel:
+        want = 4 if ow <= 8 else 2
+        kbt = max(d for d in range(1, KB + 1) if KB % d == 0 and d * vecs <= max(want, vecs)
+                  and (d == 1 or d * panel <= PANEL_BYTES))  # fmt: skip
+    owt = max(1, min(ow, accs // (kbt * vecs)))
+    owt = -(-ow // -(-ow // owt))
+    oht = 1
+    if owt == ow:
+        oht = max(1, min(oh, accs // (kbt * vecs * owt)))
+        oht = -(-oh // -(-oh // oht))
+    return NCHWcPlan(kbt, owt, oht)
+
+
+# -----------------------------------------------------------------------------------------------------
+# computes
+# -----------------------------------------------------------------------------------------------------
+def pad_nchwc(x: Tensor, before: Sequence[int], after: Sequence[int], value: Expr, name: str) -> Tensor:
+    """x [N, CB, *spatial, cb] padded along its spatial dims, inlined into its reader: loop partitioning
+    confines the bounds checks to the tiles at the borders, and no copy of the input is made."""
+    return pad_input(lambda *i: x[i], x.shape, (*before, 0), (*after, 0), value, x.dtype, name=name,
+                     materialize=False)  # fmt: skip
+
+
+def conv_nchwc_acc(x: Tensor, w: Tensor, pads: Sequence[int], win: Window, depthwise: bool,
+                   name: str = "conv") -> tuple[Tensor, Callable[..., Expr]]:  # fmt: skip
+    """The accumulation of a 2-d convolution in NCHW[x]c: x [N, C/cb, H, W, cb], weights packed
+    [K/kb, C/cb, KH, KW, cb, kb] (depthwise: [C/kb, 1, KH, KW, 1, kb]). Returns (acc, read): read(n,
+    kb_, oh, ow, k) is the accumulated output element."""
+    N, CB, H, W, cb = x.shape
+    KB, _, KH, KW, _, kb = w.shape
+    OH, OW = win.out
+    (sh, sw), (dh, dw) = win.strides, win.dilations
+    if depthwise:
+        return window_nchwc_acc(x, pads, zero(x.dtype), win, te.sum, lambda v, c, kh, kw, k: v * w[c, 0, kh, kw, 0, k],
+                                name=name)  # fmt: skip
+    plan = nchwc_plan(KB, kb, (OH, OW), x.dtype, panel=CB * cb * KH * KW * kb * x.dtype.bits // 8)
+    rcb = te.reduce_axis((0, CB), name="rcb")
+    rc = te.reduce_axis((0, cb), name="rc")
+    xp = pad_nchwc(x, pads[:2], pads[2:], zero(x.dtype), name=f"{name}_pad")
+    rkh = te.reduce_axis((0, KH), name="rkh")
+    rkw = te.reduce_axis((0, KW), name="rkw")
+
+    def body(n, k, oh, ow, v):
+        xv = xp[n, rcb, oh * sh + rkh * dh, ow * sw + rkw * dw, rc]
+        return te.sum(xv * w[k, rcb, rkh, rkw, rc, v], axis=[rcb, rkh, rkw, rc])
+
+    acc = te.compute((N, KB, OH, OW, kb), body, name=name, tag="conv_nchwc", attrs={"plan": plan})
+    return acc, lambda *i: acc[i]
+
+
+def window_nchwc_acc(
+    x: Tensor,
+    pads: Sequence[int],
+    pad_value: Expr,
+    win: Window,
+    reducer,
+    term: Callable[..., Expr] | None = None,
+    name: str = "pool",
+) -> tuple[Tensor, Callable]:
+    """reducer over each window of x [N, CB, H, W, cb] padded with pad_value (pads: begins then ends,
+    the ends may include ceil-mode overhang) of term(v, cb_, kh, kw, k), default the element v.
+    Returns (acc, read) as `conv_nchwc_acc`."""
+    N, CB, H, W, cb = x.shape
+    OH, OW = win.out
+    (sh, sw), (dh, dw) = win.strides, win.dilations
+    plan = nchwc_plan(1, cb, (OH, OW), x.dtype)
+    xp = pad_nchwc(x, pads[:2], pads[2:], pad_value, name=f"{name}_pad")
+    rkh = te.reduce_axis((0, win.kernel[0]), name="rkh")
+    rkw = te.reduce_axis((0, win.kernel[1]), name="rkw")
+
+    def body(n, c, oh, ow, k):
+        v = xp[n, c, oh * sh + rkh * dh, ow * sw + rkw * dw, k]
+        return reducer(term(v, c, rkh, rkw, k) if term else v, axis=[rkh, rkw])
+
+    acc = te.compute((N, CB, OH, OW, cb), body, name=name, tag="window_nchwc", attrs={"plan": plan})
+    return acc, lambda *i: acc[i]
+
+
+# -----------------------------------------------------------------------------------------------------
+# schedules
+# -----------------------------------------------------------------------------------------------------
+def _vector_axis(st: te.Stage, axis, block: int, lanes: int) -> list:
+    """The channel axis of a tile in vectors: vectorized whole when it fits one register, else split
+    into unrolled vectors. Returns the loops it became."""
+    if block <= lanes:
+        st.vectorize(axis)
+        return [axis]
+    vo, vi = st.split(axis, lanes)
+    st.unroll(vo)
+    st.vectorize(vi)
+    return [vo, vi]
+
+
+def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
+    """Output tile = `oht` x `owt` positions x `kbt` channel blocks, accumulated in registers over the
+    reduction loops (outside the tile); the epilogue stores channel vectors. Parallel over batch,
+    channel-block tiles and chunks of rows; the rows of a chunk and the tiles of a row are serial
+    loops, which loop partitioning splits at the borders of the padded input."""
+    acc: Tensor = attrs["acc"]
+    plan: NCHWcPlan = acc.op.attrs["plan"]
+    block = acc.shape[-1]
+    lanes = lanes_of(acc.dtype, target)
+    O = s[out]
+    n, kb, oh, ow, k = O.op.axis
+    accl = s.cache_write(acc, "local")
+    s[acc].compute_inline()
+    kbo, kbi = O.split(kb, plan.kbt)
+    tiles = out.shape[0] * (out.shape[1] // plan.kbt)
+    rows = -(-out.shape[2] // plan.oht)
+    chunks = _row_chunks(tiles, rows, target) if _parallel_ok(out, tiles * rows, target) else 0
+    ro, ri = O.split(oh, plan.oht)
+    oho, ohi = O.split(ro, nparts=max(chunks, 1))
+    po, pi = O.split(ow, plan.owt)
+    O.reorder(n, kbo, oho, ohi, po, ri, pi, kbi, k)
+    O.unroll(ri)
+    O.unroll(kbi)
+    O.unroll(pi)
+    _vector_axis(O, k, block, lanes)
+    L = s[accl]
+    ln, lkb, loh, low, lk = L.op.axis
+    L.reorder(ln, *L.op.reduce_axis, loh, low, lkb, lk)  # the FMAs of one broadcast input element adjacent
+    L.unroll(loh)
+    L.unroll(low)
+    L.unroll(lkb)
+    _vector_axis(L, lk, block, lanes)
+    L.compute_at(O, po)
+    if chunks:
+        O.parallel(O.fuse(n, kbo, oho))
+    return {O.name, L.name}
+
+
+def _row_chunks(tiles: int, rows: int, target: Target) -> int:
+    """Parts to split the rows of each of `tiles` channel tiles into, so that the parallel loop has at
+    least 4 iterations per thread (balanced to within a quarter of a chunk), or one per row."""
+    return min(rows, -(-4 * target.num_cores // tiles))
+
+
+def _parallel_ok(out: Tensor, chunks: int, target: Target) -> bool:
+    """Parallel when there are threads, enough work to pay for a fork/join, and a chunk per thread."""
+    return target.num_cores > 1 and chunks >= target.num_cores and _work(out) >= 1 << 16
+
+
+SCHEDULES["conv_nchwc"] = _schedule_nchwc
+SCHEDULES["window_nchwc"] = _schedule_nchwc

@@ -1,0 +1,274 @@
+"""ConvertLayout: 2-d convolutions to the blocked layout NCHW[x]c, and the ops between them along.
+
+A tensor of C channels is blocked as [N, C/x, H, W, x] with x the target's vector lanes, or the
+largest power of two >= 4 below them that divides C (`block_of`; None: it stays NCHW). Then:
+
+- a Conv (2-d, float, weights [K, C/group, KH, KW], group 1 or depthwise) whose output channels block
+  becomes `ConvNCHWc` (one whose input is not blocked yet only when it has at least `MIN_MACS`
+  multiply-adds: a small one would not pay for the transforms around it). Its weights go through
+  `LayoutTransform(OIHW -> OIHW{cb}i{kb}o)`, which `fold_constant` evaluates at compile time (the
+  pass after this one). Its input is taken blocked: as its producer made it, else through a
+  LayoutTransform, or for a channel count without a block (an RGB image) as [N, C, H, W, 1], a free
+  reshape of NCHW;
+- elementwise and broadcast ops (relu, clip, residual add, ...) whose operand is blocked run blocked;
+  their other operands follow (constants re-laid out at compile time, per-channel [C, 1, 1] ones
+  included), unless one is a map computed in NCHW (then the op stays NCHW: transforming it would
+  cost as much as transforming the blocked operand back); MaxPool/AveragePool become `PoolNCHWc`,
+  global pooling `GlobalPoolNCHWc`;
+- every other reader of a blocked value, and the graph outputs, get the value back in NCHW through one
+  `LayoutTransform` per value, placed before its first reader (a Reshape where H = W = 1: the pooled
+  features of a classifier are laid out alike in both layouts).
+
+Values are converted forward in topological order, so consecutive convolutions and the ops between
+them exchange blocked tensors with no transform in between; a transform back to NCHW is only made
+where a reader needs it, and a transform that undoes another is cancelled.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ember.graph.ir import Graph, Node, Value, _reads
+from ember.graph.types import TensorType
+from ember.ops import Pattern, get_op
+from ember.target import Target
+
+from .cleanup import dead_code_elimination
+from .util import replace_uses
+
+FLOATS = ("float32", "float64")
+NOT_CHANNELWISE = {"BatchNormalization", "Expand", "Dropout", "QuantizeLinear", "DequantizeLinear"}
+POOLS = {"MaxPool": "max", "AveragePool": "avg"}
+GLOBAL_POOLS = {"GlobalMaxPool": "max", "GlobalAveragePool": "avg"}
+MIN_MACS = 1 << 20  # a convolution whose input is not blocked yet starts a blocked region only from this size
+
+
+def block_of(channels: int, lanes: int) -> int | None:
+    """The channel block of a tensor with `channels` channels: the lanes, or the largest power of two
+    >= 4 dividing the channels; None when there is none (the tensor stays NCHW)."""
+    b = lanes
+    while b >= 4:
+        if channels % b == 0:
+            return b
+        b //= 2
+    return None
+
+
+def nchwc(block: int) -> str:
+    return f"NCHW{block}c"
+
+
+class _Converter:
+    def __init__(self, graph: Graph, lanes: dict[str, int]):
+        self.graph = graph
+        self.lanes = lanes  # vector lanes by dtype
+        self.nodes: list[Node] = []
+        self.blocked: dict[Value, tuple[Value, int]] = {}  # NCHW value -> (its blocked form, block)
+        self.missing: set[Value] = set()  # NCHW values whose producer was converted (not computed yet)
+        self.names = {v.name for v in graph.values()}
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def emit(self, op: str, inputs: list[Value | None], out_type: TensorType, attrs: dict, name: str) -> Value:
+        fresh, i = name, 0
+        while fresh in self.names:
+            i += 1
+            fresh = f"{name}_{i}"
+        self.names.add(fresh)
+        out = Value(fresh, out_type)
+        self.nodes.append(Node(op, inputs, [out], attrs, out.name))
+        return out
+
+    def block(self, v: Value) -> int | None:
+        if v.dtype not in self.lanes or len(v.shape) != 4:
+            return None
+        return block_of(v.shape[1], self.lanes[v.dtype])
+
+    def to_blocked(self, v: Value, b: int) -> Value:
+        """v [N, C, H, W] as [N, C/b, H, W, b] (memoized; b == 1 is a reshape)."""
+        if v in self.blocked and self.blocked[v][1] == b:
+            return self.blocked[v][0]
+        n, c, h, w = v.shape
+        shape = (n, c // b, h, w, b)
+        name = f"{v.name}_{nchwc(b)}"
+        if b == 1 or h * w == 1:  # the same memory order: a view
+            bv = self.emit("Reshape", [self.to_nchw(v)], v.type.with_shape(shape), {"shape": shape}, name)
+        else:
+            attrs = {"src_layout": "NCHW", "dst_layout": nchwc(b)}
+            bv = self.emit("LayoutTransform", [self.to_nchw(v)], v.type.with_shape(shape), attrs, name)
+        if b > 1:  # block 1 only feeds convolutions
+            self.blocked.setdefault(v, (bv, b))
+        return bv
+
+    def to_nchw(self, v: Value) -> Value:
+        """v itself, computed back from its blocked form (once, before its first reader) if needed."""
+        if v in self.missing:
+            bv, b = self.blocked[v]
+            if v.shape[2] * v.shape[3] == 1:  # [N, C/b, 1, 1, b] is [N, C, 1, 1] in memory: a view
+                self.nodes.append(Node("Reshape", [bv], [v], {"shape": v.shape}, f"{v.name}_to_nchw"))
+            else:
+                attrs = {"src_layout": nchwc(b), "dst_layout": "NCHW"}
+                self.nodes.append(Node("LayoutTransform", [bv], [v], attrs, f"{v.name}_to_nchw"))
+            self.missing.discard(v)
+        return v
+
+    def produce_blocked(self, node: Node, bout: Value, b: int) -> None:
+        v = node.outputs[0]
+        self.blocked[v] = (bout, b)
+        self.missing.add(v)
+
+    # -- rules -------------------------------------------------------------------------------------
+    def conv(self, node: Node) -> bool:
+        x, w = node.inputs[0], node.inputs[1]
+        b = node.inputs[2] if len(node.inputs) > 2 else None
+        y = node.outputs[0]
+        if x is None or w is None or len(x.shape) != 4 or x.dtype not in self.lanes or len(node.outputs) != 1:
+            return False
+        c, k, group = x.shape[1], y.shape[1], node.attrs["group"]
+        kb = block_of(k, self.lanes[x.dtype])
+        depthwise = group > 1
+        if kb is None or (depthwise and not group == c == k) or (group > 1 and not depthwise):
+            return False
+        if x not in self.blocked and math.prod(y.shape) * math.prod(w.shape[1:]) < MIN_MACS:
+            return False  # too small to pay for transforming its input (and likely its output back)
+        if depthwise:
+            cb = kb
+        elif x in self.blocked:
+            cb = self.blocked[x][1]
+        else:
+            cb = block_of(c, self.lanes[x.dtype]) or 1
+        xb = self.to_blocked(x, cb)
+        kh, kw = w.shape[2:]
+        wl = f"OIHW{1 if depthwise else cb}i{kb}o"
+        wshape = (k // kb, 1 if depthwise else c // cb, kh, kw, 1 if depthwise else cb, kb)
+        wb = self.emit("LayoutTransform", [w], w.type.with_shape(wshape), {"src_layout": "OIHW", "dst_layout": wl},
+                       f"{w.name}_{wl}")  # fmt: skip
+        out = y.type.with_shape((y.shape[0], k // kb, *y.shape[2:], kb))
+        attrs = {a: node.attrs[a] for a in ("strides", "pads", "dilations", "group")}
+        self.produce_blocked(node, self.emit("ConvNCHWc", [xb, wb, b], out, attrs, f"{y.name}_nchwc"), kb)
+        return True
+
+    def elementwise(self, node: Node) -> bool:
+        y = node.outputs[0]
+        sources = [self.blocked[v][1] for v in node.present_inputs if v in self.blocked and v.shape == y.shape]
+        if not sources or len(node.outputs) != 1:
+            return False
+        if not all(self.fits(v, y.shape) for v in node.present_inputs):
+            return False
+        if any(self.costs_transform(v) for v in node.present_inputs):
+            return False  # it stays NCHW: transforming its blocked operands back costs no more
+        b = sources[0]
+        operands = [None if v is None else self.operand(v, y.shape, b) for v in node.inputs]
+        out = y.type.with_shape(self.blocked_shape(y.shape, b))
+        self.produce_blocked(node, self.emit(node.op, operands, out, dict(node.attrs), f"{y.name}_{nchwc(b)}"), b)
+        return True
+
+    @staticmethod
+    def fits(v: Value, shape: tuple[int, ...]) -> bool:
+        """Whether operand v broadcasts to NCHW `shape` dim by dim (so it has a blocked form)."""
+        full = (1,) * (4 - len(v.shape)) + tuple(v.shape)
+        return v.type.size == 1 or (len(v.shape) <= 4 and all(d in (1, s) for d, s in zip(full, shape)))
+
+    def costs_transform(self, v: Value) -> bool:
+        """Whether operand v of a broadcasting op would need a LayoutTransform kernel to be blocked (a
+        computed map with channels and pixels that is not blocked yet)."""
+        full = (1,) * (4 - len(v.shape)) + tuple(v.shape)
+        return not v.is_constant and v not in self.blocked and full[1] > 1 and full[2] * full[3] > 1
+
+    def operand(self, v: Value, shape: tuple[int, ...], b: int) -> Value:
+        """Operand v (that `fits`) of a broadcasting op with NCHW output `shape`, in the blocked layout: a
+        value of the full channel count re-laid out, a size-1 one as is, one without channels ([N, 1, H,
+        W]) reshaped."""
+        if v.type.size == 1:
+            return v
+        full = (1,) * (4 - len(v.shape)) + tuple(v.shape)
+        if full[1] == 1:
+            target = (full[0], 1, full[2], full[3], 1)
+            return self.emit("Reshape", [self.to_nchw(v)], v.type.with_shape(target), {"shape": target},
+                             f"{v.name}_nchw1c")  # fmt: skip
+        if v.shape != full:
+            v = self.emit("Reshape", [self.to_nchw(v)], v.type.with_shape(full), {"shape": full}, f"{v.name}_4d")
+        return self.to_blocked(v, b)
+
+    @staticmethod
+    def blocked_shape(shape: tuple[int, ...], b: int) -> tuple[int, ...]:
+        n, c, h, w = shape
+        return (n, c // b, h, w, b)
+
+    def pool(self, node: Node) -> bool:
+        x, y = node.inputs[0], node.outputs[0]
+        used = [v for v in node.outputs[1:] if v in self.readers or v in self.graph.outputs]
+        if x not in self.blocked or used or len(node.attrs["kernel_shape"]) != 2:
+            return False
+        xb, b = self.blocked[x]
+        attrs = {k: node.attrs[k] for k in ("kernel_shape", "strides", "pads", "dilations", "ceil_mode")}
+        attrs["mode"] = POOLS[node.op]
+        attrs["count_include_pad"] = node.attrs.get("count_include_pad", 0)
+        out = self.emit("PoolNCHWc", [xb], y.type.with_shape(self.blocked_shape(y.shape, b)), attrs, f"{y.name}_nchwc")
+        self.produce_blocked(node, out, b)
+        return True
+
+    def global_pool(self, node: Node) -> bool:
+        x, y = node.inputs[0], node.outputs[0]
+        if x not in self.blocked:
+            return False
+        xb, b = self.blocked[x]
+        out = self.emit("GlobalPoolNCHWc", [xb], y.type.with_shape(self.blocked_shape(y.shape, b)),
+                        {"mode": GLOBAL_POOLS[node.op]}, f"{y.name}_nchwc")  # fmt: skip
+        self.produce_blocked(node, out, b)
+        return True
+
+    def convert(self, node: Node) -> bool:
+        if node.subgraphs():
+            return False
+        if node.op == "Conv":
+            return self.conv(node)
+        if node.op in POOLS:
+            return self.pool(node)
+        if node.op in GLOBAL_POOLS:
+            return self.global_pool(node)
+        opdef = get_op(node.op)
+        if opdef.pattern not in (Pattern.ELEMWISE, Pattern.BROADCAST) or node.op in NOT_CHANNELWISE:
+            return False
+        if any(k in node.attrs for k in ("axis", "axes", "shape")) or len(node.outputs[0].shape) != 4:
+            return False
+        return self.elementwise(node)
+
+    def run(self) -> Graph:
+        g = self.graph
+        self.readers = g.consumers()
+        for node in g.nodes:
+            if not self.convert(node):
+                for v in _reads(node):
+                    self.to_nchw(v)
+                self.nodes.append(node)
+        for v in g.outputs:
+            self.to_nchw(v)
+        g.nodes = self.nodes
+        return g
+
+
+def cancel_transforms(graph: Graph) -> Graph:
+    """A LayoutTransform of a LayoutTransform's output back to the first one's input layout reads that
+    input instead; a transform to the same layout is dropped."""
+    producers = graph.producers()
+    for node in graph.nodes:
+        if node.op != "LayoutTransform":
+            continue
+        src, dst = node.attrs["src_layout"], node.attrs["dst_layout"]
+        prev = producers.get(node.inputs[0])
+        if src == dst:
+            replace_uses(graph, node.outputs[0], node.inputs[0])
+        elif prev is not None and prev.op == "LayoutTransform" and prev.attrs["src_layout"] == dst:
+            replace_uses(graph, node.outputs[0], prev.inputs[0])
+    return dead_code_elimination(graph)
+
+
+def convert_layout(graph: Graph, target: Target | str | None = None) -> Graph:
+    """Convolutions and the ops between them to NCHW[x]c for `target` (default: the host CPU)."""
+    target = Target.parse(target or "c")
+    lanes = {dt: target.vector_lanes(int(dt[-2:])) for dt in FLOATS}
+    graph.topo_sort()
+    return cancel_transforms(_Converter(graph, lanes).run())
+
+
+__all__ = ["block_of", "cancel_transforms", "convert_layout"]

@@ -1,0 +1,189 @@
+"""ConvertLayout (`ember.passes.layout`): the graph before and after, and the function kept.
+
+Each case builds a small ONNX model, runs the pipeline up to (not including) fuse_ops, checks which ops the
+blocked region holds and where the layout transforms are, then checks numerics against onnxruntime twice: the
+rewritten graph through the numpy reference evaluator, and the compiled model (native kernels only).
+Tolerance rtol 1e-4, atol 1e-5 of the output's scale."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+
+import ember
+from ember import zoo
+from ember.frontend.onnx import from_onnx
+from ember.graph.evaluate import evaluate
+from ember.graph.ir import Graph, Node, Value
+from ember.graph.types import TensorType
+from ember.passes import run_passes
+from ember.passes.layout import MIN_MACS, block_of, cancel_transforms, convert_layout
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def passes(model: onnx.ModelProto, target: str | None = None) -> Graph:
+    g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True, target=target)
+    return g
+
+
+def ops(g: Graph) -> Counter:
+    return Counter(n.op for n in g.nodes)
+
+
+def transforms(g: Graph) -> list[tuple[str, str]]:
+    return [(n.attrs["src_layout"], n.attrs["dst_layout"]) for n in g.nodes if n.op == "LayoutTransform"]
+
+
+def check(model: onnx.ModelProto, g: Graph, compile_too: bool = True) -> None:
+    feeds = zoo.random_feeds(model, 0)
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    results = [list(evaluate(g, feeds).values())]
+    if compile_too:
+        results.append(list(ember.compile(model, fallback=False).run(feeds).values()))
+    for ours in results:
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * max(float(np.abs(b).max()), 1.0))
+
+
+def test_block_of():
+    assert [block_of(c, 16) for c in (64, 96, 24, 40, 12, 3, 6, 18)] == [16, 16, 8, 8, 4, None, None, None]
+    assert block_of(64, 8) == 8
+
+
+def test_conv_chain_stays_blocked_between_convs():
+    """Conv-BN-ReLU, a residual block, pooling and a classifier: one transform in, none between the ops of
+    the chain, the pooled features back through a view; weights re-laid out once, at compile time."""
+    b = zoo.Builder(0)
+    y = b.conv_bn_relu("x", 16, 32)
+    y = b.op("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    r = b.conv_bn_relu(y, 32, 32)
+    r = b.conv_bn_relu(r, 32, 32, relu=None)
+    y = b.op("Relu", [b.op("Add", [r, y])])
+    y = b.op("AveragePool", [y], kernel_shape=[2, 2], strides=[2, 2])
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])])
+    y = b.linear(y, 32, 10, gemm=True)
+    model = b.model({"x": (1, 16, 32, 32)}, y)
+    before = ops(from_onnx(model))
+    assert before["Conv"] == 3 and before["BatchNormalization"] == 3
+    g = passes(model)
+    assert ops(g) == Counter({"ConvNCHWc": 3, "Relu": 3, "Add": 1, "PoolNCHWc": 2, "GlobalPoolNCHWc": 1,
+                              "LayoutTransform": 1, "Reshape": 1, "Flatten": 1, "Gemm": 1})  # fmt: skip
+    assert transforms(g) == [("NCHW", "NCHW16c")]
+    assert g.nodes[0].op == "LayoutTransform" and g.nodes[0].inputs[0] is g.inputs[0]
+    for n in g.nodes:
+        if n.op == "ConvNCHWc":
+            assert n.inputs[1].is_constant and n.inputs[1].shape == (2, n.inputs[0].shape[1], 3, 3, 16, 16)
+    check(model, g)
+
+
+def test_transform_back_once_for_every_nchw_reader():
+    """A blocked value read by an op without a blocked form (Softmax over channels) is transformed back once,
+    before its first reader; an elementwise op with an operand computed in NCHW stays NCHW too."""
+    b = zoo.Builder(1)
+    c = b.op("Relu", [b.conv("x", 16, 32)])
+    s = b.op("Softmax", [c], axis=1)
+    y = b.op("Add", [s, c])
+    model = b.model({"x": (1, 16, 24, 24)}, y)
+    g = passes(model)
+    assert ops(g)["ConvNCHWc"] == 1 and ops(g)["Softmax"] == 1 and ops(g)["Add"] == 1
+    assert transforms(g) == [("NCHW", "NCHW16c"), ("NCHW16c", "NCHW")]
+    back = next(n for n in g.nodes if n.attrs.get("dst_layout") == "NCHW")
+    softmax = next(n for n in g.nodes if n.op == "Softmax")
+    assert g.nodes.index(back) < g.nodes.index(softmax) and softmax.inputs[0] is back.outputs[0]
+    assert g.outputs[0].name == y
+    check(model, g)
+
+
+def test_broadcast_operands_follow_the_layout():
+    """Per-channel constants ([C, 1, 1]), a channel-less map ([1, 1, H, W]), a scalar, and a squeeze-and-excite
+    gate ([N, C, 1, 1], computed from the blocked map) all combine with the blocked map in its layout."""
+    b = zoo.Builder(2)
+    rng = np.random.default_rng(0)
+    y = b.op("Relu", [b.conv("x", 16, 32)])
+    y = b.op("Add", [y, b.const(rng.standard_normal((32, 1, 1)).astype(np.float32))])
+    y = b.op("Mul", [y, b.const(rng.standard_normal((1, 1, 20, 20)).astype(np.float32))])
+    y = b.op("Mul", [y, b.const(np.float32(0.5))])
+    gate = b.op("Sigmoid", [b.conv(b.op("GlobalAveragePool", [y]), 32, 32, k=1, bias=True)])
+    y = b.op("Mul", [y, gate])
+    y = b.op("Relu", [b.conv(y, 32, 32)])
+    model = b.model({"x": (1, 16, 20, 20)}, y)
+    g = passes(model)
+    assert ops(g)["ConvNCHWc"] == 3 and "Conv" not in ops(g)
+    assert ops(g)["Mul"] == 3 and ops(g)["Add"] == 1 and ops(g)["Sigmoid"] == 1
+    assert transforms(g) == [("NCHW", "NCHW16c"), ("NCHW16c", "NCHW")]  # in, and the output back
+    assert all(len(v.shape) == 5 for n in g.nodes if n.op in ("Mul", "Add") for v in n.inputs if v.type.size > 1)
+    check(model, g)
+
+
+def test_depthwise_and_blocks_of_eight():
+    """An inverted residual at 24 channels (blocks of 8) with a depthwise convolution, stride 2 and 1."""
+    b = zoo.Builder(3)
+    y = b.conv_bn_relu("x", 24, 144, k=1, relu="Clip6")
+    y = b.conv_bn_relu(y, 144, 144, k=3, stride=2, group=144, relu="Clip6")
+    y = b.conv_bn_relu(y, 144, 24, k=1, relu=None)
+    z = b.conv_bn_relu(y, 24, 144, k=1, relu="Clip6")
+    z = b.conv_bn_relu(z, 144, 144, k=3, group=144, relu="Clip6")
+    z = b.conv_bn_relu(z, 144, 24, k=1, relu=None)
+    y = b.op("Add", [y, z])
+    model = b.model({"x": (1, 24, 28, 28)}, y)
+    g = passes(model)
+    assert ops(g)["ConvNCHWc"] == 6 and ops(g)["Clip"] == 4 and ops(g)["Add"] == 1
+    assert transforms(g) == [("NCHW", "NCHW8c"), ("NCHW8c", "NCHW")]
+    dw = [n for n in g.nodes if n.op == "ConvNCHWc" and n.attrs["group"] > 1]
+    assert len(dw) == 2 and all(n.inputs[1].shape == (9, 1, 3, 3, 1, 16) for n in dw)
+    check(model, g)
+
+
+def test_image_input_is_a_view_and_small_or_unsupported_convs_stay_nchw():
+    """An RGB input enters its convolution as [N, 3, H, W, 1] (a reshape); a convolution too small to pay
+    for transforms, a grouped (not depthwise) one, and one whose channels have no block stay NCHW."""
+    b = zoo.Builder(4)
+    y = b.op("Relu", [b.conv("x", 3, 32, k=3, stride=2)])  # blocked, input through a view
+    y = b.conv(y, 32, 32, group=4)  # grouped: NCHW
+    y = b.conv(y, 32, 6, k=1)  # 6 channels: no block
+    small = b.conv("s", 16, 16)  # input not blocked, too small
+    model = b.model({"x": (1, 3, 96, 96), "s": (1, 16, 8, 8)}, b.op("Add", [b.op("ReduceSum", [y]), b.op(
+        "ReduceSum", [small])]))  # fmt: skip
+    assert MIN_MACS > 16 * 16 * 9 * 64
+    g = passes(model)
+    assert ops(g)["ConvNCHWc"] == 1 and ops(g)["Conv"] == 3
+    first = g.nodes[0]
+    assert first.op == "Reshape" and first.outputs[0].shape == (1, 3, 96, 96, 1)
+    assert transforms(g) == [("NCHW16c", "NCHW")]
+    check(model, g)
+
+
+def test_target_picks_the_block():
+    """The block is the target's vector lanes: 8 floats for an AVX2 target, 16 for AVX-512."""
+    b = zoo.Builder(5)
+    model = b.model({"x": (1, 32, 16, 16)}, b.op("Relu", [b.conv("x", 32, 64)]))
+    for target, block in (("c -mcpu=haswell", 8), ("c -mcpu=skylake-avx512", 16)):
+        g = passes(model, target=target)
+        conv = next(n for n in g.nodes if n.op == "ConvNCHWc")
+        assert conv.outputs[0].shape[-1] == block and conv.inputs[0].shape[-1] == block
+        check(model, g, compile_too=False)
+
+
+def test_cancel_adjacent_transforms():
+    x = Value("x", TensorType((1, 32, 4, 4), "float32"))
+    t1 = Value("t1", TensorType((1, 2, 4, 4, 16), "float32"))
+    t2 = Value("t2", TensorType((1, 32, 4, 4), "float32"))
+    t3 = Value("t3", TensorType((1, 32, 4, 4), "float32"))
+    y = Value("y", TensorType((1, 32, 4, 4), "float32"))
+    nodes = [Node("LayoutTransform", [x], [t1], {"src_layout": "NCHW", "dst_layout": "NCHW16c"}),
+             Node("LayoutTransform", [t1], [t2], {"src_layout": "NCHW16c", "dst_layout": "NCHW"}),
+             Node("LayoutTransform", [t2], [t3], {"src_layout": "NCHW", "dst_layout": "NCHW"}),
+             Node("Relu", [t3], [y])]  # fmt: skip
+    g = cancel_transforms(Graph("g", [x], [y], nodes))
+    assert [n.op for n in g.nodes] == ["Relu"] and g.nodes[0].inputs[0] is x
+
+
+def test_convert_layout_keeps_models_without_convolutions():
+    model = zoo.mlp()
+    g = from_onnx(model)
+    before = [n.op for n in g.nodes]
+    assert [n.op for n in convert_layout(g).nodes] == before
