@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -24,7 +26,7 @@ CMP_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
 LOGIC_OPS = ("and", "or")
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}  # dataclass field names per node type
+_FIELDS: dict[type, Callable[[Any], tuple]] = {}  # the field values of a node type, as a tuple
 
 
 class Node:
@@ -33,10 +35,13 @@ class Node:
     __slots__ = ()
 
     def _values(self) -> tuple:
-        names = _FIELDS.get(type(self))
-        if names is None:
-            names = _FIELDS[type(self)] = tuple(f.name for f in fields(self))  # type: ignore[arg-type]
-        return tuple([getattr(self, n) for n in names])
+        get = _FIELDS.get(type(self))
+        if get is None:
+            names = tuple(f.name for f in fields(self))  # type: ignore[arg-type]
+            get = _FIELDS[type(self)] = (
+                attrgetter(*names) if len(names) > 1 else (lambda n, g=attrgetter(*names): (g(n),))
+            )
+        return get(self)
 
     def __hash__(self) -> int:
         h = self.__dict__.get("_hash")

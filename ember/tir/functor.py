@@ -3,26 +3,42 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from .expr import BinOp, Call, Cast, Expr, Node, Var
 
 
-def _map_value(v: Any, fn: Callable[[Node], Node]) -> Any:
-    if isinstance(v, Node):
-        return fn(v)
-    if isinstance(v, tuple) and v and any(isinstance(x, Node | tuple) for x in v):
-        return tuple(_map_value(x, fn) for x in v)
-    return v
+def _map_tuple(t: tuple, fn: Callable[[Node], Node]) -> tuple:
+    out = None
+    for j, x in enumerate(t):
+        if isinstance(x, Node):
+            nx = fn(x)
+        elif type(x) is tuple and x:
+            nx = _map_tuple(x, fn)
+        else:
+            continue
+        if nx is not x:
+            if out is None:
+                out = list(t)
+            out[j] = nx
+    return t if out is None else tuple(out)
 
 
 def map_children(node: Node, fn: Callable[[Node], Node]) -> Node:
     """Apply fn to each direct child node; rebuild the node only if a child changed."""
     old = node._values()
-    new = tuple(_map_value(v, fn) for v in old)
-    if all(a is b for a, b in zip(old, new)):
-        return node
-    return rebuild(node, new)
+    new = None
+    for i, v in enumerate(old):
+        if isinstance(v, Node):
+            nv = fn(v)
+        elif type(v) is tuple and v:
+            nv = _map_tuple(v, fn)
+        else:
+            continue
+        if nv is not v:
+            if new is None:
+                new = list(old)
+            new[i] = nv
+    return node if new is None else rebuild(node, tuple(new))
 
 
 def rebuild(node: Node, values: tuple) -> Node:
