@@ -193,9 +193,12 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
 
 
 def _row_chunks(tiles: int, rows: int, target: Target) -> int:
-    """Parts to split the rows of each of `tiles` channel tiles into, so that the parallel loop has at
-    least 4 iterations per thread (balanced to within a quarter of a chunk), or one per row."""
-    return min(rows, -(-4 * target.num_cores // tiles))
+    """Parts to split the rows of each of `tiles` channel tiles into: at least 4 parallel iterations per
+    thread, a multiple of the threads when the rows allow (each thread gets as many), at most a row each."""
+    threads = target.num_cores
+    least = min(rows, -(-4 * threads // tiles))
+    even = [c for c in range(least, min(rows, 2 * least) + 1) if tiles * c % threads == 0]
+    return even[0] if even else least
 
 
 def _parallel_ok(out: Tensor, chunks: int, target: Target) -> bool:

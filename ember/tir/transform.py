@@ -185,8 +185,8 @@ class _Partitioner:
         return map_children(s, lambda c: self.stmt(c) if isinstance(c, Stmt) else c)  # type: ignore[return-value]
 
     def partition(self, loop: For) -> list[Stmt] | None:
-        if loop.kind in (ForKind.THREAD_BINDING, ForKind.UNROLLED):
-            return None
+        if loop.kind in (ForKind.THREAD_BINDING, ForKind.UNROLLED, ForKind.PARALLEL):
+            return None  # a parallel loop stays one parallel region (its pieces would be one each, or serial)
         if not (isinstance(loop.min, Const) and isinstance(loop.extent, Const)):
             return None
         m, n = int(loop.min.value), int(loop.extent.value)
