@@ -27,12 +27,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ember.tune import Measurer, Task, tune_task  # noqa: E402
 from ember.tune.driver import plot_history  # noqa: E402
+from ember.tune.log import TuningLog, make_record, result_of  # noqa: E402
 
 WORKLOADS = {
     "dense 512x512x512": ("MatMul", [(512, 512), (512, 512)], {}),
     "conv3x3 64ch 56x56": ("Conv", [(1, 64, 56, 56), (64, 64, 3, 3)],
                            {"pads": (1, 1, 1, 1), "strides": (1, 1), "dilations": (1, 1)}),
 }  # fmt: skip
+
+
+class _LoggedCache(dict):
+    """The measurement cache, preloaded from a tuning log; each new entry is appended to it."""
+
+    def __init__(self, task: Task, log: TuningLog):
+        super().__init__()
+        self.task, self.log = task, log
+        for rec in log.measured(task.workload, task.target).values():  # an earlier run's measurements
+            r = result_of(rec)
+            r.config = task.space.entity(r.config.values)
+            dict.__setitem__(self, (task.workload, task.target, r.config.key()), r)
+
+    def __setitem__(self, key, result) -> None:
+        super().__setitem__(key, result)
+        self.log.append([make_record(self.task, result)])
 
 
 def trials_to(curve: list[float], goal: float) -> tuple[int, bool]:
@@ -52,6 +69,7 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated names (default: both)")
     p.add_argument("--plot", metavar="PNG", help="best-so-far curves per tuner (needs matplotlib)")
+    p.add_argument("--log", metavar="JSONL", help="keep every measurement in this tuning log; a re-run reuses them")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     tuners = [t for t in args.tuners.split(",") if t]
@@ -62,7 +80,7 @@ def main() -> int:
     for wname in names:
         op, inputs, attrs = WORKLOADS[wname]
         task = Task.from_op(op, inputs, attrs, target=args.target)
-        cache: dict = {}
+        cache: dict = _LoggedCache(task, TuningLog(args.log)) if args.log else {}
         runs: dict[str, list[list[float]]] = {t: [] for t in tuners}
         errors = 0
         space = task.space

@@ -16,8 +16,8 @@ Each template has two halves that meet through stage tags and attributes:
   stages are inlined unless their attrs say `materialize` (padded inputs, per-row buffers, the
   states of a recurrence), and root stages are fused and vectorized (`te_lib.schedule_flat`).
 
-Tuning: the choices of the GEMM (`gemm_plan`) and conv_oc (`_tuned_conv_oc_plan`) plans are knobs
-of a config space (`ember.te.config`). A config reaches a template explicitly: the compiler puts it
+Tuning: the choices of the GEMM (`gemm_plan`), conv_oc and conv_ow (`_tuned_conv_*_plan`) plans are
+knobs of a config space (`ember.te.config`). A config reaches a template explicitly: the compiler puts it
 in the anchor node's attrs under `CONFIG_ATTR` ("__config__"), the op's compute (`ember.ops.nn`)
 passes it as `cfg=` to `gemm_acc`/`conv_acc`, whose plan (recorded in the accumulation's attrs) the
 schedule then reads. Without a config (None) the plans are the heuristics below, which are also the
@@ -368,6 +368,20 @@ def _tuned_conv_oc_plan(cfg: ConfigBase, dflt: ConvPlan, Cog: int, win: Window, 
     return ConvPlan("conv_oc", block, width, height=height, reduce_order=order, unroll_kw=unroll_kw, unroll=unroll)
 
 
+def _tuned_conv_ow_plan(cfg: ConfigBase, dflt: ConvPlan, Co: int, win: Window, lanes: int) -> ConvPlan:
+    """conv_ow's knobs (depthwise and narrow-group convs): output channels per tile, output positions
+    per tile along the width (whole vectors, or the fallback's width)."""
+    cfg.template = cfg.template or "conv_ow"
+    blocks = sorted({b for b in (1, 2, 3, 4, 6, 8, 12, 16) if b <= Co} | {dflt.block})
+    block = cfg.define_split("tile_co", Co, 2, policy="candidate", candidates=[(-1, b) for b in blocks],
+                             default=(-1, dflt.block))[-1]  # fmt: skip
+    ow = win.out[-1]
+    widths = sorted({w * lanes for w in (1, 2, 4) if (w == 1 or w * lanes <= 2 * ow)} | {dflt.width})
+    width = cfg.define_split("tile_ow", ow, 2, policy="candidate", candidates=[(-1, w) for w in widths],
+                             default=(-1, dflt.width))[-1]  # fmt: skip
+    return ConvPlan("conv_ow", block, width, vector=dflt.vector)
+
+
 def conv_acc(
     xp: Tensor,
     w_at: Callable[[Expr, Expr, tuple[Expr, ...]], Expr],
@@ -381,12 +395,15 @@ def conv_acc(
     """Direct grouped convolution of padded input xp (N, C, *spatial) with weights w_at(co, ci, k).
 
     Returns (acc, read, template): read(n, co, *o) is the accumulated output element. `cfg` is the
-    tuning config of the conv_oc template (`_tuned_conv_oc_plan`), None for the fallback plan."""
+    tuning config of the conv_oc or conv_ow template (`_tuned_conv_oc_plan`, `_tuned_conv_ow_plan`),
+    None for the fallback plan."""
     N, C = xp.shape[:2]
     Cg, Cog = C // groups, Co // groups
     plan = conv_plan(Co, Cog, win.out[-1], win.strides[-1], dtype)
     if cfg is not None and plan.kind == "conv_oc":
         plan = _tuned_conv_oc_plan(cfg, plan, Cog, win, lanes_of(dtype, host_target()))
+    elif cfg is not None:
+        plan = _tuned_conv_ow_plan(cfg, plan, Co, win, lanes_of(dtype, host_target()))
     ci = te.reduce_axis((0, Cg), name="rc")
     ks = [te.reduce_axis((0, k), name=f"rk{d}") for d, k in enumerate(win.kernel)]
     raxes = [ci, *ks]

@@ -13,7 +13,9 @@ before unrolling and vectorization expand them) and summarized as a fixed-length
 - the whole kernel: trips of the other stores (packing, padding, copy-out), bytes of local
   (register tile) and global (packed operand) allocations.
 
-All counts are log2(1 + x), so that the model sees ratios.
+All counts are log2(1 + x), so that the model sees ratios. `config_features` adds the config's own
+knob values (log2 of split factors, choice positions, annotations as numbers): the cost model sees
+both what the knobs are and what they did to the loop nest.
 """
 
 from __future__ import annotations
@@ -139,6 +141,25 @@ def n_features() -> int:
 
 
 def candidate_features(task, cfg) -> np.ndarray:
-    """Features of one candidate (task, config): its schedule lowered, then `featurize`."""
+    """Features of one candidate (task, config): its schedule lowered and `featurize`d, then its knobs."""
     sch, args = task.instantiate(cfg)
-    return featurize(lower_schedule(sch, args, "candidate"))
+    return np.concatenate([featurize(lower_schedule(sch, args, "candidate")), config_features(task.space, cfg)])
+
+
+_ANN = {"none": 0.0, "unroll": 1.0, "vec": 2.0}
+
+
+def config_features(space, cfg) -> np.ndarray:
+    """The knob values of a config as numbers, in the space's knob order."""
+    out = []
+    for knob in space.knobs.values():
+        v = cfg.values[knob.name]
+        if knob.kind == "split":
+            out += [_l(f) for f in v[1:]]
+        elif knob.kind == "annotate":
+            out += [_ANN[a] for a in v]
+        else:
+            out.append(float(knob.choices.index(v)))
+            if knob.kind == "knob" and isinstance(v, int | float) and not isinstance(v, bool):
+                out.append(_l(v))
+    return np.asarray(out, dtype=np.float32)

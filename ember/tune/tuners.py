@@ -137,20 +137,22 @@ class XGBTuner(Tuner):
 
     name = "xgb"
 
-    def __init__(self, task: Any, seed: int = 0, min_train: int = 8, n_walkers: int = 48, sa_iters: int = 80,
-                 eps: float = 0.05, diversity: float = 0.2, loss: str = "rank"):  # fmt: skip
+    def __init__(self, task: Any, seed: int = 0, min_train: int = 8, plan_size: int = 8, n_walkers: int = 48,
+                 sa_iters: int = 80, eps: float = 0.05, diversity: float = 0.2, loss: str = "rank",
+                 max_depth: int = 6, rounds: int = 80):  # fmt: skip
         import xgboost  # noqa: F401  (ImportError: make_tuner falls back)
 
         super().__init__(task, seed)
-        self.min_train = min_train
+        self.min_train, self.plan_size = min_train, plan_size
         self.n_walkers, self.sa_iters = n_walkers, sa_iters
         self.eps, self.diversity, self.loss = eps, diversity, loss
+        self.max_depth, self.rounds = max_depth, rounds
         self.model = None
         self._feats: dict[int, np.ndarray] = task.feature_cache  # shared by the task's tuners
 
     # -- features and model -----------------------------------------------------------------------
     def features(self, indices: list[int]) -> np.ndarray:
-        from ember.tune.features import candidate_features, n_features
+        from ember.tune.features import candidate_features, config_features, n_features
 
         rows = []
         for i in indices:
@@ -159,7 +161,8 @@ class XGBTuner(Tuner):
                 try:
                     f = candidate_features(self.task, self.space.get(i))
                 except Exception:  # a config that does not even lower: never proposed by the model
-                    f = np.full(n_features(), -1.0, dtype=np.float32)
+                    f = np.full(n_features() + len(config_features(self.space, self.space.get(i))), -1.0,
+                                dtype=np.float32)  # fmt: skip
                 self._feats[i] = f
             rows.append(f)
         return np.stack(rows)
@@ -171,10 +174,10 @@ class XGBTuner(Tuner):
 
         x = self.features([c.index for c in self.configs])
         y = np.asarray(self.scores, dtype=np.float32) / max(self.scores)
-        params = {"max_depth": 6, "eta": 0.3, "gamma": 1e-4, "min_child_weight": 1, "subsample": 1.0,
+        params = {"max_depth": self.max_depth, "eta": 0.3, "gamma": 1e-4, "min_child_weight": 1, "subsample": 1.0,
                   "lambda": 1.0, "alpha": 0.0, "nthread": 1, "verbosity": 0, "seed": self.seed,
                   "objective": "rank:pairwise" if self.loss == "rank" else "reg:squarederror"}  # fmt: skip
-        self.model = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=80)
+        self.model = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=self.rounds)
 
     def predict(self, indices: list[int]) -> np.ndarray:
         return self.model.inplace_predict(self.features(indices))
@@ -182,7 +185,8 @@ class XGBTuner(Tuner):
     # -- proposing ----------------------------------------------------------------------------
     def next_batch(self, n: int) -> list[ConfigEntity]:
         if self.model is None:
-            return self._random(n, set())
+            return self._random(max(1, min(n, self.min_train - len(self.scores))), set())
+        n = min(n, self.plan_size)
         cands = self._anneal(max(3 * n, 16))
         picked = self._diverse(cands, n)
         taken = {c.index for c in picked}

@@ -11,14 +11,16 @@ CASES = [
     ("MatMul", [(8, 1), (1, LANES)], {}),  # GEMM: 7 row tiles x 2 orders x packed or not x 4 tile unrolls
     ("Conv", [(1, 3, 1, 2), (LANES, 3, 3, 3)],
      {"pads": (1, 1, 1, 1), "strides": (1, 1), "dilations": (1, 1)}),  # conv_oc: widths x orders x unrolls
+    ("Conv", [(1, 4, 3, 2 * LANES + 3), (4, 1, 3, 3)],
+     {"pads": (1, 1, 1, 1), "strides": (1, 1), "dilations": (1, 1), "group": 4}),  # conv_ow: channels x widths
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("op,inputs,attrs", CASES, ids=["gemm", "conv"])
+@pytest.mark.parametrize("op,inputs,attrs", CASES, ids=["gemm", "conv", "depthwise"])
 def test_every_point_is_correct(op, inputs, attrs):
     task = Task.from_op(op, inputs, attrs)
     space = task.space
-    assert 8 <= len(space) <= 120, space
+    assert 6 <= len(space) <= 120, space
     with Measurer(n_parallel=2, repeat=0, run_timeout=20.0) as m:  # repeat=0: check the answer, skip timing
         results = m.measure(task, list(space))
     bad = [(r.config, r.error, r.detail) for r in results if not r.ok]

@@ -47,6 +47,7 @@ def test_tuner_proposes_distinct_configs_within_budget(task, name):
 
 def test_model_based_tuners_beat_random_on_a_smooth_space(task):
     pytest.importorskip("xgboost")
+
     def trials_to_best(name, seed):
         fm = FakeMeasurer(task)
         res = tune_task(task, name, 64, fm, batch_size=8, seed=seed, include_fallback=False)
