@@ -32,6 +32,7 @@ from ember.ops import nn_templates as T
 from ember.ops.common import ShapeError, window_out_dim
 from ember.ops.opdef import Attr, Pattern, one_of, op
 from ember.ops.te_lib import NotLowerable, lowering, schedule_injective
+from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
 from ember.tir.expr import Expr
 
@@ -222,7 +223,8 @@ def _conv_nchwc_compute(a: dict, x: Tensor, w: Tensor, b: Tensor | None = None) 
     n, _, h, wd, _ = x.shape
     out = (window_out_dim(h, kh, strides[0], (pads[0], pads[2]), dil[0]),
            window_out_dim(wd, kw, strides[1], (pads[1], pads[3]), dil[1]))  # fmt: skip
-    acc, read = B.conv_nchwc_acc(x, w, pads, T.Window((kh, kw), strides, dil, out), a["group"] > 1, name="conv_acc")
+    acc, read = B.conv_nchwc_acc(x, w, pads, T.Window((kh, kw), strides, dil, out), a["group"] > 1, name="conv_acc",
+                                 cfg=a.get(CONFIG_ATTR))  # fmt: skip
 
     def body(n_, k_, oh, ow, v):
         val = read(n_, k_, oh, ow, v)

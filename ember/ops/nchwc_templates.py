@@ -19,7 +19,10 @@ loops run in parallel (batch, channel blocks, output rows) when there is enough 
 one materialized copy of the input (tag "nn_pad"), scheduled with the templates of
 `ember.ops.nn_templates`, which dispatches on the template names registered here.
 
-Tile choices are made in one place, `nchwc_plan` (marked below): tuning changes them there.
+Tile choices are made in one place, `nchwc_plan` (marked below). Tuning: `tuned_nchwc_plan` makes
+them knobs of a config space (`ember.te.config`; templates "conv_nchwc" and "window_nchwc"): channel
+blocks and output positions per tile, the order of the reduction loops, unrolling of the kernel
+columns. The ops' computes (`ember.ops.layout`) pass the anchor's config as `cfg=`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from ember import te
 from ember.ops.nn_templates import SCHEDULES, Window, _work, host_target, lanes_of, pad_input, vector_regs, zero
 from ember.target import Target
+from ember.te.config import ConfigBase
 from ember.te.tensor import Tensor
 from ember.tir.dtype import DType
 from ember.tir.expr import Expr
@@ -40,6 +44,8 @@ class NCHWcPlan:
     kbt: int  # blocks of output channels per register tile (window ops: 1)
     owt: int  # output positions per register tile along a row
     oht: int = 1  # rows per register tile (whole rows fit in one tile: short rows)
+    order: str = "cb_k"  # reduction loops: input channel blocks outside the kernel window ("cb_k") or inside
+    unroll_kw: bool = False  # unroll the kernel columns around the register tile
 
 
 PANEL_BYTES = 512 << 10  # weights of one channel-block tile that stay in L2 while the rows of a map reuse them
@@ -74,6 +80,30 @@ def nchwc_plan(KB: int, block: int, out: tuple[int, int], dtype: DType | str, pa
     return NCHWcPlan(kbt, owt, oht)
 
 
+def tuned_nchwc_plan(cfg: ConfigBase, dflt: NCHWcPlan, KB: int, out: tuple[int, int], dense: bool) -> NCHWcPlan:
+    """The knobs of the blocked templates, each defaulting to `nchwc_plan`'s choice: channel blocks per
+    tile (dense convs: divisors of the blocks, up to 4 vectors), output positions per tile along a row
+    and rows per tile, and for dense convs the reduction order and unrolling of the kernel columns."""
+    cfg.template = cfg.template or ("conv_nchwc" if dense else "window_nchwc")
+    oh, ow = out
+    kbt = dflt.kbt
+    if dense:
+        kbts = sorted({d for d in (1, 2, 3, 4) if KB % d == 0} | {dflt.kbt})
+        kbt = cfg.define_split("tile_kb", KB, 2, policy="candidate", candidates=[(-1, d) for d in kbts],
+                               default=(-1, dflt.kbt))[-1]  # fmt: skip
+    widths = sorted({w for w in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 28) if w <= ow} | {dflt.owt})
+    owt = cfg.define_split("tile_ow", ow, 2, policy="candidate", candidates=[(-1, w) for w in widths],
+                           default=(-1, dflt.owt))[-1]  # fmt: skip
+    heights = sorted({h for h in (1, 2, 4) if h <= oh} | {dflt.oht})
+    oht = cfg.define_split("tile_oh", oh, 2, policy="candidate", candidates=[(-1, h) for h in heights],
+                           default=(-1, dflt.oht))[-1]  # fmt: skip
+    order, unroll_kw = dflt.order, dflt.unroll_kw
+    if dense:
+        order = cfg.define_knob("reduce_order", ["cb_k", "k_cb"], default=dflt.order)
+        unroll_kw = cfg.define_knob("unroll_kw", [False, True], default=dflt.unroll_kw)
+    return NCHWcPlan(kbt, owt, oht, order=order, unroll_kw=unroll_kw)
+
+
 # -----------------------------------------------------------------------------------------------------
 # computes
 # -----------------------------------------------------------------------------------------------------
@@ -84,19 +114,22 @@ def pad_nchwc(x: Tensor, before: Sequence[int], after: Sequence[int], value: Exp
                      materialize=False)  # fmt: skip
 
 
-def conv_nchwc_acc(x: Tensor, w: Tensor, pads: Sequence[int], win: Window, depthwise: bool,
-                   name: str = "conv") -> tuple[Tensor, Callable[..., Expr]]:  # fmt: skip
+def conv_nchwc_acc(x: Tensor, w: Tensor, pads: Sequence[int], win: Window, depthwise: bool, name: str = "conv",
+                   cfg: ConfigBase | None = None) -> tuple[Tensor, Callable[..., Expr]]:  # fmt: skip
     """The accumulation of a 2-d convolution in NCHW[x]c: x [N, C/cb, H, W, cb], weights packed
     [K/kb, C/cb, KH, KW, cb, kb] (depthwise: [C/kb, 1, KH, KW, 1, kb]). Returns (acc, read): read(n,
-    kb_, oh, ow, k) is the accumulated output element."""
+    kb_, oh, ow, k) is the accumulated output element. `cfg`: a tuning config (`tuned_nchwc_plan`),
+    None for the fallback plan."""
     N, CB, H, W, cb = x.shape
     KB, _, KH, KW, _, kb = w.shape
     OH, OW = win.out
     (sh, sw), (dh, dw) = win.strides, win.dilations
     if depthwise:
         return window_nchwc_acc(x, pads, zero(x.dtype), win, te.sum, lambda v, c, kh, kw, k: v * w[c, 0, kh, kw, 0, k],
-                                name=name)  # fmt: skip
+                                name=name, cfg=cfg)  # fmt: skip
     plan = nchwc_plan(KB, kb, (OH, OW), x.dtype, panel=CB * cb * KH * KW * kb * x.dtype.bits // 8)
+    if cfg is not None:
+        plan = tuned_nchwc_plan(cfg, plan, KB, (OH, OW), dense=True)
     rcb = te.reduce_axis((0, CB), name="rcb")
     rc = te.reduce_axis((0, cb), name="rc")
     xp = pad_nchwc(x, pads[:2], pads[2:], zero(x.dtype), name=f"{name}_pad")
@@ -119,6 +152,7 @@ def window_nchwc_acc(
     reducer,
     term: Callable[..., Expr] | None = None,
     name: str = "pool",
+    cfg: ConfigBase | None = None,
 ) -> tuple[Tensor, Callable]:
     """reducer over each window of x [N, CB, H, W, cb] padded with pad_value (pads: begins then ends,
     the ends may include ceil-mode overhang) of term(v, cb_, kh, kw, k), default the element v.
@@ -127,6 +161,8 @@ def window_nchwc_acc(
     OH, OW = win.out
     (sh, sw), (dh, dw) = win.strides, win.dilations
     plan = nchwc_plan(1, cb, (OH, OW), x.dtype)
+    if cfg is not None:
+        plan = tuned_nchwc_plan(cfg, plan, CB, (OH, OW), dense=False)
     xp = pad_nchwc(x, pads[:2], pads[2:], pad_value, name=f"{name}_pad")
     rkh = te.reduce_axis((0, win.kernel[0]), name="rkh")
     rkw = te.reduce_axis((0, win.kernel[1]), name="rkw")
@@ -181,7 +217,12 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     _vector_axis(O, k, block, lanes)
     L = s[accl]
     ln, lkb, loh, low, lk = L.op.axis
-    L.reorder(ln, *L.op.reduce_axis, loh, low, lkb, lk)  # the FMAs of one broadcast input element adjacent
+    red = list(L.op.reduce_axis)
+    if plan.order == "k_cb" and len(red) == 4:  # [rcb, rkh, rkw, rc] -> the kernel window outside the channel blocks
+        red = [red[1], red[2], red[0], red[3]]
+    L.reorder(ln, *red, loh, low, lkb, lk)  # the FMAs of one broadcast input element adjacent
+    if plan.unroll_kw and len(red) == 4:
+        L.unroll(red[1] if plan.order == "k_cb" else red[2])
     L.unroll(loh)
     L.unroll(low)
     L.unroll(lkb)

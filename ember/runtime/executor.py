@@ -133,6 +133,9 @@ def _unjson_attrs(attrs: dict) -> dict:
     return out
 
 
+Feeds = Sequence[np.ndarray] | Mapping[str, Any]  # inputs in graph order, or by name
+
+
 class CompiledModel:
     """A compiled model: call it with numpy arrays (positional, in graph input order) or `run` a dict."""
 
@@ -205,8 +208,22 @@ class CompiledModel:
         }
 
     # -- running ------------------------------------------------------------------------------
-    def _bind_inputs(self, feeds: Sequence[Any]) -> list[np.ndarray]:
+    def _ordered(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """Inputs given by name, in the graph's input order; missing or unknown names raise."""
+        missing = [n for n in self.input_names if n not in feeds]
+        extra = [n for n in feeds if n not in self.input_names]
+        if missing or extra:
+            raise ArgumentError(
+                f"model {self.plan.name}: inputs are {self.input_names}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unknown {extra}" if extra else "")
+            )
+        return [feeds[n] for n in self.input_names]
+
+    def _bind_inputs(self, feeds: Sequence[Any] | Mapping[str, Any]) -> list[np.ndarray]:
         plan = self.plan
+        if isinstance(feeds, Mapping):
+            feeds = self._ordered(feeds)
         if len(feeds) != len(plan.inputs):
             raise ArgumentError(
                 f"model {plan.name} takes {len(plan.inputs)} inputs ({', '.join(self.input_names)}), got {len(feeds)}"
@@ -288,15 +305,7 @@ class CompiledModel:
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Inputs by graph input name in, outputs by graph output name out."""
-        missing = [n for n in self.input_names if n not in feeds]
-        extra = [n for n in feeds if n not in self.input_names]
-        if missing or extra:
-            raise ArgumentError(
-                f"model {self.plan.name}: inputs are {self.input_names}"
-                + (f"; missing {missing}" if missing else "")
-                + (f"; unknown {extra}" if extra else "")
-            )
-        self._bind_inputs([feeds[n] for n in self.input_names])
+        self._bind_inputs(self._ordered(feeds))
         self._bind_outputs()
         self._run()
         return dict(zip(self.output_names, self._collect()))
@@ -315,7 +324,7 @@ class CompiledModel:
                 out.append(rng.integers(0, 4, v.shape).astype(dt))
         return out
 
-    def benchmark(self, inputs: Sequence[np.ndarray] | None = None, repeat: int = 20, warmup: int = 3) -> dict:
+    def benchmark(self, inputs: Feeds | None = None, repeat: int = 20, warmup: int = 3) -> dict:
         """Latency of whole inferences: median, mean, min (seconds) over `repeat` runs."""
         self._bind_inputs(inputs if inputs is not None else self.random_inputs())
         self._bind_outputs()
@@ -328,7 +337,7 @@ class CompiledModel:
             runs.append(time.perf_counter() - t0)
         return {"median": statistics.median(runs), "mean": statistics.fmean(runs), "min": min(runs), "runs": runs}
 
-    def profile(self, inputs: Sequence[np.ndarray] | None = None, repeat: int = 10) -> list[dict]:
+    def profile(self, inputs: Feeds | None = None, repeat: int = 10) -> list[dict]:
         """Per-kernel (and per-fallback) median time over `repeat` runs, slowest first."""
         self._bind_inputs(inputs if inputs is not None else self.random_inputs())
         self._bind_outputs()
@@ -357,7 +366,7 @@ class CompiledModel:
             r["gflops"] = r["flops"] / r["seconds"] / 1e9 if r["seconds"] > 0 and r["flops"] else 0.0
         return sorted(rows, key=lambda r: -r["seconds"])
 
-    def profile_table(self, inputs: Sequence[np.ndarray] | None = None, top: int = 20) -> str:
+    def profile_table(self, inputs: Feeds | None = None, top: int = 20) -> str:
         rows = self.profile(inputs)
         lines = [f"{'kernel':<32} {'ms':>9} {'share':>6} {'GFLOP/s':>8}  ops"]
         for r in rows[:top]:

@@ -13,10 +13,14 @@ CASES = [
      {"pads": (1, 1, 1, 1), "strides": (1, 1), "dilations": (1, 1)}),  # conv_oc: widths x orders x unrolls
     ("Conv", [(1, 4, 3, 2 * LANES + 3), (4, 1, 3, 3)],
      {"pads": (1, 1, 1, 1), "strides": (1, 1), "dilations": (1, 1), "group": 4}),  # conv_ow: channels x widths
+    ("ConvNCHWc", [(1, 2, 1, 3, LANES), (2, 2, 3, 3, LANES, LANES)],
+     {"pads": (1, 1, 1, 1), "strides": (1, 2), "dilations": (1, 1)}),  # conv_nchwc: blocks x widths x orders x unroll
+    ("ConvNCHWc", [(1, 2, 3, 5, LANES), (2, 1, 3, 3, 1, LANES)],
+     {"pads": (1, 1, 1, 1), "strides": (1, 1), "dilations": (1, 1), "group": 2 * LANES}),  # window_nchwc: tiles
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("op,inputs,attrs", CASES, ids=["gemm", "conv", "depthwise"])
+@pytest.mark.parametrize("op,inputs,attrs", CASES, ids=["gemm", "conv", "depthwise", "conv_nchwc", "depthwise_nchwc"])
 def test_every_point_is_correct(op, inputs, attrs):
     task = Task.from_op(op, inputs, attrs)
     space = task.space
