@@ -189,7 +189,7 @@ def extract_tasks(model: Any, target: str | Target = "c", input_shapes: dict | N
         from ember.frontend.onnx import from_onnx
 
         graph = from_onnx(model, input_shapes=input_shapes)
-    graph, _ = run_passes(graph, opt_level=opt_level, disabled=disabled_passes)
+    graph, _ = run_passes(graph, opt_level=opt_level, disabled=disabled_passes, target=target)
     tasks: dict[str, Task] = {}
     for node in graph.nodes:
         if node.op in VIEW_OPS or (node.op != "Fused" and get_op(node.op).compute is None):
