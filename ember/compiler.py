@@ -12,7 +12,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -371,8 +371,32 @@ def compile(  # noqa: A001
     the others keep their templates' fallback configs."""
     t0 = time.perf_counter()
     target = Target.parse(target)
-    if target.kind != "c":
-        raise NotImplementedError(f"target {target.kind!r} is not available yet; use target='c'")
+    if target.kind not in BACKENDS:
+        have = ", ".join(sorted(BACKENDS))
+        raise NotImplementedError(f"ember.compile: no model backend for target {target.kind!r} yet (have: {have})")
+    lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0)
+    return BACKENDS[target.kind](lowered)
+
+
+@dataclass
+class LoweredModel:
+    """A model after import, graph passes and lowering, before code generation: the kernels in loop IR
+    (`gl.kernels`), the run plan (`plan`: values, steps, workspace offsets) and the summary so far."""
+
+    graph: Graph
+    target: Target
+    gl: GraphLowering
+    plan: Plan
+    summary: dict
+    t0: float  # when compile started (perf_counter)
+    t_lower: float  # when lowering ended
+
+
+def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fallback: bool = True,
+                opt_level: int = 3, disabled_passes: Sequence[str] = (), tuning_log: str | os.PathLike | None = None,
+                t0: float | None = None) -> LoweredModel:  # fmt: skip
+    """The target-independent half of `compile`: import, passes, kernels lowered to loop IR, memory plan."""
+    t0 = time.perf_counter() if t0 is None else t0
     if isinstance(model, Graph):
         graph = model
     else:
@@ -390,15 +414,6 @@ def compile(  # noqa: A001
     gl.run()
     workspace = gl.plan()
     t_lower = time.perf_counter()
-    units, protos = [], []
-    for k in gl.kernels.values():
-        src, proto = codegen_c_unit(k.func, target, threads_api=False)
-        units.append(src)
-        protos += proto
-    units.append(codegen_c([], target) + "\n" + "\n".join(protos) + "\n\n" + runner_source(gl.steps))
-    lib = compile_units(units, target.cflags(), name="model")
-    source = lib.with_suffix(".c").read_text()
-    t_build = time.perf_counter()
     name = graph.name or "model"
     inputs = [gl.ids[v] for v in graph.inputs]
     outputs = [gl.ids[v] for v in graph.outputs]
@@ -408,17 +423,34 @@ def compile(  # noqa: A001
         "nodes": nodes,
         "nodes_after_passes": len(graph.nodes),
         "opt_level": opt_level,
-        "compile_seconds": t_build - t0,
         "import_seconds": t_import - t0,
         "passes_seconds": t_passes - t_import,
         "passes": pass_report,
         "lower_seconds": t_lower - t_passes,
-        "build_seconds": t_build - t_lower,
         "fallback_reasons": gl.fallback_reasons,
         "tuned_workloads": len(configs),
-        "cc": os.environ.get("CC", "cc"),
     }
-    return CompiledModel(lib, plan, gl.weights, source, reference_fallback, summary)
+    return LoweredModel(graph, target, gl, plan, summary, t0, t_lower)
+
+
+def _build_c(m: LoweredModel) -> CompiledModel:
+    """C backend: one C unit per kernel plus the segment runners, compiled and linked into one library."""
+    units, protos = [], []
+    for k in m.gl.kernels.values():
+        src, proto = codegen_c_unit(k.func, m.target, threads_api=False)
+        units.append(src)
+        protos += proto
+    units.append(codegen_c([], m.target) + "\n" + "\n".join(protos) + "\n\n" + runner_source(m.gl.steps))
+    lib = compile_units(units, m.target.cflags(), name="model")
+    source = lib.with_suffix(".c").read_text()
+    t_build = time.perf_counter()
+    summary = {**m.summary, "compile_seconds": t_build - m.t0, "build_seconds": t_build - m.t_lower,
+               "cc": os.environ.get("CC", "cc")}  # fmt: skip
+    return CompiledModel(lib, m.plan, m.gl.weights, source, reference_fallback, summary)
+
+
+# target kind -> code generation and runtime for a lowered model
+BACKENDS: dict[str, Callable[[LoweredModel], CompiledModel]] = {"c": _build_c}
 
 
 def load(path: str) -> CompiledModel:
