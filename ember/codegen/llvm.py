@@ -840,7 +840,7 @@ class JITEngine:
         self.ir_text, self.target = ir_text, target
         self.tm = tm = _target_machine(target)
         key = _object_key(ir_text, target, tm)
-        self.object_path = cache_dir() / "llvm" / key[:2] / f"{key}.o"
+        self.object_path = object_cache_path(key)
         cached = self.object_path.read_bytes() if self.object_path.exists() else None
         self.from_cache = cached is not None
         with _lock:  # llvmlite's module and engine objects are not thread-safe
@@ -890,6 +890,11 @@ class JITEngine:
             mod = self._parse()
             self._optimize(mod)
             return self.tm.emit_assembly(mod)
+
+
+def object_cache_path(key: str) -> Path:
+    """Where the JIT cache keeps the machine code of a module whose key (`_object_key`) is `key`."""
+    return cache_dir() / "llvm" / key[:2] / f"{key}.o"
 
 
 def _object_key(ir_text: str, target: Target, tm) -> str:

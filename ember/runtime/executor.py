@@ -7,7 +7,9 @@ model without fallback steps runs as a single native call per inference. Interme
 in one workspace at offsets fixed at compile time (buffers reused by liveness); aliases (views
 such as Reshape) share their source's storage.
 
-The executor needs no compiler: `load(path)` reads the library, `plan.json` and the weights.
+The executor needs no compiler: `load(path)` reads the library, `plan.json` and the weights. On the llvm
+target the segment functions live in memory (`NativeCode`, a JIT engine: codegen.llvm_model) instead of a
+library, and a saved model holds their LLVM IR and machine code.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -136,24 +138,33 @@ def _unjson_attrs(attrs: dict) -> dict:
 Feeds = Sequence[np.ndarray] | Mapping[str, Any]  # inputs in graph order, or by name
 
 
+class NativeCode(Protocol):
+    """Compiled code held in memory rather than in a shared library (the llvm target's JIT engine)."""
+
+    def address(self, name: str) -> int: ...  # of an `int32_t name(...)` function
+
+    def save(self, directory: Path) -> None: ...  # the files `load` rebuilds it from
+
+
 class CompiledModel:
     """A compiled model: call it with numpy arrays (positional, in graph input order) or `run` a dict."""
 
     def __init__(
         self,
-        lib_path: Path | str,
+        lib: Path | str | NativeCode,
         plan: Plan,
         weights: Mapping[int, np.ndarray],
         source: str = "",
         fallback: Fallback | None = None,
         summary: dict | None = None,
     ):
-        self.lib_path = Path(lib_path)
+        """`lib`: the path of a shared library (C backend) or in-memory code (`NativeCode`: a JIT engine)."""
+        self.lib_path = Path(lib) if isinstance(lib, str | Path) else None
         self.plan = plan
         self.source = source
         self._fallback = fallback
         self._summary = dict(summary or {})
-        self._lib = ctypes.CDLL(str(self.lib_path))
+        self._lib = ctypes.CDLL(str(self.lib_path)) if self.lib_path is not None else lib
         n = len(plan.values)
         self._table = (ctypes.c_void_p * max(n, 1))()
         self._workspace = np.zeros(max(plan.workspace, 1) + 64, dtype=np.uint8)
@@ -173,17 +184,22 @@ class CompiledModel:
         self._segments = {}
         for s in plan.steps:
             if s.kind == "segment":
-                fn = getattr(self._lib, s.function)
-                fn.argtypes = [ctypes.c_void_p]
-                fn.restype = ctypes.c_int32
-                prof = getattr(self._lib, s.function + "_profiled")
-                prof.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_double)]
-                prof.restype = ctypes.c_int32
+                fn = self._function(s.function, ctypes.c_void_p)
+                prof = self._function(s.function + "_profiled", ctypes.c_void_p, ctypes.POINTER(ctypes.c_double))
                 self._segments[s.function] = (fn, prof)
-        if plan.target:
+        if plan.target and self.lib_path is not None:  # (NativeCode sets its own threads)
             threads = _threads_of(plan.target)
             if threads and hasattr(self._lib, "ember_set_num_threads"):
                 self._lib.ember_set_num_threads(ctypes.c_int32(threads))
+
+    def _function(self, name: str, *argtypes: Any) -> Any:
+        """A segment function `int32_t name(argtypes...)` of the library or the in-memory code."""
+        if self.lib_path is None:
+            return ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(self._lib.address(name))
+        fn = getattr(self._lib, name)
+        fn.argtypes = list(argtypes)
+        fn.restype = ctypes.c_int32
+        return fn
 
     # -- metadata -----------------------------------------------------------------------------
     @property
@@ -378,11 +394,14 @@ class CompiledModel:
 
     # -- persistence --------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """A directory holding the library, its C source, the plan and the weights."""
+        """A directory holding the library and its C source (llvm: `NativeCode.save`), the plan and the weights."""
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self.lib_path, out / "model.so")
-        (out / "model.c").write_text(self.source)
+        if self.lib_path is None:
+            self._lib.save(out)
+        else:
+            shutil.copyfile(self.lib_path, out / "model.so")
+            (out / "model.c").write_text(self.source)
         (out / "plan.json").write_text(json.dumps(self.plan.to_json(), indent=1) + "\n")
         (out / "summary.json").write_text(json.dumps(self._summary, indent=1, default=str) + "\n")
         np.savez(out / "weights.npz", **{f"v{i}": w for i, w in self._weights.items()})
@@ -392,6 +411,9 @@ class CompiledModel:
         """Write a standalone C library (source, header, weights) a C program can link: see runtime.export."""
         from .export import export_c
 
+        if self.lib_path is None:
+            raise ValueError(f"export_c writes the model's C source, and this model was compiled for target "
+                             f"'{self.plan.target}': compile it with target='c' to export it")  # fmt: skip
         return export_c(self, directory, prefix)
 
     def __repr__(self) -> str:
@@ -408,6 +430,11 @@ def load(path: str | Path, fallback: Fallback | None = None) -> CompiledModel:
     with np.load(d / "weights.npz") as z:
         weights = {int(k[1:]): z[k] for k in z.files}
     summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
+    if (d / "model.ll").exists() and not (d / "model.so").exists():  # target llvm: JIT-compiled here
+        from ..codegen.llvm_model import ModelJIT
+
+        jit = ModelJIT.load(d, plan.target)
+        return CompiledModel(jit, plan, weights, jit.ir_text, fallback, summary)
     source = (d / "model.c").read_text() if (d / "model.c").exists() else ""
     return CompiledModel(d / "model.so", plan, weights, source, fallback, summary)
 
