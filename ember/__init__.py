@@ -16,9 +16,10 @@ from .target import Target
 __version__ = "0.1.0"
 
 
-def compile(model, target="c", input_shapes=None, fallback=True, opt_level=3, disabled_passes=(),  # noqa: A001
+def compile(model, target=None, input_shapes=None, fallback=True, opt_level=3, disabled_passes=(),  # noqa: A001
             tuning_log=None):  # fmt: skip
     """Compile a model (ONNX file path, onnx.ModelProto or ember Graph); see `ember.compiler.compile`.
+    `target`: "c" or "llvm" (default: "c", or "llvm" where no C compiler is installed).
     `tuning_log`: a log written by `ember tune`, whose best config per workload is applied."""
     from .compiler import compile as _compile
 

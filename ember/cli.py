@@ -70,7 +70,8 @@ def _demo_matmul(args: argparse.Namespace) -> int:
     r = f.benchmark(a, b, c)
     print(f"ember demo --matmul: {n}x{n}x{n} float32 matmul, target '{target}'")
     print(f"  schedule: packed B, {tiles.mr}x{tiles.nr} register tile, {tiles.lanes}-lane vectors, parallel")
-    print(f"  compile: {compile_s:.2f} s   (C source: {f.lib_path.with_suffix('.c')})")
+    where = f"C source: {f.lib_path.with_suffix('.c')}" if f.lib_path is not None else "LLVM IR, JIT-compiled"
+    print(f"  compile: {compile_s:.2f} s   ({where})")
     print(f"  check vs numpy: max relative error {err:.1e} -> {'OK' if ok else 'MISMATCH'}")
     print(f"  speed: {r['median'] * 1e3:.2f} ms median, {2 * n**3 / r['median'] / 1e9:.1f} GFLOP/s")
     return 0 if ok else 1
@@ -88,14 +89,14 @@ def _shapes(items: list[str]) -> dict[str, tuple[int, ...]] | None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    """Compile an ONNX model and save it (library, C source, plan, weights) to a directory."""
+    """Compile an ONNX model and save it (library and C source, or LLVM IR; plan, weights) to a directory."""
     import ember
     from ember.frontend.onnx import ModelError
 
     try:
         m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape),
                           opt_level=args.opt_level, disabled_passes=args.disable_pass)  # fmt: skip
-    except (ModelError, FileNotFoundError, ValueError, NotImplementedError) as e:
+    except (ModelError, FileNotFoundError, ValueError, NotImplementedError, ImportError) as e:
         return _fail("compile", e)
     out = m.save(args.output)
     s = m.summary()
@@ -181,7 +182,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         kw = {"tuning_log": args.tuning_log} if args.tuning_log else {}
         try:
             m = ember.compile(proto, target=target, input_shapes=_shapes(args.input_shape), **kw)
-        except (ModelError, ValueError, NotImplementedError) as e:
+        except (ModelError, ValueError, NotImplementedError, ImportError) as e:
             return _fail("bench", e)
         systems = {"ember": lambda m=m: m(*xs)}
         if "onnxruntime" in others:
@@ -250,20 +251,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+TARGET_HELP = 'c or llvm, with options ("llvm -threads=2"); default: c, or llvm where no C compiler is installed'
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="ember", description="Ember: a deep learning compiler.")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     sub = p.add_subparsers(dest="command")
     d = sub.add_parser("demo", help=cmd_demo.__doc__)
     d.add_argument("--model", default="resnet18", help="resnet18 (default), mobilenet_v2, bert, or a block name")
-    d.add_argument("--target", default="c")
+    d.add_argument("--target", default=None, help=TARGET_HELP)
     d.add_argument("--matmul", action="store_true", help="instead: the scheduled matmul example vs numpy")
     d.add_argument("--size", type=int, default=512, help="matmul size (with --matmul)")
     d.set_defaults(fn=cmd_demo)
     c = sub.add_parser("compile", help=cmd_compile.__doc__)
     c.add_argument("model", help="path to an .onnx file")
     c.add_argument("-o", "--output", required=True, help="directory to write the compiled model to")
-    c.add_argument("--target", default="c")
+    c.add_argument("--target", default=None, help=TARGET_HELP)
     c.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
     c.add_argument("--opt-level", type=int, default=3, help="graph optimization level 0..3 (default 3)")
     c.add_argument("--disable-pass", action="append", default=[], metavar="NAME")
@@ -279,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("model", help="path to an .onnx file")
     b.add_argument("--compare", default="onnxruntime", help="comma-separated: onnxruntime,torch")
     b.add_argument("--threads", default="1,2", help="comma-separated thread counts")
-    b.add_argument("--target", default="c")
+    b.add_argument("--target", default=None, help=TARGET_HELP)
     b.add_argument("--tuning-log", default=None)
     b.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
     b.add_argument("--repeat", type=int, default=30)
@@ -310,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "fn", None):
         p.print_help()
         return 2
+    if getattr(args, "target", "") is None:
+        from ember.build import default_target
+
+        args.target = default_target()
     return args.fn(args)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .build import _deep_enough
+from .build import _deep_enough, default_target
 from .codegen.c import c_symbol, codegen_c, codegen_c_unit
 from .codegen.toolchain import compile_units
 from .graph.ir import Graph, Node, Value
@@ -356,21 +356,22 @@ def runner_source(steps: list[Step]) -> str:
 
 def compile(  # noqa: A001
     model: Any,
-    target: str | Target = "c",
+    target: str | Target | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     fallback: bool = True,
     opt_level: int = 3,
     disabled_passes: Sequence[str] = (),
     tuning_log: str | os.PathLike | None = None,
 ) -> CompiledModel:
-    """Compile a model (ONNX path or ModelProto, or an ember Graph) for `target`.
+    """Compile a model (ONNX path or ModelProto, or an ember Graph) for `target` (default: "c", or "llvm"
+    where no C compiler is installed, as `ember.build`).
 
     `opt_level` 0..3 and `disabled_passes` choose the graph passes (`ember.passes.PASSES`); with
     `fallback=False` every node must get a native kernel (else one error lists those that do not).
     `tuning_log` (JSON lines written by `ember tune`) gives each tuned workload its best config;
     the others keep their templates' fallback configs."""
     t0 = time.perf_counter()
-    target = Target.parse(target)
+    target = Target.parse(target if target is not None else default_target())
     if target.kind not in BACKENDS:
         have = ", ".join(sorted(BACKENDS))
         raise NotImplementedError(f"ember.compile: no model backend for target {target.kind!r} yet (have: {have})")
@@ -449,8 +450,15 @@ def _build_c(m: LoweredModel) -> CompiledModel:
     return CompiledModel(lib, m.plan, m.gl.weights, source, reference_fallback, summary)
 
 
+def _build_llvm(m: LoweredModel) -> CompiledModel:
+    """LLVM backend: the kernels and segment runners in one LLVM module, JIT-compiled (codegen.llvm_model)."""
+    from .codegen.llvm_model import build_llvm_model
+
+    return build_llvm_model(m)
+
+
 # target kind -> code generation and runtime for a lowered model
-BACKENDS: dict[str, Callable[[LoweredModel], CompiledModel]] = {"c": _build_c}
+BACKENDS: dict[str, Callable[[LoweredModel], CompiledModel]] = {"c": _build_c, "llvm": _build_llvm}
 
 
 def load(path: str) -> CompiledModel:
