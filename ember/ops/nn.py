@@ -936,13 +936,15 @@ def matmul(a: dict, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.matmul(_acc(x), _acc(y)).astype(x.dtype)
 
 
-def matmul_te(x: Tensor, y: Tensor, dtype=None, pre_x=None, pre_y=None, post=None, name: str = "matmul",
-              cfg=None) -> Tensor:  # fmt: skip
+def matmul_te(x: Tensor, y: Tensor | None, dtype=None, pre_x=None, pre_y=None, post=None, name: str = "matmul",
+              cfg=None, packed_b: Tensor | None = None, n: int = 0) -> Tensor:  # fmt: skip
     """numpy.matmul of x and y through the GEMM template: 1-d operands promoted, batch dims broadcast.
 
     pre_x/pre_y map an operand element (and its row index i / column index j) to the accumulation
-    dtype (casts, zero points); post(v, i, j) is the epilogue on each accumulated element."""
-    xs, ys = x.shape, y.shape
+    dtype (casts, zero points); post(v, i, j) is the epilogue on each accumulated element. With
+    `packed_b` (panels [n / nr, K, nr] of a 2-d B with n columns, see `MatMulPackedB`) y is None."""
+    xs = x.shape
+    ys = y.shape if packed_b is None else (packed_b.shape[1], n)
     a1, b1 = len(xs) == 1, len(ys) == 1
     x2 = (1,) + xs if a1 else xs
     y2 = ys + (1,) if b1 else ys
@@ -967,8 +969,11 @@ def matmul_te(x: Tensor, y: Tensor, dtype=None, pre_x=None, pre_y=None, post=Non
         return broadcast_indices(bi, bbatch, nb)
 
     # few columns and many rows: compute the transpose (B^T A^T), so that vectors run along the rows
-    swap = not (a1 or b1) and N < T.lanes_of(dtype, T.host_target()) <= M // 2
-    if swap:
+    swap = packed_b is None and not (a1 or b1) and N < T.lanes_of(dtype, T.host_target()) <= M // 2
+    if packed_b is not None:
+        acc = T.gemm_acc(batch, M, N, K, lambda bi, i, k: xa(a_batch(bi), i, k), None, (), lambda bi: (), dtype,
+                         name=f"{name}_acc", cfg=cfg, packed_b=packed_b)  # fmt: skip
+    elif swap:
         acc = T.gemm_acc(batch, N, M, K, lambda bi, j, k: yb(b_batch(bi), k, j), lambda ab, k, i: xa(ab, i, k),
                          abatch, a_batch, dtype, name=f"{name}_acc", cfg=cfg)  # fmt: skip
     else:
@@ -1072,6 +1077,62 @@ def _gemm_compute(a: dict, x: Tensor, y: Tensor, c: Tensor | None = None) -> Ten
     if a["transB"] and m < 8 and k >= 2 * T.lanes_of(x.dtype, T.host_target()):
         return _dot_rows_te(xt, y, post, "gemm")  # a fully connected layer: rows of W are contiguous
     return matmul_te(xt, yt, post=post, name="gemm", cfg=a.get(CONFIG_ATTR))
+
+
+def _packed_b_infer(a: dict, x: TensorType, w: TensorType, c: TensorType | None = None) -> TensorType:
+    if x.rank < 2 or w.rank != 3 or x.dtype != w.dtype:
+        raise ShapeError(f"MatMulPackedB needs x [..., M, K] and panels [N/nr, K, nr] of one dtype, got {x} and {w}")
+    panels, k, nr = w.shape
+    if x.shape[-1] != k or not (panels - 1) * nr < a["n"] <= panels * nr:
+        raise ShapeError(f"MatMulPackedB: x {x} and panels {w} do not make a [{x.shape[-1]}, {a['n']}] B")
+    out = (*x.shape[:-1], a["n"])
+    if c is not None and broadcast_shapes(c.shape, out) != out:
+        raise ShapeError(f"MatMulPackedB: C {c} does not broadcast to {list(out)}")
+    return TensorType(out, x.dtype)
+
+
+def unpack_b(w: np.ndarray, n: int) -> np.ndarray:
+    """The 2-d B [K, n] of panels w [n / nr, K, nr]."""
+    panels, k, nr = w.shape
+    return w.transpose(1, 0, 2).reshape(k, panels * nr)[:, :n]
+
+
+def pack_b(b: np.ndarray, nr: int) -> np.ndarray:
+    """Panels [ceil(N / nr), K, nr] of a 2-d B [K, N], zeros past N (the layout the GEMM template reads)."""
+    k, n = b.shape
+    panels = -(-n // nr)
+    padded = np.zeros((k, panels * nr), dtype=b.dtype)
+    padded[:, :n] = b
+    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+
+
+@op("MatMulPackedB", OUT, infer=_packed_b_infer, inputs=(2, 3),
+    attrs=[Attr("n", "int"), Attr("alpha", "float", 1.0), Attr("beta", "float", 1.0)])  # fmt: skip
+def matmul_packed_b(a: dict, x: np.ndarray, w: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
+    """alpha * x @ B + beta * C, with the constant B [K, n] given packed in column panels (`pack_b`), as
+    `ember.passes.pack` leaves MatMul and Gemm by weights: the packing is done once, at compile time."""
+    out = a["alpha"] * np.matmul(_acc(x), _acc(unpack_b(w, a["n"])))
+    if c is not None:
+        out = out + a["beta"] * _acc(c)
+    return out.astype(x.dtype)
+
+
+@lowering("MatMulPackedB", schedule=T.schedule_nn)
+def _matmul_packed_b_compute(a: dict, x: Tensor, w: Tensor, c: Tensor | None = None) -> Tensor:
+    alpha, beta = a["alpha"], a["beta"]
+    rank = len(x.shape)
+
+    def post(v, i, j):
+        if alpha != 1.0:
+            v = v * alpha
+        if c is not None and beta != 0.0:
+            cv = c[broadcast_indices((i, j), c.shape, 2)] if len(c.shape) <= 1 or rank == 2 else None
+            if cv is None:
+                raise NotLowerable("MatMulPackedB: C must be at most 2-d with a 2-d x")
+            v = v + (cv * beta if beta != 1.0 else cv)
+        return v
+
+    return matmul_te(x, None, post=post, name="dense", cfg=a.get(CONFIG_ATTR), packed_b=w, n=a["n"])
 
 
 def _dot_rows_te(x: Tensor, w: Tensor, post, name: str) -> Tensor:

@@ -95,46 +95,57 @@ class GemmPlan:
 
 
 def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None,
-              cfg: ConfigBase | None = None) -> GemmPlan:  # fmt: skip
+              cfg: ConfigBase | None = None, fixed_nr: int | None = None) -> GemmPlan:  # fmt: skip
     """Tile sizes: an mr x nr accumulator tile that fits the register file. B is packed into
     panels when enough rows reuse each panel; for few rows (M < 8) the panel copy would cost as
     much as the product, and B is read in place with wider rows of the tile.
 
     With a tuning config `cfg` (`ember.te.config`), the packed plan's choices are its knobs
     (tile_m, tile_n, tile_k, order, pack_b, unroll_tile); the values computed here are their defaults
-    (the fallback)."""
+    (the fallback). `fixed_nr`: B comes packed already (a constant packed at compile time, panels of
+    that width): the panel width and packing are no longer choices."""
     target = target or host_target()
     lanes = lanes_of(dtype, target)
     regs = vector_regs(target)
-    if lanes > N and M < 8:
+    if fixed_nr is None and lanes > N and M < 8:
         return GemmPlan(mr=max(1, M), nr=max(N, 1), packed=False)
-    if M < 8:
+    if fixed_nr is None and M < 8:
         nvec = max(1, min(4, N // lanes, (regs - 4) // max(M, 1)))
         return GemmPlan(mr=max(M, 1), nr=nvec * lanes, packed=False)
-    nr = 2 * lanes if lanes < N else lanes
-    mr = min(M, (regs - 4) // (nr // lanes) if regs >= 32 else 6)
-    mr = min(mr, 12)
+    nr = fixed_nr or packed_width(N, dtype, target)
+    vecs = max(1, -(-nr // lanes))
+    mr = min(M, (regs - 4) // vecs if regs >= 32 else 6)
+    mr = max(1, min(mr, 12))
     if cfg is None:
         return GemmPlan(mr=mr, nr=nr, packed=True)
-    return _tuned_gemm_plan(cfg, M, N, K, lanes, GemmPlan(mr=mr, nr=nr, packed=True))
+    return _tuned_gemm_plan(cfg, M, N, K, lanes, GemmPlan(mr=mr, nr=nr, packed=True), fixed_nr is not None)
 
 
-def _tuned_gemm_plan(cfg: ConfigBase, M: int, N: int, K: int, lanes: int, dflt: GemmPlan) -> GemmPlan:
+def packed_width(N: int, dtype: DType | str, target: Target | None = None) -> int:
+    """Columns per panel of a packed B: two vectors (one when N is narrower than a vector)."""
+    lanes = lanes_of(dtype, target or host_target())
+    return 2 * lanes if lanes < N else lanes
+
+
+def _tuned_gemm_plan(cfg: ConfigBase, M: int, N: int, K: int, lanes: int, dflt: GemmPlan,
+                     prepacked: bool = False) -> GemmPlan:  # fmt: skip
     """The packed GEMM's knobs: register tile rows and columns (whole vectors), reduction unroll,
     order of the outer tile loops, B packed into panels or read in place, unrolling of the register
-    tile's rows and column vectors."""
+    tile's rows and column vectors. A B packed at compile time (`prepacked`) fixes the columns."""
     cfg.template = cfg.template or "gemm"
     rows = sorted({r for r in (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16) if r <= M} | {dflt.mr})
     mr = cfg.define_split("tile_m", M, 2, policy="candidate", candidates=[(-1, r) for r in rows],
                           default=(-1, dflt.mr))[-1]  # fmt: skip
-    cols = sorted({v * lanes for v in (1, 2, 3, 4) if v == 1 or (v - 1) * lanes < N} | {dflt.nr})
-    nr = cfg.define_split("tile_n", N, 2, policy="candidate", candidates=[(-1, c) for c in cols],
-                          default=(-1, dflt.nr))[-1]  # fmt: skip
+    nr = dflt.nr
+    if not prepacked:
+        cols = sorted({v * lanes for v in (1, 2, 3, 4) if v == 1 or (v - 1) * lanes < N} | {dflt.nr})
+        nr = cfg.define_split("tile_n", N, 2, policy="candidate", candidates=[(-1, c) for c in cols],
+                              default=(-1, dflt.nr))[-1]  # fmt: skip
     unrolls = sorted({k for k in (1, 2, 4, 8) if k <= K} | {min(dflt.kr, K)})
     kr = cfg.define_split("tile_k", K, 2, policy="candidate", candidates=[(-1, k) for k in unrolls],
                           default=(-1, min(dflt.kr, K)))[-1]  # fmt: skip
     order = cfg.define_knob("order", ["ij", "ji"], default=dflt.order)
-    packed = cfg.define_knob("pack_b", [True, False], default=dflt.packed)
+    packed = True if prepacked else cfg.define_knob("pack_b", [True, False], default=dflt.packed)
     unroll = cfg.define_annotate("unroll_tile", 2, policy="try_unroll", default=dflt.unroll)
     return GemmPlan(mr=mr, nr=nr, packed=packed, kr=kr, order=order, unroll=unroll)
 
@@ -151,6 +162,7 @@ def gemm_acc(
     dtype: DType | str,
     name: str = "gemm",
     cfg: ConfigBase | None = None,
+    packed_b: Tensor | None = None,
 ) -> Tensor:
     """The accumulation stage of a (batched) matrix product, shape (*batch, M, Np) with Np >= N
     (columns past N are padding: read only [..., :N]).
@@ -158,9 +170,11 @@ def gemm_acc(
     a_at(batch_idx, i, k) and b_at(b_batch_idx, k, j) give the operands' elements (already cast to
     the accumulation dtype); b_index maps an index of `batch` to an index of B's batch dims
     `b_batch` (broadcasting), so a B without batch dims is packed once for all batches. `cfg` is
-    the tuning config (`gemm_plan`), None for the fallback plan."""
+    the tuning config (`gemm_plan`), None for the fallback plan. `packed_b`: B already packed
+    (`*b_batch, N / nr, K, nr`, zeros past N; a weight packed at compile time), read in place of
+    b_at, with no packing stage in the kernel."""
     dt = as_dtype(dtype)
-    plan = gemm_plan(M, N, K, dt, cfg=cfg)
+    plan = gemm_plan(M, N, K, dt, cfg=cfg, fixed_nr=packed_b.shape[-1] if packed_b is not None else None)
     k = te.reduce_axis((0, K), name="k")
     nb = len(batch)
     if plan.packed:
@@ -173,7 +187,10 @@ def gemm_acc(
             v = b_at(bb, kk, j)
             return v if N % nr == 0 else te.if_then_else(j < N, v, zero(v.dtype))
 
-        pb = te.compute(b_batch + (npanels, K, nr), pack, name=f"{name}_packed_b", tag="gemm_pack")
+        if packed_b is not None:
+            pb = packed_b
+        else:
+            pb = te.compute(b_batch + (npanels, K, nr), pack, name=f"{name}_packed_b", tag="gemm_pack")
 
         def body(*idx):
             bi, i, j = idx[:nb], idx[nb], idx[nb + 1]
@@ -188,7 +205,8 @@ def gemm_acc(
             return te.sum(a_at(bi, i, k) * b_at(b_index(bi), k, j), axis=k)
 
         shape = batch + (M, N)
-    return te.compute(shape, body, name=name, tag="gemm", attrs={"plan": plan, "pack": pb})
+    stage = pb if packed_b is None else None  # a packing stage this kernel schedules
+    return te.compute(shape, body, name=name, tag="gemm", attrs={"plan": plan, "pack": stage})
 
 
 def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:

@@ -22,6 +22,7 @@ from .cleanup import dead_code_elimination, eliminate_common_subexpr, fold_const
 from .control import unroll_scan
 from .fuse import fuse_ops
 from .layout import convert_layout
+from .pack import pack_weights
 from .simplify import simplify
 
 
@@ -44,6 +45,7 @@ PASSES: list[Pass] = [
     Pass("dead_code_elimination", dead_code_elimination, 1, "drop nodes whose outputs are unused"),
     Pass("convert_layout", convert_layout, 3, "convolutions and the ops between them to NCHW[x]c", takes_target=True),
     Pass("fold_constant", fold_constant, 3, "evaluate subgraphs whose inputs are all constants (re-laid out weights)"),
+    Pass("pack_weights", pack_weights, 3, "constant B of MatMul/Gemm packed into GEMM panels", takes_target=True),
     Pass("fuse_ops", fuse_ops, 1, "group operators into kernels by pattern kind (Fused nodes)"),
 ]
 
