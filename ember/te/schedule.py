@@ -16,6 +16,7 @@ from ..tir.functor import transform, walk
 from ..tir.stmt import ForKind
 from .tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Reduce, Tensor, TensorLoad
 
+SCOPES = ("global", "local", "shared")
 THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z", "vthread")
 
 
@@ -166,6 +167,11 @@ class Stage:
 
     def compute_root(self) -> None:
         self.sch._apply(Step("compute_root", self.name))
+
+    def set_scope(self, scope: str) -> None:
+        """Where the stage's buffer lives when it is computed inside a loop: "global", "local" (per thread)
+        or "shared" (per GPU block: filled cooperatively by the threads that bind its loops)."""
+        self.sch._apply(Step("set_scope", self.name, (scope,)))
 
     # -- helpers ---------------------------------------------------------------------------
     def _err(self, msg: str) -> ScheduleError:
@@ -404,6 +410,11 @@ class Schedule:
 
     def _do_compute_root(self, st: Stage) -> None:
         st.attach, st.attach_stage, st.attach_axis = "root", None, None
+
+    def _do_set_scope(self, st: Stage, scope: str) -> None:
+        if scope not in SCOPES:
+            raise st._err(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+        st.scope = scope
 
     def _do_cache_read(self, st: Stage, scope: str, reader_names: tuple[str, ...]) -> Stage:
         tensor = st.op.output()
