@@ -9,8 +9,8 @@ strings. Running the kernels is `runtime.opencl` (pyopencl) and `runtime.cuda` (
 from __future__ import annotations
 
 from ..target import Target
-from ..tir.expr import Call
-from ..tir.stmt import Allocate, Buffer
+from ..tir.expr import BinOp, Call, Cast, Const, Expr, Var
+from ..tir.stmt import Allocate, Buffer, LetStmt, Stmt
 from .c import _MATH, CCodegen, CodegenError, _ident, _register_slots
 from .gpu import DeviceProgram, Kernel
 
@@ -26,6 +26,7 @@ class GPUCodegen(CCodegen):
     helper_prefix = "static inline"
     thread_exprs: dict[str, str] = {}  # "blockIdx.x" -> source
     barrier = ""
+    dims: dict[str, int] = {}  # launch extent of each thread axis of the kernel being rendered
 
     def call(self, e: Call) -> str:
         if e.name == "gpu.barrier":
@@ -33,6 +34,36 @@ class GPUCodegen(CCodegen):
         if e.name.startswith("gpu."):
             return f"((int){self.thread_exprs[e.name[4:]]})"
         return super().call(e)
+
+    def stmt(self, s: Stmt) -> None:
+        bounds = self._thread_bounds(s.value) if isinstance(s, LetStmt) else None
+        if bounds is None:
+            super().stmt(s)
+            return
+        # a loop bound to a thread axis: its variable lies in [min, min + launch extent), which lets the
+        # renderer use plain / and % for the index arithmetic on it (as it does on a loop variable). A loop
+        # that partitioning copied can bind the same variable twice in one C scope: the copy gets a block.
+        again = s.var in self.thread_vars  # type: ignore[union-attr]
+        self.thread_vars.add(s.var)  # type: ignore[union-attr]
+        if again:
+            self.emit("{")
+            self.indent += 1
+        self.emit(f"const {self.ctype(s.value.dtype)} {self.name(s.var)} = {self.expr(s.value)};")  # type: ignore[union-attr]
+        with self.ana.scope(s.var, *bounds):  # type: ignore[union-attr]
+            self.stmt(s.body)  # type: ignore[union-attr]
+        if again:
+            self.indent -= 1
+            self.emit("}")
+
+    def _thread_bounds(self, e: Expr) -> tuple[int, int] | None:
+        lo = 0
+        if isinstance(e, BinOp) and e.op == "add" and isinstance(e.a, Const):
+            lo, e = int(e.a.value), e.b  # type: ignore[arg-type]
+        if isinstance(e, Cast):
+            e = e.value
+        if not (isinstance(e, Call) and e.name.startswith("gpu.") and e.name[4:] in self.dims):
+            return None
+        return lo, lo + self.dims[e.name[4:]] - 1
 
     def helper(self, name: str, code: str) -> str:
         return super().helper(name, code.replace("static inline", self.helper_prefix, 1))
@@ -57,6 +88,9 @@ class GPUCodegen(CCodegen):
         super().allocate(s)
 
     def kernel(self, k: Kernel) -> str:
+        self.thread_vars: set[Var] = set()
+        launch = (("blockIdx", k.grid), ("threadIdx", k.block))
+        self.dims = {f"{g}.{a}": n for g, ext in launch for a, n in zip("xyz", ext)}
         for p in k.params:
             self.name(p)
         self.stmt(k.body)
@@ -116,6 +150,7 @@ def _opencl_prelude(fp64: bool) -> str:
 typedef uchar uint8_t; typedef ushort uint16_t; typedef uint uint32_t; typedef ulong uint64_t;
 #define INT32_MIN (-2147483647 - 1)
 #define INT64_MIN (-9223372036854775807L - 1)
+#define memcpy __builtin_memcpy
 {defines}
 """
 
