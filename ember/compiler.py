@@ -20,9 +20,11 @@ import numpy as np
 
 from .build import _deep_enough, default_target
 from .codegen.c import c_symbol, codegen_c, codegen_c_unit
+from .codegen.gpu import GPU_PIPELINE
 from .codegen.toolchain import compile_units
 from .graph.ir import Graph, Node, Value
 from .ops import Pattern, get_op
+from .ops.gpu_schedules import is_gpu, schedule_gpu
 from .ops.te_lib import NotLowerable, default_schedule
 from .passes import run_passes
 from .passes.fuse import pattern as pattern_of
@@ -127,7 +129,9 @@ def kernel_te(node: Node, target: Target, cfg: Any = None) -> KernelTE:
                 raise AssertionError(f"{m.op} compute gives {got}, the shape rule says {v.type} (node {m.name})")
             tensors[v] = t
     outs = [tensors[v] for v in results]
-    if anchor is not None:
+    if is_gpu(target):  # the GPU targets' own schedules (threads, shared memory) for the same computes
+        sch = schedule_gpu(outs, target)
+    elif anchor is not None:
         sch = get_op(anchor.op).schedule(anchor.attrs, outs, target)
     else:
         sch = default_schedule(outs, target)
@@ -242,7 +246,8 @@ class GraphLowering:
         te_kernel = self._kernel_te(node)
         label = node.attrs["body"].name.removeprefix("fused_") if node.op == "Fused" else node.op.lower()
         name = c_symbol(f"{label[:48]}_{len(self.kernels)}")
-        func = optimize(lower_schedule(te_kernel.schedule, te_kernel.args, name))
+        passes = GPU_PIPELINE if is_gpu(self.target) else None
+        func = optimize(lower_schedule(te_kernel.schedule, te_kernel.args, name), passes)
         kernel = Kernel(name, func, _flops(te_kernel.outputs), te_kernel.passed)
         self.kernels[key] = kernel
         return kernel
@@ -457,8 +462,20 @@ def _build_llvm(m: LoweredModel) -> CompiledModel:
     return build_llvm_model(m)
 
 
+def _build_gpu(m: LoweredModel) -> Any:
+    """OpenCL and CUDA backends: device kernels of every kernel, one source, a GPU runtime (runtime.gpu_model)."""
+    from .runtime.gpu_model import build_gpu_model
+
+    kernels = [(k.name, k.func) for k in m.gl.kernels.values()]
+    model = build_gpu_model(kernels, m.plan, m.gl.weights, m.target, reference_fallback, m.summary)
+    t_build = time.perf_counter()
+    model._summary.update(compile_seconds=t_build - m.t0, build_seconds=t_build - m.t_lower)
+    return model
+
+
 # target kind -> code generation and runtime for a lowered model
-BACKENDS: dict[str, Callable[[LoweredModel], CompiledModel]] = {"c": _build_c, "llvm": _build_llvm}
+BACKENDS: dict[str, Callable[[LoweredModel], Any]] = {"c": _build_c, "llvm": _build_llvm, "opencl": _build_gpu,
+                                                      "cuda": _build_gpu}  # fmt: skip
 
 
 def load(path: str) -> CompiledModel:

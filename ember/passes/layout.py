@@ -264,8 +264,11 @@ def cancel_transforms(graph: Graph) -> Graph:
 
 
 def convert_layout(graph: Graph, target: Target | str | None = None) -> Graph:
-    """Convolutions and the ops between them to NCHW[x]c for `target` (default: the host CPU)."""
+    """Convolutions and the ops between them to NCHW[x]c for `target` (default: the host CPU). GPU targets
+    keep NCHW: their threads run over output channels and pixels, not over vector lanes of a channel block."""
     target = Target.parse(target or "c")
+    if target.kind in ("cuda", "opencl"):
+        return graph
     lanes = {dt: target.vector_lanes(int(dt[-2:])) for dt in FLOATS}
     graph.topo_sort()
     return cancel_transforms(_Converter(graph, lanes).run())

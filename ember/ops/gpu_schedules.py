@@ -1,0 +1,298 @@
+"""Schedules of operator kernels for the GPU targets (CUDA, OpenCL): every kernel the CPU lowers, bound to threads.
+
+The computes are the operators' own (`ember.ops.nn` and the rest), so every op that lowers natively on the CPU
+lowers here too; only the schedule differs. `schedule_gpu(outs, target)`:
+
+- generic (any kernel): intermediate elementwise stages are inlined (those marked `materialize` that are not
+  cheap to recompute, such as a recurrence's states, stay at root); each root stage's data-parallel loops are
+  fused and split into blockIdx.x x threadIdx.x (lowering guards the tail), a reduction is computed per output
+  element by one thread (its reduce loops serial inside the thread). A reduction read only by one elementwise
+  root stage of at most its size (conv + bias + relu, matmul + gelu) is computed inside that stage's thread
+  loop, into a private buffer of one element, instead of a kernel of its own;
+- templates, found by the stage attributes the CPU templates record (`attrs["template"]`):
+  * "gemm" (MatMul, Gemm, 1x1 conv): the output tiled per block (BM x BN) and per thread (a TM x TN register
+    tile of the accumulation), the reduction split by TK, both operands' tiles loaded cooperatively into shared
+    memory at each step (barriers placed by `codegen.gpu`);
+  * "rows" (softmax, layer/instance/RMS normalization): one block per row, its threads over the row's
+    elements; the row's reductions run before, their partial results (one per vector lane of the CPU compute)
+    computed by as many threads into shared memory, then combined by each thread; per-row buffers (softmax's
+    exp) are recomputed instead of stored. Short rows (< 32 elements): one thread per row;
+  * convolutions and pooling use the generic schedule: one thread per output element (channel, pixel), the
+    window reduction in its registers.
+
+Every template's result is checked by bound inference before it is used (a per-thread buffer larger than
+`LOCAL_LIMIT` elements, or shared memory over `SHARED_LIMIT` bytes, falls back to the generic schedule), so an
+unusual shape gets a slower kernel, never a failing one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+from ember import te
+from ember.ops.nn_templates import _elementwise_output
+from ember.target import Target
+from ember.te.lower import Lowering
+from ember.te.schedule import Schedule, ScheduleError, Stage
+from ember.te.tensor import ComputeOp, Reduce, Tensor
+
+log = logging.getLogger(__name__)
+
+GPU_KINDS = ("cuda", "opencl")
+THREADS = 256  # threads per block of the generic schedule
+LOCAL_LIMIT = 64  # elements of a per-thread buffer made by compute_at
+SHARED_LIMIT = 48 * 1024  # bytes of shared memory per block (CUDA's static limit)
+ROW_MIN = 32  # rows shorter than this run one per thread
+INLINE_TAGS = ("nn_pad", "row_buffer", "gemm_pack", "conv_pack")  # cheap to recompute in every reader
+
+
+def is_gpu(target: Target) -> bool:
+    return target.kind in GPU_KINDS
+
+
+def schedule_gpu(outs: Sequence[Tensor], target: Target) -> Schedule:
+    """The GPU schedule of a kernel computing `outs` (see the module's doc)."""
+    s = te.create_schedule(list(outs))
+    try:
+        done = _templates(s, outs, target)
+        if done:
+            _generic(s, outs, done)
+            if _fits(s, outs):
+                return s
+            log.debug("GPU template does not fit; generic schedule for %s", [t.name for t in outs])
+    except ScheduleError as e:  # a template that does not apply to this instance: the generic schedule runs it
+        log.debug("GPU template failed (%s); generic schedule for %s", e, [t.name for t in outs])
+    s = te.create_schedule(list(outs))
+    _generic(s, outs, set())
+    return s
+
+
+# -- the generic schedule ------------------------------------------------------------------------------
+def _generic(s: Schedule, outs: Sequence[Tensor], done: set[str]) -> None:
+    for st in s.stages:
+        if st.name not in done and st.attach == "root" and _inlinable(st):
+            st.compute_inline()
+    roots = [st for st in s.stages if not st.is_placeholder and st.attach == "root" and st.name not in done]
+    readers = _effective_readers(s)
+    folded: dict[Stage, Stage] = {}
+    for st in roots:
+        if st.is_output or not _is_reduce(st):
+            continue
+        rs = readers.get(st, set())
+        if len(rs) == 1:
+            (o,) = rs
+            if o in roots and not _is_reduce(o) and _numel(st) >= _numel(o) > 0:
+                folded[st] = o
+    thread_loop = {st: bind_flat(st) for st in roots if st not in folded}
+    for st, o in folded.items():
+        if thread_loop.get(o) is None:
+            thread_loop[st] = bind_flat(st)
+            continue
+        st.compute_at(o, thread_loop[o])
+    if not folded:
+        return
+    sizes = _regions(s, outs)
+    for st in folded:
+        if st.attach == "at" and sizes.get(st.name, 0) > 1:  # not one element per thread: a kernel of its own
+            st.compute_root()
+            bind_flat(st)
+
+
+def bind_flat(st: Stage, threads: int = THREADS):
+    """Fuse a stage's data-parallel loops and split them into blockIdx.x x threadIdx.x; returns the thread loop
+    (None for a stage without elements or axes: it runs as one thread)."""
+    op = st.op
+    size = _numel(st)
+    if not op.axis or size == 0:
+        return None
+    fused = st.fuse(*op.axis) if len(op.axis) > 1 else op.axis[0]
+    bx, tx = st.split(fused, min(threads, size))
+    st.bind(bx, "blockIdx.x")
+    st.bind(tx, "threadIdx.x")
+    return tx
+
+
+def _inlinable(st: Stage) -> bool:
+    op = st.op
+    if st.is_placeholder or st.is_output or not isinstance(op, ComputeOp) or isinstance(op.body, Reduce):
+        return False
+    return not op.attrs.get("materialize") or op.tag in INLINE_TAGS
+
+
+def _is_reduce(st: Stage) -> bool:
+    return isinstance(st.op, ComputeOp) and isinstance(st.op.body, Reduce)
+
+
+def _numel(st: Stage) -> int:
+    return math.prod(st.op.shape)
+
+
+def _effective_readers(s: Schedule) -> dict[Stage, set[Stage]]:
+    """The stages that read each stage, looking through inlined readers."""
+    direct: dict[Stage, set[Stage]] = {}
+    for st in s.stages:
+        for t in st.op.inputs:
+            direct.setdefault(s[t], set()).add(st)
+    out: dict[Stage, set[Stage]] = {}
+
+    def effective(st: Stage) -> set[Stage]:
+        if st not in out:
+            out[st] = set()
+            for r in direct.get(st, ()):
+                out[st] |= effective(r) if r.attach == "inline" else {r}
+        return out[st]
+
+    for st in s.stages:
+        effective(st)
+    return out
+
+
+# -- checking a schedule by bound inference --------------------------------------------------------------
+def _regions(s: Schedule, outs: Sequence[Tensor]) -> dict[str, int]:
+    """Elements of the buffer of each stage computed inside another's loop (bound inference, no code)."""
+    args = [st.op.output() for st in s.stages if st.is_placeholder] + list(outs)
+    low = Lowering(s, args, "probe")
+    low.inline()
+    low.check()
+    low.infer_bounds()
+    return {st.name: math.prod(low.loops[st].extent[iv] for iv in st.op.axis) for st in low.stages
+            if st.attach == "at"}  # fmt: skip
+
+
+def _fits(s: Schedule, outs: Sequence[Tensor]) -> bool:
+    sizes = _regions(s, outs)
+    shared = 0
+    for st in s.stages:
+        if st.name not in sizes:
+            continue
+        if st.scope == "shared":
+            shared += sizes[st.name] * st.op.dtype.bits // 8
+        elif sizes[st.name] > LOCAL_LIMIT:
+            return False
+    return shared <= SHARED_LIMIT
+
+
+# -- templates ---------------------------------------------------------------------------------------
+def _templates(s: Schedule, outs: Sequence[Tensor], target: Target) -> set[str]:
+    """Apply the GPU template of every stage that names one; returns the stages they scheduled."""
+    done: set[str] = set()
+    for st in list(s.stages):
+        op = st.op
+        kind = op.attrs.get("template") if isinstance(op, ComputeOp) else None
+        if kind not in TEMPLATES or _numel(st) == 0:
+            continue
+        anchor = st if st.is_output else _elementwise_output(s, st, outs)
+        if anchor is None:
+            continue
+        if anchor is not st:
+            st.compute_inline()
+        done |= TEMPLATES[kind](s, anchor, op.attrs, target)
+    return done
+
+
+def _tile(n: int) -> tuple[int, int]:
+    """(elements per thread, threads) along one output axis of a GEMM block."""
+    per = 4 if n >= 64 else 2 if n >= 16 else 1
+    return per, max(1, min(16, -(-n // per)))
+
+
+def _gemm(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
+    """Block tile (ty*tm) x (tx*tn) of the output, a tm x tn accumulator per thread, operand tiles in shared memory."""
+    ia, ja = attrs.get("i_axis"), attrs.get("j_axis")
+    A = s[attrs["acc"]]
+    if ia is None or ja is None or len(A.op.reduce_axis) != 1 or A.attach != "root":
+        return set()
+    axes = list(O.op.axis)
+    tm, ty = _tile(O.op.shape[ia])
+    tn, tx = _tile(O.op.shape[ja])
+    tk = min(16, A.op.reduce_axis[0].dom[1])
+    batch = [ax for d, ax in enumerate(axes) if d not in (ia, ja)]
+    io, ii = O.split(axes[ia], tm * ty)
+    yo, ri = O.split(ii, tm)
+    jo, ji = O.split(axes[ja], tn * tx)
+    xo, rj = O.split(ji, tn)
+    O.reorder(*batch, io, jo, yo, xo, ri, rj)
+    block = O.fuse(*batch, io, jo)
+    thread = O.fuse(yo, xo)
+    O.bind(block, "blockIdx.x")
+    O.bind(thread, "threadIdx.x")
+    O.unroll(ri)
+    O.unroll(rj)
+    operands = [t for t in dict.fromkeys(A.op.inputs) if t.ndim >= 2]
+    caches = [s[s.cache_read(t, "shared", [A])] for t in operands]
+    A.compute_at(O, thread)
+    *lb, li, lj = A.op.axis
+    ko, ki = A.split(A.op.reduce_axis[0], tk)
+    A.reorder(*lb, ko, ki, li, lj)
+    A.unroll(li)
+    A.unroll(lj)
+    for C in caches:
+        C.compute_at(A, ko)
+        f = C.fuse(*C.op.axis) if len(C.op.axis) > 1 else C.op.axis[0]
+        _, t = C.split(f, ty * tx)
+        C.bind(t, "threadIdx.x")
+    return {O.name, A.name} | {C.name for C in caches}
+
+
+ROW_TAGS = ("row_partial", "row_reduce")
+
+
+def _rows(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
+    """A block per row (its threads over the row), or a thread per row for short rows; the row's reductions
+    computed in the row's loop."""
+    k = attrs.get("rows") or 0
+    axes = O.op.axis
+    if k == 0 or k >= len(axes):
+        return set()
+    nrows, length = math.prod(O.op.shape[:k]), math.prod(O.op.shape[k:])
+    for st in s.stages:
+        if st.attach == "root" and not st.is_output and isinstance(st.op, ComputeOp) and st.op.tag == "row_buffer":
+            st.compute_inline()
+    members = _row_members(s, O)
+    row = O.fuse(*axes[:k]) if k > 1 else axes[0]
+    inner = O.fuse(*axes[k:]) if len(axes) > k + 1 else axes[k]
+    if length < ROW_MIN:
+        bx, at = O.split(row, min(64, nrows))
+        O.bind(bx, "blockIdx.x")
+        O.bind(at, "threadIdx.x")
+    else:
+        threads = min(THREADS, 1 << (length - 1).bit_length())
+        at = row
+        O.bind(row, "blockIdx.x")
+        _, ti = O.split(inner, threads)
+        O.bind(ti, "threadIdx.x")
+    names = {O.name}
+    for st in members:
+        names.add(st.name)
+        if length >= ROW_MIN and st.op.tag == "row_partial":
+            # one partial result per thread: accumulated in a register, then stored to shared memory
+            acc = s[s.cache_write(st.op.output(), "local")]
+            st.compute_at(O, at)
+            st.set_scope("shared")
+            lane = st.op.axis[-1]
+            st.bind(lane, "threadIdx.x")
+            acc.compute_at(st, lane)
+            names.add(acc.name)
+        else:
+            st.compute_at(O, at)
+    return names
+
+
+def _row_members(s: Schedule, O: Stage) -> list[Stage]:
+    """Row reductions whose readers (through inlined stages) are O or other row reductions computed with it."""
+    readers = _effective_readers(s)
+    cand = {st for st in s.stages if isinstance(st.op, ComputeOp) and st.op.tag in ROW_TAGS and not st.is_output
+            and st.attach == "root"}  # fmt: skip
+    changed = True
+    while changed:
+        changed = False
+        for st in list(cand):
+            if any(r is not O and r not in cand for r in readers.get(st, ())):
+                cand.discard(st)
+                changed = True
+    return [st for st in s.stages if st in cand]
+
+
+TEMPLATES = {"gemm": _gemm, "rows": _rows}
