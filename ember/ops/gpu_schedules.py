@@ -17,8 +17,10 @@ lowers here too; only the schedule differs. `schedule_gpu(outs, target)`:
     elements; the row's reductions run before, their partial results (one per vector lane of the CPU compute)
     computed by as many threads into shared memory, then combined by each thread; per-row buffers (softmax's
     exp) are recomputed instead of stored. Short rows (< 32 elements): one thread per row;
-  * convolutions and pooling use the generic schedule: one thread per output element (channel, pixel), the
-    window reduction in its registers.
+  * "conv_oc"/"conv_ow" (convolutions): a thread per output pixel with a register tile of 2-8 output channels
+    (dense convs: each input value is loaded once for all of them) or of 2-4 positions along the width
+    (depthwise: each weight loaded once for all of them); pooling uses the generic schedule (one output each).
+  Accumulators computed in a thread are "local": the renderer keeps them in registers.
 
 Every template's result is checked by bound inference before it is used (a per-thread buffer larger than
 `LOCAL_LIMIT` elements, or shared memory over `SHARED_LIMIT` bytes, falls back to the generic schedule), so an
@@ -56,6 +58,7 @@ def schedule_gpu(outs: Sequence[Tensor], target: Target) -> Schedule:
     """The GPU schedule of a kernel computing `outs` (see the module's doc)."""
     s = te.create_schedule(list(outs))
     try:
+        _inline(s, set())
         done = _templates(s, outs, target)
         if done:
             _generic(s, outs, done)
@@ -70,10 +73,14 @@ def schedule_gpu(outs: Sequence[Tensor], target: Target) -> Schedule:
 
 
 # -- the generic schedule ------------------------------------------------------------------------------
-def _generic(s: Schedule, outs: Sequence[Tensor], done: set[str]) -> None:
+def _inline(s: Schedule, done: set[str]) -> None:
     for st in s.stages:
         if st.name not in done and st.attach == "root" and _inlinable(st):
             st.compute_inline()
+
+
+def _generic(s: Schedule, outs: Sequence[Tensor], done: set[str]) -> None:
+    _inline(s, done)
     roots = [st for st in s.stages if not st.is_placeholder and st.attach == "root" and st.name not in done]
     readers = _effective_readers(s)
     folded: dict[Stage, Stage] = {}
@@ -91,6 +98,7 @@ def _generic(s: Schedule, outs: Sequence[Tensor], done: set[str]) -> None:
             thread_loop[st] = bind_flat(st)
             continue
         st.compute_at(o, thread_loop[o])
+        st.set_scope("local")
     if not folded:
         return
     sizes = _regions(s, outs)
@@ -193,8 +201,9 @@ def _templates(s: Schedule, outs: Sequence[Tensor], target: Target) -> set[str]:
 
 
 def _tile(n: int) -> tuple[int, int]:
-    """(elements per thread, threads) along one output axis of a GEMM block."""
-    per = 4 if n >= 64 else 2 if n >= 16 else 1
+    """(elements per thread, threads) along one output axis of a GEMM block: 128 x 128 blocks of 16 x 16 threads
+    with 8 x 8 accumulators for large products, smaller tiles for small ones."""
+    per = 8 if n >= 128 else 4 if n >= 64 else 2 if n >= 16 else 1
     return per, max(1, min(16, -(-n // per)))
 
 
@@ -207,7 +216,7 @@ def _gemm(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
     axes = list(O.op.axis)
     tm, ty = _tile(O.op.shape[ia])
     tn, tx = _tile(O.op.shape[ja])
-    tk = min(16, A.op.reduce_axis[0].dom[1])
+    tk = min(8 if tm * tn >= 64 else 16, A.op.reduce_axis[0].dom[1])
     batch = [ax for d, ax in enumerate(axes) if d not in (ia, ja)]
     io, ii = O.split(axes[ia], tm * ty)
     yo, ri = O.split(ii, tm)
@@ -223,6 +232,7 @@ def _gemm(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
     operands = [t for t in dict.fromkeys(A.op.inputs) if t.ndim >= 2]
     caches = [s[s.cache_read(t, "shared", [A])] for t in operands]
     A.compute_at(O, thread)
+    A.set_scope("local")
     *lb, li, lj = A.op.axis
     ko, ki = A.split(A.op.reduce_axis[0], tk)
     A.reorder(*lb, ko, ki, li, lj)
@@ -234,6 +244,51 @@ def _gemm(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
         _, t = C.split(f, ty * tx)
         C.bind(t, "threadIdx.x")
     return {O.name, A.name} | {C.name for C in caches}
+
+
+def _conv(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
+    """Direct convolution, one thread per output pixel and a register tile of `tc` output channels (dense convs:
+    each input value read once for all of them), or of `tw` positions along the width (depthwise: each weight
+    read once for all of them); the reduction over input channels and the window runs in the thread."""
+    A = s[attrs["acc"]]
+    plan = A.op.attrs.get("plan")
+    rc = [iv for iv in A.op.reduce_axis if iv.name == "rc"]  # pooling has no channel reduction: generic
+    shape, axes = O.op.shape, list(O.op.axis)
+    if A.attach != "root" or not rc or len(shape) < 3 or plan is None:
+        return set()
+    co, width = shape[1], shape[-1]
+    block = plan.block if A.op.tag == "conv_oc" else co  # conv_oc: channels in blocks of the CPU's vectors
+    tc = next((c for c in (8, 4, 2) if rc[0].dom[1] >= 4 and block % c == 0 and co >= 2 * c), 1)
+    tw = 1 if tc > 1 else 4 if width >= 8 else 2 if width >= 4 else 1
+    if tc == 1 and tw == 1:
+        return set()
+    if tc > 1:
+        outer = [axes[0]]
+        c = axes[1]
+        if A.op.tag == "conv_oc":
+            cb, c = O.split(c, block)
+            outer.append(cb)
+        c, tile = O.split(c, tc)
+        outer += [c, *axes[2:]]
+    else:
+        w, tile = O.split(axes[-1], tw)
+        outer = [*axes[:-1], w]
+    O.reorder(*outer, tile)
+    fused = O.fuse(*outer)
+    bx, tx = O.split(fused, min(128, math.prod(shape) // (tc * tw) or 1))
+    O.bind(bx, "blockIdx.x")
+    O.bind(tx, "threadIdx.x")
+    O.unroll(tile)
+    A.compute_at(O, tx)
+    A.set_scope("local")
+    data = [iv for iv in A.op.axis if iv is not A.op.axis[1 if tc > 1 else -1]]
+    inner = A.op.axis[1 if tc > 1 else -1] if A.op.tag != "conv_oc" or tw > 1 else A.op.axis[-1]
+    A.reorder(*[iv for iv in data if iv is not inner], *A.op.reduce_axis, inner)
+    A.unroll(inner)
+    region = _regions(s, s.outputs).get(A.name, 0)
+    if region != tc * tw:  # the tile does not map to a box of the accumulation: the generic schedule
+        raise ScheduleError(f"stage '{A.name}': conv tile of {tc * tw} needs {region} accumulators")
+    return {O.name, A.name}
 
 
 ROW_TAGS = ("row_partial", "row_reduce")
@@ -277,6 +332,7 @@ def _rows(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
             names.add(acc.name)
         else:
             st.compute_at(O, at)
+            st.set_scope("local")
     return names
 
 
@@ -295,4 +351,4 @@ def _row_members(s: Schedule, O: Stage) -> list[Stage]:
     return [st for st in s.stages if st in cand]
 
 
-TEMPLATES = {"gemm": _gemm, "rows": _rows}
+TEMPLATES = {"gemm": _gemm, "rows": _rows, "conv_oc": _conv, "conv_ow": _conv}
