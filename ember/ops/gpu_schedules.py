@@ -10,9 +10,10 @@ lowers here too; only the schedule differs. `schedule_gpu(outs, target)`:
   root stage of at most its size (conv + bias + relu, matmul + gelu) is computed inside that stage's thread
   loop, into a private buffer of one element, instead of a kernel of its own;
 - templates, found by the stage attributes the CPU templates record (`attrs["template"]`):
-  * "gemm" (MatMul, Gemm, 1x1 conv): the output tiled per block (BM x BN) and per thread (a TM x TN register
-    tile of the accumulation), the reduction split by TK, both operands' tiles loaded cooperatively into shared
-    memory at each step (barriers placed by `codegen.gpu`);
+  * "gemm" (MatMul, Gemm, 1x1 conv): the output tiled per block (BM x BN: 128 x 128 down to 16 x 16, the
+    largest that still makes enough blocks to fill a GPU) and per thread (a TM x TN register tile of the
+    accumulation), the reduction split by TK, both operands' tiles loaded cooperatively into shared memory at
+    each step (barriers placed by `codegen.gpu`);
   * "rows" (softmax, layer/instance/RMS normalization): one block per row, its threads over the row's
     elements; the row's reductions run before, their partial results (one per vector lane of the CPU compute)
     computed by as many threads into shared memory, then combined by each thread; per-row buffers (softmax's
@@ -200,11 +201,29 @@ def _templates(s: Schedule, outs: Sequence[Tensor], target: Target) -> set[str]:
     return done
 
 
-def _tile(n: int) -> tuple[int, int]:
-    """(elements per thread, threads) along one output axis of a GEMM block: 128 x 128 blocks of 16 x 16 threads
-    with 8 x 8 accumulators for large products, smaller tiles for small ones."""
-    per = 8 if n >= 128 else 4 if n >= 64 else 2 if n >= 16 else 1
-    return per, max(1, min(16, -(-n // per)))
+# GEMM block shapes, largest first: (accumulators per thread, threads) along rows and columns
+GEMM_TILES = (((8, 16), (8, 16)), ((4, 16), (4, 16)), ((4, 8), (4, 8)), ((2, 8), (2, 8)))
+MIN_BLOCKS = 96  # a GEMM takes the largest block shape that gives at least this many blocks (a GPU's SMs)
+
+
+def _gemm_tiles(batch: int, m: int, n: int) -> tuple[int, int, int, int]:
+    """(tm, ty, tn, tx): tm x tn accumulators per thread, ty x tx threads per block. The largest block shape
+    (128 x 128 with 8 x 8 per thread) that still makes MIN_BLOCKS blocks; otherwise the one with the most
+    threads in all (small products)."""
+
+    def fit(size: int, per: int, threads: int) -> tuple[int, int]:
+        per = min(per, 1 << (size.bit_length() - 1))
+        return per, max(1, min(threads, -(-size // per)))
+
+    best, most = None, -1
+    for (pm, tym), (pn, txn) in GEMM_TILES:
+        (tm, ty), (tn, tx) = fit(m, pm, tym), fit(n, pn, txn)
+        blocks = batch * -(-m // (tm * ty)) * -(-n // (tn * tx))
+        if blocks >= MIN_BLOCKS:
+            return tm, ty, tn, tx
+        if blocks * ty * tx > most:
+            best, most = (tm, ty, tn, tx), blocks * ty * tx
+    return best  # type: ignore[return-value]
 
 
 def _gemm(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
@@ -213,9 +232,9 @@ def _gemm(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
     A = s[attrs["acc"]]
     if ia is None or ja is None or len(A.op.reduce_axis) != 1 or A.attach != "root":
         return set()
-    axes = list(O.op.axis)
-    tm, ty = _tile(O.op.shape[ia])
-    tn, tx = _tile(O.op.shape[ja])
+    axes, shape = list(O.op.axis), O.op.shape
+    nbatch = math.prod(n for d, n in enumerate(shape) if d not in (ia, ja))
+    tm, ty, tn, tx = _gemm_tiles(nbatch, shape[ia], shape[ja])
     tk = min(8 if tm * tn >= 64 else 16, A.op.reduce_axis[0].dom[1])
     batch = [ax for d, ax in enumerate(axes) if d not in (ia, ja)]
     io, ii = O.split(axes[ia], tm * ty)
