@@ -148,10 +148,20 @@ class CUDADevice:
         self.drv, self.check = _driver(), _check
         self.module = _check(self.drv.cuModuleLoadData(ptx_path.read_bytes() + b"\0"))
         self.functions: dict[str, Any] = {}
+        self.allocations: list[Any] = []
         self.name = "CUDA device 0"
 
     def alloc(self, nbytes: int) -> int:
-        return int(self.check(self.drv.cuMemAlloc(max(nbytes, 1))))
+        ptr = self.check(self.drv.cuMemAlloc(max(nbytes, 1)))
+        self.allocations.append(ptr)
+        return int(ptr)
+
+    def __del__(self) -> None:
+        for ptr in getattr(self, "allocations", []):
+            try:
+                self.drv.cuMemFree(ptr)
+            except Exception:  # interpreter shutdown: the driver may be gone already
+                break
 
     def sub(self, buf: int, offset: int, nbytes: int) -> int:
         return buf + offset

@@ -94,6 +94,22 @@ def test_every_kernel_runs_on_bound_threads(name):
         assert any(n.startswith("layernormalization") for n in shared), shared
 
 
+def test_device_workspace_offsets_are_aligned_and_disjoint_within_each_kernel_call():
+    """OpenCL sub-buffers need offsets aligned to the device's base address alignment (often 128 bytes or more):
+    the GPU runtime re-plans the workspace at that alignment, still reusing memory by liveness."""
+    from ember.runtime.gpu_model import plan_offsets
+
+    plan = lower_model(MODELS["transformer"](), Target.parse("opencl")).plan
+    offsets, total = plan_offsets(plan, 1024)
+    temps = {i for i, v in enumerate(plan.values) if v.kind == "temp"}
+    assert set(offsets) == temps and all(o % 1024 == 0 for o in offsets.values())
+    assert total < sum(-(-max(plan.values[i].nbytes, 1) // 1024) * 1024 for i in temps)  # memory is reused
+    for step in plan.steps:
+        for k in step.kernels:
+            spans = sorted((offsets[i], offsets[i] + plan.values[i].nbytes) for i in set(k.args) & temps)
+            assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), k.name
+
+
 def _layer_norm(rows: int = 8, length: int = 64):
     from ember.ops import get_op
 
