@@ -218,6 +218,10 @@ def _gemm_tiles(batch: int, m: int, n: int) -> tuple[int, int, int, int]:
     best, most = None, -1
     for (pm, tym), (pn, txn) in GEMM_TILES:
         (tm, ty), (tn, tx) = fit(m, pm, tym), fit(n, pn, txn)
+        if ty < tym:  # few rows: more threads along the columns (a block stays a few warps, not 8 threads)
+            tx = max(1, min(tym * txn // ty, -(-n // tn)))
+        elif tx < txn:
+            ty = max(1, min(tym * txn // tx, -(-m // tm)))
         blocks = batch * -(-m // (tm * ty)) * -(-n // (tn * tx))
         if blocks >= MIN_BLOCKS:
             return tm, ty, tn, tx
