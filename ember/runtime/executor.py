@@ -426,6 +426,10 @@ def load(path: str | Path, fallback: Fallback | None = None) -> CompiledModel:
     d = Path(path)
     if not (d / "plan.json").exists():
         raise FileNotFoundError(f"{d} is not a saved Ember model (no plan.json)")
+    if (d / "gpu.json").exists():  # targets opencl and cuda: runtime.gpu_model
+        from .gpu_model import load as load_gpu
+
+        return load_gpu(d, fallback)  # type: ignore[return-value]
     plan = Plan.from_json(json.loads((d / "plan.json").read_text()))
     with np.load(d / "weights.npz") as z:
         weights = {int(k[1:]): z[k] for k in z.files}

@@ -15,16 +15,20 @@ bound to blockIdx/threadIdx) and its run plan (values, steps, liveness):
   copies their outputs back, then copies the graph outputs out.
 
 `GPUCompiledModel` answers like `CompiledModel`: `m(x)`, `m.run({...})`, `summary()`, `benchmark()`,
-`profile()` (per-kernel device time: OpenCL events, CUDA synchronized host timers), `profile_table()`.
-Saving a GPU model is not supported yet (`save` raises NotImplementedError).
+`profile()` (per-kernel device time: OpenCL events, CUDA synchronized host timers), `profile_table()`, and
+`save(dir)`: plan, weights, kernel source (PTX for CUDA) and launches, which `ember.load` runs again without the
+compiler.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -241,39 +245,46 @@ def _bytes_view(a: np.ndarray) -> np.ndarray:
 
 
 # -- the model -------------------------------------------------------------------------------------------
-class GPUCompiledModel:
-    """A model compiled for a GPU target: call it with numpy arrays, or `run` a dict by input name."""
+def launch_plan(plan: Plan, progs: Mapping[str, DeviceProgram]) -> list[list[list[Launch]]]:
+    """Per plan step, per model kernel call: its device launches (a kernel with an empty grid is none)."""
+    out = []
+    for s in plan.steps:
+        calls = []
+        for k in s.kernels if s.kind == "segment" else []:
+            prog = progs[k.name]
+            vids = dict(zip(prog.params, k.args))
 
-    def __init__(self, plan: Plan, weights: Mapping[int, np.ndarray], progs: Mapping[str, DeviceProgram],
-                 source: str, target: Target, make_device: Callable[[], Any], fallback: Fallback | None = None,
-                 summary: dict | None = None):  # fmt: skip
+            def arg(b: Any, k: Any = k, vids: dict = vids) -> tuple[str, Any]:
+                return ("value", vids[b]) if b in vids else ("temp", (k.name, b.name))
+
+            calls.append([Launch(dk.name, dk.grid, dk.block, [arg(b) for b in dk.params], k.name)
+                          for dk in prog.kernels if all(dk.grid) and all(dk.block)])  # fmt: skip
+        out.append(calls)
+    return out
+
+
+class GPUCompiledModel:
+    """A model compiled for a GPU target: call it with numpy arrays, or `run` a dict by input name.
+
+    `launches` (per plan step, per kernel call, the device launches) and `temps` (each kernel's own device
+    temporaries, by (kernel, buffer) name: bytes) are plain data: a saved model needs neither the compiler nor
+    the loop IR. `programs` (the device programs with their loop IR) is there when compiled in this process."""
+
+    def __init__(self, plan: Plan, weights: Mapping[int, np.ndarray], launches: list[list[list[Launch]]],
+                 temps: Mapping[tuple[str, str], int], source: str, target: Target, make_device: Callable[[], Any],
+                 fallback: Fallback | None = None, summary: dict | None = None,
+                 programs: Mapping[str, DeviceProgram] | None = None):  # fmt: skip
         self.plan = plan
         self.source = source
         self.target = target
-        self.programs = dict(progs)
+        self.programs = dict(programs or {})
+        self.temps = dict(temps)
         self._weights = {i: np.ascontiguousarray(w) for i, w in weights.items()}
         self._fallback = fallback
         self._summary = dict(summary or {})
         self._make_device = make_device
         self._device: Any = None
-        self.launches = self._launches()
-
-    def _launches(self) -> list[tuple[Step, list[list[Launch]]]]:
-        """Per plan step, per model kernel call: its device launches."""
-        out = []
-        for s in self.plan.steps:
-            calls = []
-            for k in s.kernels if s.kind == "segment" else []:
-                prog = self.programs[k.name]
-                vids = dict(zip(prog.params, k.args))
-
-                def arg(b: Any, k: Any = k, vids: dict = vids) -> tuple[str, Any]:
-                    return ("value", vids[b]) if b in vids else ("temp", (k.name, b.name))
-
-                calls.append([Launch(dk.name, dk.grid, dk.block, [arg(b) for b in dk.params], k.name)
-                              for dk in prog.kernels if all(dk.grid) and all(dk.block)])  # fmt: skip
-            out.append((s, calls))
-        return out
+        self.launches = list(zip(plan.steps, launches))
 
     # -- device state, made on the first run --------------------------------------------------------------
     def device(self) -> Any:
@@ -294,7 +305,7 @@ class GPUCompiledModel:
             for i, v in enumerate(plan.values):
                 if v.kind == "alias":
                     bufs[i] = bufs[v.alias_of]
-            temps = {(name, t.name): dev.alloc(t.nbytes) for name, p in self.programs.items() for t in p.temps}
+            temps = {key: dev.alloc(nbytes) for key, nbytes in self.temps.items()}
             prepared = []
             for _, calls in self.launches:
                 prepared.append([[dev.prepare(la, [bufs[a] if kind == "value" else temps[a] for kind, a in la.args])
@@ -489,11 +500,22 @@ class GPUCompiledModel:
             lines.append(f"{r['kernel']:<32} {ms:>9.3f} {r['share']:>6.1%} {g:>8}  {'+'.join(r['ops'])}")
         return "\n".join(lines)
 
-    def save(self, path: Any) -> None:
-        raise NotImplementedError(
-            f"saving a model compiled for {self.target.kind} is not supported yet; compile it again, or compile for "
-            "target 'c' to save a library"
-        )
+    def save(self, path: str | Path) -> Path:
+        """A directory holding the plan, the weights, the kernels' source (and PTX for CUDA) and the launches:
+        `ember.load` runs it again without the compiler (OpenCL builds the source, CUDA loads the PTX)."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps(self.plan.to_json(), indent=1) + "\n")
+        (out / "summary.json").write_text(json.dumps(self._summary, indent=1, default=str) + "\n")
+        np.savez(out / "weights.npz", **{f"v{i}": w for i, w in self._weights.items()})
+        (out / ("model.cl" if self.target.kind == "opencl" else "model.cu")).write_text(self.source)
+        if self.target.kind == "cuda":
+            shutil.copyfile(self._summary["ptx"], out / "model.ptx")
+        launches = [[[vars(la) for la in call] for call in calls] for _, calls in self.launches]
+        temps = [[k, name, n] for (k, name), n in self.temps.items()]
+        gpu = {"target": str(self.target), "launches": launches, "temps": temps}
+        (out / "gpu.json").write_text(json.dumps(gpu, indent=1) + "\n")
+        return out
 
     def export_c(self, directory: Any, prefix: str = "ember_model") -> None:
         raise NotImplementedError(f"export_c makes C for CPUs; this model was compiled for {self.target.kind}")
@@ -536,4 +558,40 @@ def build_gpu_model(
             return CUDADevice(ptx)
 
     info["codegen_seconds"] = time.perf_counter() - t0
-    return GPUCompiledModel(plan, weights, progs, source, target, make_device, fallback, {**(summary or {}), **info})
+    temps = {(name, t.name): t.nbytes for name, p in progs.items() for t in p.temps}
+    return GPUCompiledModel(plan, weights, launch_plan(plan, progs), temps, source, target, make_device, fallback,
+                            {**(summary or {}), **info}, progs)  # fmt: skip
+
+
+def load(path: str | Path, fallback: Fallback | None = None) -> GPUCompiledModel:
+    """A GPU model saved by `GPUCompiledModel.save` (no compiler needed; OpenCL builds the saved source)."""
+    d = Path(path)
+    plan = Plan.from_json(json.loads((d / "plan.json").read_text()))
+    gpu = json.loads((d / "gpu.json").read_text())
+    with np.load(d / "weights.npz") as z:
+        weights = {int(k[1:]): z[k] for k in z.files}
+    summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
+    target = Target.parse(gpu["target"])
+
+    def launch(la: dict) -> Launch:
+        args = [(kind, a if kind == "value" else tuple(a)) for kind, a in la["args"]]
+        return Launch(la["kernel"], tuple(la["grid"]), tuple(la["block"]), args, la["model_kernel"])  # type: ignore[arg-type]
+
+    launches = [[[launch(la) for la in call] for call in calls] for calls in gpu["launches"]]
+    temps = {(k, name): n for k, name, n in gpu["temps"]}
+    if target.kind == "opencl":
+        source = (d / "model.cl").read_text()
+        dev = OpenCLDevice(source)
+        summary["device"] = dev.name
+
+        def make_device() -> Any:
+            return dev
+    else:
+        source = (d / "model.cu").read_text()
+        ptx = d / "model.ptx"
+        summary["ptx"] = str(ptx)
+
+        def make_device() -> Any:
+            return CUDADevice(ptx)
+
+    return GPUCompiledModel(plan, weights, launches, temps, source, target, make_device, fallback, summary)

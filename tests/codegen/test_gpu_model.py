@@ -164,15 +164,26 @@ def test_opencl_summary_profile_and_benchmark(opencl_model):
 
 
 @needs_opencl
-def test_opencl_inputs_are_checked_and_save_is_refused(tmp_path):
-    model = MODELS["conv_bn_relu"]()
-    m = ember.compile(model, target="opencl")
+def test_opencl_inputs_are_checked(tmp_path):
+    m = ember.compile(MODELS["conv_bn_relu"](), target="opencl")
     with pytest.raises(ArgumentError, match="shape"):
         m(np.zeros((1, 8, 8, 9), np.float32))
     with pytest.raises(ArgumentError, match="missing"):
         m.run({})
     with pytest.raises(NotImplementedError, match="opencl"):
-        m.save(tmp_path / "m")
+        m.export_c(tmp_path / "c")
+
+
+def test_opencl_save_and_load_round_trip(opencl_model, tmp_path):
+    """A saved GPU model is data (plan, weights, kernel source, launches): `ember.load` runs it again."""
+    model, m = opencl_model
+    path = m.save(tmp_path / "m")
+    assert {p.name for p in path.iterdir()} >= {"plan.json", "weights.npz", "model.cl", "gpu.json"}
+    loaded = ember.load(path)
+    assert loaded.summary()["kernels"] == m.summary()["kernels"] and loaded.summary()["target"] == "opencl"
+    feeds = zoo.random_feeds(model, 5)
+    for (name, got), want in zip(loaded.run(feeds).items(), m.run(feeds).values()):
+        np.testing.assert_array_equal(got, want, err_msg=name)
 
 
 @needs_opencl
@@ -209,7 +220,7 @@ def test_opencl_half_precision_kernels():
 # -- CUDA: every kernel through nvcc; running needs a GPU -------------------------------------------------------
 @needs_nvcc
 @pytest.mark.parametrize("name", list(MODELS))
-def test_cuda_model_compiles_with_nvcc_and_runs_where_a_gpu_is(name):
+def test_cuda_model_compiles_with_nvcc_and_runs_where_a_gpu_is(name, tmp_path):
     model = MODELS[name]()
     m = ember.compile(model, target="cuda -arch=sm_80", fallback=False)
     ptx = Path(m.summary()["ptx"]).read_text()
@@ -217,6 +228,8 @@ def test_cuda_model_compiles_with_nvcc_and_runs_where_a_gpu_is(name):
         for k in prog.kernels:
             assert f".entry {k.name}(" in ptx
     assert 'extern "C" __global__' in m.source
+    saved = ember.load(m.save(tmp_path / "m"))  # the PTX travels with it: loading needs no nvcc
+    assert saved.summary()["ptx"].endswith("model.ptx") and len(saved.launches) == len(m.launches)
     from ember.runtime.cuda import CUDAUnavailable, available
 
     feeds = zoo.random_feeds(model, 0)
