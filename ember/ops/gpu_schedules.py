@@ -39,7 +39,7 @@ from ember.ops.nn_templates import _elementwise_output
 from ember.target import Target
 from ember.te.lower import Lowering
 from ember.te.schedule import Schedule, ScheduleError, Stage
-from ember.te.tensor import ComputeOp, Reduce, Tensor
+from ember.te.tensor import ComputeOp, IterVar, Reduce, Tensor
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def _generic(s: Schedule, outs: Sequence[Tensor], done: set[str]) -> None:
             bind_flat(st)
 
 
-def bind_flat(st: Stage, threads: int = THREADS):
+def bind_flat(st: Stage, threads: int = THREADS) -> IterVar | None:
     """Fuse a stage's data-parallel loops and split them into blockIdx.x x threadIdx.x; returns the thread loop
     (None for a stage without elements or axes: it runs as one thread)."""
     op = st.op

@@ -31,6 +31,7 @@ import math
 from ember.graph.ir import Graph, Node, Value, _reads
 from ember.graph.types import TensorType
 from ember.ops import Pattern, get_op
+from ember.ops.gpu_schedules import is_gpu
 from ember.target import Target
 
 from .cleanup import dead_code_elimination
@@ -267,7 +268,7 @@ def convert_layout(graph: Graph, target: Target | str | None = None) -> Graph:
     """Convolutions and the ops between them to NCHW[x]c for `target` (default: the host CPU). GPU targets
     keep NCHW: their threads run over output channels and pixels, not over vector lanes of a channel block."""
     target = Target.parse(target or "c")
-    if target.kind in ("cuda", "opencl"):
+    if is_gpu(target):
         return graph
     lanes = {dt: target.vector_lanes(int(dt[-2:])) for dt in FLOATS}
     graph.topo_sort()
