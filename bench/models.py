@@ -1,7 +1,7 @@
 """Ember against ONNX Runtime and PyTorch eager on whole models, side by side in one run.
 
     python bench/models.py [--models resnet18,mobilenet_v2,bert4,conv_stack,mlp] [--threads 1,2]
-                           [--tuning-log LOG] [--repeat 30] [--json]
+                           [--tuning-log LOG] [--repeat 30] [--cold-compile] [--json]
 
 The models are PyTorch modules written here (torchvision-style ResNet-18 and MobileNetV2, a
 BERT-base-like encoder with 4 layers at sequence 128, 5 x (Conv, BN, ReLU) at 64 channels, an MLP
@@ -21,7 +21,9 @@ import argparse
 import io
 import json
 import math
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -270,9 +272,29 @@ def main() -> None:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--tuning-log", default=None)
+    p.add_argument("--cold-compile", action="store_true",
+                   help="also time each model's compile with an empty kernel cache (the compile column is warm)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     results: dict = {}
+    if args.cold_compile:
+        results["cold_compile_s"] = cold = {}
+        print("compile with an empty kernel cache (1 thread, untuned):")
+        for name in args.models.split(","):
+            model = build(name)[0]
+            with tempfile.TemporaryDirectory() as d:
+                saved = os.environ.get("EMBER_CACHE_DIR")
+                os.environ["EMBER_CACHE_DIR"] = d
+                try:
+                    s = ember.compile(model, target="c -threads=1").summary()
+                finally:
+                    if saved is None:
+                        del os.environ["EMBER_CACHE_DIR"]
+                    else:
+                        os.environ["EMBER_CACHE_DIR"] = saved
+            cold[name] = s["compile_seconds"]
+            print(f"  {name:<14} {s['compile_seconds']:6.2f} s  (lower {s['lower_seconds']:.2f} s, "
+                  f"C compiler {s['build_seconds']:.2f} s, {s['kernels']} kernels)")  # fmt: skip
     for threads in [int(t) for t in args.threads.split(",")]:
         print(f"\n{threads} thread(s){'  (tuned: ' + args.tuning_log + ')' if args.tuning_log else ''}")
         head = (
