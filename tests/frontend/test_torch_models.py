@@ -54,3 +54,48 @@ def test_hugging_face_models(arch):
         names, args = ["pixel_values"], (torch.randn(1, 3, 64, 64),)
         model = _LastHidden(tf.ViTModel(cfg).eval(), names)
     check(zoo_torch.to_onnx(model, args, names), {n: a.numpy() for n, a in zip(names, args)})
+
+
+class _Hidden(torch.nn.Module):
+    """A model's last_hidden_state, called with its inputs by name."""
+
+    def __init__(self, model, names):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *xs):
+        return self.model(**dict(zip(self.names, xs))).last_hidden_state
+
+
+def _hf_case(tf, arch: str):
+    """(module, input names, example args) of a small Hugging Face model with random weights."""
+    ids = (torch.randint(0, 100, (1, 16)),)
+    image = (torch.randn(1, 3, 64, 64),)
+    if arch == "distilbert":
+        cfg = tf.DistilBertConfig(vocab_size=100, dim=64, n_layers=2, n_heads=4, hidden_dim=128)
+        return tf.DistilBertModel(cfg), ["input_ids"], ids
+    if arch == "t5_encoder":
+        cfg = tf.T5Config(vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+        return tf.T5EncoderModel(cfg), ["input_ids"], ids
+    if arch == "convnext":
+        cfg = tf.ConvNextConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 2, 1])
+        return tf.ConvNextModel(cfg), ["pixel_values"], image
+    if arch == "swin":
+        cfg = tf.SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4)
+        return tf.SwinModel(cfg), ["pixel_values"], image
+    if arch == "segformer":
+        cfg = tf.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+                                 num_attention_heads=[1, 2], mlp_ratios=[2, 2], patch_sizes=[7, 3], strides=[4, 2])
+        return tf.SegformerModel(cfg), ["pixel_values"], image
+    raise KeyError(arch)
+
+
+@pytest.mark.parametrize("arch", ["distilbert", "t5_encoder", "convnext", "swin", "segformer"])
+def test_more_hugging_face_architectures(arch):
+    """Architectures none of Ember's own tests were written for: relative position buckets (T5), depthwise
+    7x7 convs with channels-last LayerNorm (ConvNeXt), shifted windows (Swin), overlapping patch merging and
+    reduced attention (SegFormer); all natively, no reference fallback."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model, names, args = _hf_case(tf, arch)
+    check(zoo_torch.to_onnx(_Hidden(model.eval(), names), args, names), {n: a.numpy() for n, a in zip(names, args)})
