@@ -20,6 +20,7 @@ from ember.ops.te_lib import NotLowerable, broadcast_indices, lowering
 from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
 from ember.tir.dtype import dtype as as_dtype
+from ember.tir.expr import Expr
 
 OUT = Pattern.OUT_ELEMWISE_FUSABLE
 CONV_ATTRS = [Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints"), Attr("group", "int", 1)]
@@ -83,6 +84,11 @@ def conv(a: dict, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> 
     return y.astype(x.dtype)
 
 
+def _as(e: Expr, dt) -> Expr:
+    """e in dtype dt (a cast only where they differ: a half-precision bias added to a float32 accumulator)."""
+    return e if e.dtype == dt else te.cast(e, dt)
+
+
 def conv_te(x: Tensor, w: Tensor | tuple[int, ...], b: Tensor | None, a: dict, dtype=None, x_at=None, w_at=None,
             post=None, name: str = "conv") -> Tensor:  # fmt: skip
     """Direct convolution through the conv templates (`nn_templates.conv_acc`).
@@ -96,6 +102,12 @@ def conv_te(x: Tensor, w: Tensor | tuple[int, ...], b: Tensor | None, a: dict, d
     n, _, *isp = x.shape
     co, _, *ks = w if isinstance(w, tuple) else w.shape
     osp = tuple(window_out_dim(isp[i], ks[i], strides[i], (pads[i], pads[i + nd]), dil[i]) for i in range(nd))
+    half = dtype if dtype.is_half else None
+    if half is not None:  # float16/bfloat16 convolutions accumulate in float32, rounded once at the end
+        dtype = as_dtype("float32")
+        x_at = x_at or (lambda *i: te.cast(x[i], "float32"))
+        w_at = w_at or (lambda o, c, k: te.cast(w[(o, c, *k)], "float32"))
+        post = (lambda v, co_, p=post: te.cast(p(v, co_) if p else v, half))
     x_at = x_at or (lambda *i: x[i])
     w_at = w_at or (lambda o, c, k: w[(o, c, *k)])
     cfg = a.get(CONFIG_ATTR)  # a tuning config (ember.te.config), None: the templates' fallback
@@ -107,7 +119,7 @@ def conv_te(x: Tensor, w: Tensor | tuple[int, ...], b: Tensor | None, a: dict, d
 
     def out(*idx):
         v = read(*idx)
-        v = v + b[idx[1]] if b is not None else v
+        v = v + _as(b[idx[1]], v.dtype) if b is not None else v
         return post(v, idx[1]) if post else v
 
     return te.compute((n, co, *osp), out, name=name, attrs={"template": kind, "acc": acc})
@@ -138,7 +150,7 @@ def _conv1x1_te(x: Tensor, x_at, co: int, w_at, b: Tensor | None, dtype, post, n
     def out(*idx):
         bi = (idx[0], *idx[2:-1])
         v = acc[bi + ((idx[-1], idx[1]) if swap else (idx[1], idx[-1]))]
-        v = v + b[idx[1]] if b is not None else v
+        v = v + _as(b[idx[1]], v.dtype) if b is not None else v
         return post(v, idx[1]) if post else v
 
     ia, ja = (nd + 1, 1) if swap else (1, nd + 1)
@@ -899,6 +911,10 @@ def _softmax_family(kind: str, a: dict, x: Tensor) -> Tensor:
         e = T.row_buffer(x.shape, lambda *i: T.exp(x[i] - m(i), tab), "sm_exp")
     else:
         e = te.compute(x.shape, lambda *i: T.exp(x[i] - m(i), tab), name="sm_exp", attrs={"materialize": True})
+    if x.dtype.is_half:  # as numpy: the sum accumulated in float32 and rounded once, then one division per element
+        wide = st.reduce(lambda i: te.cast(e[i], "float32"), te.sum, "float32", "sm_sum")
+        total = st.stage(lambda i: te.cast(wide(i), x.dtype), "sm_total")
+        return te.compute(x.shape, lambda *i: e[i] / total(i), name="softmax", attrs=st.attrs)
     total = st.reduce(lambda i: e[i], te.sum, x.dtype, "sm_sum")
     rcp = st.stage(lambda i: te.const(1.0, x.dtype) / total(i), "sm_rcp")
     return te.compute(x.shape, lambda *i: e[i] * rcp(i), name="softmax", attrs=st.attrs)
@@ -952,7 +968,12 @@ def matmul_te(x: Tensor, y: Tensor | None, dtype=None, pre_x=None, pre_y=None, p
     abatch, bbatch = x2[:-2], y2[:-2]
     batch = broadcast_shapes(abatch, bbatch)
     nb = len(batch)
-    dtype = dtype or x.dtype
+    dtype = as_dtype(dtype) if dtype is not None else x.dtype
+    half = dtype if dtype.is_half else None
+    if half is not None:  # float16/bfloat16 products accumulate in float32 (as numpy's and onnxruntime's do)
+        dtype = as_dtype("float32")
+        pre_x = pre_x or (lambda v, i: te.cast(v, "float32"))
+        pre_y = pre_y or (lambda v, j: te.cast(v, "float32"))
     pre_x = pre_x or (lambda v, i: v)
     pre_y = pre_y or (lambda v, j: v)
 
@@ -984,7 +1005,8 @@ def matmul_te(x: Tensor, y: Tensor | None, dtype=None, pre_x=None, pre_y=None, p
         i = te.const(0) if a1 else idx[nb]
         j = te.const(0) if b1 else idx[-1]
         v = acc[tuple(idx[:nb]) + ((j, i) if swap else (i, j))]
-        return post(v, i, j) if post else v
+        v = post(v, i, j) if post else v
+        return te.cast(v, half) if half is not None else v
 
     i_axis = None if a1 else nb
     j_axis = None if b1 else nb + (0 if a1 else 1)

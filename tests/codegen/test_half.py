@@ -50,3 +50,36 @@ def test_float32_to_float16_conversion_is_bit_exact():
             ref = x.astype(np.float16)
         same = (y.view(np.uint16) == ref.view(np.uint16)) | (np.isnan(y) & np.isnan(ref))
         assert same.all(), x[~same][:5]
+
+
+def test_float16_model_accumulates_in_float32_like_numpy():
+    """MatMul -> Softmax and a Conv in float16: products and sums accumulate in float32 and are rounded once (as
+    numpy's float16 matmul and sum do); each elementwise step rounds to float16. The references compute the
+    same way in numpy, so the only differences left are summation order: rtol 2e-3 (two float16 ulps)."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 48)).astype(np.float16)
+    w = (rng.standard_normal((48, 40)) / 7).astype(np.float16)
+    img = rng.standard_normal((1, 4, 9, 9)).astype(np.float16)
+    k = (rng.standard_normal((8, 4, 3, 3)) / 6).astype(np.float16)
+    f16 = TensorProto.FLOAT16
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+         helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1])],
+        "half",
+        [helper.make_tensor_value_info("x", f16, x.shape), helper.make_tensor_value_info("img", f16, img.shape)],
+        [helper.make_tensor_value_info("p", f16, (2, 6, 40)), helper.make_tensor_value_info("c", f16, (1, 8, 9, 9))],
+        [helper.make_tensor("w", f16, w.shape, w.tobytes(), raw=True),
+         helper.make_tensor("k", f16, k.shape, k.tobytes(), raw=True)])  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    p, c = ember.compile(model, fallback=False)(x, img)
+    s = np.matmul(x, w)  # float16 in and out, float32 inside
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    np.testing.assert_allclose(p.astype(np.float32), (e / e.sum(axis=-1, keepdims=True)).astype(np.float32), rtol=2e-3)
+    pad = np.pad(img.astype(np.float32), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((1, 8, 9, 9), np.float32)
+    for dy in range(3):
+        for dx in range(3):
+            ref += np.einsum("nchw,oc->nohw", pad[:, :, dy : dy + 9, dx : dx + 9], k[:, :, dy, dx].astype(np.float32))
+    np.testing.assert_allclose(c.astype(np.float32), ref.astype(np.float16).astype(np.float32), rtol=2e-3, atol=2e-3)
