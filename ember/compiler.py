@@ -35,7 +35,7 @@ from .te.lower import lower_schedule
 from .te.tensor import ComputeOp, Reduce, Tensor, compute, const, placeholder
 from .tir.transform import optimize
 
-VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "BitCast"}  # outputs share their input's bytes
 ALIGN = 64
 
 
@@ -195,7 +195,8 @@ class GraphLowering:
     def lower_node(self, node: Node) -> None:
         opdef = get_op(node.op)
         data = node.inputs[0] if node.inputs else None
-        if node.op in VIEW_OPS and data is not None and len(node.outputs) == 1:
+        to_bool = node.op == "BitCast" and node.outputs[0].dtype == "bool"  # bytes other than 0/1 are no bools
+        if node.op in VIEW_OPS and data is not None and len(node.outputs) == 1 and not to_bool:
             src = self.vid(data)
             out = self.vid(node.outputs[0], "alias")
             self.values[out].alias_of = self.values[src].alias_of if self.values[src].kind == "alias" else src

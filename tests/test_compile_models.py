@@ -104,3 +104,28 @@ def test_unknown_operators_listed_in_one_error():
     with pytest.raises(UnsupportedOperatorError) as e:
         ember.compile(model)
     assert "FancyOp" in str(e.value) and "OtherOp" in str(e.value)
+
+
+def test_bitcast_is_a_view_between_native_kernels():
+    """Relu -> BitCast(float32 -> int32) -> BitwiseAnd (clears the low mantissa bits) -> BitCast back -> Add:
+    the casts cost nothing (views of the same bytes), the kernels around them read the bytes as their dtype;
+    one output is itself a view. Compared with numpy's .view()."""
+    from onnx import TensorProto, helper
+
+    mask = np.array([~0xFF], np.int32)
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("BitCast", ["r"], ["bits"], to=TensorProto.INT32),
+         helper.make_node("BitwiseAnd", ["bits", "mask"], ["cut"]),
+         helper.make_node("BitCast", ["cut"], ["f"], to=TensorProto.FLOAT), helper.make_node("Add", ["f", "x"], ["y"])],
+        "bitcast", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (3, 17))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (3, 17)),
+         helper.make_tensor_value_info("bits", TensorProto.INT32, (3, 17))],
+        [helper.make_tensor("mask", TensorProto.INT32, (1,), mask)])  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 26)])
+    m = ember.compile(model, fallback=False)
+    x = np.random.default_rng(0).standard_normal((3, 17)).astype(np.float32)
+    y, bits = m(x)
+    r = np.maximum(x, 0)
+    np.testing.assert_array_equal(bits, r.view(np.int32))
+    np.testing.assert_array_equal(y, (r.view(np.int32) & mask).view(np.float32) + x)
+    assert not m.summary()["fallback_ops"]

@@ -26,7 +26,7 @@ ANCHORS = (Pattern.OUT_ELEMWISE_FUSABLE, Pattern.REDUCTION, Pattern.ELEMWISE, Pa
 def pattern(node: Node) -> Pattern:
     if node.op in VIEWS:
         return Pattern.INJECTIVE
-    if node.subgraphs():
+    if node.subgraphs() or node.op == "BitCast":  # BitCast: a view of its input's bytes, never a kernel
         return Pattern.OPAQUE
     return get_op(node.op).pattern
 

@@ -271,7 +271,7 @@ class CompiledModel:
         for i, v in enumerate(self.plan.values):
             if v.kind == "alias":
                 src = self._views[v.alias_of]
-                self._views[i] = None if src is None else src.reshape(v.shape)
+                self._views[i] = None if src is None else src.view(numpy_dtype(v.dtype)).reshape(v.shape)
                 self._table[i] = self._table[v.alias_of]
         return outs  # type: ignore[return-value]
 
