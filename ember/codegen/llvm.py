@@ -10,10 +10,13 @@ Needs no C compiler: `ember.build(s, args, target="llvm")` works where gcc is mi
   option `-fastmath` (`"llvm -fastmath"`) sets LLVM's `fast` flags instead.
 - A parallel loop is outlined into `void region(ptr closure, i64 begin, i64 end)` whose closure holds
   the buffers and variables it uses; `ember_parallel_for` (LLVM IR in `RUNTIME_IR`, linked into every
-  module) splits [0, n) into one static chunk per thread, runs chunk 0 on the calling thread and the
-  others on POSIX threads created for the region and joined at its end (no persistent pool: a region
-  costs one pthread_create per extra thread, ~10-30 us). A parallel loop inside a parallel loop runs
-  serially. The thread count is the module global `ember_num_threads` (`Module.set_num_threads`).
+  module) splits [0, n) into one static chunk per thread and hands the region to the process's persistent
+  thread pool (`codegen.llvm_pool`, LLVM IR over pthreads): chunk 0 runs on the calling thread, chunk k on
+  pool worker k, created on the first region that needs it and then kept, spinning briefly after each region
+  and sleeping on a condition variable when idle. A region costs a wake-up, not a thread creation. A
+  parallel loop inside a parallel loop runs serially (in codegen; at run time, a region that finds the pool
+  busy, from a nested call or another host thread, runs serially on its own thread). The thread count is the
+  module global `ember_num_threads` (`Module.set_num_threads`); the pool grows when it is raised.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ..tir.dtype import DType
 from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
 from ..tir.functor import walk
 from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
+from . import llvm_pool
 from .c import STACK_LIMIT, CodegenError, _register_slots, c_symbol
 from .toolchain import cache_dir
 
@@ -58,32 +62,13 @@ _LIBM = {"tanh": ("tanhf", "tanh"), "erf": ("erff", "erf"), "tan": ("tanf", "tan
 _CMP = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 RUNTIME_IR = r"""
-%task = type { ptr, ptr, i64, i64 }
-
 @ember_num_threads = global i32 1
 
-declare i32 @pthread_create(ptr, ptr, ptr, ptr)
-declare i32 @pthread_join(i64, ptr)
+declare void @ember_pool_run(ptr, ptr, i64, i64)
 
-define internal ptr @ember_worker(ptr %t) {
-  %fp = getelementptr %task, ptr %t, i32 0, i32 0
-  %fn = load ptr, ptr %fp
-  %cp = getelementptr %task, ptr %t, i32 0, i32 1
-  %c = load ptr, ptr %cp
-  %bp = getelementptr %task, ptr %t, i32 0, i32 2
-  %b = load i64, ptr %bp
-  %ep = getelementptr %task, ptr %t, i32 0, i32 3
-  %e = load i64, ptr %ep
-  call void %fn(ptr %c, i64 %b, i64 %e)
-  ret ptr null
-}
-
-; fn(closure, begin, end) over [0, n): chunk 0 here, chunks 1.. on fresh threads (inline if creation fails)
+; fn(closure, begin, end) over [0, n): on min(ember_num_threads, n, 64) threads of the process's pool
 define void @ember_parallel_for(ptr %fn, ptr %closure, i64 %n) {
 entry:
-  %tasks = alloca [64 x %task], align 16
-  %tids = alloca [64 x i64], align 16
-  %ok = alloca [64 x i8], align 16
   %nt32 = load i32, ptr @ember_num_threads
   %nt0 = sext i32 %nt32 to i64
   %c1 = icmp slt i64 %nt0, %n
@@ -91,70 +76,12 @@ entry:
   %c2 = icmp slt i64 %nt1, 64
   %nt = select i1 %c2, i64 %nt1, i64 64
   %serial = icmp sle i64 %nt, 1
-  br i1 %serial, label %alone, label %split
+  br i1 %serial, label %alone, label %pool
 alone:
   call void %fn(ptr %closure, i64 0, i64 %n)
   ret void
-split:
-  %nm1 = add i64 %n, %nt
-  %nm2 = sub i64 %nm1, 1
-  %chunk = sdiv i64 %nm2, %nt
-  br label %spawn
-spawn:
-  %t = phi i64 [ 1, %split ], [ %t1, %spawned ]
-  %begin = mul i64 %t, %chunk
-  %e0 = add i64 %begin, %chunk
-  %c3 = icmp slt i64 %e0, %n
-  %end = select i1 %c3, i64 %e0, i64 %n
-  %okp = getelementptr [64 x i8], ptr %ok, i64 0, i64 %t
-  store i8 0, ptr %okp
-  %empty = icmp sge i64 %begin, %end
-  br i1 %empty, label %spawned, label %create
-create:
-  %tp = getelementptr [64 x %task], ptr %tasks, i64 0, i64 %t
-  %tf = getelementptr %task, ptr %tp, i32 0, i32 0
-  store ptr %fn, ptr %tf
-  %tc = getelementptr %task, ptr %tp, i32 0, i32 1
-  store ptr %closure, ptr %tc
-  %tb = getelementptr %task, ptr %tp, i32 0, i32 2
-  store i64 %begin, ptr %tb
-  %te = getelementptr %task, ptr %tp, i32 0, i32 3
-  store i64 %end, ptr %te
-  %tidp = getelementptr [64 x i64], ptr %tids, i64 0, i64 %t
-  %rc = call i32 @pthread_create(ptr %tidp, ptr null, ptr @ember_worker, ptr %tp)
-  %failed = icmp ne i32 %rc, 0
-  br i1 %failed, label %inline, label %started
-inline:
-  call void %fn(ptr %closure, i64 %begin, i64 %end)
-  br label %spawned
-started:
-  store i8 1, ptr %okp
-  br label %spawned
-spawned:
-  %t1 = add i64 %t, 1
-  %more = icmp slt i64 %t1, %nt
-  br i1 %more, label %spawn, label %first
-first:
-  %c4 = icmp slt i64 %chunk, %n
-  %end0 = select i1 %c4, i64 %chunk, i64 %n
-  call void %fn(ptr %closure, i64 0, i64 %end0)
-  br label %join
-join:
-  %j = phi i64 [ 1, %first ], [ %j1, %joined ]
-  %jokp = getelementptr [64 x i8], ptr %ok, i64 0, i64 %j
-  %jok = load i8, ptr %jokp
-  %running = icmp ne i8 %jok, 0
-  br i1 %running, label %dojoin, label %joined
-dojoin:
-  %jtidp = getelementptr [64 x i64], ptr %tids, i64 0, i64 %j
-  %jtid = load i64, ptr %jtidp
-  %jrc = call i32 @pthread_join(i64 %jtid, ptr null)
-  br label %joined
-joined:
-  %j1 = add i64 %j, 1
-  %jmore = icmp slt i64 %j1, %nt
-  br i1 %jmore, label %join, label %done
-done:
+pool:
+  call void @ember_pool_run(ptr %fn, ptr %closure, i64 %n, i64 %nt)
   ret void
 }
 """
@@ -844,6 +771,7 @@ class JITEngine:
         cached = self.object_path.read_bytes() if self.object_path.exists() else None
         self.from_cache = cached is not None
         with _lock:  # llvmlite's module and engine objects are not thread-safe
+            llvm_pool.load()  # ember_pool_run, before the engine links this module
             mod = self._parse()
             if cached is None:
                 self._optimize(mod)
