@@ -29,7 +29,7 @@ from .ops.te_lib import NotLowerable, default_schedule
 from .passes import run_passes
 from .passes.fuse import pattern as pattern_of
 from .runtime.executor import CompiledModel, KernelInfo, Plan, Step, ValueInfo
-from .target import Target
+from .target import Target, building_for
 from .te.config import CONFIG_ATTR, ConfigError, load_best
 from .te.lower import lower_schedule
 from .te.tensor import ComputeOp, Reduce, Tensor, compute, const, placeholder
@@ -121,7 +121,8 @@ def kernel_te(node: Node, target: Target, cfg: Any = None) -> KernelTE:
         if opdef.compute is None:
             raise LoweringUnsupported(f"{m.op} has no TE compute yet")
         attrs = {**m.attrs, CONFIG_ATTR: cfg} if m is anchor and cfg is not None else m.attrs
-        outs = opdef.compute(attrs, *[None if v is None else tensors[v] for v in m.inputs])
+        with building_for(target):
+            outs = opdef.compute(attrs, *[None if v is None else tensors[v] for v in m.inputs])
         outs = list(outs) if isinstance(outs, list | tuple) else [outs]
         for t, v in zip(outs, m.outputs):
             if tuple(t.shape) != tuple(v.shape) or t.dtype.name != v.dtype:

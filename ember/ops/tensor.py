@@ -1056,12 +1056,13 @@ def bitcast(a: dict, x: np.ndarray) -> np.ndarray:
 
 @lowering("BitCast", schedule=schedule_injective("bitcast"))
 def _bitcast_te(a: dict, x: te.Tensor) -> te.Tensor:
-    """Between integer types of one width (and bool to 8-bit integers) a C conversion keeps the bits;
-    reinterpreting float bits needs an intrinsic that te does not have."""
+    """A kernel only where BitCast is fused or is not a plain view (`ember.compiler` runs it as a view of its
+    input's bytes otherwise): between integer types of one width (and bool to 8-bit integers) a C
+    conversion keeps the bits; reinterpreting float bits, or bytes as bools, has no te expression."""
     to = native_dtype(a["to"])
     src, dst = x.dtype, tir_dtype(to)
     if src.is_float or dst.is_float or dst.is_bool:
-        raise NotLowerable(f"BitCast {src} -> {to} reinterprets float bits (no such te intrinsic yet)")
+        raise NotLowerable(f"BitCast {src} -> {to} as a kernel: only a view reinterprets these bits")
     return te.compute(x.shape, lambda *i: te.cast(x[i], to), name="bitcast", tag="bitcast")
 
 
