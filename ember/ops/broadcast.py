@@ -147,6 +147,16 @@ def pow_(a: dict, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return _pow(x, y).astype(x.dtype, copy=False)
 
 
+def _literal_value(e: tx.Expr) -> float | None:
+    """The value of e when it is a constant: a literal, or a read of a compute whose body is one (the
+    compiler passes one-element constants to kernels that way)."""
+    if isinstance(e, tx.Const):
+        return float(e.value)
+    op = getattr(getattr(e, "tensor", None), "op", None)
+    body = getattr(op, "body", None)
+    return float(body.value) if isinstance(body, tx.Const) else None
+
+
 @lowering("Pow")
 def _(a: dict, x: te.Tensor, y: te.Tensor) -> te.Tensor:
     if x.dtype.is_bool or y.dtype.is_bool:
@@ -154,6 +164,11 @@ def _(a: dict, x: te.Tensor, y: te.Tensor) -> te.Tensor:
 
     def fn(u: tx.Expr, v: tx.Expr) -> tx.Expr:
         if u.dtype.is_float:
+            k = _literal_value(v)
+            if k == 2.0:  # x ** 2 (variances, RMS norms): one multiply, exact like pow, not a pow call per element
+                return u * u
+            if k == 1.0:
+                return u
             return te.pow(u, astype(v, u.dtype))
         return astype(intrinsic("pow", astype(u, "int64"), astype(v, "int64")), u.dtype)  # as numpy: in int64
 
