@@ -198,6 +198,9 @@ class Analyzer:
             return env[e]
         if isinstance(e, BinOp) and e.op in ("add", "sub", "mul"):
             if e.op != "mul" or isinstance(e.a, Const) or isinstance(e.b, Const):
+                s = self.simplify(e)  # merged div/mod pairs (a flattened unravel) bound as the index they are
+                if not same(s, e):
+                    return self.interval(s, env)
                 terms, c = self._lin(e)
                 lo: Expr = const(c, e.dtype)
                 hi: Expr = lo
@@ -324,12 +327,24 @@ class Analyzer:
         return lo, hi
 
     def _merge_divmod(self, terms: dict[Expr, int]) -> tuple[dict[Expr, int], int]:
-        """k*(x // c)*c + k*(x % c) -> k*x; returns the new terms and a constant to add."""
+        """k*(x // c)*c + k*(x % c) -> k*x, and k*((x // a) % b) + k*b*(x // (a*b)) -> k*(x // a) (an index
+        unravelled into several dims and flattened again: x // 49 * 784 + x // 7 % 7 * 112 + x % 7 * 16 is
+        x * 16); returns the new terms and a constant to add."""
         extra = 0
         changed = True
         while changed:
             changed = False
             for t, k in list(terms.items()):
+                if (isinstance(t, BinOp) and t.op == "floormod" and isinstance(t.b, Const) and isinstance(t.a, BinOp)
+                        and t.a.op == "floordiv" and isinstance(t.a.b, Const)):  # fmt: skip
+                    a, b = int(t.a.b.value), int(t.b.value)
+                    outer = BinOp("floordiv", t.a.a, const(a * b, t.a.b.dtype), t.dtype)
+                    if a > 0 and b > 0 and terms.get(outer) == k * b:
+                        del terms[t], terms[outer]
+                        terms[t.a] = terms.get(t.a, 0) + k
+                        terms = {x: v for x, v in terms.items() if v != 0}
+                        changed = True
+                        break
                 if isinstance(t, BinOp) and t.op == "floormod" and isinstance(t.b, Const):
                     c = int(t.b.value)
                     div = BinOp("floordiv", t.a, t.b, t.dtype)

@@ -50,6 +50,9 @@ RULES = [
     ((x // 4) * 4 + x % 4, False, "x"),
     ((x // 4) * 4 + x % 4 + 1, True, "x + 1"),
     (3 * (x // 8) * 8 + 3 * (x % 8), False, "x * 3"),
+    # an index unravelled into [.., 7, 7] and flattened again (a matmul's batch dims folded into rows)
+    ((x // 49) * 784 + (x // 7 % 7) * 112 + (x % 7) * 16 + y, False, "x * 16 + y"),
+    ((x // 6) * 6 + (x // 2 % 3) * 2, False, "x // 2 * 2"),
     # floordiv / floormod
     (x // 1, False, "x"),
     (x % 1, False, "0"),
