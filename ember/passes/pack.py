@@ -8,20 +8,26 @@ a batch-64 MLP layer that copy costs as much as the product). This pass packs it
     MatMul(x, W)              ->  MatMulPackedB(x, pack(W))           n = N
     Gemm(x, W, c, transB=1)   ->  MatMulPackedB(x, pack(W^T), c)      alpha, beta kept
 
-for a float x of at least `MIN_ROWS` rows (fewer rows take the unpacked plans: a fully connected
-layer on one row reads W's rows directly) and a B with enough columns to fill a vector. The panel
+for a float x of at least `MIN_ROWS` rows, its batch dims counted (`_fold_rows` makes them rows of one
+2-d product; fewer rows take the unpacked plans: a fully connected layer on one row reads W's rows
+directly) and a B with enough columns to fill a vector. The panel
 width is `nn_templates.packed_width` for the target, the one the template picks for that B itself.
 CPU targets only (GPU schedules read B as it is).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
+from ember.ops import Pattern
 from ember.ops import nn_templates as T
 from ember.ops.nn import pack_b
 from ember.target import Target
+
+from .fuse import pattern
 
 MIN_ROWS = 8  # the GEMM template packs B from this many rows of A (`gemm_plan`)
 FLOATS = ("float32", "float64")
@@ -30,7 +36,7 @@ FLOATS = ("float32", "float64")
 def _packable(x: Value, b: np.ndarray, target: Target) -> bool:
     if x.dtype not in FLOATS or b.dtype != np.dtype(x.dtype) or len(x.shape) < 2 or b.ndim != 2:
         return False
-    m, n = x.shape[-2], b.shape[1]
+    m, n = math.prod(x.shape[:-1]), b.shape[1]  # batch dims fold into the rows (`_fold_rows`)
     lanes = T.lanes_of(x.dtype, target)
     return m >= MIN_ROWS and not n < lanes <= m // 2  # matmul_te computes few-column products transposed
 
@@ -47,7 +53,79 @@ def pack_weights(graph: Graph, target: Target | str | None = None) -> Graph:
         new = _rewrite(node, target, names, packed)
         nodes.append(new or node)
     graph.nodes = nodes
+    _fold_rows(graph, names)
     return graph
+
+
+def _fresh(names: set[str], base: str) -> str:
+    name, i = base, 0
+    while name in names:
+        i += 1
+        name = f"{base}_{i}"
+    names.add(name)
+    return name
+
+
+def _fold_rows(graph: Graph, names: set[str]) -> None:
+    """x [*batch, M, K] @ B packed: one product of prod(batch) * M rows (the GEMM's row tiles then span the
+    batch: ConvNeXt's last stage multiplies 1 x 7 x 7 x 768 by its weights, 7 rows per batch index). x is
+    viewed as [R, K] and the product computed as [R, N]; the elementwise ops that follow it alone (bias,
+    activation, residual add) move to the 2-d view too, so that they still fuse into the product, and one
+    view gives the last of them its original shape back."""
+    consumers = graph.consumers()
+    outputs = set(graph.outputs)
+    replaced: dict[Node, list[Node]] = {}
+    dropped: set[Node] = set()
+    for node in graph.nodes:
+        if node.op != "MatMulPackedB" or len(node.inputs) != 2 or len(node.inputs[0].shape) <= 2:
+            continue
+        x, wp = node.inputs
+        shape = node.outputs[0].shape
+        rows = (math.prod(shape[:-1]), shape[-1])
+        new: list[Node] = []
+        x2 = _view(x, (rows[0], x.shape[-1]), f"{x.name}_rows", names, new)
+        cur = node.outputs[0]
+        cur2 = Value(_fresh(names, f"{cur.name}_rows"), cur.type.with_shape(rows))
+        new.append(Node("MatMulPackedB", [x2, wp], [cur2], dict(node.attrs), node.name))
+        while cur not in outputs and len(consumers.get(cur, [])) == 1:
+            c = consumers[cur][0]
+            if (c in dropped or pattern(c) not in (Pattern.ELEMWISE, Pattern.BROADCAST) or len(c.outputs) != 1
+                    or c.outputs[0].shape != shape):  # fmt: skip
+                break
+            others = [u for u in c.inputs if u is not None and u is not cur]
+            if not all(u.shape == shape or _per_column(u.shape, shape[-1]) for u in others):
+                break
+            ins = []
+            for u in c.inputs:
+                if u is None or u is cur:
+                    ins.append(cur2 if u is cur else None)
+                elif u.shape == shape:
+                    ins.append(_view(u, rows, f"{u.name}_rows", names, new))
+                else:
+                    ins.append(u if len(u.shape) <= 1 else _view(u, u.shape[-1:], f"{u.name}_row", names, new))
+            out2 = Value(_fresh(names, f"{c.outputs[0].name}_rows"), c.outputs[0].type.with_shape(rows))
+            new.append(Node(c.op, ins, [out2], dict(c.attrs), c.name))
+            dropped.add(c)
+            cur, cur2 = c.outputs[0], out2
+        new.append(Node("Reshape", [cur2], [cur], {"shape": shape}, _fresh(names, f"{cur.name}_view")))
+        replaced[node] = new
+    if replaced:
+        graph.nodes = [m for n in graph.nodes if n not in dropped for m in replaced.get(n, [n])]
+        graph.topo_sort()
+
+
+def _per_column(shape: tuple[int, ...], n: int) -> bool:
+    """Whether an operand of this shape broadcasts along the rows only (a scalar, or one value per column)."""
+    return all(d == 1 for d in shape[:-1]) and (not shape or shape[-1] in (1, n))
+
+
+def _view(v: Value, to: tuple[int, ...], base: str, names: set[str], new: list[Node]) -> Value:
+    """v reshaped to `to`: a constant re-shaped, else a Reshape node (a view) appended to `new`."""
+    if v.is_constant:
+        return Value.constant(_fresh(names, base), v.data.reshape(to))
+    out = Value(_fresh(names, base), v.type.with_shape(to))
+    new.append(Node("Reshape", [v], [out], {"shape": to}, out.name))
+    return out
 
 
 def _rewrite(node: Node, target: Target, names: set[str], packed: dict) -> Node | None:

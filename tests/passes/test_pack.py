@@ -86,3 +86,18 @@ def test_mlp_model_is_packed_and_tunable():
     check(model, g)
     task = Task.from_node(packed[0], "c")
     assert task.space.template == "gemm" and "tile_n" not in task.space.knobs and "pack_b" not in task.space.knobs
+
+
+def test_batch_dims_fold_into_rows_with_the_epilogue():
+    """x [2, 7, 7, K] @ W (7 rows per batch index, as ConvNeXt's last stage): one 2-d product over 98 rows,
+    the bias, activation and residual add after it move to the 2-d view and still fuse into one kernel."""
+    b = zoo.Builder(5)
+    k, n = 24, 2 * LANES
+    y = b.op("MatMul", ["x", b.weight((k, n))])
+    y = b.op("Add", [b.op("Relu", [b.op("Add", [y, b.weight((n,))])]), "res"])
+    model = b.model({"x": (2, 7, 7, k), "res": (2, 7, 7, n)}, y, "folded")
+    g, packed = packed_ops(model)
+    assert len(packed) == 1 and packed[0].inputs[0].shape == (98, k) and packed[0].outputs[0].shape == (98, n)
+    check(model, g)
+    m = ember.compile(model, fallback=False)
+    assert m.summary()["kernels"] == 1
