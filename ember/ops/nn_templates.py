@@ -116,6 +116,7 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     vecs = max(1, -(-nr // lanes))
     mr = min(M, (regs - 4) // vecs if regs >= 32 else 6)
     mr = max(1, min(mr, 12))
+    mr = -(-M // -(-M // mr))  # balanced row tiles: 64 rows as 6 x 11, not 5 x 12 and a tile of 4
     if cfg is None:
         return GemmPlan(mr=mr, nr=nr, packed=True)
     return _tuned_gemm_plan(cfg, M, N, K, lanes, GemmPlan(mr=mr, nr=nr, packed=True), fixed_nr is not None)
