@@ -99,3 +99,24 @@ def test_more_hugging_face_architectures(arch):
     torch.manual_seed(0)
     model, names, args = _hf_case(tf, arch)
     check(zoo_torch.to_onnx(_Hidden(model.eval(), names), args, names), {n: a.numpy() for n, a in zip(names, args)})
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_decoders_exported_by_the_dynamo_exporter(arch):
+    """Decoder-only models through torch's newer exporter (torch.export + onnxscript): causal masks built
+    from ranges, rotary embeddings, grouped-query attention, RMS norm, SiLU gates. GPT-2 cannot go through the
+    TorchScript exporter (aten::diff), this one writes it differently."""
+    tf = pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        model = tf.GPT2Model(tf.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                           bos_token_id=0, eos_token_id=0))  # fmt: skip
+    else:
+        cfg = tf.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+        model = tf.LlamaModel(cfg)
+    ids = torch.randint(0, 100, (2, 16))
+    wrapped = _LastHidden(model.eval(), ["input_ids"])
+    proto = torch.onnx.export(wrapped, (ids,), dynamo=True, input_names=["ids"]).model_proto
+    check(proto, {proto.graph.input[0].name: ids.numpy()})
