@@ -151,3 +151,26 @@ def test_pow_by_a_constant_two_is_a_multiply():
     x = np.random.default_rng(1).standard_normal((2, 5, 40)).astype(np.float32)
     np.testing.assert_allclose(m(x), run_ort(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
     assert "powf" not in m.source and "simd_pow" not in m.source  # (the kernel is still named pow_...)
+
+
+@pytest.mark.parametrize("k", [0.5, 1.0, 2.0, 3.0])
+def test_pow_by_small_constants_matches_numpy_at_the_edges(k):
+    """x ** k for the exponents lowered without a pow call, against numpy's power (the reference): exact for 0.5
+    (a sqrt, as numpy computes it: -0 stays -0, -inf gives NaN), 1 and 2; within 2 ulps (two roundings) for 3."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Pow", ["x", "k"], ["y"])], "pow",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, (40,))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, (40,))],
+                          [helper.make_tensor("k", TensorProto.FLOAT, (), [k])])  # fmt: skip
+    m = ember.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)]), fallback=False)
+    x = np.random.default_rng(2).standard_normal(40).astype(np.float32) * 10
+    x[:6] = [-0.0, 0.0, -np.inf, np.inf, np.nan, 1e-30]
+    with np.errstate(invalid="ignore"):
+        ref = np.power(x, np.float32(k))
+    got = m(x)
+    if k == 3.0:
+        np.testing.assert_allclose(got, ref, rtol=3e-7)
+    else:
+        np.testing.assert_array_equal(got, ref)
+        assert np.array_equal(np.signbit(got), np.signbit(ref))

@@ -123,29 +123,73 @@ def gelu(c: Ctx, n: Node) -> bool:
     want = np.sqrt(2.0) if div.op == "Div" else 1 / np.sqrt(2.0)
     if scale is None or scale.size != 1 or not np.isclose(float(scale.ravel()[0]), want, rtol=1e-5):
         return False
-    add = c.sole_user(n.outputs[0])
-    if add is None or add.op != "Add" or not is_scalar_constant(_other(add.inputs, n.outputs[0]), 1.0):
+    return _half_x_one_plus(c, n.outputs[0], x, "none")
+
+
+def gelu_tanh(c: Ctx, n: Node) -> bool:
+    """0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))) (GPT-2's "new GELU") -> Gelu(x, tanh)."""
+    if n.op != "Tanh":
+        return False
+    mul = c.producer(n.inputs[0], "Mul")
+    if mul is None or len(mul.inputs) != 2:
+        return False
+    inner = next((v for v in mul.inputs if _is_scalar(c, _other(mul.inputs, v), np.sqrt(2.0 / np.pi))), None)
+    add = c.producer(inner, "Add") if inner is not None else None
+    if add is None or len(add.inputs) != 2:
+        return False
+    for x in add.inputs:
+        cubic = c.producer(_other(add.inputs, x), "Mul")
+        if cubic is None or len(cubic.inputs) != 2:
+            continue
+        cube = next((v for v in cubic.inputs if _is_scalar(c, _other(cubic.inputs, v), 0.044715)), None)
+        if cube is not None and _is_cube(c, cube, x):
+            return _half_x_one_plus(c, n.outputs[0], x, "tanh")
+    return False
+
+
+def _is_scalar(c: Ctx, v: Value | None, want: float) -> bool:
+    k = constant_value(v) if v is not None else None
+    return k is not None and k.size == 1 and bool(np.isclose(float(k.ravel()[0]), want, rtol=1e-5))
+
+
+def _is_cube(c: Ctx, v: Value, x: Value) -> bool:
+    """v = x ** 3, written as Pow(x, 3), x * (x * x) or (x * x) * x."""
+    p = c.producer(v, "Pow", "Mul")
+    if p is None or len(p.inputs) != 2:
+        return False
+    if p.op == "Pow":
+        return p.inputs[0] is x and _is_scalar(c, p.inputs[1], 3.0)
+    a, b = p.inputs
+    sq = b if a is x else a if b is x else None
+    q = c.producer(sq, "Mul") if sq is not None else None
+    return q is not None and list(q.inputs) == [x, x]
+
+
+def _half_x_one_plus(c: Ctx, f: Value, x: Value, approximate: str) -> bool:
+    """0.5 * x * (1 + f) in the orders exporters write it: its last node becomes Gelu(x, approximate)."""
+    add = c.sole_user(f)
+    if add is None or add.op != "Add" or not is_scalar_constant(_other(add.inputs, f), 1.0):
         return False
     m1 = c.sole_user(add.outputs[0])
     if m1 is None or m1.op != "Mul":
         return False
     o1 = _other(m1.inputs, add.outputs[0])
     final = None
-    if o1 is x:  # (x * (1 + erf)) * 0.5
+    if o1 is x:  # (x * (1 + f)) * 0.5
         m2 = c.sole_user(m1.outputs[0])
         if m2 is not None and m2.op == "Mul" and is_scalar_constant(_other(m2.inputs, m1.outputs[0]), 0.5):
             final = m2
-    elif is_scalar_constant(o1, 0.5):  # x * ((1 + erf) * 0.5)
+    elif is_scalar_constant(o1, 0.5):  # x * ((1 + f) * 0.5)
         m2 = c.sole_user(m1.outputs[0])
         if m2 is not None and m2.op == "Mul" and _other(m2.inputs, m1.outputs[0]) is x:
             final = m2
-    else:  # (x * 0.5) * (1 + erf)
+    else:  # (x * 0.5) * (1 + f)
         half = _operands(c, o1, "Mul")
         if half is not None and x in half and is_scalar_constant(_other(half, x), 0.5):
             final = m1
     if final is None or final.outputs[0].type != x.type:
         return False
-    final.op, final.inputs, final.attrs = "Gelu", [x], {"approximate": "none"}
+    final.op, final.inputs, final.attrs = "Gelu", [x], {"approximate": approximate}
     return True
 
 
@@ -197,7 +241,8 @@ def layer_norm(c: Ctx, n: Node) -> bool:
     return True
 
 
-RULES: list[Callable[[Ctx, Node], bool]] = [no_op, arith_identity, transpose_pair, view_chain, gelu, layer_norm]
+RULES: list[Callable[[Ctx, Node], bool]] = [no_op, arith_identity, transpose_pair, view_chain, gelu, gelu_tanh,
+                                            layer_norm]  # fmt: skip
 
 
 def simplify(graph: Graph, max_rounds: int = 20) -> Graph:

@@ -90,6 +90,24 @@ def test_simplify_recognizes_gelu(form):
     check_same_function(model, g)
 
 
+@pytest.mark.parametrize("cube", ["pow", "mul"])
+def test_simplify_recognizes_tanh_gelu(cube):
+    """GPT-2's 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) -> Gelu(approximate="tanh"): one op, so
+    it fuses into the matmul before it (x feeds four nodes of the spelled-out form: no chain to fuse)."""
+
+    def net(b):
+        x = b.op("Relu", ["x"])
+        x3 = b.op("Pow", [x, b.const(np.float32(3))]) if cube == "pow" else b.op("Mul", [x, b.op("Mul", [x, x])])
+        inner = b.op("Add", [x, b.op("Mul", [b.const(np.float32(0.044715)), x3])])
+        t = b.op("Tanh", [b.op("Mul", [inner, b.const(np.float32(np.sqrt(2 / np.pi)))])])
+        return b.op("Mul", [b.op("Mul", [x, b.const(np.float32(0.5))]), b.op("Add", [t, b.const(np.float32(1))])])
+
+    model = build(net, {"x": (3, 5)})
+    g = simplify(from_onnx(model))
+    assert ops(g) == ["Relu", "Gelu"] and g.nodes[1].attrs["approximate"] == "tanh"
+    check_same_function(model, g)
+
+
 def test_simplify_recognizes_layer_norm():
     def net(b):
         mean = b.op("ReduceMean", ["x"], axes=[-1], keepdims=1)
