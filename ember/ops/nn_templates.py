@@ -117,9 +117,13 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     mr = min(M, (regs - 4) // vecs if regs >= 32 else 6)
     mr = max(1, min(mr, 12))
     mr = -(-M // -(-M // mr))  # balanced row tiles: 64 rows as 6 x 11, not 5 x 12 and a tile of 4
+    # column panels outside: each panel of B is read from memory once and reused by every row tile (A, the
+    # activations, is the smaller operand in inference and stays in cache); rows outside re-read all of B per
+    # row tile, from DRAM once a model's weights outgrow the L3 (BERT-4: 39.4 -> 35.2 ms, T5 encoder -7%)
+    dflt = GemmPlan(mr=mr, nr=nr, packed=True, order="ji")
     if cfg is None:
-        return GemmPlan(mr=mr, nr=nr, packed=True)
-    return _tuned_gemm_plan(cfg, M, N, K, lanes, GemmPlan(mr=mr, nr=nr, packed=True), fixed_nr is not None)
+        return dflt
+    return _tuned_gemm_plan(cfg, M, N, K, lanes, dflt, fixed_nr is not None)
 
 
 def packed_width(N: int, dtype: DType | str, target: Target | None = None) -> int:
