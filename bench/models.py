@@ -3,7 +3,7 @@
     python bench/models.py [--models resnet18,mobilenet_v2,bert4,conv_stack,mlp] [--threads 1,2]
                            [--tuning-log LOG] [--repeat 30] [--cold-compile] [--json]
 
-The models are PyTorch modules written here (torchvision-style ResNet-18 and MobileNetV2, a
+The models are PyTorch modules (`ember.zoo_torch`: torchvision-style ResNet-18 and MobileNetV2, a
 BERT-base-like encoder with 4 layers at sequence 128, 5 x (Conv, BN, ReLU) at 64 channels, an MLP
 at batch 64) with random weights, exported to ONNX with torch.onnx. Without torch, the same
 architectures come from `ember.zoo` (ONNX built directly) and the torch column is left out.
@@ -18,7 +18,6 @@ The last lines give the geometric means of the ratios.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -35,156 +34,10 @@ from ember import zoo
 
 try:
     import torch
-    from torch import nn
+
+    from ember import zoo_torch
 except ImportError:  # the bench still runs: Ember vs onnxruntime on the zoo's ONNX models
     torch = None
-
-
-# -- PyTorch modules ------------------------------------------------------------------------------
-if torch is not None:
-
-    class BasicBlock(nn.Module):
-        def __init__(self, cin: int, cout: int, stride: int):
-            super().__init__()
-            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.bn1 = nn.BatchNorm2d(cout)
-            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.bn2 = nn.BatchNorm2d(cout)
-            self.down = None
-            if stride != 1 or cin != cout:
-                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            y = torch.relu(self.bn1(self.conv1(x)))
-            y = self.bn2(self.conv2(y))
-            return torch.relu(y + (x if self.down is None else self.down(x)))
-
-    class ResNet18(nn.Module):
-        def __init__(self, classes: int = 1000):
-            super().__init__()
-            self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-                                      nn.MaxPool2d(3, 2, 1))  # fmt: skip
-            layers, cin = [], 64
-            for i, c in enumerate([64, 128, 256, 512]):
-                layers += [BasicBlock(cin, c, 1 if i == 0 else 2), BasicBlock(c, c, 1)]
-                cin = c
-            self.layers = nn.Sequential(*layers)
-            self.fc = nn.Linear(512, classes)
-
-        def forward(self, x):
-            return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
-
-    class InvertedResidual(nn.Module):
-        def __init__(self, cin: int, cout: int, stride: int, expand: int):
-            super().__init__()
-            hidden = cin * expand
-            layers = []
-            if expand != 1:
-                layers += [nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6()]
-            layers += [nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False), nn.BatchNorm2d(hidden),
-                       nn.ReLU6(), nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout)]  # fmt: skip
-            self.conv = nn.Sequential(*layers)
-            self.residual = stride == 1 and cin == cout
-
-        def forward(self, x):
-            return x + self.conv(x) if self.residual else self.conv(x)
-
-    class MobileNetV2(nn.Module):
-        def __init__(self, classes: int = 1000):
-            super().__init__()
-            layers = [nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU6()]
-            cin = 32
-            for t, c, n, s in [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-                               (6, 160, 3, 2), (6, 320, 1, 1)]:  # fmt: skip
-                for i in range(n):
-                    layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
-                    cin = c
-            layers += [nn.Conv2d(cin, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.ReLU6()]
-            self.features = nn.Sequential(*layers)
-            self.classifier = nn.Linear(1280, classes)
-
-        def forward(self, x):
-            return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
-
-    class EncoderLayer(nn.Module):
-        def __init__(self, d: int, heads: int, ff: int):
-            super().__init__()
-            self.heads, self.dh = heads, d // heads
-            self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
-            self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
-            self.ff1, self.ff2 = nn.Linear(d, ff), nn.Linear(ff, d)
-
-        def split(self, t):
-            b, s, _ = t.shape
-            return t.view(b, s, self.heads, self.dh).transpose(1, 2)
-
-        def forward(self, x, mask):
-            q, k, v = self.split(self.q(x)), self.split(self.k(x)), self.split(self.v(x))
-            scores = q @ k.transpose(-1, -2) / math.sqrt(self.dh) + mask
-            ctx = (scores.softmax(-1) @ v).transpose(1, 2).reshape(x.shape)
-            h = self.ln1(x + self.o(ctx))
-            return self.ln2(h + self.ff2(nn.functional.gelu(self.ff1(h))))
-
-    class BertEncoder(nn.Module):
-        def __init__(self, layers: int = 4, seq: int = 128, d: int = 768, heads: int = 12, ff: int = 3072,
-                     vocab: int = 1000):  # fmt: skip
-            super().__init__()
-            self.words, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-            self.ln = nn.LayerNorm(d, eps=1e-12)
-            self.layers = nn.ModuleList(EncoderLayer(d, heads, ff) for _ in range(layers))
-            self.register_buffer("positions", torch.arange(seq).unsqueeze(0))
-
-        def forward(self, input_ids, attention_mask):
-            h = self.ln(self.words(input_ids) + self.pos(self.positions))
-            mask = (1.0 - attention_mask[:, None, None, :].float()) * -10000.0
-            for layer in self.layers:
-                h = layer(h, mask)
-            return h
-
-    class ConvStack(nn.Module):
-        def __init__(self, layers: int = 5, channels: int = 64):
-            super().__init__()
-            self.body = nn.Sequential(*[m for _ in range(layers) for m in (
-                nn.Conv2d(channels, channels, 3, 1, 1), nn.BatchNorm2d(channels), nn.ReLU())])  # fmt: skip
-
-        def forward(self, x):
-            return self.body(x)
-
-    class MLP(nn.Module):
-        def __init__(self, features: int = 784, hidden: tuple[int, ...] = (1024, 1024), classes: int = 10):
-            super().__init__()
-            dims = (features, *hidden)
-            layers = [m for a, b in zip(dims, dims[1:]) for m in (nn.Linear(a, b), nn.ReLU())]
-            self.body = nn.Sequential(*layers, nn.Linear(dims[-1], classes))
-
-        def forward(self, x):
-            return self.body(x)
-
-
-def _torch_model(name: str):
-    """(module, example inputs) for a model name."""
-    g = torch.Generator().manual_seed(0)
-    if name == "resnet18":
-        return ResNet18(), (torch.randn(1, 3, 224, 224, generator=g),)
-    if name == "mobilenet_v2":
-        return MobileNetV2(), (torch.randn(1, 3, 224, 224, generator=g),)
-    if name == "bert4":
-        ids = torch.randint(0, 1000, (1, 128), generator=g)
-        return BertEncoder(), (ids, torch.ones(1, 128, dtype=torch.int64))
-    if name == "conv_stack":
-        return ConvStack(), (torch.randn(1, 64, 56, 56, generator=g),)
-    if name == "mlp":
-        return MLP(), (torch.randn(64, 784, generator=g),)
-    raise KeyError(name)
-
-
-def _randomize_bn(module) -> None:
-    """Give batch norms non-trivial statistics (fresh modules have mean 0, var 1)."""
-    g = torch.Generator().manual_seed(1)
-    for m in module.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
 
 
 ZOO: dict[str, Callable[[], onnx.ModelProto]] = {
@@ -201,17 +54,8 @@ def build(name: str) -> tuple[onnx.ModelProto, Callable | None, dict[str, np.nda
     if torch is None:
         model = ZOO[name]()
         return model, None, zoo.random_feeds(model)
-    module, args = _torch_model(name)
-    _randomize_bn(module)
-    module.eval()
-    f = io.BytesIO()
-    names = ["input_ids", "attention_mask"] if name == "bert4" else ["x"]
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, args, f, input_names=names, output_names=["y"], opset_version=17, dynamo=False)
-    model = onnx.load_from_string(f.getvalue())
+    module, args, names = zoo_torch.example(name)  # the PyTorch modules, written in ember.zoo_torch
+    model = zoo_torch.to_onnx(module, args, names)
     feeds = {n: a.numpy() for n, a in zip(names, args)}
 
     def run_torch(*xs):
