@@ -78,6 +78,24 @@ def check(
     return f
 
 
+def opencl_missing() -> str | None:
+    """Why OpenCL kernels cannot run here (no pyopencl, no platform), None when they can."""
+    from ember.runtime.opencl import OpenCLUnavailable, context
+
+    try:
+        context()
+    except OpenCLUnavailable as e:
+        return str(e)
+    return None
+
+
+def nvcc_missing() -> str | None:
+    """Why generated CUDA cannot be compiled here, None when nvcc is installed."""
+    from ember.codegen.cuda import find_nvcc
+
+    return None if find_nvcc() else "nvcc is not installed"
+
+
 @pytest.fixture
 def rng(request) -> np.random.Generator:
     """A numpy RNG seeded from the test's id: reproducible, different per test."""

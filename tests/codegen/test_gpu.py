@@ -10,34 +10,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import nvcc_missing, opencl_missing
 
 import ember
 from ember import te
 from ember.codegen.c import CodegenError
 from ember.codegen.gpu import split_host_device
 
-
-def _opencl_reason() -> str | None:
-    try:
-        from ember.runtime.opencl import OpenCLUnavailable, context
-
-        context()
-    except OpenCLUnavailable as e:
-        return str(e)
-    return None
-
-
-OPENCL_MISSING = _opencl_reason()
+OPENCL_MISSING = opencl_missing()
 needs_opencl = pytest.mark.skipif(OPENCL_MISSING is not None, reason=f"no OpenCL platform: {OPENCL_MISSING}")
 
 
-def _nvcc_missing() -> str | None:
-    from ember.codegen.cuda import find_nvcc
-
-    return None if find_nvcc() else "nvcc is not installed"
-
-
-NVCC_MISSING = _nvcc_missing()
+NVCC_MISSING = nvcc_missing()
 needs_nvcc = pytest.mark.skipif(NVCC_MISSING is not None, reason=NVCC_MISSING or "")
 
 

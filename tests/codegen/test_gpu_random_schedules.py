@@ -20,24 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import opencl_missing
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import ember
 from ember import te
 
-
-def _opencl_reason() -> str | None:
-    try:
-        from ember.runtime.opencl import OpenCLUnavailable, context
-
-        context()
-    except OpenCLUnavailable as e:
-        return str(e)
-    return None
-
-
-OPENCL_MISSING = _opencl_reason()
+OPENCL_MISSING = opencl_missing()
 pytestmark = [
     pytest.mark.property,
     pytest.mark.skipif(OPENCL_MISSING is not None, reason=f"no OpenCL platform: {OPENCL_MISSING}"),
