@@ -21,9 +21,7 @@ import argparse
 import json
 import math
 import os
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -31,6 +29,7 @@ import onnx
 
 import ember
 from ember import zoo
+from ember.runtime.compare import interleaved_medians, onnxruntime_session
 
 try:
     import torch
@@ -65,28 +64,13 @@ def build(name: str) -> tuple[onnx.ModelProto, Callable | None, dict[str, np.nda
     return model, run_torch, feeds
 
 
-BLOCK = 5  # runs of one system in a row
-
-
-def timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def bench_model(name: str, threads: int, repeat: int, tuning_log: str | None) -> dict:
-    import onnxruntime as ort
-
     model, run_torch, feeds = build(name)
     xs = list(feeds.values())
     target = f"c -threads={threads}"
     kwargs = {"tuning_log": tuning_log} if tuning_log else {}
     m = ember.compile(model, target=target, **kwargs)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle ORT threads must not steal CPU
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = onnxruntime_session(model, threads)
     ref = sess.run(None, feeds)
     ours = list(m.run(feeds).values())
     diff = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(ours, ref))
@@ -94,17 +78,7 @@ def bench_model(name: str, threads: int, repeat: int, tuning_log: str | None) ->
     if run_torch is not None:
         torch.set_num_threads(threads)
         systems["torch"] = lambda: run_torch(*xs)
-    for fn in systems.values():  # warm-up
-        for _ in range(3):
-            fn()
-    times: dict[str, list[float]] = {k: [] for k in systems}
-    blocks = max(1, repeat // BLOCK)
-    for _ in range(blocks):  # systems in turn, a block each, so drifts of a shared machine hit every system alike
-        for k, fn in systems.items():
-            time.sleep(0.05)  # the previous system's worker threads go idle
-            fn()  # the first run after a switch warms caches and wakes this system's threads: not counted
-            times[k] += [timed(fn) for _ in range(-(-repeat // blocks))]
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    med = {k: v * 1e3 for k, v in interleaved_medians(systems, repeat).items()}
     s = m.summary()
     return {"ms": med, "ratio": {k: med[k] / med["ember"] for k in med}, "compile_s": s["compile_seconds"],
             "kernels": s["kernels"], "fallback": len(s["fallback_ops"]), "rel_diff": diff}  # fmt: skip

@@ -154,13 +154,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Time a model with Ember next to other runtimes (interleaved runs, medians, ratios)."""
+    """Time a model with Ember next to other runtimes (turns in blocks, medians, ratios: ember.runtime.compare)."""
     import json
-    import statistics
 
     import ember
     from ember import zoo
     from ember.frontend.onnx import ModelError, load_model
+    from ember.runtime.compare import interleaved_medians, onnxruntime_session
 
     try:
         proto, _ = load_model(args.model)
@@ -186,22 +186,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             return _fail("bench", e)
         systems = {"ember": lambda m=m: m(*xs)}
         if "onnxruntime" in others:
-            import onnxruntime as ort
-
-            so = ort.SessionOptions()
-            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-            sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            sess = onnxruntime_session(proto, threads)
             systems["onnxruntime"] = lambda sess=sess: sess.run(None, feeds)
-        for fn in systems.values():
-            for _ in range(3):
-                fn()
-        times = {k: [] for k in systems}
-        for _ in range(args.repeat):
-            for k, fn in systems.items():
-                t0 = time.perf_counter()
-                fn()
-                times[k].append(time.perf_counter() - t0)
-        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        med = {k: v * 1e3 for k, v in interleaved_medians(systems, args.repeat).items()}
         s = m.summary()
         row = {"ms": med, "ratio": {k: v / med["ember"] for k, v in med.items()}, "compile_s": s["compile_seconds"],
                "kernels": s["kernels"], "fallback_ops": len(s["fallback_ops"])}  # fmt: skip
