@@ -145,12 +145,8 @@ def _rewrite(node: Node, target: Target, names: set[str], packed: dict) -> Node 
         return None
     key = (id(w), trans)
     if key not in packed:
-        name, i = f"{w.name}_packed", 0
-        while name in names:
-            i += 1
-            name = f"{w.name}_packed_{i}"
-        names.add(name)
-        packed[key] = Value.constant(name, pack_b(np.ascontiguousarray(b), T.packed_width(b.shape[1], x.dtype, target)))
+        panels = pack_b(np.ascontiguousarray(b), T.packed_width(b.shape[1], x.dtype, target))
+        packed[key] = Value.constant(_fresh(names, f"{w.name}_packed"), panels)
     inputs = [x, packed[key]] + ([c] if c is not None else [])
     return Node("MatMulPackedB", inputs, list(node.outputs), {"n": b.shape[1], **attrs}, node.name)
 

@@ -138,6 +138,31 @@ def _unjson_attrs(attrs: dict) -> dict:
 Feeds = Sequence[np.ndarray] | Mapping[str, Any]  # inputs in graph order, or by name
 
 
+def random_inputs(plan: Plan, seed: int = 0) -> list[np.ndarray]:
+    """Random arrays for a plan's inputs: normal floats, fair bools, small non-negative integers."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for vid in plan.inputs:
+        v = plan.values[vid]
+        dt = numpy_dtype(v.dtype)
+        if dt.kind == "f":
+            out.append(rng.standard_normal(v.shape).astype(dt))
+        elif dt.kind == "b":
+            out.append(rng.random(v.shape) < 0.5)
+        else:
+            out.append(rng.integers(0, 4, v.shape).astype(dt))
+    return out
+
+
+def profile_table(rows: list[dict], top: int = 20) -> str:
+    """The `top` rows of a profile (kernel, time, share, GFLOP/s, ops) as a text table."""
+    lines = [f"{'kernel':<32} {'ms':>9} {'share':>6} {'GFLOP/s':>8}  ops"]
+    for r in rows[:top]:
+        g = f"{r['gflops']:.1f}" if r["gflops"] else "-"
+        lines.append(f"{r['kernel']:<32} {r['seconds'] * 1e3:>9.3f} {r['share']:>6.1%} {g:>8}  {'+'.join(r['ops'])}")
+    return "\n".join(lines)
+
+
 class NativeCode(Protocol):
     """Compiled code held in memory rather than in a shared library (the llvm target's JIT engine)."""
 
@@ -327,18 +352,7 @@ class CompiledModel:
         return dict(zip(self.output_names, self._collect()))
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        rng = np.random.default_rng(seed)
-        out = []
-        for vid in self.plan.inputs:
-            v = self.plan.values[vid]
-            dt = numpy_dtype(v.dtype)
-            if dt.kind == "f":
-                out.append(rng.standard_normal(v.shape).astype(dt))
-            elif dt.kind == "b":
-                out.append(rng.random(v.shape) < 0.5)
-            else:
-                out.append(rng.integers(0, 4, v.shape).astype(dt))
-        return out
+        return random_inputs(self.plan, seed)
 
     def benchmark(self, inputs: Feeds | None = None, repeat: int = 20, warmup: int = 3) -> dict:
         """Latency of whole inferences: median, mean, min (seconds) over `repeat` runs."""
@@ -383,14 +397,7 @@ class CompiledModel:
         return sorted(rows, key=lambda r: -r["seconds"])
 
     def profile_table(self, inputs: Feeds | None = None, top: int = 20) -> str:
-        rows = self.profile(inputs)
-        lines = [f"{'kernel':<32} {'ms':>9} {'share':>6} {'GFLOP/s':>8}  ops"]
-        for r in rows[:top]:
-            g = f"{r['gflops']:.1f}" if r["gflops"] else "-"
-            lines.append(
-                f"{r['kernel']:<32} {r['seconds'] * 1e3:>9.3f} {r['share']:>6.1%} {g:>8}  {'+'.join(r['ops'])}"
-            )
-        return "\n".join(lines)
+        return profile_table(self.profile(inputs), top)
 
     # -- persistence --------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

@@ -38,7 +38,7 @@ from ..target import Target
 from ..tir.dtype import numpy_dtype
 from ..tir.functor import walk
 from ..tir.stmt import PrimFunc, Store
-from .executor import Fallback, Feeds, Plan, Step
+from .executor import Fallback, Feeds, Plan, Step, profile_table, random_inputs
 from .module import ArgumentError
 
 
@@ -435,18 +435,7 @@ class GPUCompiledModel:
         return dict(zip(self.output_names, self._outputs(arrays)))
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        rng = np.random.default_rng(seed)
-        out = []
-        for vid in self.plan.inputs:
-            v = self.plan.values[vid]
-            dt = numpy_dtype(v.dtype)
-            if dt.kind == "f":
-                out.append(rng.standard_normal(v.shape).astype(dt))
-            elif dt.kind == "b":
-                out.append(rng.random(v.shape) < 0.5)
-            else:
-                out.append(rng.integers(0, 4, v.shape).astype(dt))
-        return out
+        return random_inputs(self.plan, seed)
 
     def benchmark(self, inputs: Feeds | None = None, repeat: int = 20, warmup: int = 3, copies: bool = True) -> dict:
         """Latency of whole inferences: median, mean, min (seconds). With `copies` (the default) a run copies the
@@ -493,12 +482,7 @@ class GPUCompiledModel:
         return sorted(rows, key=lambda r: -r["seconds"])
 
     def profile_table(self, inputs: Feeds | None = None, top: int = 20) -> str:
-        lines = [f"{'kernel':<32} {'ms':>9} {'share':>6} {'GFLOP/s':>8}  ops"]
-        for r in self.profile(inputs)[:top]:
-            g = f"{r['gflops']:.1f}" if r["gflops"] else "-"
-            ms = r["seconds"] * 1e3
-            lines.append(f"{r['kernel']:<32} {ms:>9.3f} {r['share']:>6.1%} {g:>8}  {'+'.join(r['ops'])}")
-        return "\n".join(lines)
+        return profile_table(self.profile(inputs), top)
 
     def save(self, path: str | Path) -> Path:
         """A directory holding the plan, the weights, the kernels' source (and PTX for CUDA) and the launches:
