@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ember.ops import nn_templates as T  # noqa: E402
 from ember.tune import Measurer, Task, tune_task  # noqa: E402
-from ember.tune.driver import plot_history  # noqa: E402
-from ember.tune.log import TuningLog, make_record, result_of  # noqa: E402
+from ember.tune.driver import logged_results, plot_history  # noqa: E402
+from ember.tune.log import TuningLog, make_record  # noqa: E402
 
 _CB = T.lanes_of("float32", T.host_target())  # the channel block ConvertLayout picks on this machine
 WORKLOADS = {
@@ -45,9 +45,7 @@ class _LoggedCache(dict):
     def __init__(self, task: Task, log: TuningLog):
         super().__init__()
         self.task, self.log = task, log
-        for rec in log.measured(task.workload, task.target).values():  # an earlier run's measurements
-            r = result_of(rec)
-            r.config = task.space.entity(r.config.values)
+        for r in logged_results(log, task):  # an earlier run's measurements
             dict.__setitem__(self, (task.workload, task.target, r.config.key()), r)
 
     def __setitem__(self, key, result) -> None:

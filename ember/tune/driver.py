@@ -64,15 +64,7 @@ def tune_task(task: Task, tuner: Tuner | str, n_trial: int, measurer: Measurer, 
     space = task.space
     fallback = space.fallback()
     if log is not None:
-        prior = []
-        for rec in log.measured(task.workload, task.target).values():
-            r = result_of(rec)
-            try:
-                r.config = space.entity(r.config.values)
-            except ConfigError:
-                continue  # a record of another version of the template
-            prior.append(r)
-        prior.sort(key=lambda r: r.timestamp)
+        prior = logged_results(log, task)
         if prior:
             _account(res, tuner, prior, task, fallback)
             res.resumed = len(prior)
@@ -94,6 +86,20 @@ def tune_task(task: Task, tuner: Tuner | str, n_trial: int, measurer: Measurer, 
             cb(res, results)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def logged_results(log: TuningLog, task: Task) -> list[MeasureResult]:
+    """The log's measurements of the task, as results of configs of its space, oldest first (records of
+    another version of the template, whose configs the space no longer has, are left out)."""
+    prior = []
+    for rec in log.measured(task.workload, task.target).values():
+        r = result_of(rec)
+        try:
+            r.config = task.space.entity(r.config.values)
+        except ConfigError:
+            continue
+        prior.append(r)
+    return sorted(prior, key=lambda r: r.timestamp)
 
 
 def _account(res: TuneResult, tuner: Tuner, results: list[MeasureResult], task: Task, fallback: ConfigEntity) -> None:
