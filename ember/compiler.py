@@ -30,8 +30,9 @@ from .passes import run_passes
 from .passes.fuse import pattern as pattern_of
 from .runtime.executor import CompiledModel, KernelInfo, Plan, Step, ValueInfo
 from .target import Target, building_for
-from .te.config import CONFIG_ATTR, ConfigError, load_best
+from .te.config import CONFIG_ATTR, ConfigError, Tuned, load_tuned
 from .te.lower import lower_schedule
+from .te.schedule import Schedule, ScheduleError
 from .te.tensor import ComputeOp, Reduce, Tensor, compute, const, placeholder
 from .tir.transform import optimize
 
@@ -63,6 +64,7 @@ class KernelTE:
     outputs: list[Tensor]
     schedule: Any
     passed: list[bool]  # per node input: an argument (False: a one-element constant baked in)
+    replayed: bool = False  # the schedule is a tuning record's steps replayed (not the template run)
 
 
 def anchor_member(node: Node) -> Node | None:
@@ -95,13 +97,16 @@ def _json_attr(x: Any) -> Any:
     return x if isinstance(x, str | int | float | bool | None) else repr(x)
 
 
-def kernel_te(node: Node, target: Target, cfg: Any = None) -> KernelTE:
+def kernel_te(node: Node, target: Target, cfg: Any = None, schedule: dict | None = None) -> KernelTE:
     """Build a node's kernel in `ember.te`: its op's compute, or a Fused node's members' computes
     composed (each member reads the tensors its producers computed), scheduled by the first member
     whose op has a schedule (conv, matmul, ...) or the default schedule.
 
     `cfg` (an `ember.te.config` ConfigSpace or ConfigEntity) goes to the anchor member's compute
-    as `attrs[CONFIG_ATTR]`; None leaves every template at its fallback config."""
+    as `attrs[CONFIG_ATTR]`; None leaves every template at its fallback config. `schedule` (a tuning record's
+    `Schedule.record()`) is replayed on the computes instead of running the template; where it was made for
+    another compute (other stages: another epilogue fused after the same anchor), the template runs with
+    `cfg`. `KernelTE.replayed` says which happened."""
     if node.op == "Fused":
         body = node.attrs["body"]
         members, params, results = body.nodes, body.inputs, body.outputs
@@ -130,6 +135,13 @@ def kernel_te(node: Node, target: Target, cfg: Any = None) -> KernelTE:
                 raise AssertionError(f"{m.op} compute gives {got}, the shape rule says {v.type} (node {m.name})")
             tensors[v] = t
     outs = [tensors[v] for v in results]
+    if schedule is not None and not is_gpu(target):
+        try:
+            sch = Schedule.from_record(outs, schedule)
+            args = [tensors[p] for p in params if p not in scalars] + outs
+            return KernelTE(args, outs, sch, [p not in scalars for p in params], replayed=True)
+        except ScheduleError:
+            pass
     if is_gpu(target):  # the GPU targets' own schedules (threads, shared memory) for the same computes
         sch = schedule_gpu(outs, target)
     elif anchor is not None:
@@ -166,7 +178,8 @@ class GraphLowering:
     kernels: dict[Any, Kernel] = field(default_factory=dict)  # dedup key -> kernel
     steps: list[Step] = field(default_factory=list)
     fallback_reasons: dict[str, str] = field(default_factory=dict)
-    configs: Mapping[str, Any] = field(default_factory=dict)  # workload key -> tuned config (ember.te.config)
+    tuned: Mapping[str, Tuned] = field(default_factory=dict)  # workload key -> best tuning record (te.config)
+    replayed: set[str] = field(default_factory=set)  # workloads whose kernels replayed the record's steps
 
     def vid(self, v: Value, kind: str = "temp") -> int:
         if v not in self.ids:
@@ -255,13 +268,18 @@ class GraphLowering:
         return kernel
 
     def _kernel_te(self, node: Node) -> KernelTE:
-        """kernel_te with the tuned config of the node's anchor workload, if the log has one."""
-        anchor = anchor_member(node) if self.configs else None
-        cfg = self.configs.get(workload_key(anchor)) if anchor is not None else None
-        if cfg is None:
+        """kernel_te with the tuning record of the node's anchor workload, if the log has one: its schedule
+        replayed, or its config through the template."""
+        anchor = anchor_member(node) if self.tuned else None
+        key = workload_key(anchor) if anchor is not None else None
+        tuned = self.tuned.get(key) if key is not None else None
+        if tuned is None:
             return kernel_te(node, self.target)
         try:
-            return kernel_te(node, self.target, cfg)
+            k = kernel_te(node, self.target, tuned.config, tuned.schedule)
+            if k.replayed:
+                self.replayed.add(key)
+            return k
         except ConfigError as e:
             warnings.warn(f"tuning log: config for {node.name} ({anchor.op}) does not apply: {e}; using the fallback",
                           stacklevel=2)  # fmt: skip
@@ -417,8 +435,8 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
     graph, pass_report = run_passes(graph, opt_level=opt_level, disabled=disabled_passes, target=target)
     t_passes = time.perf_counter()
     _deep_enough()
-    configs = load_best(tuning_log, str(target)) if tuning_log else {}
-    gl = GraphLowering(graph, target, allow_fallback=fallback, configs=configs)
+    tuned = load_tuned(tuning_log, str(target)) if tuning_log else {}
+    gl = GraphLowering(graph, target, allow_fallback=fallback, tuned=tuned)
     gl.run()
     workspace = gl.plan()
     t_lower = time.perf_counter()
@@ -436,7 +454,8 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
         "passes": pass_report,
         "lower_seconds": t_lower - t_passes,
         "fallback_reasons": gl.fallback_reasons,
-        "tuned_workloads": len(configs),
+        "tuned_workloads": len(tuned),
+        "replayed_workloads": len(gl.replayed),
     }
     return LoweredModel(graph, target, gl, plan, summary, t0, t_lower)
 

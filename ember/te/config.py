@@ -21,7 +21,10 @@ knob any JSON scalar. A config reaches an operator's compute explicitly, through
 attribute `attrs[CONFIG_ATTR]` of the fused group's anchor node (see `ember.compiler.kernel_te`).
 
 `load_best(path, target)` reads a tuning log (JSON lines written by `ember.tune`) and gives the
-best config per workload, which `ember.compile(..., tuning_log=path)` applies.
+best config per workload; `load_tuned` gives each with the schedule it produced when it was
+measured (a record's "schedule": `Schedule.record()`, the stages and the steps), which
+`ember.compile(..., tuning_log=path)` replays on a kernel of the same compute. Records from before
+logs stored schedules carry none: their config goes through the template again.
 """
 
 from __future__ import annotations
@@ -350,8 +353,17 @@ def target_kind(target: str) -> str:
     return str(target).split()[0] if str(target).strip() else ""
 
 
-def load_best(path: str | Path, target: str) -> dict[str, ConfigEntity]:
-    """Best (lowest cost) config per workload among the log's successful records for `target`:
+@dataclass(frozen=True)
+class Tuned:
+    """The best record of a workload: its config, and the schedule the config produced when it was measured
+    (`Schedule.record()`: stages and steps); None where the record has none (logs from before version 2)."""
+
+    config: ConfigEntity
+    schedule: dict | None = None
+
+
+def load_tuned(path: str | Path, target: str) -> dict[str, Tuned]:
+    """Best (lowest cost) record per workload among the log's successful records for `target`:
     records of exactly this target win over records of the same target kind ("c", "llvm")."""
     best: dict[str, tuple[tuple[int, float], dict]] = {}
     for rec in read_records(path):
@@ -369,4 +381,14 @@ def load_best(path: str | Path, target: str) -> dict[str, ConfigEntity]:
         w = rec["workload"]
         if w not in best or score < best[w][0]:
             best[w] = (score, rec)
-    return {w: ConfigEntity.from_json(rec["config"], rec.get("template", "")) for w, (_, rec) in best.items()}
+    out = {}
+    for w, (_, rec) in best.items():
+        sch = rec.get("schedule")
+        sch = sch if isinstance(sch, dict) and isinstance(sch.get("steps"), list) else None
+        out[w] = Tuned(ConfigEntity.from_json(rec["config"], rec.get("template", "")), sch)
+    return out
+
+
+def load_best(path: str | Path, target: str) -> dict[str, ConfigEntity]:
+    """The config of `load_tuned`'s best record per workload."""
+    return {w: t.config for w, t in load_tuned(path, target).items()}

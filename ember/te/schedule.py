@@ -299,6 +299,20 @@ class Schedule:
             self._apply(s if isinstance(s, Step) else Step.from_json(s))
         return self
 
+    def record(self) -> dict:
+        """The schedule as data for a log: the stages of its compute before any step, and its steps."""
+        return {"stages": [st.name for st in Schedule(self.outputs).stages], "steps": [s.to_json() for s in self.steps]}
+
+    @classmethod
+    def from_record(cls, outputs: Sequence[Tensor] | Tensor, record: dict) -> Schedule:
+        """A fresh schedule of `outputs` with a `record()`'s steps replayed; `ScheduleError` unless the compute
+        has exactly the record's stages (the steps were made for another compute)."""
+        sch = cls([outputs] if isinstance(outputs, Tensor) else list(outputs))
+        names = [st.name for st in sch.stages]
+        if names != list(record.get("stages", ())):
+            raise ScheduleError(f"the record's steps are for stages {record.get('stages')}, this compute has {names}")
+        return sch.replay(record.get("steps", ()))
+
     @classmethod
     def load(cls, outputs: Sequence[Tensor] | Tensor, data: str | list) -> Schedule:
         """A fresh schedule of `outputs` with the steps of `data` (JSON text or a list) replayed."""

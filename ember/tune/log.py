@@ -2,10 +2,12 @@
 
 A record: {"workload", "template", "task", "target", "config": {"index", "knobs"}, "cost" (median
 seconds or null), "costs", "gflops", "error": null or {"kind", "detail"}, "build_s", "timestamp",
-"version"}. Appends take an exclusive lock on the file, write whole lines (one write per batch),
-flush and fsync, so a killed tuner leaves every finished record and at most one torn line at the
-end, which readers skip and the next append starts after. `ember.te.config.load_best` picks the
-best record per workload; `TuningLog.measured` gives what a resumed run must not measure again.
+"version", "schedule"}: "schedule" (version 2 on) is the candidate's schedule as data
+(`Schedule.record()`: stages and steps), which `ember.compile` replays. Appends take an exclusive
+lock on the file, write whole lines (one write per batch), flush and fsync, so a killed tuner
+leaves every finished record and at most one torn line at the end, which readers skip and the next
+append starts after. `ember.te.config.load_tuned` picks the best record per workload;
+`TuningLog.measured` gives what a resumed run must not measure again.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from ember.te.config import ConfigEntity, load_best, read_records
 from ember.tune.measure import MeasureResult
 
-VERSION = 1
+VERSION = 2  # 2: records carry the schedule
 
 __all__ = ["TuningLog", "load_best", "make_record", "read_records"]
 
@@ -40,6 +42,7 @@ def make_record(task: Any, result: MeasureResult) -> dict:
         "build_s": round(result.build_s, 4),
         "timestamp": result.timestamp or time.time(),
         "version": VERSION,
+        "schedule": result.schedule,
     }
 
 
@@ -49,9 +52,9 @@ def result_of(rec: dict) -> MeasureResult:
     err = rec.get("error")
     if err:
         return MeasureResult(cfg, error=err.get("kind", "runtime"), detail=err.get("detail", ""),
-                             timestamp=rec.get("timestamp", 0.0))  # fmt: skip
+                             timestamp=rec.get("timestamp", 0.0), schedule=rec.get("schedule"))  # fmt: skip
     return MeasureResult(cfg, costs=tuple(rec.get("costs") or [rec["cost"]]), build_s=rec.get("build_s", 0.0),
-                         timestamp=rec.get("timestamp", 0.0))  # fmt: skip
+                         timestamp=rec.get("timestamp", 0.0), schedule=rec.get("schedule"))  # fmt: skip
 
 
 class TuningLog:

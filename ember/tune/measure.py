@@ -55,6 +55,7 @@ class MeasureResult:
     detail: str = ""
     build_s: float = 0.0
     timestamp: float = field(default_factory=time.time)
+    schedule: dict | None = None  # the candidate's schedule (`Schedule.record()`), where it was built
 
     @property
     def ok(self) -> bool:
@@ -92,7 +93,8 @@ def build_candidate(task: Any, knobs: dict) -> dict:
     except Exception as e:  # any failure to build is the candidate's error, not the tuner's
         detail = f"{type(e).__name__}: {e}"[:2000]
         return {"error": "compile", "detail": detail, "trace": traceback.format_exc(limit=4)[-2000:]}
-    return {"lib": str(lib), "symbol": c_symbol(func.name), "specs": specs, "build_s": time.perf_counter() - t0}
+    return {"lib": str(lib), "symbol": c_symbol(func.name), "specs": specs, "build_s": time.perf_counter() - t0,
+            "schedule": sch.record()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -313,6 +315,7 @@ class Measurer:
             return MeasureResult(cfg, error=built["error"], detail=built["detail"])
         inputs, ref = self._task_data(task)
         res = self._runner.run(self._msg(built, inputs, ref), self.run_timeout)
+        sch = built.get("schedule")
         if "error" in res:
-            return MeasureResult(cfg, error=res["error"], detail=res["detail"], build_s=built["build_s"])
-        return MeasureResult(cfg, costs=tuple(res["costs"]), build_s=built["build_s"])
+            return MeasureResult(cfg, error=res["error"], detail=res["detail"], build_s=built["build_s"], schedule=sch)
+        return MeasureResult(cfg, costs=tuple(res["costs"]), build_s=built["build_s"], schedule=sch)

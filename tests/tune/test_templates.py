@@ -53,3 +53,20 @@ def test_conv_row_tiles_and_partial_width_tiles():
     with Measurer(n_parallel=2, repeat=0) as m:
         results = m.measure(task, pts)
     assert all(r.ok for r in results), [(r.error, r.detail) for r in results if not r.ok]
+
+
+@pytest.mark.parametrize("op,inputs,attrs", CASES, ids=["gemm", "conv", "depthwise", "conv_nchwc", "depthwise_nchwc"])
+def test_template_schedules_replay_from_their_records(op, inputs, attrs):
+    """A template's schedule is data: its record replayed on a fresh compute lowers to the same loops, for
+    configs spread over the space (what a tuning log stores and ember.compile replays)."""
+    from ember import lower
+    from ember.te.schedule import Schedule
+
+    task = Task.from_op(op, inputs, attrs)
+    space = task.space
+    for i in sorted({0, len(space) // 3, len(space) // 2, len(space) - 1}):
+        sch, args = task.instantiate(space.get(i))
+        _, fresh = task.instantiate(space.get(i))
+        n_out = task.n_outputs
+        replayed = Schedule.from_record(fresh[len(fresh) - n_out :], sch.record())
+        assert str(lower(replayed, fresh, "k")) == str(lower(sch, args, "k")), space.get(i)

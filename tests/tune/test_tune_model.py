@@ -103,3 +103,42 @@ def test_cli_tune_killed_and_resumed(model_path, tmp_path):
     keys = [(r["workload"], json.dumps(r["config"]["knobs"], sort_keys=True)) for r in final]
     assert len(set(keys)) == len(keys)
     assert "measured now" in out.stdout and f"{len(first)} from the log" in out.stdout
+
+
+def test_tuning_log_replays_its_stored_schedule(model_path, tmp_path):
+    """Records store the measured schedule (stages and steps); ember.compile replays them, and the kernels are
+    those the template builds from the same configs (a log without schedules, as written before, still loads)."""
+    from ember.tune import Measurer, tune_tasks
+
+    log = tmp_path / "tune.jsonl"
+    tasks = extract_tasks(str(model_path), "c")
+    with Measurer(n_parallel=2, repeat=1, min_time=0.0) as m:
+        tune_tasks(tasks, "random", 3, str(log), measurer=m, progress=False)
+    records = _records(log)
+    assert len(records) == 6 and all(r["version"] == 2 for r in records)
+    assert all(r["schedule"]["steps"] and r["schedule"]["stages"] for r in records)
+    x = np.random.default_rng(2).standard_normal((1, 4, 6, 6)).astype(np.float32)
+    replayed = ember.compile(str(model_path), "c", tuning_log=str(log))
+    assert replayed.summary()["tuned_workloads"] == 2 and replayed.summary()["replayed_workloads"] == 2
+    old = tmp_path / "old.jsonl"  # the same records without their schedules: the configs go through the templates
+    old.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "schedule"}) + "\n" for r in records))
+    templated = ember.compile(str(model_path), "c", tuning_log=str(old))
+    assert templated.summary()["tuned_workloads"] == 2 and templated.summary()["replayed_workloads"] == 0
+    assert replayed.source == templated.source
+    np.testing.assert_allclose(replayed(x), ember.compile(str(model_path), "c")(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_schedule_for_another_compute_is_not_replayed(model_path, tmp_path):
+    """A record whose stages are not the kernel's (its steps were made for another compute) gives way to the
+    template with the record's config."""
+    tasks = extract_tasks(str(model_path), "c")
+    recs = []
+    for t in tasks:
+        cfg = t.space.entity({"tile_ow": (-1, 1), "unroll_tile": ("none", "unroll")})
+        sch = t.instantiate(cfg)[0].record()
+        sch["stages"] = sch["stages"] + ["T_elsewhere"]
+        recs.append({"workload": t.workload, "template": t.template, "target": t.target, "config": cfg.to_json(),
+                     "cost": 1e-6, "error": None, "schedule": sch})  # fmt: skip
+    TuningLog(tmp_path / "log.jsonl").append(recs)
+    m = ember.compile(str(model_path), "c", tuning_log=str(tmp_path / "log.jsonl"))
+    assert m.summary()["tuned_workloads"] == 2 and m.summary()["replayed_workloads"] == 0
