@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .build import _deep_enough, default_target
+from .build import deep_enough, default_target
 from .codegen.c import c_symbol, codegen_c, codegen_c_unit
 from .codegen.gpu import GPU_PIPELINE
 from .codegen.toolchain import compile_units
@@ -321,10 +321,10 @@ def _attr_key(attrs: dict) -> tuple:
 
 def _flops(outs: list[Tensor]) -> int:
     """Arithmetic estimate: 2 per multiply-accumulate of reductions, 1 per element otherwise."""
-    from .te.schedule import _topo_ops
+    from .te.schedule import topo_ops
 
     total = 0
-    for op in _topo_ops([t.op for t in outs]):
+    for op in topo_ops([t.op for t in outs]):
         if isinstance(op, ComputeOp):
             n = int(np.prod(op.shape, dtype=np.int64))
             if isinstance(op.body, Reduce):
@@ -416,7 +416,7 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
     graph = graph.copy()
     graph, pass_report = run_passes(graph, opt_level=opt_level, disabled=disabled_passes, target=target)
     t_passes = time.perf_counter()
-    _deep_enough()
+    deep_enough()
     configs = load_best(tuning_log, str(target)) if tuning_log else {}
     gl = GraphLowering(graph, target, allow_fallback=fallback, configs=configs)
     gl.run()

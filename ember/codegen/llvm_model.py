@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..runtime.executor import CompiledModel, Step
 from ..target import Target
-from .llvm import JITEngine, _atomic_write, _object_key, _target_machine, codegen_llvm, object_cache_path
+from .llvm import JITEngine, atomic_write, codegen_llvm, object_cache_path, object_key, target_machine
 
 if TYPE_CHECKING:
     from ..compiler import LoweredModel
@@ -108,10 +108,10 @@ class ModelJIT(JITEngine):
         ir_text = (directory / "model.ll").read_text()
         obj, key_file = directory / "model.o", directory / "model.key"
         if obj.exists() and key_file.exists():
-            key = _object_key(ir_text, target, _target_machine(target))
+            key = object_key(ir_text, target, target_machine(target))
             cached = object_cache_path(key)
             if key_file.read_text().strip() == key and not cached.exists():
-                _atomic_write(cached, obj.read_bytes())
+                atomic_write(cached, obj.read_bytes())
         return cls(ir_text, target)
 
 

@@ -146,11 +146,11 @@ class CUDADevice:
     align = 256
 
     def __init__(self, ptx_path: Any):
-        from .cuda import _check, _driver, context
+        from .cuda import check, context, cuda_driver
 
         context()  # raises CUDAUnavailable with the reason where there is no GPU or driver
-        self.drv, self.check = _driver(), _check
-        self.module = _check(self.drv.cuModuleLoadData(ptx_path.read_bytes() + b"\0"))
+        self.drv, self.check = cuda_driver(), check
+        self.module = check(self.drv.cuModuleLoadData(ptx_path.read_bytes() + b"\0"))
         self.functions: dict[str, Any] = {}
         self.allocations: list[Any] = []
         self.name = "CUDA device 0"
