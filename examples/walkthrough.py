@@ -15,8 +15,8 @@ import numpy as np
 import ember
 from ember import zoo
 from ember.codegen.c import codegen_c
-from ember.compiler import kernel_te
 from ember.frontend.onnx import from_onnx
+from ember.kernels import kernel_te
 from ember.passes import run_passes
 from ember.te.lower import lower_schedule
 from ember.te.schedule import topo_ops
