@@ -15,7 +15,7 @@ from pathlib import Path
 from ..target import Target
 from .gpu import DeviceProgram
 from .opencl import GPUCodegen, render
-from .toolchain import CompileError, _cached_build
+from .toolchain import CompileError, cached_build
 
 DEFAULT_ARCH = "sm_80"
 
@@ -74,4 +74,4 @@ def compile_cuda(source: str, target: Target | str = "cuda", fmt: str = "ptx") -
         if proc.returncode != 0:
             raise CompileError(f"{' '.join(cmd[:-3])} failed:\n{proc.stderr.strip()[:4000]}\n--- source ---\n{source}")
 
-    return _cached_build([source, nvcc_version(nvcc), *flags, "cuda"], f"kernel.{fmt}", build)
+    return cached_build([source, nvcc_version(nvcc), *flags, "cuda"], f"kernel.{fmt}", build)

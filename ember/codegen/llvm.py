@@ -39,7 +39,7 @@ from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ram
 from ..tir.functor import walk
 from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
 from . import llvm_pool
-from .c import STACK_LIMIT, CodegenError, _register_slots, c_symbol
+from .c import STACK_LIMIT, CodegenError, c_symbol, const_offset, register_slots
 from .toolchain import cache_dir
 
 try:  # llvmlite is the optional extra `ember[llvm]`
@@ -641,7 +641,7 @@ class LLVMCodegen:
     def allocate(self, s: Allocate) -> None:
         b = s.buffer
         st = self.st
-        slots = _register_slots(s) if b.scope == "local" else None
+        slots = register_slots(s) if b.scope == "local" else None
         if slots is not None:
             types = {off: ltype(b.dtype.with_lanes(lanes)) for off, lanes in slots.items()}
             st.slots[b] = {off: (self.alloca(t, f"{b.name}_{off}"), t) for off, t in types.items()}
@@ -702,9 +702,7 @@ def _store(builder, value, ptr, align: int | None = None) -> None:
 
 
 def _const_offset(idx: Expr) -> int:
-    from .c import _const_offset as off
-
-    v = off(idx)
+    v = const_offset(idx)
     assert v is not None
     return v
 

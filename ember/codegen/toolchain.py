@@ -85,7 +85,7 @@ def compile_c(source: str, flags: list[str], name: str = "kernel") -> Path:
     return lib
 
 
-def _cached_build(key_parts: list[str], out_name: str, build) -> Path:
+def cached_build(key_parts: list[str], out_name: str, build) -> Path:
     """Cache entry for a key: `build(tmpdir)` writes `out_name` into a fresh temp dir, then it is renamed in."""
     key = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()
     entry = cache_dir() / key[:2] / key
@@ -136,7 +136,7 @@ def compile_units(units: list[str], flags: list[str], name: str = "model", jobs:
             (tmp / "unit.c").write_text(src)
             _run_cc([cc, *obj_flags, "-c", str(tmp / "unit.c"), "-o", str(tmp / "unit.o")], src, f"{name}_{i}")
 
-        return _cached_build([src, version, *obj_flags, "object"], "unit.o", build)
+        return cached_build([src, version, *obj_flags, "object"], "unit.o", build)
 
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         objs = list(pool.map(obj, enumerate(units)))
@@ -147,4 +147,4 @@ def compile_units(units: list[str], flags: list[str], name: str = "model", jobs:
         libs = ["-lmvec", "-lm"] if "_ZGV" in source and has_libmvec() else ["-lm"]
         _run_cc([cc, *flags, *map(str, objs), "-o", str(tmp / f"{name}.so"), *libs], source, name)
 
-    return _cached_build([str(o) for o in objs] + [version, *flags, "link"], f"{name}.so", link)
+    return cached_build([str(o) for o in objs] + [version, *flags, "link"], f"{name}.so", link)
