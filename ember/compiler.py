@@ -31,7 +31,7 @@ from .runtime.plan import Plan, assign_offsets
 from .target import Target
 from .te.config import load_best
 
-__all__ = ["BACKENDS", "LoweredModel", "LoweringUnsupported", "NotLowerable", "build", "compile", "load",
+__all__ = ["BACKENDS", "LoweredModel", "LoweringUnsupported", "NotLowerable", "build_model", "compile", "load",
            "lower_model", "reference_fallback"]  # fmt: skip
 
 
@@ -62,7 +62,7 @@ def compile(  # noqa: A001
         have = ", ".join(sorted(BACKENDS))
         raise NotImplementedError(f"ember.compile: no model backend for target {target.kind!r} yet (have: {have})")
     lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0)
-    return build(lowered)
+    return build_model(lowered)
 
 
 @dataclass
@@ -117,7 +117,7 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
     return LoweredModel(graph, target, gl, plan, summary, t0, t_lower)
 
 
-def build(m: LoweredModel) -> Model:
+def build_model(m: LoweredModel) -> Model:
     """The code of a lowered model on its target's backend (`BACKENDS`), and the compile times in its summary."""
     model = BACKENDS[m.target.kind](m.gl.kernel_funcs(), m.plan, m.gl.weights, m.target, reference_fallback,
                                     m.summary)  # fmt: skip
