@@ -17,7 +17,7 @@ from .tir.stmt import PrimFunc, Store
 from .tir.transform import optimize
 
 
-def _deep_enough() -> None:
+def deep_enough() -> None:
     """Loop IR is a tree walked recursively: long chains of stages nest deeply (one Allocate each)."""
     if sys.getrecursionlimit() < 20000:
         sys.setrecursionlimit(20000)
@@ -30,7 +30,7 @@ def lower(
 
     `trace=True` prints the IR after each loop pass; `gpu=True` runs the GPU targets' passes (vectorized
     loops stay scalar loops: the threads are the lanes)."""
-    _deep_enough()
+    deep_enough()
     func = lower_schedule(sch, args, name)
     if trace:
         print(f"# after schedule\n{func}\n")

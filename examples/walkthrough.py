@@ -15,11 +15,11 @@ import numpy as np
 import ember
 from ember import zoo
 from ember.codegen.c import codegen_c
-from ember.compiler import kernel_te
 from ember.frontend.onnx import from_onnx
+from ember.kernels import kernel_te
 from ember.passes import run_passes
 from ember.te.lower import lower_schedule
-from ember.te.schedule import _topo_ops
+from ember.te.schedule import topo_ops
 from ember.tir.transform import optimize
 
 
@@ -43,7 +43,7 @@ print(graph)
 group = next(n for n in graph.nodes if n.op == "Fused" and len(n.attrs["body"].nodes) >= 3)
 banner(f"3. the tensor expressions of group {group.attrs['body'].name}")
 kernel = kernel_te(group, target)
-for op in _topo_ops([t.op for t in kernel.outputs]):
+for op in topo_ops([t.op for t in kernel.outputs]):
     print(f"  {op}")
 
 banner("4. its loop IR, after scheduling and the loop passes")

@@ -36,7 +36,7 @@ _OPS = {
 }  # fmt: skip
 
 # intrinsic -> (float32 name, float64 name)
-_MATH = {
+MATH = {
     "exp": ("expf", "exp"), "log": ("logf", "log"), "sqrt": ("sqrtf", "sqrt"), "tanh": ("tanhf", "tanh"),
     "erf": ("erff", "erf"), "floor": ("floorf", "floor"), "ceil": ("ceilf", "ceil"),
     "round": ("nearbyintf", "nearbyint"), "pow": ("powf", "pow"), "sin": ("sinf", "sin"), "cos": ("cosf", "cos"),
@@ -54,7 +54,7 @@ _LIBMVEC = {
     "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "log1p": "log1p",
 }  # fmt: skip
 
-_LIBM_NAMES = {n for pair in _MATH.values() for n in pair} | {"fmaxf", "fminf", "fmax", "fmin", "fabs"}
+_LIBM_NAMES = {n for pair in MATH.values() for n in pair} | {"fmaxf", "fminf", "fmax", "fmin", "fabs"}
 
 _SCALAR_HELPERS = {
     "ember_rsqrt_f32": "static inline float ember_rsqrt_f32(float x) { return 1.0f / sqrtf(x); }",
@@ -327,8 +327,8 @@ class CCodegen:
         return self.helper(name, f"static inline {t} {name}({params}) {{\n{body}\n}}")
 
     def scalar_fn(self, fn: str, dt: DType) -> str:
-        if fn in _MATH and dt.is_float:
-            name = _MATH[fn][0 if dt.bits <= 32 else 1]
+        if fn in MATH and dt.is_float:
+            name = MATH[fn][0 if dt.bits <= 32 else 1]
             if name in _SCALAR_HELPERS:
                 self.helper(name, _SCALAR_HELPERS[name])
             return name
@@ -413,7 +413,7 @@ class CCodegen:
             raise CodegenError(f"load of {e.buffer.name} is not flattened")
         idx = e.indices[0]
         if e.buffer in self.registers:
-            return f"{buf}_{_const_offset(idx)}"
+            return f"{buf}_{const_offset(idx)}"
         if idx.dtype.lanes == 1 and e.buffer.dtype.is_half:
             return f"{self.half_helper(e.buffer.dtype, 'to_f32')}({buf}[{self.expr(idx)}])"
         if idx.dtype.lanes == 1:
@@ -513,7 +513,7 @@ class CCodegen:
         idx = s.indices[0]
         value = self.expr(s.value)
         if s.buffer in self.registers:
-            self.emit(f"{buf}_{_const_offset(idx)} = {value};")
+            self.emit(f"{buf}_{const_offset(idx)} = {value};")
             return
         if idx.dtype.lanes == 1 and s.buffer.dtype.is_half:
             self.emit(f"{buf}[{self.expr(idx)}] = {self.half_helper(s.buffer.dtype, 'from_f32')}({value});")
@@ -540,7 +540,7 @@ class CCodegen:
         b = s.buffer
         name, t = self.name(b), b.dtype.c_type
         self.emit(f"// {b.name}: {b.dtype}[{', '.join(map(str, b.shape))}], {b.scope}")
-        slots = _register_slots(s) if b.scope == "local" else None
+        slots = register_slots(s) if b.scope == "local" else None
         if slots is not None:  # every access at a constant offset: one variable per slot, kept in registers
             self.emit("{")
             self.indent += 1
@@ -643,7 +643,8 @@ def _lanes_init(lanes: int, lane: Callable[[int], str]) -> str:
     return "{" + ", ".join(lane(i) for i in range(lanes)) + "}"
 
 
-def _const_offset(idx: Expr) -> int | None:
+def const_offset(idx: Expr) -> int | None:
+    """The element offset of a constant index (or a contiguous ramp from a constant base); None otherwise."""
     if isinstance(idx, Const):
         return int(idx.value)
     if (
@@ -656,14 +657,14 @@ def _const_offset(idx: Expr) -> int | None:
     return None
 
 
-def _register_slots(s: Allocate, max_slots: int = 64) -> dict[int, int] | None:
+def register_slots(s: Allocate, max_slots: int = 64) -> dict[int, int] | None:
     """{offset: lanes} when every access to the buffer is at a constant offset with one width per offset
     and slots do not overlap; None otherwise."""
     slots: dict[int, int] = {}
     for n in walk(s.body):
         if isinstance(n, Load | Store) and n.buffer is s.buffer:
             idx = n.indices[0] if len(n.indices) == 1 else None
-            off = None if idx is None else _const_offset(idx)
+            off = None if idx is None else const_offset(idx)
             if off is None:
                 return None
             lanes = idx.dtype.lanes  # type: ignore[union-attr]

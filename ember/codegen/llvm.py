@@ -39,7 +39,7 @@ from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ram
 from ..tir.functor import walk
 from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
 from . import llvm_pool
-from .c import STACK_LIMIT, CodegenError, _register_slots, c_symbol
+from .c import STACK_LIMIT, CodegenError, c_symbol, const_offset, register_slots
 from .toolchain import cache_dir
 
 try:  # llvmlite is the optional extra `ember[llvm]`
@@ -641,7 +641,7 @@ class LLVMCodegen:
     def allocate(self, s: Allocate) -> None:
         b = s.buffer
         st = self.st
-        slots = _register_slots(s) if b.scope == "local" else None
+        slots = register_slots(s) if b.scope == "local" else None
         if slots is not None:
             types = {off: ltype(b.dtype.with_lanes(lanes)) for off, lanes in slots.items()}
             st.slots[b] = {off: (self.alloca(t, f"{b.name}_{off}"), t) for off, t in types.items()}
@@ -702,9 +702,7 @@ def _store(builder, value, ptr, align: int | None = None) -> None:
 
 
 def _const_offset(idx: Expr) -> int:
-    from .c import _const_offset as off
-
-    v = off(idx)
+    v = const_offset(idx)
     assert v is not None
     return v
 
@@ -742,7 +740,7 @@ def codegen_llvm(funcs: PrimFunc | list[PrimFunc], target: Target | str = "llvm"
     return str(module)
 
 
-def _target_machine(target: Target):
+def target_machine(target: Target):
     _init()
     t = llvm.Target.from_triple(llvm.get_process_triple())
     if target.mcpu == "native":
@@ -765,8 +763,8 @@ class JITEngine:
     def __init__(self, ir_text: str, target: Target):
         _init()
         self.ir_text, self.target = ir_text, target
-        self.tm = tm = _target_machine(target)
-        key = _object_key(ir_text, target, tm)
+        self.tm = tm = target_machine(target)
+        key = object_key(ir_text, target, tm)
         self.object_path = object_cache_path(key)
         cached = self.object_path.read_bytes() if self.object_path.exists() else None
         self.from_cache = cached is not None
@@ -776,7 +774,7 @@ class JITEngine:
             if cached is None:
                 self._optimize(mod)
             self.engine = llvm.create_mcjit_compiler(mod, tm)
-            self.engine.set_object_cache(lambda _m, buf: _atomic_write(self.object_path, buf), lambda _m: cached)
+            self.engine.set_object_cache(lambda _m, buf: atomic_write(self.object_path, buf), lambda _m: cached)
             self.engine.finalize_object()
             self.engine.run_static_constructors()
         self.llmod = mod
@@ -821,11 +819,11 @@ class JITEngine:
 
 
 def object_cache_path(key: str) -> Path:
-    """Where the JIT cache keeps the machine code of a module whose key (`_object_key`) is `key`."""
+    """Where the JIT cache keeps the machine code of a module whose key (`object_key`) is `key`."""
     return cache_dir() / "llvm" / key[:2] / f"{key}.o"
 
 
-def _object_key(ir_text: str, target: Target, tm) -> str:
+def object_key(ir_text: str, target: Target, tm) -> str:
     import llvmlite
 
     cpu = llvm.get_host_cpu_name() + llvm.get_host_cpu_features().flatten() if target.mcpu == "native" else ""
@@ -833,7 +831,7 @@ def _object_key(ir_text: str, target: Target, tm) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..target import Target
 from ..tir.expr import BinOp, Call, Cast, Const, Expr, Var
 from ..tir.stmt import Allocate, Buffer, LetStmt, Stmt
-from .c import _MATH, CCodegen, CodegenError, _ident, _register_slots
+from .c import MATH, CCodegen, CodegenError, c_symbol, register_slots
 from .gpu import DeviceProgram, Kernel
 
 GPU_STACK_LIMIT = 16 * 1024  # bytes of one thread's private array
@@ -79,7 +79,7 @@ class GPUCodegen(CCodegen):
             self.emit(self.shared_decl.format(t=t, name=name, n=max(b.size, 1)))
             self.stmt(s.body)
             return
-        if _register_slots(s) is None and b.nbytes > GPU_STACK_LIMIT:
+        if register_slots(s) is None and b.nbytes > GPU_STACK_LIMIT:
             raise CodegenError(
                 f"buffer '{b.name}' ({b.nbytes} bytes) is allocated per thread inside a kernel; GPU threads have "
                 f"at most {GPU_STACK_LIMIT} bytes of private memory here: compute it at an inner loop, or make it "
@@ -100,7 +100,8 @@ class GPUCodegen(CCodegen):
             params.append(f"{'' if p in self.written else 'const '}{ptr} {self.name(p)}")
         body = [_gpu_line(line) for line in self.lines if not line.lstrip().startswith("#pragma omp")]
         doc = f"// {k.name}: grid {k.grid}, block {k.block}"
-        sig = f"{self.kernel_prefix.format(block=k.block, threads=k.threads)}void {_ident(k.name)}({', '.join(params)})"
+        prefix = self.kernel_prefix.format(block=k.block, threads=k.threads)
+        sig = f"{prefix}void {c_symbol(k.name)}({', '.join(params)})"
         return "\n".join([doc, sig + " {", *body, "}"])
 
 
@@ -141,7 +142,7 @@ class OpenCLCodegen(GPUCodegen):
 
 def _opencl_prelude(fp64: bool) -> str:
     # the C renderer's libm names (expf, nearbyintf, ...) are OpenCL's overloaded builtins
-    renames = {f: f[:-1] for f, _ in _MATH.values() if not f.startswith("ember")}  # expf -> exp
+    renames = {f: f[:-1] for f, _ in MATH.values() if not f.startswith("ember")}  # expf -> exp
     renames.update({"nearbyintf": "rint", "nearbyint": "rint"})
     defines = "\n".join(f"#define {a} {b}" for a, b in sorted(renames.items()) if a != b)
     ext = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if fp64 else ""

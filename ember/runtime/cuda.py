@@ -23,7 +23,7 @@ class CUDAUnavailable(RuntimeError):
     """No cuda-python, no driver, or no CUDA device."""
 
 
-def _driver():
+def cuda_driver():
     try:
         from cuda.bindings import driver  # cuda-python >= 12.6
     except ImportError:
@@ -34,10 +34,10 @@ def _driver():
     return driver
 
 
-def _check(result: Any) -> Any:
+def check(result: Any) -> Any:
     err, *rest = result if isinstance(result, tuple) else (result,)
     if int(err) != 0:
-        drv = _driver()
+        drv = cuda_driver()
         _, msg = drv.cuGetErrorString(err)
         raise CUDAUnavailable(f"CUDA driver error {int(err)}: {msg.decode() if msg else err}")
     return rest[0] if len(rest) == 1 else rest
@@ -46,18 +46,18 @@ def _check(result: Any) -> Any:
 @functools.cache
 def context() -> Any:
     """The primary context of device 0 (made current on this thread)."""
-    drv = _driver()
+    drv = cuda_driver()
     try:
-        _check(drv.cuInit(0))
-        if _check(drv.cuDeviceGetCount()) < 1:
+        check(drv.cuInit(0))
+        if check(drv.cuDeviceGetCount()) < 1:
             raise CUDAUnavailable("no CUDA device")
     except CUDAUnavailable:
         raise
     except Exception as e:  # pragma: no cover - a driver library that fails to load
         raise CUDAUnavailable(f"no usable CUDA driver: {e}") from e
-    dev = _check(drv.cuDeviceGet(0))
-    ctx = _check(drv.cuDevicePrimaryCtxRetain(dev))
-    _check(drv.cuCtxSetCurrent(ctx))
+    dev = check(drv.cuDeviceGet(0))
+    ctx = check(drv.cuDevicePrimaryCtxRetain(dev))
+    check(drv.cuCtxSetCurrent(ctx))
     return ctx
 
 
@@ -87,33 +87,33 @@ class CUDAModule:
 
     def _load(self) -> list[Any]:
         if self._functions is None:
-            drv = _driver()
+            drv = cuda_driver()
             context()
-            mod = _check(drv.cuModuleLoadData(self.ptx_path.read_bytes() + b"\0"))
+            mod = check(drv.cuModuleLoadData(self.ptx_path.read_bytes() + b"\0"))
             self._module = mod
-            self._functions = [_check(drv.cuModuleGetFunction(mod, k.name.encode())) for k in self.prog.kernels]
+            self._functions = [check(drv.cuModuleGetFunction(mod, k.name.encode())) for k in self.prog.kernels]
         return self._functions
 
     def __call__(self, *arrays: np.ndarray) -> None:
         Function.check(self._checker, arrays)  # type: ignore[arg-type]
         fns = self._load()
-        drv = _driver()
+        drv = cuda_driver()
         ptrs: dict[Any, Any] = {}
         try:
             for b, a in zip(self.prog.params, arrays):
-                ptrs[b] = _check(drv.cuMemAlloc(max(a.nbytes, 1)))
+                ptrs[b] = check(drv.cuMemAlloc(max(a.nbytes, 1)))
                 if a.nbytes:
-                    _check(drv.cuMemcpyHtoD(ptrs[b], a.ctypes.data, a.nbytes))
+                    check(drv.cuMemcpyHtoD(ptrs[b], a.ctypes.data, a.nbytes))
             for t in self.prog.temps:
-                ptrs[t] = _check(drv.cuMemAlloc(max(t.nbytes, 1)))
+                ptrs[t] = check(drv.cuMemAlloc(max(t.nbytes, 1)))
             for k, fn in zip(self.prog.kernels, fns):
                 args = [np.array([int(ptrs[p])], dtype=np.uint64) for p in k.params]
                 argv = np.array([a.ctypes.data for a in args], dtype=np.uint64)
-                _check(drv.cuLaunchKernel(fn, *k.grid, *k.block, 0, 0, argv.ctypes.data, 0))
-            _check(drv.cuCtxSynchronize())
+                check(drv.cuLaunchKernel(fn, *k.grid, *k.block, 0, 0, argv.ctypes.data, 0))
+            check(drv.cuCtxSynchronize())
             for b, a, spec in zip(self.prog.params, arrays, self.specs):
                 if spec.written and a.nbytes:
-                    _check(drv.cuMemcpyDtoH(a.ctypes.data, ptrs[b], a.nbytes))
+                    check(drv.cuMemcpyDtoH(a.ctypes.data, ptrs[b], a.nbytes))
         finally:
             for p in ptrs.values():
                 drv.cuMemFree(p)

@@ -1,7 +1,8 @@
 """Export a compiled model as a standalone C library: source, header and weights, no Python needed.
 
-    ember.compile(model).export_c("out/")     # out/model.c, out/model.h, out/weights.bin
-    cc -O3 -march=native -fopenmp app.c out/model.c -lm
+    ember.compile(model).export_c("out/")     # out/ember_model.c, out/ember_model.h, out/weights.bin
+    export_c(plan, weights, c_source, "out/")  # the same from a plan, its weights and the model's C source
+    cc -O3 -march=native -fopenmp app.c out/ember_model.c -lm
 
 The header declares an opaque model handle:
 
@@ -16,13 +17,12 @@ header. Every node must run natively (a model with reference-fallback steps cann
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from .executor import CompiledModel
-
-ALIGN = 64
+from .plan import ALIGN, Plan
 
 
 def _ident(name: str) -> str:
@@ -30,8 +30,10 @@ def _ident(name: str) -> str:
     return s if not s[:1].isdigit() else "V" + s
 
 
-def export_c(model: CompiledModel, directory: str | Path, prefix: str = "ember_model") -> Path:
-    plan = model.plan
+def export_c(plan: Plan, weights: Mapping[int, np.ndarray], source: str, directory: str | Path,
+             prefix: str = "ember_model") -> Path:  # fmt: skip
+    """Write `<prefix>.c` (the C backend's model source `source` and the create/run/destroy functions over
+    `plan`), `<prefix>.h` and `weights.bin` (each weight 64-byte aligned) into `directory`."""
     fallbacks = [s.op for s in plan.steps if s.kind != "segment"]
     if fallbacks:
         raise ValueError(
@@ -43,7 +45,7 @@ def export_c(model: CompiledModel, directory: str | Path, prefix: str = "ember_m
     # weights: one blob, each array 64-byte aligned
     offsets: dict[int, int] = {}
     blob = bytearray()
-    for vid, w in sorted(model._weights.items()):
+    for vid, w in sorted(weights.items()):
         blob += b"\0" * ((-len(blob)) % ALIGN)
         offsets[vid] = len(blob)
         blob += np.ascontiguousarray(w).tobytes()
@@ -106,7 +108,7 @@ def export_c(model: CompiledModel, directory: str | Path, prefix: str = "ember_m
     for s in plan.steps:
         lines.append(f"  if ((status = {s.function}(m->table)) != 0) return status;")
     lines += copies + ["  return 0;", "}", ""]
-    source = model.source + "\n" + "\n".join(lines)
+    source = source + "\n" + "\n".join(lines)
     (out / f"{prefix}.c").write_text(source)
 
     guard = _ident(prefix) + "_H"

@@ -7,26 +7,26 @@ bound to blockIdx/threadIdx) and its run plan (values, steps, liveness):
   its launch extents, shared memory and barriers); all of them go into one source, built once (OpenCL: one
   program for the context's device; CUDA: nvcc to PTX, loaded on the first run);
 - memory: each weight is uploaded once; graph inputs and outputs get a device buffer each; intermediates live in
-  one device workspace at offsets planned by liveness (as the CPU executor's, aligned for sub-buffers); views
+  one device workspace at offsets planned by liveness (`runtime.plan.plan_offsets`, as the CPU executor's, at
+  the device's sub-buffer alignment); views
   (Reshape, ...) share their source's buffer; a kernel's own temporaries (a reduction computed at root inside
   a fused kernel) get a buffer each, allocated once;
 - a run copies the inputs in, launches every device kernel in plan order on one in-order queue with its
   arguments bound at build time, runs fallback steps (numpy references) on host copies of their inputs and
   copies their outputs back, then copies the graph outputs out.
 
-`GPUCompiledModel` answers like `CompiledModel`: `m(x)`, `m.run({...})`, `summary()`, `benchmark()`,
-`profile()` (per-kernel device time: OpenCL events, CUDA synchronized host timers), `profile_table()`, and
-`save(dir)`: plan, weights, kernel source (PTX for CUDA) and launches, which `ember.load` runs again without the
-compiler.
+`GPUCompiledModel` is a `runtime.model.Model` like the CPU models: `m(x)`, `m.run({...})`, `summary()`,
+`benchmark()` (with or without the copies), `profile()` (per-kernel device time: OpenCL events, CUDA synchronized
+host timers), `profile_table()`, and `save(dir)`: plan, weights, kernel source (PTX for CUDA) and launches, which
+`ember.load` runs again without the compiler.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,8 @@ from ..target import Target
 from ..tir.dtype import numpy_dtype
 from ..tir.functor import walk
 from ..tir.stmt import PrimFunc, Store
-from .executor import Fallback, Feeds, Plan, Step, profile_table, random_inputs
-from .module import ArgumentError
+from .model import Fallback, Feeds, Model, latency
+from .plan import Plan, Step, plan_offsets
 
 
 @dataclass
@@ -146,11 +146,11 @@ class CUDADevice:
     align = 256
 
     def __init__(self, ptx_path: Any):
-        from .cuda import _check, _driver, context
+        from .cuda import check, context, cuda_driver
 
         context()  # raises CUDAUnavailable with the reason where there is no GPU or driver
-        self.drv, self.check = _driver(), _check
-        self.module = _check(self.drv.cuModuleLoadData(ptx_path.read_bytes() + b"\0"))
+        self.drv, self.check = cuda_driver(), check
+        self.module = check(self.drv.cuModuleLoadData(ptx_path.read_bytes() + b"\0"))
         self.functions: dict[str, Any] = {}
         self.allocations: list[Any] = []
         self.name = "CUDA device 0"
@@ -198,47 +198,6 @@ class CUDADevice:
         raise NotImplementedError  # timed by the host around a synchronized launch (see GPUCompiledModel._run)
 
 
-# -- memory ---------------------------------------------------------------------------------------------
-def plan_offsets(plan: Plan, align: int) -> tuple[dict[int, int], int]:
-    """Workspace offsets of the plan's temporaries, each aligned to `align` bytes, reused by liveness (the
-    compiler's plan, re-made for a device whose sub-buffers need a coarser alignment)."""
-    values = plan.values
-
-    def root(i: int) -> int:
-        return values[i].alias_of if values[i].kind == "alias" else i
-
-    events: list[list[int]] = []
-    for s in plan.steps:
-        if s.kind == "segment":
-            events += [k.args for k in s.kernels]
-        else:
-            events.append([i for i in s.inputs if i is not None] + s.outputs)
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for t, args in enumerate(events):
-        for i in args:
-            first.setdefault(root(i), t)
-            last[root(i)] = t
-    for i in plan.outputs:
-        last[root(i)] = len(events)
-    live: list[tuple[int, int, int]] = []
-    offsets: dict[int, int] = {}
-    total = 0
-    for i in sorted((i for i, v in enumerate(values) if v.kind == "temp"), key=lambda i: (first.get(i, 0), i)):
-        t = first.get(i, 0)
-        live = [b for b in live if b[2] >= t]
-        need = -(-max(values[i].nbytes, 1) // align) * align
-        offset = 0
-        for off, size, _ in sorted(live):
-            if off - offset >= need:
-                break
-            offset = max(offset, off + size)
-        offsets[i] = offset
-        live.append((offset, need, last.get(i, t)))
-        total = max(total, offset + need)
-    return offsets, total
-
-
 def _bytes_view(a: np.ndarray) -> np.ndarray:
     """Bool arrays travel as bytes (kernels take unsigned char for bool)."""
     return a.view(np.uint8) if a.dtype == np.bool_ else a
@@ -263,7 +222,7 @@ def launch_plan(plan: Plan, progs: Mapping[str, DeviceProgram]) -> list[list[lis
     return out
 
 
-class GPUCompiledModel:
+class GPUCompiledModel(Model):
     """A model compiled for a GPU target: call it with numpy arrays, or `run` a dict by input name.
 
     `launches` (per plan step, per kernel call, the device launches) and `temps` (each kernel's own device
@@ -274,14 +233,11 @@ class GPUCompiledModel:
                  temps: Mapping[tuple[str, str], int], source: str, target: Target, make_device: Callable[[], Any],
                  fallback: Fallback | None = None, summary: dict | None = None,
                  programs: Mapping[str, DeviceProgram] | None = None):  # fmt: skip
-        self.plan = plan
+        super().__init__(plan, weights, fallback, summary)
         self.source = source
         self.target = target
         self.programs = dict(programs or {})
         self.temps = dict(temps)
-        self._weights = {i: np.ascontiguousarray(w) for i, w in weights.items()}
-        self._fallback = fallback
-        self._summary = dict(summary or {})
         self._make_device = make_device
         self._device: Any = None
         self.launches = list(zip(plan.steps, launches))
@@ -316,53 +272,13 @@ class GPUCompiledModel:
         return self._device
 
     # -- metadata -----------------------------------------------------------------------------------------
-    @property
-    def input_names(self) -> list[str]:
-        return [self.plan.values[i].name for i in self.plan.inputs]
+    def _summary_extra(self) -> dict:
+        return {"device_launches_per_run": sum(len(c) for _, calls in self.launches for c in calls)}
 
-    @property
-    def output_names(self) -> list[str]:
-        return [self.plan.values[i].name for i in self.plan.outputs]
-
-    def summary(self) -> dict:
-        kernels = [k for s in self.plan.steps if s.kind == "segment" for k in s.kernels]
-        return {
-            **self._summary,
-            "kernels": len(kernels),
-            "distinct_kernels": len({k.name for k in kernels}),
-            "device_launches_per_run": sum(len(c) for _, calls in self.launches for c in calls),
-            "native_calls_per_run": sum(1 for s in self.plan.steps if s.kind == "segment"),
-            "fallback_ops": [s.op for s in self.plan.steps if s.kind == "fallback"],
-            "workspace_bytes": self.plan.workspace,
-            "target": self.plan.target,
-        }
+    def _profile_extra(self, step: int, call: int | None) -> dict:
+        return {"launches": 0 if call is None else len(self.launches[step][1][call])}
 
     # -- running ------------------------------------------------------------------------------------------
-    def _inputs(self, feeds: Feeds) -> list[np.ndarray]:
-        plan = self.plan
-        if isinstance(feeds, Mapping):
-            missing = [n for n in self.input_names if n not in feeds]
-            extra = [n for n in feeds if n not in self.input_names]
-            if missing or extra:
-                raise ArgumentError(f"model {plan.name}: inputs are {self.input_names}"
-                                    + (f"; missing {missing}" if missing else "")
-                                    + (f"; unknown {extra}" if extra else ""))  # fmt: skip
-            feeds = [feeds[n] for n in self.input_names]
-        if len(feeds) != len(plan.inputs):
-            raise ArgumentError(
-                f"model {plan.name} takes {len(plan.inputs)} inputs ({', '.join(self.input_names)}), got {len(feeds)}"
-            )
-        arrays = []
-        for vid, x in zip(plan.inputs, feeds):
-            v = plan.values[vid]
-            x = np.asarray(x)
-            if x.dtype != numpy_dtype(v.dtype):
-                raise ArgumentError(f"input '{v.name}' has dtype {x.dtype}, expected {v.dtype}")
-            if x.shape != v.shape:
-                raise ArgumentError(f"input '{v.name}' has shape {x.shape}, expected {v.shape}")
-            arrays.append(np.ascontiguousarray(x))
-        return arrays
-
     def _host(self, vid: int) -> np.ndarray:
         """A host copy of a value (synchronizes)."""
         v = self.plan.values[vid]
@@ -373,10 +289,10 @@ class GPUCompiledModel:
         self._device.download(self._bufs[vid], a)
         return a
 
-    def _run(self, inputs: list[np.ndarray] | None, times: dict[int, float] | None = None) -> None:
+    def _execute(self, arrays: list[np.ndarray] | None, times: dict[int, float] | None = None) -> None:
         """Copy the inputs in (None: they are on the device already), run every step, wait for the device."""
         dev = self.device()
-        for vid, x in zip(self.plan.inputs, inputs or []):
+        for vid, x in zip(self.plan.inputs, arrays or []):
             dev.upload(self._bufs[vid], x)
         cuda_timed = times is not None and dev.kind == "cuda"
         if cuda_timed:
@@ -405,16 +321,13 @@ class GPUCompiledModel:
             times[row] = dev.seconds(evs)  # type: ignore[index]
 
     def _run_fallback(self, s: Step) -> None:
-        if self._fallback is None:
-            raise RuntimeError(f"node {s.node} ({s.op}) needs the reference fallback, which is not available")
-        args = [None if i is None else self._host(i) for i in s.inputs]
-        for vid, r in zip(s.outputs, self._fallback(s.op, s.attrs, args)):
+        for vid, r in zip(s.outputs, self._reference(s, self._host)):
             v = self.plan.values[vid]
             a = np.ascontiguousarray(np.asarray(r, numpy_dtype(v.dtype)).reshape(v.shape))
             self._device.upload(self._bufs[vid], a)
 
-    def _outputs(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        by_input = dict(zip(self.plan.inputs, inputs))
+    def _results(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        by_input = dict(zip(self.plan.inputs, arrays))
         outs = []
         for vid in self.plan.outputs:
             v = self.plan.values[vid]
@@ -422,76 +335,26 @@ class GPUCompiledModel:
             outs.append(by_input[src].reshape(v.shape).copy() if src in by_input else self._host(vid))
         return outs
 
-    def __call__(self, *inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
-        arrays = self._inputs(inputs)
-        self._run(arrays)
-        outs = self._outputs(arrays)
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Inputs by graph input name in, outputs by graph output name out."""
-        arrays = self._inputs(feeds)
-        self._run(arrays)
-        return dict(zip(self.output_names, self._outputs(arrays)))
-
-    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        return random_inputs(self.plan, seed)
-
     def benchmark(self, inputs: Feeds | None = None, repeat: int = 20, warmup: int = 3, copies: bool = True) -> dict:
         """Latency of whole inferences: median, mean, min (seconds). With `copies` (the default) a run copies the
         inputs in and the outputs out, as a call does; without, the inputs stay on the device and a run is the
         kernel launches (and fallback steps) until the device is done: what PyTorch eager on resident tensors does."""
-        arrays = self._inputs(inputs if inputs is not None else self.random_inputs())
-        self._run(arrays)
+        arrays = self._check(inputs if inputs is not None else self.random_inputs())
+        self._execute(arrays)
         for _ in range(warmup):
-            self._run(arrays if copies else None)
-        runs = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            self._run(arrays if copies else None)
+            self._execute(arrays if copies else None)
+
+        def once() -> None:
+            self._execute(arrays if copies else None)
             if copies:
-                self._outputs(arrays)
-            runs.append(time.perf_counter() - t0)
-        return {"median": statistics.median(runs), "mean": statistics.fmean(runs), "min": min(runs), "runs": runs}
+                self._results(arrays)
 
-    def profile(self, inputs: Feeds | None = None, repeat: int = 10) -> list[dict]:
-        """Per model kernel (its device launches together) and fallback step: median device time, slowest first."""
-        arrays = self._inputs(inputs if inputs is not None else self.random_inputs())
-        self._run(arrays)
-        samples = []
-        for _ in range(repeat):
-            times: dict[int, float] = {}
-            self._run(arrays, times)
-            samples.append(times)
-        rows, n = [], 0
-        for s, calls in self.launches:
-            entries: Sequence[Any] = s.kernels if s.kind == "segment" else [None]
-            for k, launches in zip(entries, calls if s.kind == "segment" else [[]]):
-                med = statistics.median(t[n] for t in samples)
-                if k is None:
-                    rows.append({"kernel": f"fallback:{s.op}", "ops": [s.op], "nodes": [s.node], "seconds": med,
-                                 "flops": 0, "launches": 0})  # fmt: skip
-                else:
-                    rows.append({"kernel": k.name, "ops": k.ops, "nodes": k.nodes, "seconds": med, "flops": k.flops,
-                                 "launches": len(launches)})  # fmt: skip
-                n += 1
-        total = sum(r["seconds"] for r in rows) or 1.0
-        for r in rows:
-            r["share"] = r["seconds"] / total
-            r["gflops"] = r["flops"] / r["seconds"] / 1e9 if r["seconds"] > 0 and r["flops"] else 0.0
-        return sorted(rows, key=lambda r: -r["seconds"])
+        return latency(once, repeat)
 
-    def profile_table(self, inputs: Feeds | None = None, top: int = 20) -> str:
-        return profile_table(self.profile(inputs), top)
-
-    def save(self, path: str | Path) -> Path:
-        """A directory holding the plan, the weights, the kernels' source (and PTX for CUDA) and the launches:
-        `ember.load` runs it again without the compiler (OpenCL builds the source, CUDA loads the PTX)."""
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "plan.json").write_text(json.dumps(self.plan.to_json(), indent=1) + "\n")
-        (out / "summary.json").write_text(json.dumps(self._summary, indent=1, default=str) + "\n")
-        np.savez(out / "weights.npz", **{f"v{i}": w for i, w in self._weights.items()})
+    # -- persistence --------------------------------------------------------------------------------------
+    def _save_files(self, out: Path) -> None:
+        """The kernels' source (and PTX for CUDA) and the launches (gpu.json): `ember.load` runs it again without
+        the compiler (OpenCL builds the source, CUDA loads the PTX)."""
         (out / ("model.cl" if self.target.kind == "opencl" else "model.cu")).write_text(self.source)
         if self.target.kind == "cuda":
             shutil.copyfile(self._summary["ptx"], out / "model.ptx")
@@ -499,14 +362,40 @@ class GPUCompiledModel:
         temps = [[k, name, n] for (k, name), n in self.temps.items()]
         gpu = {"target": str(self.target), "launches": launches, "temps": temps}
         (out / "gpu.json").write_text(json.dumps(gpu, indent=1) + "\n")
-        return out
+
+    @classmethod
+    def from_files(cls, directory: Path, plan: Plan, weights: Mapping[int, np.ndarray], summary: dict,
+                   fallback: Fallback | None = None) -> GPUCompiledModel:  # fmt: skip
+        """A GPU model saved by `save` (gpu.json, the source, PTX for CUDA), given the files every saved model
+        has. OpenCL builds the saved source now."""
+        gpu = json.loads((directory / "gpu.json").read_text())
+        target = Target.parse(gpu["target"])
+
+        def launch(la: dict) -> Launch:
+            args = [(kind, a if kind == "value" else tuple(a)) for kind, a in la["args"]]
+            return Launch(la["kernel"], tuple(la["grid"]), tuple(la["block"]), args, la["model_kernel"])  # type: ignore[arg-type]
+
+        launches = [[[launch(la) for la in call] for call in calls] for calls in gpu["launches"]]
+        temps = {(k, name): n for k, name, n in gpu["temps"]}
+        if target.kind == "opencl":
+            source = (directory / "model.cl").read_text()
+            dev = OpenCLDevice(source)
+            summary["device"] = dev.name
+
+            def make_device() -> Any:
+                return dev
+        else:
+            source = (directory / "model.cu").read_text()
+            ptx = directory / "model.ptx"
+            summary["ptx"] = str(ptx)
+
+            def make_device() -> Any:
+                return CUDADevice(ptx)
+
+        return cls(plan, weights, launches, temps, source, target, make_device, fallback, summary)
 
     def export_c(self, directory: Any, prefix: str = "ember_model") -> None:
         raise NotImplementedError(f"export_c makes C for CPUs; this model was compiled for {self.target.kind}")
-
-    def __repr__(self) -> str:
-        s = self.summary()
-        return f"GPUCompiledModel({self.plan.name}: {s['kernels']} kernels, target '{self.plan.target}')"
 
 
 def build_gpu_model(
@@ -546,36 +435,3 @@ def build_gpu_model(
     return GPUCompiledModel(plan, weights, launch_plan(plan, progs), temps, source, target, make_device, fallback,
                             {**(summary or {}), **info}, progs)  # fmt: skip
 
-
-def load(path: str | Path, fallback: Fallback | None = None) -> GPUCompiledModel:
-    """A GPU model saved by `GPUCompiledModel.save` (no compiler needed; OpenCL builds the saved source)."""
-    d = Path(path)
-    plan = Plan.from_json(json.loads((d / "plan.json").read_text()))
-    gpu = json.loads((d / "gpu.json").read_text())
-    with np.load(d / "weights.npz") as z:
-        weights = {int(k[1:]): z[k] for k in z.files}
-    summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
-    target = Target.parse(gpu["target"])
-
-    def launch(la: dict) -> Launch:
-        args = [(kind, a if kind == "value" else tuple(a)) for kind, a in la["args"]]
-        return Launch(la["kernel"], tuple(la["grid"]), tuple(la["block"]), args, la["model_kernel"])  # type: ignore[arg-type]
-
-    launches = [[[launch(la) for la in call] for call in calls] for calls in gpu["launches"]]
-    temps = {(k, name): n for k, name, n in gpu["temps"]}
-    if target.kind == "opencl":
-        source = (d / "model.cl").read_text()
-        dev = OpenCLDevice(source)
-        summary["device"] = dev.name
-
-        def make_device() -> Any:
-            return dev
-    else:
-        source = (d / "model.cu").read_text()
-        ptx = d / "model.ptx"
-        summary["ptx"] = str(ptx)
-
-        def make_device() -> Any:
-            return CUDADevice(ptx)
-
-    return GPUCompiledModel(plan, weights, launches, temps, source, target, make_device, fallback, summary)

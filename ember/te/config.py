@@ -18,7 +18,7 @@ The same template code serves three config objects:
 Knob values are plain hashable data: a split is a tuple of factors with -1 for the outer part,
 a reorder a permutation tuple, an annotation a tuple of "none"/"unroll"/"vec" per axis, and a free
 knob any JSON scalar. A config reaches an operator's compute explicitly, through the reserved
-attribute `attrs[CONFIG_ATTR]` of the fused group's anchor node (see `ember.compiler.kernel_te`).
+attribute `attrs[CONFIG_ATTR]` of the fused group's anchor node (see `ember.kernels.kernel_te`).
 
 `load_best(path, target)` reads a tuning log (JSON lines written by `ember.tune`) and gives the
 best config per workload; `load_tuned` gives each with the schedule it produced when it was

@@ -243,7 +243,7 @@ class Schedule:
         self._by_op: dict[int, Stage] = {}
         self.steps: list[Step] = []
         names: set[str] = set()
-        for op in _topo_ops([t.op for t in self.outputs]):
+        for op in topo_ops([t.op for t in self.outputs]):
             name, n = op.name, 1
             while name in names:
                 name, n = f"{op.name}_{n}", n + 1
@@ -491,7 +491,7 @@ def _replace_inputs(op: Operation, old: Stage, new: Tensor, sch: Schedule) -> Co
     return out
 
 
-def _topo_ops(roots: list[Operation]) -> list[Operation]:
+def topo_ops(roots: list[Operation]) -> list[Operation]:
     order: list[Operation] = []
     seen: set[int] = set()
 

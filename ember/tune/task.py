@@ -3,7 +3,7 @@
 A `Task` knows how to build its kernel for any config of its space (`instantiate`), how many
 floating-point operations one call does, and how to compute the right answer (`reference`):
 the numpy references of the operators it lowers. Tasks of a model come from `extract_tasks`, which
-runs the compiler's import and graph passes and calls `ember.compiler.kernel_te` with a
+runs the compiler's import and graph passes and calls `ember.kernels.kernel_te` with a
 `ConfigSpace` on each kernel: a kernel whose anchor template declares knobs is tunable. Kernels with
 the same anchor workload (op, input shapes and dtypes, attributes) are one task, whatever epilogue
 was fused after the anchor; the task's weight counts them. `Task.from_op` makes a task for one
@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ember.compiler import VIEW_OPS, LoweringUnsupported, _distinct_inputs, _flops, anchor_member, kernel_te
-from ember.compiler import workload_key as _workload_key
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
+from ember.kernels import VIEW_OPS, LoweringUnsupported, anchor_member, distinct_inputs, kernel_te, workload_key
+from ember.kernels import flops as count_flops
 from ember.ops import get_op
 from ember.target import Target
 from ember.te.config import ConfigBase, ConfigSpace
@@ -66,14 +66,14 @@ class Task:
             self._space = space
             self.template = self.template or space.template
             if self._flops is None:
-                self._flops = _flops(args[len(args) - self.n_outputs :])
+                self._flops = count_flops(args[len(args) - self.n_outputs :])
         return self._space
 
     @property
     def flops(self) -> int:
         if self._flops is None:
             _, args = self.instantiate(None)
-            self._flops = _flops(args[len(args) - self.n_outputs :])
+            self._flops = count_flops(args[len(args) - self.n_outputs :])
         return self._flops
 
     def arg_types(self) -> list[tuple[tuple[int, ...], str]]:
@@ -119,7 +119,7 @@ class Task:
         node = _portable(node)
         ins = ", ".join(f"{v.dtype}{list(v.shape)}" for v in anchor.inputs if v is not None)
         name = f"{anchor.op}({ins})"
-        return Task(name, _workload_key(anchor), str(Target.parse(target)), node=node, weight=weight,
+        return Task(name, workload_key(anchor), str(Target.parse(target)), node=node, weight=weight,
                     n_outputs=len(node.outputs))  # fmt: skip
 
     @staticmethod
@@ -163,8 +163,8 @@ def _node_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
         body = node.attrs["body"]
         params, members, results = body.inputs, body.nodes, body.outputs
     else:
-        params, members, results = _distinct_inputs(node), [node], node.outputs
-    outer = _distinct_inputs(node)
+        params, members, results = distinct_inputs(node), [node], node.outputs
+    outer = distinct_inputs(node)
     env: dict[Value, np.ndarray] = {}
     it = iter(arrays)
     for p, o in zip(params, outer):
@@ -197,7 +197,7 @@ def extract_tasks(model: Any, target: str | Target = "c", input_shapes: dict | N
         anchor = anchor_member(node)
         if anchor is None:
             continue
-        key = _workload_key(anchor)
+        key = workload_key(anchor)
         if key in tasks:
             tasks[key].weight += 1
             continue

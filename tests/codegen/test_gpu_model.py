@@ -82,7 +82,7 @@ def test_every_kernel_runs_on_bound_threads(name):
 def test_device_workspace_offsets_are_aligned_and_disjoint_within_each_kernel_call():
     """OpenCL sub-buffers need offsets aligned to the device's base address alignment (often 128 bytes or more):
     the GPU runtime re-plans the workspace at that alignment, still reusing memory by liveness."""
-    from ember.runtime.gpu_model import plan_offsets
+    from ember.runtime.plan import plan_offsets
 
     plan = lower_model(MODELS["transformer"](), Target.parse("opencl")).plan
     offsets, total = plan_offsets(plan, 1024)

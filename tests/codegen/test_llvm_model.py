@@ -55,7 +55,7 @@ def no_c_compiler(monkeypatch):
         raise AssertionError("the llvm target must not call a C compiler")
 
     monkeypatch.setattr(sys.modules["ember.build"], "find_cc", lambda: None)
-    monkeypatch.setattr(sys.modules["ember.compiler"], "compile_units", refuse)
+    monkeypatch.setattr(sys.modules["ember.runtime.executor"], "compile_units", refuse)
 
 
 @pytest.fixture(scope="module", params=list(MODELS))

@@ -1,0 +1,235 @@
+"""What every compiled model does, whatever runs its kernels: the base class of the C, LLVM and GPU models.
+
+`Model` checks inputs (names, count, dtype, shape: an `ArgumentError` before any native code runs), answers
+`m(x)` and `m.run({...})`, and has `summary()`, `benchmark()`, `profile()`, `profile_table()`,
+`random_inputs()` and `save(dir)` (plan.json, summary.json, weights.npz). A backend subclass says how a run
+goes, in three steps over the checked input arrays:
+
+    _start(arrays)            make the inputs visible to the kernels (once per call)
+    _execute(arrays, times)   run every step of the plan; with `times`, each kernel call's and fallback
+                              step's seconds by profile row
+    _results(arrays)          the graph outputs as numpy arrays
+
+and adds its own files to a saved model (`_save_files`) and facts to its summary (`_summary_extra`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..tir.dtype import numpy_dtype
+from .module import ArgumentError
+from .plan import Plan, Step
+
+Fallback = Callable[[str, dict, list[np.ndarray]], list[np.ndarray]]
+Feeds = Sequence[np.ndarray] | Mapping[str, Any]  # inputs in graph order, or by name
+
+
+def random_inputs(plan: Plan, seed: int = 0) -> list[np.ndarray]:
+    """Random arrays for a plan's inputs: normal floats, fair bools, small non-negative integers."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for vid in plan.inputs:
+        v = plan.values[vid]
+        dt = numpy_dtype(v.dtype)
+        if dt.kind == "f":
+            out.append(rng.standard_normal(v.shape).astype(dt))
+        elif dt.kind == "b":
+            out.append(rng.random(v.shape) < 0.5)
+        else:
+            out.append(rng.integers(0, 4, v.shape).astype(dt))
+    return out
+
+
+def profile_table(rows: list[dict], top: int = 20) -> str:
+    """The `top` rows of a profile (kernel, time, share, GFLOP/s, ops) as a text table."""
+    lines = [f"{'kernel':<32} {'ms':>9} {'share':>6} {'GFLOP/s':>8}  ops"]
+    for r in rows[:top]:
+        g = f"{r['gflops']:.1f}" if r["gflops"] else "-"
+        lines.append(f"{r['kernel']:<32} {r['seconds'] * 1e3:>9.3f} {r['share']:>6.1%} {g:>8}  {'+'.join(r['ops'])}")
+    return "\n".join(lines)
+
+
+def latency(run: Callable[[], Any], repeat: int) -> dict:
+    """Median, mean and min seconds of `repeat` calls of `run`, and every call's time."""
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        run()
+        runs.append(time.perf_counter() - t0)
+    return {"median": statistics.median(runs), "mean": statistics.fmean(runs), "min": min(runs), "runs": runs}
+
+
+def read_saved(directory: Path) -> tuple[Plan, dict[int, np.ndarray], dict]:
+    """The files every saved model has: its plan, its weights by value id, its summary."""
+    plan = Plan.from_json(json.loads((directory / "plan.json").read_text()))
+    with np.load(directory / "weights.npz") as z:
+        weights = {int(k[1:]): z[k] for k in z.files}
+    summary = json.loads((directory / "summary.json").read_text()) if (directory / "summary.json").exists() else {}
+    return plan, weights, summary
+
+
+class Model:
+    """A compiled model: call it with numpy arrays (positional, in graph input order) or `run` a dict."""
+
+    def __init__(self, plan: Plan, weights: Mapping[int, np.ndarray], fallback: Fallback | None = None,
+                 summary: dict | None = None):  # fmt: skip
+        self.plan = plan
+        self._weights = {i: np.ascontiguousarray(w) for i, w in weights.items()}
+        self._fallback = fallback
+        self._summary = dict(summary or {})
+
+    # -- how a backend runs (see the module's doc) ----------------------------------------------------------
+    def _start(self, arrays: list[np.ndarray]) -> None:
+        pass
+
+    def _execute(self, arrays: list[np.ndarray] | None, times: dict[int, float] | None = None) -> None:
+        raise NotImplementedError
+
+    def _results(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def _save_files(self, out: Path) -> None:
+        pass
+
+    def _summary_extra(self) -> dict:
+        return {}
+
+    def _profile_extra(self, step: int, call: int | None) -> dict:
+        """Extra columns of the profile row of a step's kernel call (None: a fallback step)."""
+        return {}
+
+    # -- metadata -------------------------------------------------------------------------------------------
+    @property
+    def input_names(self) -> list[str]:
+        return [self.plan.values[i].name for i in self.plan.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [self.plan.values[i].name for i in self.plan.outputs]
+
+    def summary(self) -> dict:
+        kernels = [k for s in self.plan.steps if s.kind == "segment" for k in s.kernels]
+        return {
+            **self._summary,
+            "kernels": len(kernels),
+            "distinct_kernels": len({k.name for k in kernels}),
+            **self._summary_extra(),
+            "fallback_ops": [s.op for s in self.plan.steps if s.kind == "fallback"],
+            "native_calls_per_run": sum(1 for s in self.plan.steps if s.kind == "segment"),
+            "workspace_bytes": self.plan.workspace,
+            "target": self.plan.target,
+        }
+
+    def update_summary(self, **facts: Any) -> None:
+        """Add facts to what `summary()` and a saved model report (the driver's compile times)."""
+        self._summary.update(facts)
+
+    # -- running --------------------------------------------------------------------------------------------
+    def _check(self, feeds: Feeds) -> list[np.ndarray]:
+        """The inputs as contiguous arrays in graph order; wrong names, count, dtype or shape raise."""
+        plan = self.plan
+        if isinstance(feeds, Mapping):
+            missing = [n for n in self.input_names if n not in feeds]
+            extra = [n for n in feeds if n not in self.input_names]
+            if missing or extra:
+                raise ArgumentError(f"model {plan.name}: inputs are {self.input_names}"
+                                    + (f"; missing {missing}" if missing else "")
+                                    + (f"; unknown {extra}" if extra else ""))  # fmt: skip
+            feeds = [feeds[n] for n in self.input_names]
+        if len(feeds) != len(plan.inputs):
+            raise ArgumentError(
+                f"model {plan.name} takes {len(plan.inputs)} inputs ({', '.join(self.input_names)}), got {len(feeds)}"
+            )
+        arrays = []
+        for vid, x in zip(plan.inputs, feeds):
+            v = plan.values[vid]
+            x = np.asarray(x)
+            if x.dtype != numpy_dtype(v.dtype):
+                raise ArgumentError(f"input '{v.name}' has dtype {x.dtype}, expected {v.dtype}")
+            if x.shape != v.shape:
+                raise ArgumentError(f"input '{v.name}' has shape {x.shape}, expected {v.shape}")
+            arrays.append(np.ascontiguousarray(x))
+        return arrays
+
+    def _outputs_of(self, feeds: Feeds) -> list[np.ndarray]:
+        arrays = self._check(feeds)
+        self._start(arrays)
+        self._execute(arrays)
+        return self._results(arrays)
+
+    def __call__(self, *inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        outs = self._outputs_of(inputs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Inputs by graph input name in, outputs by graph output name out."""
+        return dict(zip(self.output_names, self._outputs_of(feeds)))
+
+    def _reference(self, s: Step, read: Callable[[int], np.ndarray | None]) -> list[np.ndarray]:
+        """A fallback step's outputs: its node's numpy reference on its inputs (`read` gives a value's array)."""
+        if self._fallback is None:
+            raise RuntimeError(f"node {s.node} ({s.op}) needs the reference fallback, which is not available")
+        return list(self._fallback(s.op, s.attrs, [None if i is None else read(i) for i in s.inputs]))
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        return random_inputs(self.plan, seed)
+
+    def benchmark(self, inputs: Feeds | None = None, repeat: int = 20, warmup: int = 3) -> dict:
+        """Latency of whole inferences: median, mean, min (seconds) over `repeat` runs."""
+        arrays = self._check(inputs if inputs is not None else self.random_inputs())
+        self._start(arrays)
+        for _ in range(warmup):
+            self._execute(arrays)
+        return latency(lambda: self._execute(arrays), repeat)
+
+    def profile(self, inputs: Feeds | None = None, repeat: int = 10) -> list[dict]:
+        """Per-kernel (and per-fallback) median time over `repeat` runs, slowest first."""
+        arrays = self._check(inputs if inputs is not None else self.random_inputs())
+        self._start(arrays)
+        self._execute(arrays)
+        samples = []
+        for _ in range(repeat):
+            times: dict[int, float] = {}
+            self._execute(arrays, times)
+            samples.append(times)
+        rows = []
+        for j, s in enumerate(self.plan.steps):
+            for c, k in enumerate(s.kernels) if s.kind == "segment" else [(None, None)]:
+                med = statistics.median(t[len(rows)] for t in samples)
+                if k is None:
+                    row = {"kernel": f"fallback:{s.op}", "ops": [s.op], "nodes": [s.node], "seconds": med, "flops": 0}
+                else:
+                    row = {"kernel": k.name, "ops": k.ops, "nodes": k.nodes, "seconds": med, "flops": k.flops}
+                rows.append(row | self._profile_extra(j, c))
+        total = sum(r["seconds"] for r in rows) or 1.0
+        for r in rows:
+            r["share"] = r["seconds"] / total
+            r["gflops"] = r["flops"] / r["seconds"] / 1e9 if r["seconds"] > 0 and r["flops"] else 0.0
+        return sorted(rows, key=lambda r: -r["seconds"])
+
+    def profile_table(self, inputs: Feeds | None = None, top: int = 20) -> str:
+        return profile_table(self.profile(inputs), top)
+
+    # -- persistence ----------------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """A directory holding the plan, the summary, the weights and the backend's own files (its code), which
+        `ember.load` runs again without the compiler."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        self._save_files(out)
+        (out / "plan.json").write_text(json.dumps(self.plan.to_json(), indent=1) + "\n")
+        (out / "summary.json").write_text(json.dumps(self._summary, indent=1, default=str) + "\n")
+        np.savez(out / "weights.npz", **{f"v{i}": w for i, w in self._weights.items()})
+        return out
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return f"{type(self).__name__}({self.plan.name}: {s['kernels']} kernels, target '{self.plan.target}')"

@@ -1,0 +1,182 @@
+"""The run plan of a compiled model: numbered values, the steps that compute them, workspace offsets.
+
+A plan is plain data (saved as `plan.json`): every backend runs the same plan.
+
+- values: graph inputs, weights, intermediates ("temp": a workspace slice), outputs, and aliases (views such
+  as Reshape, which share their source's storage);
+- steps: a *segment* is consecutive native kernels called by one generated function; a *fallback* step runs
+  one node through its numpy reference;
+- offsets: `plan_offsets` places the temporaries in one workspace, reusing memory by liveness, each aligned
+  to a given number of bytes (64 for the CPU backends, a device's sub-buffer alignment for the GPU ones).
+
+This module imports nothing else from `ember.runtime`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..tir.dtype import numpy_dtype
+
+ALIGN = 64  # bytes: the CPU backends' workspace alignment
+
+
+@dataclass
+class ValueInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str  # "input" | "weight" | "temp" | "output" | "alias"
+    offset: int = -1  # workspace offset of temps
+    alias_of: int = -1  # for aliases: the value whose storage this one shares
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * numpy_dtype(self.dtype).itemsize
+
+
+@dataclass
+class KernelInfo:
+    name: str  # C function
+    args: list[int]  # value ids, inputs then outputs
+    nodes: list[str]  # graph nodes computed by this kernel
+    ops: list[str]
+    flops: int = 0
+
+
+@dataclass
+class Step:
+    kind: str  # "segment" (native kernels) or "fallback" (reference evaluation of one node)
+    kernels: list[KernelInfo] = field(default_factory=list)
+    function: str = ""  # segment: the generated C function
+    op: str = ""  # fallback
+    attrs: dict = field(default_factory=dict)
+    inputs: list[int | None] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+    node: str = ""
+
+
+@dataclass
+class Plan:
+    name: str
+    values: list[ValueInfo]
+    inputs: list[int]
+    outputs: list[int]
+    steps: list[Step]
+    workspace: int
+    target: str
+    info: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        def step(s: Step) -> dict:
+            d = {"kind": s.kind}
+            if s.kind == "segment":
+                d |= {"function": s.function, "kernels": [vars(k) for k in s.kernels]}
+            else:
+                d |= {"op": s.op, "attrs": _json_attrs(s.attrs), "inputs": s.inputs, "outputs": s.outputs,
+                      "node": s.node}  # fmt: skip
+            return d
+
+        return {
+            "name": self.name, "values": [vars(v) | {"shape": list(v.shape)} for v in self.values],
+            "inputs": self.inputs, "outputs": self.outputs, "steps": [step(s) for s in self.steps],
+            "workspace": self.workspace, "target": self.target, "info": self.info,
+        }  # fmt: skip
+
+    @staticmethod
+    def from_json(d: dict) -> Plan:
+        values = [ValueInfo(**(v | {"shape": tuple(v["shape"])})) for v in d["values"]]
+        steps = []
+        for s in d["steps"]:
+            if s["kind"] == "segment":
+                steps.append(Step("segment", [KernelInfo(**k) for k in s["kernels"]], s["function"]))
+            else:
+                steps.append(Step("fallback", op=s["op"], attrs=_unjson_attrs(s["attrs"]), inputs=s["inputs"],
+                                  outputs=s["outputs"], node=s["node"]))  # fmt: skip
+        return Plan(d["name"], values, d["inputs"], d["outputs"], steps, d["workspace"], d["target"], d["info"])
+
+
+def _json_attrs(attrs: dict) -> dict:
+    out = {}
+    for k, v in attrs.items():
+        if hasattr(v, "nodes") and hasattr(v, "outputs"):  # a subgraph (control flow on the reference fallback)
+            raise NotImplementedError(
+                f"cannot save a model whose control-flow node (attribute {k!r}) runs on the reference fallback"
+            )
+        if isinstance(v, np.ndarray):
+            out[k] = {"__ndarray__": v.tolist(), "dtype": v.dtype.name}
+        elif isinstance(v, tuple):
+            out[k] = {"__tuple__": [_json_attrs({"x": x})["x"] for x in v]}
+        else:
+            out[k] = v
+    return out
+
+
+def _unjson_attrs(attrs: dict) -> dict:
+    out = {}
+    for k, v in attrs.items():
+        if isinstance(v, dict) and "__ndarray__" in v:
+            out[k] = np.asarray(v["__ndarray__"], dtype=v["dtype"])
+        elif isinstance(v, dict) and "__tuple__" in v:
+            out[k] = tuple(_unjson_attrs({"x": x})["x"] for x in v["__tuple__"])
+        else:
+            out[k] = v
+    return out
+
+
+# -- memory --------------------------------------------------------------------------------------------
+def live_ranges(plan: Plan) -> tuple[dict[int, int], dict[int, int]]:
+    """First and last use of each storage (aliases count as their source), in events: one per kernel call or
+    fallback step, in run order; the graph outputs live past the last event."""
+    values = plan.values
+
+    def root(i: int) -> int:
+        return values[i].alias_of if values[i].kind == "alias" else i
+
+    events: list[list[int]] = []  # the buffers each kernel call / fallback step touches, in order
+    for s in plan.steps:
+        if s.kind == "segment":
+            events += [k.args for k in s.kernels]
+        else:
+            events.append([i for i in s.inputs if i is not None] + s.outputs)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for t, args in enumerate(events):
+        for i in args:
+            first.setdefault(root(i), t)
+            last[root(i)] = t
+    for i in plan.outputs:
+        last[root(i)] = len(events)
+    return first, last
+
+
+def plan_offsets(plan: Plan, align: int = ALIGN) -> tuple[dict[int, int], int]:
+    """Workspace offsets of the plan's temporaries, each aligned to `align` bytes, reusing memory by liveness
+    (first fit, in order of first use); returns the offsets by value id and the workspace size."""
+    values = plan.values
+    first, last = live_ranges(plan)
+    live: list[tuple[int, int, int]] = []  # (offset, size, last event)
+    offsets: dict[int, int] = {}
+    total = 0
+    for i in sorted((i for i, v in enumerate(values) if v.kind == "temp"), key=lambda i: (first.get(i, 0), i)):
+        t = first.get(i, 0)
+        live = [b for b in live if b[2] >= t]
+        need = -(-max(values[i].nbytes, 1) // align) * align
+        offset = 0
+        for off, size, _ in sorted(live):
+            if off - offset >= need:
+                break
+            offset = max(offset, off + size)
+        offsets[i] = offset
+        live.append((offset, need, last.get(i, t)))
+        total = max(total, offset + need)
+    return offsets, total
+
+
+def assign_offsets(plan: Plan, align: int = ALIGN) -> None:
+    """Write `plan_offsets` into the plan: each temporary's `offset` and the `workspace` size."""
+    offsets, plan.workspace = plan_offsets(plan, align)
+    for i, off in offsets.items():
+        plan.values[i].offset = off
