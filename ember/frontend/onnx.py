@@ -35,6 +35,7 @@ from onnx import numpy_helper
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops import OPS, AttrError, ShapeDependsOnData, get_op
+from ember.ops.verify import verify as verify_graph
 
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -158,7 +159,7 @@ def from_onnx(
     importer = Importer(source, opsets, dict(input_values or {}))
     graph = importer.import_graph(proto.graph, dict(input_shapes or {}), top=True)
     if verify:
-        graph.verify()
+        verify_graph(graph)
     return graph
 
 

@@ -18,6 +18,7 @@ from ember.ops import (  # noqa: F401  (registers operators)
     rnn,
     signal,
     tensor,
+    verify,
     vision,
 )
 from ember.ops.common import ShapeError

@@ -22,9 +22,9 @@ from onnx import TensorProto, helper, numpy_helper
 import ember
 from ember import te
 from ember.frontend.onnx import ONNX_DTYPES, from_onnx
-from ember.graph.evaluate import evaluate
 from ember.ops import get_op
 from ember.ops import nn_templates as T
+from ember.ops.evaluate import evaluate
 from ember.ops.nn import matmul_te
 from ember.tir.dtype import dtype as as_dtype
 
