@@ -35,7 +35,7 @@ import math
 from collections.abc import Sequence
 
 from ember import te
-from ember.ops.nn_templates import _elementwise_output
+from ember.ops.nn_templates import elementwise_output
 from ember.target import Target
 from ember.te.lower import Lowering
 from ember.te.schedule import Schedule, ScheduleError, Stage
@@ -192,7 +192,7 @@ def _templates(s: Schedule, outs: Sequence[Tensor], target: Target) -> set[str]:
         kind = op.attrs.get("template") if isinstance(op, ComputeOp) else None
         if kind not in TEMPLATES or _numel(st) == 0:
             continue
-        anchor = st if st.is_output else _elementwise_output(s, st, outs)
+        anchor = st if st.is_output else elementwise_output(s, st, outs)
         if anchor is None:
             continue
         if anchor is not st:

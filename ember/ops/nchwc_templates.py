@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ember import te
-from ember.ops.nn_templates import SCHEDULES, Window, _work, host_target, lanes_of, pad_input, vector_regs, zero
+from ember.ops.nn_templates import SCHEDULES, Window, host_target, lanes_of, pad_input, vector_regs, work, zero
 from ember.target import Target
 from ember.te.config import ConfigBase
 from ember.te.tensor import Tensor
@@ -244,7 +244,7 @@ def _row_chunks(tiles: int, rows: int, target: Target) -> int:
 
 def _parallel_ok(out: Tensor, chunks: int, target: Target) -> bool:
     """Parallel when there are threads, enough work to pay for a fork/join, and a chunk per thread."""
-    return target.num_cores > 1 and chunks >= target.num_cores and _work(out) >= 1 << 16
+    return target.num_cores > 1 and chunks >= target.num_cores and work(out) >= 1 << 16
 
 
 SCHEDULES["conv_nchwc"] = _schedule_nchwc

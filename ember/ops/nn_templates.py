@@ -281,12 +281,12 @@ def _schedule_pack(s: te.Schedule, t: Tensor, inner_dims: int, target: Target) -
 
 def _parallel(O: te.Stage, outer: list, out: Tensor, target: Target) -> None:
     """Run the outer tile loops of an output stage in parallel when there is enough work."""
-    if target.num_cores <= 1 or not outer or _work(out) < 1 << 17:
+    if target.num_cores <= 1 or not outer or work(out) < 1 << 17:
         return
     O.parallel(O.fuse(*outer) if len(outer) > 1 else outer[0])
 
 
-def _work(out: Tensor) -> int:
+def work(out: Tensor) -> int:
     """Multiply-adds of the stages an output reads (a rough size for parallel decisions)."""
     total, seen, todo = 0, set(), [out]
     while todo:
@@ -690,7 +690,7 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
             if math.prod(st.op.shape[k:]) >= sl:
                 _, fi = st.split(f, sl)
                 st.vectorize(fi)
-    if target.num_cores > 1 and _work(out) >= 1 << 16 and math.prod(out.shape[:k]) > 1:
+    if target.num_cores > 1 and work(out) >= 1 << 16 and math.prod(out.shape[:k]) > 1:
         O.parallel(row)
     return done
 
@@ -750,7 +750,7 @@ def schedule_nn(attrs: dict, outs: Sequence[Tensor], target: Target) -> te.Sched
         kind = op.attrs.get("template") if isinstance(op, ComputeOp) else None
         if kind is None or math.prod(op.shape) == 0:
             continue
-        anchor = st if st.is_output else _elementwise_output(s, st, outs)
+        anchor = st if st.is_output else elementwise_output(s, st, outs)
         if anchor is None:
             anchor = st
         elif anchor is not st:
@@ -788,7 +788,7 @@ def _schedule_rows(st: te.Stage, t: Tensor, target: Target) -> None:
             st.parallel(outer)
 
 
-def _elementwise_output(s: te.Schedule, st: te.Stage, outs: Sequence[Tensor]) -> te.Stage | None:
+def elementwise_output(s: te.Schedule, st: te.Stage, outs: Sequence[Tensor]) -> te.Stage | None:
     """The output of the same shape that reads st through elementwise stages only (a fused epilogue)."""
     for out in outs:
         o = s[out]
