@@ -24,8 +24,7 @@ from .codegen.gpu import GPU_PIPELINE
 from .codegen.toolchain import compile_units
 from .graph.ir import Graph, Node, Value
 from .ops import Pattern, get_op
-from .ops.gpu_schedules import is_gpu, schedule_gpu
-from .ops.te_lib import NotLowerable, default_schedule
+from .ops.te_lib import NotLowerable
 from .passes import run_passes
 from .passes.fuse import pattern as pattern_of
 from .runtime.executor import CompiledModel, KernelInfo, Plan, Step, ValueInfo
@@ -33,6 +32,8 @@ from .target import Target, building_for
 from .te.config import CONFIG_ATTR, ConfigError, load_best
 from .te.lower import lower_schedule
 from .te.tensor import ComputeOp, Reduce, Tensor, compute, const, placeholder
+from .templates.flat import default_schedule
+from .templates.gpu import is_gpu, schedule_gpu
 from .tir.transform import optimize
 
 VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "BitCast"}  # outputs share their input's bytes

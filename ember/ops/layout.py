@@ -14,7 +14,7 @@ channel c of pixel (h, w) at [n, c // 16, h, w, c % 16]; "OIHW16i16o" packs conv
   GlobalAveragePool/GlobalMaxPool on [N, C/c, H, W, c] (the ONNX attributes of those ops).
 
 References convert to NCHW, call the NCHW operator's reference and convert back. Computes use the
-templates of `ember.ops.nchwc_templates`.
+templates of `ember.templates.nchwc`.
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ import numpy as np
 
 from ember import te
 from ember.graph.types import TensorType
-from ember.ops import nchwc_templates as B
 from ember.ops import nn
-from ember.ops import nn_templates as T
 from ember.ops.common import ShapeError, window_out_dim
 from ember.ops.opdef import Attr, Pattern, one_of, op
-from ember.ops.te_lib import NotLowerable, lowering, schedule_injective
+from ember.ops.te_lib import NotLowerable, lowering
 from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
+from ember.templates import nchwc as B
+from ember.templates import nn as T
+from ember.templates.flat import schedule_injective
 from ember.tir.expr import Expr
 
 

@@ -14,7 +14,6 @@ import numpy as np
 from ember import te
 from ember.codegen.toolchain import has_libmvec
 from ember.graph.types import TensorType
-from ember.ops import nn_templates as T
 from ember.ops import reduce as _reduce_ops  # noqa: F401  (registers the Softmax family lowered below)
 from ember.ops.common import ShapeError, broadcast_shapes, norm_axes, norm_axis, window_out_dim
 from ember.ops.opdef import Attr, Pattern, op
@@ -22,6 +21,7 @@ from ember.ops.te_lib import NotLowerable, broadcast_indices, lowering
 from ember.target import current_target
 from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
+from ember.templates import nn as T
 from ember.tir.dtype import dtype as as_dtype
 from ember.tir.expr import Expr
 
@@ -94,7 +94,7 @@ def _as(e: Expr, dt) -> Expr:
 
 def conv_te(x: Tensor, w: Tensor | tuple[int, ...], b: Tensor | None, a: dict, dtype=None, x_at=None, w_at=None,
             post=None, name: str = "conv") -> Tensor:  # fmt: skip
-    """Direct convolution through the conv templates (`nn_templates.conv_acc`).
+    """Direct convolution through the conv templates (`ember.templates.nn.conv_acc`).
 
     x_at(n, c, *pos) / w_at(co, ci, k) read the operands in the accumulation dtype (default: as is;
     w may then be just the weight shape); padding adds zeros of that dtype (after x_at, so zero

@@ -9,8 +9,9 @@ from ember.graph.types import TensorType
 from ember.ops.common import ShapeError, norm_axes, norm_axis, reduced_shape
 from ember.ops.elemwise import astype, fcall, nan_max, nan_min
 from ember.ops.opdef import Attr, OpDef, Pattern, op, register
-from ember.ops.te_lib import NotLowerable, lowering, schedule_flat
+from ember.ops.te_lib import NotLowerable, lowering
 from ember.target import Target
+from ember.templates.flat import schedule_flat
 from ember.tir import expr as tx
 
 R = Pattern.REDUCTION

@@ -14,7 +14,8 @@ from ember import te
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, Pattern, one_of, op
-from ember.ops.te_lib import NotLowerable, keep, lowering, numel, rows, schedule_tables
+from ember.ops.te_lib import NotLowerable, keep, lowering, numel, rows
+from ember.templates.flat import schedule_tables
 from ember.tir.expr import Expr
 
 COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",

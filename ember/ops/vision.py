@@ -12,7 +12,8 @@ from ember.graph.types import TensorType
 from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, Pattern, one_of, op
 from ember.ops.resize import cubic, cubic_te
-from ember.ops.te_lib import NotLowerable, keep, lowering, numel, schedule_tables
+from ember.ops.te_lib import NotLowerable, keep, lowering, numel
+from ember.templates.flat import schedule_tables
 from ember.tir.expr import Expr
 
 # -- GridSample --------------------------------------------------------------------------------------

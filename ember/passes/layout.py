@@ -31,8 +31,8 @@ import math
 from ember.graph.ir import Graph, Node, Value, node_reads
 from ember.graph.types import TensorType
 from ember.ops import Pattern, get_op
-from ember.ops.gpu_schedules import is_gpu
 from ember.target import Target
+from ember.templates.gpu import is_gpu
 
 from .cleanup import dead_code_elimination
 from .util import replace_uses

@@ -14,7 +14,7 @@ Each template has two halves that meet through stage tags and attributes:
   loops run in parallel. When a fused elementwise epilogue (relu, a residual add) reads the
   template's output, that output is inlined and the fused output is tiled in its place. Other
   stages are inlined unless their attrs say `materialize` (padded inputs, per-row buffers, the
-  states of a recurrence), and root stages are fused and vectorized (`te_lib.schedule_flat`).
+  states of a recurrence), and root stages are fused and vectorized (`ember.templates.flat.schedule_flat`).
 
 Tuning: the choices of the GEMM (`gemm_plan`), conv_oc and conv_ow (`_tuned_conv_*_plan`) plans are
 knobs of a config space (`ember.te.config`). A config reaches a template explicitly: the compiler puts it
@@ -36,10 +36,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ember import te
-from ember.ops.te_lib import schedule_flat
 from ember.target import Target, host_cpu_flags
 from ember.te.config import ConfigBase
 from ember.te.tensor import ComputeOp, Reduce, Tensor
+from ember.templates.flat import schedule_flat
 from ember.tir.dtype import DType
 from ember.tir.dtype import dtype as as_dtype
 from ember.tir.expr import Expr

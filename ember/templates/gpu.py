@@ -35,11 +35,11 @@ import math
 from collections.abc import Sequence
 
 from ember import te
-from ember.ops.nn_templates import elementwise_output
 from ember.target import Target
 from ember.te.lower import Lowering
 from ember.te.schedule import Schedule, ScheduleError, Stage
 from ember.te.tensor import ComputeOp, IterVar, Reduce, Tensor
+from ember.templates.nn import elementwise_output
 
 log = logging.getLogger(__name__)
 
