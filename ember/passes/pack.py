@@ -23,7 +23,7 @@ import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
 from ember.ops import Pattern
-from ember.ops.nn import pack_b
+from ember.ops.matmul import pack_b
 from ember.target import Target
 from ember.templates import nn as T
 

@@ -1,7 +1,7 @@
 """Schedules of operator kernels for the GPU targets (CUDA, OpenCL): every kernel the CPU lowers, bound to threads.
 
-The computes are the operators' own (`ember.ops.nn` and the rest), so every op that lowers natively on the CPU
-lowers here too; only the schedule differs. `schedule_gpu(outs, target)`:
+The computes are the operators' own (`ember.ops.conv`, `ember.ops.matmul` and the rest), so every op that
+lowers natively on the CPU lowers here too; only the schedule differs. `schedule_gpu(outs, target)`:
 
 - generic (any kernel): intermediate elementwise stages are inlined (those marked `materialize` that are not
   cheap to recompute, such as a recurrence's states, stay at root); each root stage's data-parallel loops are

@@ -3,8 +3,8 @@ convolution (output channels or output width in vectors), window reductions, row
 
 Each template has two halves that meet through stage tags and attributes:
 
-- a compute builder, called from an op's compute in `ember.ops.nn`, makes the stages of the
-  algorithm (packing, the accumulation) and records its plan (tile sizes, layouts) in the
+- a compute builder, called from an op's compute in `ember.ops` (conv, matmul, pool, ...), makes
+  the stages of the algorithm (packing, the accumulation) and records its plan (tile sizes, layouts) in the
   `attrs` of the accumulation stage; the op then writes its output stage (the epilogue: bias,
   scaling, the crop of padded tiles) reading the accumulation, and names it in the output's
   attrs (`{"template": "gemm", "acc": acc}`);
@@ -18,8 +18,8 @@ Each template has two halves that meet through stage tags and attributes:
 
 Tuning: the choices of the GEMM (`gemm_plan`), conv_oc and conv_ow (`_tuned_conv_*_plan`) plans are
 knobs of a config space (`ember.te.config`). A config reaches a template explicitly: the compiler puts it
-in the anchor node's attrs under `CONFIG_ATTR` ("__config__"), the op's compute (`ember.ops.nn`)
-passes it as `cfg=` to `gemm_acc`/`conv_acc`, whose plan (recorded in the accumulation's attrs) the
+in the anchor node's attrs under `CONFIG_ATTR` ("__config__"), the op's compute (`ember.ops.conv`,
+`ember.ops.matmul`) passes it as `cfg=` to `gemm_acc`/`conv_acc`, whose plan (recorded in the accumulation's attrs) the
 schedule then reads. Without a config (None) the plans are the heuristics below, which are also the
 knobs' defaults: the fallback config.
 

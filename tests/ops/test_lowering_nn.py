@@ -24,7 +24,7 @@ from ember import te
 from ember.frontend.onnx import ONNX_DTYPES, from_onnx
 from ember.ops import get_op
 from ember.ops.evaluate import evaluate
-from ember.ops.nn import matmul_te
+from ember.ops.matmul import matmul_te
 from ember.templates import nn as T
 from ember.tir.dtype import dtype as as_dtype
 
