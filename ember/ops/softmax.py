@@ -4,21 +4,16 @@ run on the row template of `ember.templates.nn` through `ember.ops.rows`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from ember import te
-from ember.codegen.toolchain import has_libmvec
 from ember.graph.types import TensorType
 from ember.ops.common import norm_axis
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.rows import RowStats
 from ember.ops.te_lib import NotLowerable, lowering
-from ember.target import current_target
 from ember.te.tensor import Tensor
 from ember.templates import nn as T
-from ember.tir.expr import Expr
 
 
 def _axis_infer(a: dict, x: TensorType) -> TensorType:
@@ -53,21 +48,9 @@ def hardmax(a: dict, x: np.ndarray) -> np.ndarray:
 
 
 # -- TE computes: the row template (`ember.ops.rows`), as the normalizations ------------------------------
-def _row_exp(dtype) -> Callable[[Expr], Expr]:
-    """exp for the softmax rows: the library's on C targets with glibc's vector math (libmvec: a whole vector
-    per call, about 10x faster here than the arithmetic version's table gathers and scalar tails) and on
-    GPUs; elsewhere (LLVM, no libmvec) the arithmetic float32 exp with a 2^n table, which vectorizes."""
-    target = current_target()
-    if dtype.name != "float32" or (target is not None and target.kind in ("cuda", "opencl")):
-        return te.exp
-    if (target is None or target.kind == "c") and has_libmvec():
-        return te.exp
-    tab = T.exp_table()
-    return lambda v: T.exp(v, tab)
-
-
 def _softmax_family(kind: str, a: dict, x: Tensor) -> Tensor:
-    """Numerically stable: the row max is subtracted before exp."""
+    """Numerically stable: the row max is subtracted before exp. The exp is the intrinsic: the renderer picks
+    how a vector of them is computed (libmvec on C, arithmetic with a 2^n table on LLVM: `ember.codegen.vmath`)."""
     if not x.dtype.is_float:
         raise NotLowerable(f"{kind} on {x.dtype}")
     axis = norm_axis(a["axis"], x.ndim)
@@ -77,15 +60,14 @@ def _softmax_family(kind: str, a: dict, x: Tensor) -> Tensor:
         first = st.reduce(lambda i: te.if_then_else(x[i] == m(i), i[axis], te.const(x.shape[axis])), te.min,
                           x.dtype, "hm_first")  # fmt: skip
         return te.compute(x.shape, lambda *i: te.cast(i[axis] == first(i), x.dtype), name="hardmax", attrs=st.attrs)
-    exp = _row_exp(x.dtype)
     if kind == "LogSoftmax":
-        total = st.reduce(lambda i: exp(x[i] - m(i)), te.sum, x.dtype, "lsm_sum")
+        total = st.reduce(lambda i: te.exp(x[i] - m(i)), te.sum, x.dtype, "lsm_sum")
         shift = st.stage(lambda i: m(i) + te.log(total(i)), "lsm_shift")
         return te.compute(x.shape, lambda *i: x[i] - shift(i), name="log_softmax", attrs=st.attrs)
     if st.k is not None:
-        e = T.row_buffer(x.shape, lambda *i: exp(x[i] - m(i)), "sm_exp")
+        e = T.row_buffer(x.shape, lambda *i: te.exp(x[i] - m(i)), "sm_exp")
     else:
-        e = te.compute(x.shape, lambda *i: exp(x[i] - m(i)), name="sm_exp", attrs={"materialize": True})
+        e = te.compute(x.shape, lambda *i: te.exp(x[i] - m(i)), name="sm_exp", attrs={"materialize": True})
     if x.dtype.is_half:  # as numpy: the sum accumulated in float32 and rounded once, then one division per element
         wide = st.reduce(lambda i: te.cast(e[i], "float32"), te.sum, "float32", "sm_sum")
         total = st.stage(lambda i: te.cast(wide(i), x.dtype), "sm_total")

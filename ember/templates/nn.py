@@ -574,7 +574,8 @@ def _schedule_conv_ow(s: te.Schedule, out: Tensor, attrs: dict, target: Target) 
 
 
 # =====================================================================================================
-# exp in vector arithmetic
+# exp in vector arithmetic: what the LLVM renderer (and the C renderer without libmvec) emits for a vector
+# exp (`ember.codegen.vmath`, with the table as constant data), and a building block for computes
 # =====================================================================================================
 def exp_table() -> Tensor:
     """2^(k - 151) for k in [0, 280): the powers of two `exp` scales by, computed once per kernel call."""
