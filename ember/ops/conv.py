@@ -10,12 +10,7 @@ import numpy as np
 
 from ember import te
 from ember.graph.types import TensorType
-from ember.ops.common import (
-    ShapeError,
-    acc_array,
-    spatial_attrs,
-    window_out_dim,
-)
+from ember.ops.common import ShapeError, acc_array, spatial_attrs, window_out_dim
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.te_lib import NotLowerable, lowering
 from ember.te.config import CONFIG_ATTR

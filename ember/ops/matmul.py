@@ -12,11 +12,7 @@ import numpy as np
 
 from ember import te
 from ember.graph.types import TensorType
-from ember.ops.common import (
-    ShapeError,
-    acc_array,
-    broadcast_shapes,
-)
+from ember.ops.common import ShapeError, acc_array, broadcast_shapes
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.rows import RowStats
 from ember.ops.te_lib import NotLowerable, broadcast_indices, lowering

@@ -11,13 +11,7 @@ import numpy as np
 
 from ember import te
 from ember.graph.types import TensorType
-from ember.ops.common import (
-    ShapeError,
-    acc_array,
-    broadcast_shapes,
-    norm_axes,
-    norm_axis,
-)
+from ember.ops.common import ShapeError, acc_array, broadcast_shapes, norm_axes, norm_axis
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.rows import RowStats, unravel
 from ember.ops.te_lib import NotLowerable, broadcast_indices, lowering
