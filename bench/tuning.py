@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ember.ops import nn_templates as T  # noqa: E402
+from ember.templates import nn as T  # noqa: E402
 from ember.tune import Measurer, Task, tune_task  # noqa: E402
 from ember.tune.driver import logged_results, plot_history  # noqa: E402
 from ember.tune.log import TuningLog, make_record  # noqa: E402

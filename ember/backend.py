@@ -32,7 +32,7 @@ Runner = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 def _reference_engine(graph: Graph) -> Runner:
-    from ember.graph.evaluate import evaluate
+    from ember.ops.evaluate import evaluate
 
     return lambda inputs: evaluate(graph, inputs)
 

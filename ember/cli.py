@@ -34,7 +34,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         theirs, ref_name = sess.run(None, feeds), "onnxruntime"
     except ImportError:
         from ember.frontend.onnx import from_onnx
-        from ember.graph.evaluate import evaluate
+        from ember.ops.evaluate import evaluate
 
         theirs, ref_name = (
             list(evaluate(from_onnx(model), feeds).values()),

@@ -23,15 +23,16 @@ from .codegen.c import c_symbol
 from .codegen.gpu import GPU_PIPELINE
 from .graph.ir import Graph, Node, Value
 from .ops import Pattern, get_op
-from .ops.gpu_schedules import is_gpu, schedule_gpu
-from .ops.te_lib import NotLowerable, default_schedule
+from .ops.te_lib import NotLowerable
 from .passes.fuse import pattern as pattern_of
 from .runtime.plan import KernelInfo, Plan, Step, ValueInfo
-from .target import Target, building_for
+from .target import Target
 from .te.config import CONFIG_ATTR, ConfigError, Tuned
 from .te.lower import lower_schedule
 from .te.schedule import Schedule, ScheduleError, topo_ops
 from .te.tensor import ComputeOp, Reduce, Tensor, compute, const, placeholder
+from .templates.flat import default_schedule
+from .templates.gpu import is_gpu, schedule_gpu
 from .tir.transform import optimize
 
 VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "BitCast"}  # outputs share their input's bytes
@@ -118,8 +119,7 @@ def kernel_te(node: Node, target: Target, cfg: Any = None, schedule: dict | None
         if opdef.compute is None:
             raise LoweringUnsupported(f"{m.op} has no TE compute yet")
         attrs = {**m.attrs, CONFIG_ATTR: cfg} if m is anchor and cfg is not None else m.attrs
-        with building_for(target):
-            outs = opdef.compute(attrs, *[None if v is None else tensors[v] for v in m.inputs])
+        outs = opdef.compute(attrs, *[None if v is None else tensors[v] for v in m.inputs])
         outs = list(outs) if isinstance(outs, list | tuple) else [outs]
         for t, v in zip(outs, m.outputs):
             if tuple(t.shape) != tuple(v.shape) or t.dtype.name != v.dtype:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import os
 import platform
@@ -102,25 +100,6 @@ class Target:
     @property
     def num_cores(self) -> int:
         return self.threads or os.cpu_count() or 1
-
-
-_CURRENT: contextvars.ContextVar[Target | None] = contextvars.ContextVar("ember_target", default=None)
-
-
-def current_target() -> Target | None:
-    """The target kernels are being built for (set by `building_for`), None outside a build."""
-    return _CURRENT.get()
-
-
-@contextlib.contextmanager
-def building_for(target: Target):
-    """Within the block, `current_target()` is `target`: operator computes that pick an implementation
-    by target (an intrinsic that one backend vectorizes well and another does not) read it."""
-    token = _CURRENT.set(target)
-    try:
-        yield target
-    finally:
-        _CURRENT.reset(token)
 
 
 @functools.cache

@@ -21,6 +21,7 @@ from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ram
 from ..tir.functor import walk
 from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
 from .toolchain import has_libmvec
+from .vmath import EXP2_TABLE, exp2_table_values, vector_exp, wants_arithmetic_exp
 
 STACK_LIMIT = 32 * 1024  # bytes: larger allocations go to the heap
 
@@ -279,6 +280,9 @@ class CCodegen:
         if vec is not None:
             vargs = [x if x.dtype.lanes > 1 else Broadcast(x, dt.lanes) for x in args]
             return f"{vec}({', '.join(self.expr(x) for x in vargs)})"
+        if self.arithmetic_math(fn, dt):
+            x = args[0] if args[0].dtype.lanes > 1 else Broadcast(args[0], dt.lanes)
+            return f"({self.expr(vector_exp(x))})"
         arg_types = [self.ctype(x.dtype.with_lanes(dt.lanes)) for x in args]
         params = ", ".join(f"{at} x{i}" for i, at in enumerate(arg_types))
         name = f"ember_{fn}_{t}"
@@ -286,6 +290,16 @@ class CCodegen:
         code = f"static inline {t} {name}({params}) {{\n  return ({t}){lanes};\n}}"
         vargs = [x if x.dtype.lanes > 1 else Broadcast(x, dt.lanes) for x in args]
         return f"{self.helper(name, code)}({', '.join(self.expr(x) for x in vargs)})"
+
+    def arithmetic_math(self, fn: str, dt: DType) -> bool:
+        """Whether `fn` on vectors of dt is computed in arithmetic (`ember.codegen.vmath`): a float32 exp on a
+        C target without libmvec, where expf would run once per lane. Defines the table it reads."""
+        if self.target.kind != "c" or has_libmvec() or not wants_arithmetic_exp(fn, dt):
+            return False
+        values = ", ".join("INFINITY" if np.isinf(v) else float(v).hex() + "f" for v in exp2_table_values())
+        name = self.name(EXP2_TABLE)
+        self.helper(name, f"static const float {name}[{EXP2_TABLE.size}] = {{{values}}};")
+        return True
 
     def simd_math(self, fn: str, dt: DType) -> str | None:
         """A helper computing `fn` on a whole float vector with glibc's libmvec (about 4 ulp), splitting

@@ -41,6 +41,7 @@ from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, Let
 from . import llvm_pool
 from .c import STACK_LIMIT, CodegenError, c_symbol, const_offset, register_slots
 from .toolchain import cache_dir
+from .vmath import EXP2_TABLE, exp2_table_values, vector_exp, wants_arithmetic_exp
 
 try:  # llvmlite is the optional extra `ember[llvm]`
     import llvmlite.binding as llvm
@@ -347,6 +348,9 @@ class LLVMCodegen:
 
     def call(self, e: Call):
         dt, name = e.dtype, e.name
+        if wants_arithmetic_exp(name, dt):  # llvm.exp on a vector runs expf once per lane
+            x = e.args[0] if e.args[0].dtype.lanes > 1 else Broadcast(e.args[0], dt.lanes)
+            return self.expr(vector_exp(x))
         args = [self.expr(a) for a in e.args]
         if dt.lanes > 1:
             args = [self.splat(a, dt.lanes) for a in args]
@@ -453,7 +457,21 @@ class LLVMCodegen:
         return fn
 
     # -- memory ------------------------------------------------------------------------------
+    def constant_table(self, buf: Buffer, values) -> Any:
+        """A module-level constant array holding `values` (float32), named as `buf`; defined once per module."""
+        name = c_symbol(buf.name)
+        if name in self.module.globals:
+            return self.module.globals[name]
+        ty = ir.ArrayType(ir.FloatType(), len(values))
+        table = ir.GlobalVariable(self.module, ty, name)
+        table.global_constant = True
+        table.linkage = "internal"
+        table.initializer = ir.Constant(ty, [float(v) for v in values])
+        return table
+
     def address(self, buf: Buffer, idx):
+        if buf is EXP2_TABLE and buf not in self.st.bufs:
+            self.st.bufs[buf] = self.constant_table(buf, exp2_table_values())
         if buf not in self.st.bufs:
             raise CodegenError(f"LLVM codegen: buffer '{buf.name}' used outside its allocation")
         return self.b.gep(self.st.bufs[buf], [idx], source_etype=mtype(buf.dtype))

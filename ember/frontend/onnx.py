@@ -19,67 +19,43 @@ What import does, in order:
 Ember compiles static shapes. An operand that must be known at compile time (a Reshape
 target, Slice bounds, the input of NonZero, ...) but is computed from a graph input raises
 `DynamicShapeError`, which names those graph inputs: bind them with `input_values=`.
+
+This module is the entry point; the importer (scopes, names, folding) is `ember.frontend.onnx_importer`,
+the converters `ember.frontend.onnx_ops` and `ember.frontend.onnx_functions`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
-from ember.graph.ir import Graph, Node, Value
-from ember.graph.types import TensorType
-from ember.ops import OPS, AttrError, ShapeDependsOnData, get_op
+from ember.frontend import onnx_ops
+from ember.frontend.onnx_importer import (
+    MAX_OPSET,
+    ONNX_DTYPES,
+    DynamicShapeError,
+    Importer,
+    ModelError,
+    NodeContext,
+    UnsupportedOperatorError,
+    first_line,
+)
+from ember.graph.ir import Graph
+from ember.ops import OPS
+from ember.ops.verify import verify as verify_graph
 
-MIN_OPSET = 13
-MAX_OPSET = onnx.defs.onnx_opset_version()
 # Fold a node with constant inputs when its outputs hold at most this many elements, or no
 # more than its constant inputs do (a Cast or Transpose of weights), so that folding never
 # inflates the model (an Expand of a scalar to a huge shape stays a node).
 FOLD_LIMIT = 1 << 20
 
-# ONNX TensorProto element type -> Ember dtype name
-ONNX_DTYPES: dict[int, str] = {
-    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-    10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16", 17: "float8_e4m3fn",
-    18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz", 21: "uint4", 22: "int4",
-    23: "float4_e2m1fn", 24: "float8_e8m0fnu", 25: "uint2", 26: "int2",
-}  # fmt: skip
-
-
-# -- errors -------------------------------------------------------------------------------------
-class ModelError(ValueError):
-    """A model Ember cannot import: unreadable, malformed, or failing the ONNX checker."""
-
-
-class UnsupportedOperatorError(ModelError):
-    """Operators Ember does not support; `unsupported` maps each to the nodes using it."""
-
-    def __init__(self, source: str, unsupported: dict[str, list[str]]):
-        self.unsupported = unsupported
-        lines = [f"  {op}: used by {_name_list(nodes)}" for op, nodes in sorted(unsupported.items())]
-        super().__init__(
-            f"{source}: {len(unsupported)} unsupported operator(s):\n" + "\n".join(lines)
-            + "\nNo part of the model was imported."
-        )  # fmt: skip
-
-
-class DynamicShapeError(ModelError):
-    """An operand that must be static depends on graph inputs; `inputs` names them."""
-
-    def __init__(self, message: str, inputs: list[str]):
-        self.inputs = inputs
-        super().__init__(message)
-
-
-def _name_list(names: list[str], limit: int = 5) -> str:
-    shown = ", ".join(repr(n) for n in names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+__all__ = [
+    "OPS", "ONNX_DTYPES", "DynamicShapeError", "ModelError", "NodeContext", "UnsupportedOperatorError", "from_onnx",
+    "load_model",
+]  # fmt: skip
 
 
 # -- loading --------------------------------------------------------------------------------------
@@ -98,12 +74,12 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx
             proto = onnx.load_model(path, load_external_data=False)
         except Exception as e:
             raise ModelError(
-                f"{path}: not a readable ONNX model (corrupt or truncated file?): {_first_line(e)}"
+                f"{path}: not a readable ONNX model (corrupt or truncated file?): {first_line(e)}"
             ) from None
         try:
             onnx.external_data_helper.load_external_data_for_model(proto, os.path.dirname(path) or ".")
         except Exception as e:
-            raise ModelError(f"{path}: cannot load external weight data: {_first_line(e)}") from None
+            raise ModelError(f"{path}: cannot load external weight data: {first_line(e)}") from None
     if not proto.HasField("graph") or not proto.opset_import:
         raise ModelError(f"{source}: not an ONNX model (no graph or no opset_import; corrupt or truncated file?)")
     try:
@@ -112,7 +88,7 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx
         elif proto.ByteSize() < 2**31:
             onnx.checker.check_model(proto)
     except Exception as e:
-        raise ModelError(f"{source}: the model fails the ONNX checker: {_first_line(e)}") from None
+        raise ModelError(f"{source}: the model fails the ONNX checker: {first_line(e)}") from None
     return proto, source
 
 
@@ -121,14 +97,8 @@ def _parse(data: bytes, source: str) -> onnx.ModelProto:
     try:
         proto.ParseFromString(data)
     except Exception as e:
-        raise ModelError(f"{source}: not a readable ONNX model (corrupt or truncated?): {_first_line(e)}") from None
+        raise ModelError(f"{source}: not a readable ONNX model (corrupt or truncated?): {first_line(e)}") from None
     return proto
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip() or type(e).__name__
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[0] if len(lines) == 1 else " ".join(lines[:3])[:400]
 
 
 # -- public entry point ---------------------------------------------------------------------------------
@@ -146,8 +116,6 @@ def from_onnx(
         operands that must be static, such as a Reshape target fed as an input, are given).
     """
     proto, source = load_model(model)
-    from ember.frontend import onnx_ops
-
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
     opsets[""] = _default_opset(proto, source)
     if proto.functions:
@@ -155,10 +123,10 @@ def from_onnx(
     unsupported = onnx_ops.find_unsupported(proto.graph, opsets)
     if unsupported:
         raise UnsupportedOperatorError(source, unsupported)
-    importer = Importer(source, opsets, dict(input_values or {}))
+    importer = Importer(source, opsets, dict(input_values or {}), onnx_ops.convert_node, FOLD_LIMIT)
     graph = importer.import_graph(proto.graph, dict(input_shapes or {}), top=True)
     if verify:
-        graph.verify()
+        verify_graph(graph)
     return graph
 
 
@@ -168,377 +136,3 @@ def _default_opset(proto: onnx.ModelProto, source: str) -> int:
     if opset > MAX_OPSET:
         raise ModelError(f"{source}: opset {opset} is newer than this onnx ({onnx.__version__}) supports ({MAX_OPSET})")
     return opset or MAX_OPSET
-
-
-# -- input types --------------------------------------------------------------------------------------
-def onnx_dtype(elem_type: int, what: str) -> str:
-    if elem_type not in ONNX_DTYPES:
-        name = (
-            onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
-        )
-        raise ModelError(f"{what} has element type {name}, which Ember does not support")
-    return ONNX_DTYPES[elem_type]
-
-
-def input_type(vi: onnx.ValueInfoProto, given: tuple[int, ...] | None, source: str) -> TensorType | str:
-    """The static type of a graph input, or a message saying which dims are unknown."""
-    if not vi.type.HasField("tensor_type"):
-        raise ModelError(f"{source}: input {vi.name!r} is a {vi.type.WhichOneof('value')}; Ember takes tensors only")
-    tt = vi.type.tensor_type
-    dtype = onnx_dtype(tt.elem_type, f"{source}: input {vi.name!r}")
-    dims: list[int | str | None] = (
-        [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
-        if tt.HasField("shape") else None
-    )  # fmt: skip
-    if given is not None:
-        given = tuple(int(d) for d in given)
-        if dims is not None and (len(dims) != len(given) or any(
-                isinstance(d, int) and d != g for d, g in zip(dims, given))):  # fmt: skip
-            raise ModelError(f"{source}: input_shapes[{vi.name!r}] = {list(given)} contradicts the model's shape "
-                             f"{_dims_text(dims)}")  # fmt: skip
-        return TensorType(given, dtype)
-    if dims is None:
-        return f"{vi.name!r} (rank unknown)"
-    if dims and not isinstance(dims[0], int):
-        dims[0] = 1  # documented default: a symbolic leading (batch) dim is 1
-    if all(isinstance(d, int) for d in dims):
-        return TensorType(tuple(dims), dtype)
-    return f"{vi.name!r} {_dims_text(dims)}"
-
-
-def _dims_text(dims: list) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
-
-
-# -- the importer ---------------------------------------------------------------------------------------
-@dataclass
-class Importer:
-    """Converts ONNX graphs node by node into one Ember Graph, folding constants."""
-
-    source: str
-    opsets: dict[str, int]  # domain ("" for ai.onnx) -> version
-    input_values: dict[str, np.ndarray]
-    scopes: list[dict[str, Value]] = field(default_factory=list)
-    graph: Graph | None = None
-    counter: int = 0
-    reserved: set[str] = field(default_factory=set)  # the top graph's ONNX value names
-    taken: set[str] = field(default_factory=set)  # names given to Values so far
-    nested: int = 0  # > 0 while importing a subgraph or inlining a body
-    producers: dict[Value, Node] = field(default_factory=dict)  # across all graphs being built
-
-    # -- names ------------------------------------------------------------------------------------
-    def lookup(self, name: str) -> Value:
-        for scope in reversed(self.scopes):
-            if name in scope:
-                return scope[name]
-        raise ModelError(f"{self.source}: value {name!r} is used but never defined")
-
-    def bind(self, name: str, value: Value) -> None:
-        self.scopes[-1][name] = value
-
-    def unique(self, base: str) -> str:
-        self.counter += 1
-        return f"{base}__{self.counter}"
-
-    def name_for(self, onnx_name: str) -> str:
-        """The Value name for an ONNX name: itself, unless taken already (an inlined body
-        runs once per unrolled iteration) or reserved by the top graph while nested."""
-        name = onnx_name
-        if name in self.taken or (self.nested and name in self.reserved):
-            name = self.unique(onnx_name)
-        self.taken.add(name)
-        return name
-
-    def constant(self, onnx_name: str, data: np.ndarray) -> Value:
-        return Value.constant(self.name_for(onnx_name), np.asarray(data))
-
-    # -- graphs -----------------------------------------------------------------------------------
-    def import_graph(self, gp: onnx.GraphProto, input_shapes: dict[str, tuple], top: bool = False,
-                     sub_inputs: list[TensorType] | None = None) -> Graph:  # fmt: skip
-        outer_graph = self.graph
-        self.scopes.append({})
-        graph = Graph(gp.name or "main", [], [])
-        self.graph = graph
-        if top:
-            self.reserved = {vi.name for vi in gp.input} | {t.name for t in gp.initializer}
-            self.reserved.update(o for n in gp.node for o in n.output)
-        else:
-            self.nested += 1
-        try:
-            self._bind_initializers(gp)
-            if top:
-                self._bind_top_inputs(gp, input_shapes)
-            else:
-                for vi, t in zip(gp.input, sub_inputs or []):
-                    v = Value(self.name_for(vi.name), t)
-                    graph.inputs.append(v)
-                    self.bind(vi.name, v)
-            for index, node in enumerate(gp.node):
-                self.convert(node, index)
-            graph.outputs = [self.lookup(o.name) for o in gp.output]
-        finally:
-            self.scopes.pop()
-            self.graph = outer_graph
-            self.nested -= 0 if top else 1
-        return graph
-
-    def inline_graph(self, gp: onnx.GraphProto, args: list[Value] = ()) -> list[Value]:
-        """Convert a subgraph's nodes into the current graph, its inputs bound to `args`
-        (an If with a constant condition, one unrolled Loop iteration)."""
-        self.scopes.append({})
-        self.nested += 1
-        try:
-            for vi, v in zip(gp.input, args):
-                self.bind(vi.name, v)
-            self._bind_initializers(gp)
-            for index, node in enumerate(gp.node):
-                self.convert(node, index)
-            return [self.lookup(o.name) for o in gp.output]
-        finally:
-            self.scopes.pop()
-            self.nested -= 1
-
-    def _bind_initializers(self, gp: onnx.GraphProto) -> None:
-        for init in gp.initializer:
-            self.bind(init.name, self.constant(init.name, tensor_to_array(init, self.source)))
-        for sparse in gp.sparse_initializer:
-            name = sparse.values.name
-            self.bind(name, self.constant(name, sparse_to_array(sparse, self.source)))
-
-    def _bind_top_inputs(self, gp: onnx.GraphProto, input_shapes: dict[str, tuple]) -> None:
-        names = [vi.name for vi in gp.input]
-        unknown = [n for n in list(input_shapes) + list(self.input_values) if n not in names]
-        if unknown:
-            raise ModelError(f"{self.source}: input_shapes/input_values name unknown input(s) {_name_list(unknown)}; "
-                             f"the model's inputs are {_name_list(names, 20)}")  # fmt: skip
-        missing = []
-        for vi in gp.input:
-            if vi.name in self.scopes[-1]:
-                continue  # an initializer listed as an input (old IR): a constant with a default
-            if vi.name in self.input_values:
-                data = np.asarray(self.input_values[vi.name])
-                self.bind(vi.name, self.constant(vi.name, data))
-                continue
-            t = input_type(vi, input_shapes.get(vi.name), self.source)
-            if isinstance(t, str):
-                missing.append(t)
-                continue
-            v = Value(self.name_for(vi.name), t)
-            self.graph.inputs.append(v)
-            self.bind(vi.name, v)
-        if missing:
-            example = ", ".join(f"{m.split()[0]}: (...)" for m in missing)
-            raise ModelError(f"{self.source}: input(s) with unknown dims: {', '.join(missing)}. Ember compiles "
-                             f"static shapes: pass input_shapes={{{example}}}")  # fmt: skip
-
-    # -- nodes ------------------------------------------------------------------------------------
-    @property
-    def opset(self) -> int:
-        """The default-domain (ai.onnx) opset version."""
-        return self.opsets[""]
-
-    def convert(self, proto: onnx.NodeProto, index: int, opsets: dict[str, int] | None = None) -> None:
-        from ember.frontend import onnx_ops
-
-        name = proto.name or f"{proto.op_type}_{index}"
-        inputs = [self.lookup(n) if n else None for n in proto.input]
-        while inputs and inputs[-1] is None:
-            inputs.pop()
-        version = onnx_ops.op_version(proto, opsets or self.opsets)
-        ctx = NodeContext(self, proto, name, inputs, decode_attrs(proto, self), version)
-        try:
-            onnx_ops.convert_node(ctx)
-        except ModelError:
-            raise
-        except Exception as e:  # a converter meeting a model it does not expect: say where
-            raise ModelError(f"{self.source}: node {name!r} ({proto.op_type}) cannot be imported: "
-                             f"{type(e).__name__}: {e}") from e  # fmt: skip
-
-    def add_node(self, op: str, inputs: list[Value | None], attrs: dict[str, Any], out_names: list[str],
-                 name: str) -> list[Value]:  # fmt: skip
-        """Add one Ember node (or fold it into constants); bind and return its outputs."""
-        opdef = get_op(op)
-        where = f"node {name!r} ({op})"
-        try:
-            opdef.check_arity(len(inputs), where)
-            attrs = opdef.check_attrs(attrs, where)
-        except AttrError as e:
-            raise ModelError(f"{self.source}: {e}") from None
-        present = [v for v in inputs if v is not None]
-        all_const = all(v.is_constant for v in present)
-        try:
-            types = opdef.infer(attrs, *[None if v is None else v.type for v in inputs])
-        except ShapeDependsOnData as e:
-            if not (all_const and opdef.foldable):
-                raise self._dynamic(where, str(e), present) from None
-            types = None
-        except Exception as e:
-            raise ModelError(f"{self.source}: {where}: {type(e).__name__}: {e}") from None
-        if len(out_names) > (len(types) if types is not None else len(out_names)):
-            raise ModelError(f"{self.source}: {where} has {len(out_names)} outputs, {op} defines {len(types)}")
-        out_size = None if types is None else sum(t.size for t in types[: len(out_names)])
-        in_size = sum(v.type.size for v in present if v.is_constant)
-        if opdef.foldable and (all_const or not opdef.reads_data) and (
-                out_size is None or out_size <= max(FOLD_LIMIT, in_size)):  # fmt: skip
-            outs = self._fold(opdef, attrs, inputs, out_names, where)
-        else:
-            outs = [Value(self.name_for(n), t) for n, t in zip(out_names, types)]
-            node = Node(op, inputs, outs, attrs, name)
-            self.graph.nodes.append(node)
-            self.producers.update(dict.fromkeys(outs, node))
-        for n, v in zip(out_names, outs):
-            self.bind(n, v)
-        return outs
-
-    def _fold(self, opdef, attrs: dict, inputs: list[Value | None], out_names: list[str], where: str) -> list[Value]:
-        args = [None if v is None else (v.data if v.is_constant else _dummy(v.type)) for v in inputs]
-        try:
-            with np.errstate(all="ignore"):
-                results = opdef.reference(attrs, *args)
-        except Exception as e:
-            raise ModelError(f"{self.source}: {where}: evaluating it on constant inputs failed: "
-                             f"{type(e).__name__}: {e}") from None  # fmt: skip
-        return [self.constant(n, np.array(r)) for n, r in zip(out_names, results)]
-
-    def _dynamic(self, where: str, why: str, operands: list[Value]) -> DynamicShapeError:
-        sources = self.graph_inputs_behind(operands)
-        names = ", ".join(repr(s) for s in sources) or "(none)"
-        return DynamicShapeError(
-            f"{self.source}: {where}: {why}, and it is computed from graph input(s) {names}. Ember compiles "
-            f"static shapes: bind those inputs with input_values={{name: array}}",
-            sources,
-        )
-
-    def require_constant(self, ctx: NodeContext, index: int, what: str) -> np.ndarray:
-        v = ctx.inputs[index] if index < len(ctx.inputs) else None
-        if v is None:
-            raise ModelError(f"{self.source}: node {ctx.name!r} ({ctx.op_type}) needs input {index} ({what})")
-        if not v.is_constant:
-            raise self._dynamic(f"node {ctx.name!r} ({ctx.op_type})", f"its {what} (input {index}) must be constant",
-                                [v])  # fmt: skip
-        return v.data
-
-    def graph_inputs_behind(self, values: list[Value]) -> list[str]:
-        """Names of the graph inputs (or body inputs) the given values are computed from."""
-        seen, stack, found = set(), list(values), []
-        while stack:
-            v = stack.pop()
-            if v in seen:
-                continue
-            seen.add(v)
-            node = self.producers.get(v)
-            if node is not None:
-                stack.extend(node.present_inputs)
-            elif not v.is_constant and v.name not in found:
-                found.append(v.name)
-        return sorted(found)
-
-
-def _dummy(t: TensorType) -> np.ndarray:
-    """A zero-stride stand-in array with the right shape and dtype (for type-only ops)."""
-    return np.broadcast_to(np.zeros((), t.np_dtype), t.shape)
-
-
-@dataclass
-class NodeContext:
-    """What a converter sees of one ONNX node."""
-
-    importer: Importer
-    proto: onnx.NodeProto
-    name: str
-    inputs: list[Value | None]
-    attrs: dict[str, Any]
-    version: int  # the operator's schema version (since_version) used by this model
-
-    @property
-    def op_type(self) -> str:
-        return self.proto.op_type
-
-    @property
-    def out_names(self) -> list[str]:
-        outs = list(self.proto.output)
-        while outs and not outs[-1]:
-            outs.pop()
-        return [o or f"{self.name}:unused{i}" for i, o in enumerate(outs)]
-
-    def input(self, i: int) -> Value | None:
-        return self.inputs[i] if i < len(self.inputs) else None
-
-    def type(self, i: int) -> TensorType:
-        v = self.input(i)
-        if v is None:
-            raise ModelError(f"{self.importer.source}: node {self.name!r} ({self.op_type}) lacks input {i}")
-        return v.type
-
-    def const(self, i: int) -> np.ndarray | None:
-        """The value of input i when it is a constant, else None (also when absent)."""
-        v = self.input(i)
-        return v.data if v is not None and v.is_constant else None
-
-    def need(self, i: int, what: str) -> np.ndarray:
-        """The value of input i, which must be a constant (else DynamicShapeError)."""
-        return self.importer.require_constant(self, i, what)
-
-    def emit(self, op: str, inputs: list[Value | None], attrs: dict | None = None, n_out: int = 1) -> list[Value]:
-        """Add a helper node (for multi-node conversions); returns its outputs."""
-        names = [self.importer.unique(f"{self.name}/{op}") for _ in range(n_out)]
-        return self.importer.add_node(op, inputs, attrs or {}, names, f"{self.name}/{op}")
-
-    def error(self, message: str) -> ModelError:
-        return ModelError(f"{self.importer.source}: node {self.name!r} ({self.op_type}): {message}")
-
-
-# -- attributes and tensors ---------------------------------------------------------------------------
-def tensor_to_array(t: onnx.TensorProto, source: str) -> np.ndarray:
-    onnx_dtype(t.data_type, f"{source}: tensor {t.name!r}")
-    try:
-        return np.array(numpy_helper.to_array(t))
-    except Exception as e:
-        raise ModelError(f"{source}: tensor {t.name!r} cannot be read: {_first_line(e)}") from None
-
-
-def sparse_to_array(sp: onnx.SparseTensorProto, source: str) -> np.ndarray:
-    values = tensor_to_array(sp.values, source)
-    indices = tensor_to_array(sp.indices, source).astype(np.int64)
-    dense = np.zeros(tuple(sp.dims), values.dtype)
-    if indices.ndim == 1:
-        dense.reshape(-1)[indices] = values
-    else:
-        dense[tuple(indices.T)] = values
-    return dense
-
-
-def decode_attrs(proto: onnx.NodeProto, importer: Importer) -> dict[str, Any]:
-    A = onnx.AttributeProto
-    out: dict[str, Any] = {}
-    for a in proto.attribute:
-        if a.ref_attr_name:
-            raise ModelError(f"{importer.source}: node {proto.name!r}: unresolved attribute reference {a.name!r}")
-        if a.type == A.INT:
-            out[a.name] = int(a.i)
-        elif a.type == A.FLOAT:
-            out[a.name] = float(a.f)
-        elif a.type == A.STRING:
-            out[a.name] = a.s.decode("utf-8", "replace")
-        elif a.type == A.INTS:
-            out[a.name] = tuple(int(i) for i in a.ints)
-        elif a.type == A.FLOATS:
-            out[a.name] = tuple(float(f) for f in a.floats)
-        elif a.type == A.STRINGS:
-            out[a.name] = tuple(s.decode("utf-8", "replace") for s in a.strings)
-        elif a.type == A.TENSOR:
-            out[a.name] = tensor_to_array(a.t, importer.source)
-        elif a.type == A.SPARSE_TENSOR:
-            out[a.name] = sparse_to_array(a.sparse_tensor, importer.source)
-        elif a.type == A.GRAPH:
-            out[a.name] = a.g  # converters that take subgraphs import them with their input types
-        elif a.type == A.TYPE_PROTO:
-            out[a.name] = a.tp
-        else:
-            raise ModelError(f"{importer.source}: node {proto.name!r}: attribute {a.name!r} has an unsupported kind")
-    return out
-
-
-__all__ = [
-    "OPS", "DynamicShapeError", "ModelError", "NodeContext", "UnsupportedOperatorError", "from_onnx", "load_model",
-]  # fmt: skip

@@ -1,7 +1,7 @@
 """Expansion of ONNX functions: operators that ONNX defines by a function body (Celu,
 LayerNormalization's reference, Attention, FlexAttention, ...) and that Ember has no entry
 for are imported by inlining that body, with names made unique and `@attribute`
-references resolved. Also the schema lookups the frontend shares."""
+references resolved."""
 
 from __future__ import annotations
 
@@ -9,24 +9,7 @@ import itertools
 
 import onnx
 
-from ember.frontend.onnx import ONNX_DTYPES, NodeContext
-
-
-def normal_domain(domain: str) -> str:
-    return "" if domain == "ai.onnx" else domain
-
-
-def get_schema(op_type: str, domain: str, opsets: dict[str, int]):
-    """The ONNX schema a node uses under the model's opsets (None if there is none)."""
-    domain = normal_domain(domain)
-    try:
-        return onnx.defs.get_schema(op_type, opsets.get(domain, 1), domain)
-    except Exception:
-        return None
-
-
-def is_default_domain(domain: str) -> bool:
-    return normal_domain(domain) == ""
+from ember.frontend.onnx_importer import ONNX_DTYPES, NodeContext, get_schema, normal_domain
 
 
 def elem_of(dtype: str) -> int:

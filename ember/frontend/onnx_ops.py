@@ -14,8 +14,16 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from ember.frontend.onnx import MIN_OPSET, DynamicShapeError, NodeContext, onnx_dtype
-from ember.frontend.onnx_functions import expand_function, get_schema, is_default_domain, normal_domain
+from ember.frontend.onnx_functions import expand_function
+from ember.frontend.onnx_importer import (
+    MIN_OPSET,
+    DynamicShapeError,
+    NodeContext,
+    get_schema,
+    is_default_domain,
+    normal_domain,
+    onnx_dtype,
+)
 from ember.graph.ir import Graph
 from ember.graph.types import TensorType
 from ember.ops import OPS
@@ -54,11 +62,6 @@ def emit(ctx: NodeContext, op: str | None = None, inputs=None, attrs: dict | Non
 # -- support checks ------------------------------------------------------------------------------
 # ai.onnx.ml operators with an Ember entry of the same name
 ML_OPS = {"Binarizer", "ArrayFeatureExtractor", "TreeEnsemble"}
-
-
-def op_version(proto: onnx.NodeProto, opsets: dict[str, int]) -> int:
-    schema = get_schema(proto.op_type, proto.domain, opsets)
-    return schema.since_version if schema is not None else 0
 
 
 def has_ember_entry(op_type: str, domain: str) -> bool:
@@ -716,4 +719,4 @@ def _scan(ctx: NodeContext) -> None:
     emit(ctx, inputs=[*ctx.inputs, *captures_of(a)], attrs=a)
 
 
-__all__ = ["CONVERTERS", "convert_node", "find_unsupported", "op_version", "support_problem"]
+__all__ = ["CONVERTERS", "convert_node", "find_unsupported", "support_problem"]

@@ -1,14 +1,14 @@
-"""Ember's graph IR: `Graph`, `Node`, `Value`, `TensorType`, the verifier, the printer,
-and the numpy reference evaluator.
+"""Ember's graph IR: `Graph`, `Node`, `Value`, `TensorType`, the printer and the structural
+verifier. It imports nothing from the op library, which sits above it.
 
     g = ember.frontend.onnx.from_onnx("model.onnx")
     print(g)                                  # readable IR
-    g.verify()                                # structure + types against the op library
+    g.verify()                                # structure + each node against its op (ember.ops)
     outs = evaluate(g, {"input": x})          # numpy reference run
 
-`ember.graph.evaluate` (the evaluator) and `ember.graph.verify` use the op library, which
-imports `ember.graph.types`; import them as submodules:
-`from ember.graph.evaluate import evaluate`.
+What needs the operator registry lives in `ember.ops`: the reference evaluator
+(`from ember.ops.evaluate import evaluate`), verification against op rules (`ember.ops.verify`)
+and type inference (`ember.ops.infer`).
 """
 
 from ember.graph.ir import Graph, Node, Value, captured_values, format_graph

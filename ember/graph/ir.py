@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +109,7 @@ class Graph:
         Reads from inside subgraphs count for the node that owns the subgraph."""
         users: dict[Value, list[Node]] = {}
         for node in self.nodes:
-            for v in _reads(node):
+            for v in node_reads(node):
                 users.setdefault(v, [])
                 if not users[v] or users[v][-1] is not node:
                     users[v].append(node)
@@ -119,7 +119,7 @@ class Graph:
         """Constant Values read by nodes or returned as outputs, in first-use order."""
         seen: dict[Value, None] = {}
         for node in self.nodes:
-            for v in _reads(node):
+            for v in node_reads(node):
                 if v.is_constant:
                     seen[v] = None
         for v in self.outputs:
@@ -140,7 +140,7 @@ class Graph:
         order: list[Node] = []
         state: dict[Node, int] = {}  # 1 = visiting, 2 = done
         for root in self.nodes:
-            stack = [(root, iter(_reads(root)))]
+            stack = [(root, iter(node_reads(root)))]
             if state.get(root):
                 continue
             state[root] = 1
@@ -152,7 +152,7 @@ class Graph:
                         if state.get(dep) == 1:
                             raise ValueError(f"graph {self.name!r} has a cycle through node {dep.name!r} ({dep.op})")
                         state[dep] = 1
-                        stack.append((dep, iter(_reads(dep))))
+                        stack.append((dep, iter(node_reads(dep))))
                         break
                 else:
                     stack.pop()
@@ -172,16 +172,29 @@ class Graph:
         return next(f"{base}_{i}" for i in itertools.count(1) if f"{base}_{i}" not in used)
 
     def verify(self) -> None:
-        """Check structure and types against the op library; raise GraphError listing problems."""
-        from ember.graph.verify import verify
-
-        verify(self)
+        """Check structure, and each node against its op's rules, with the verifier `ember.ops` installs
+        (`ember.ops.verify.verify`); raise GraphError listing the problems."""
+        if not _VERIFIER:
+            raise RuntimeError(
+                "Graph.verify checks nodes against the op library: import ember.ops first "
+                "(ember.graph.verify.verify checks the structure alone)"
+            )
+        _VERIFIER[0](self)
 
     def __str__(self) -> str:
         return format_graph(self)
 
 
-def _reads(node: Node) -> list[Value]:
+# The graph verifier that knows the operators; the op library (above this module) installs it.
+_VERIFIER: list[Callable[[Graph], None]] = []
+
+
+def install_verifier(verify: Callable[[Graph], None]) -> None:
+    """Make `verify` the one `Graph.verify()` runs (`ember.ops.verify` installs itself on import)."""
+    _VERIFIER[:] = [verify]
+
+
+def node_reads(node: Node) -> list[Value]:
     """Values a node reads: its present inputs, plus outer Values its subgraphs capture."""
     reads = node.present_inputs
     for g in node.subgraphs():
@@ -194,7 +207,7 @@ def captured_values(graph: Graph) -> list[Value]:
     defined = set(graph.inputs)
     captured: dict[Value, None] = {}
     for node in graph.nodes:
-        for v in _reads(node):
+        for v in node_reads(node):
             if v not in defined and not v.is_constant:
                 captured[v] = None
         defined.update(node.outputs)

@@ -1,10 +1,16 @@
-"""The graph verifier: structure (definitions before use, unique names) and types (each
-node's outputs match its op's shape rule). Every problem found is reported at once."""
+"""The structural graph verifier: definitions before use, unique value names, no constant
+data on defined values, graph outputs defined. Every problem found is reported at once.
+
+Checking each node against its operator's rules (arity, attributes, shape rule) needs the op
+library, which sits above the graph IR: `ember.ops.verify.verify` passes its `check_node` to
+this verifier, and importing `ember.ops` installs that verifier as the one `Graph.verify()` runs.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ember.graph.ir import Graph, Node, Value
-from ember.ops import get_op
 
 
 class GraphError(ValueError):
@@ -13,16 +19,20 @@ class GraphError(ValueError):
 
 MAX_LISTED = 20
 
+# (node, "node 'name' (Op)") -> problems found with that node
+NodeCheck = Callable[[Node, str], list[str]]
 
-def verify(graph: Graph) -> None:
+
+def verify(graph: Graph, check_node: NodeCheck | None = None) -> None:
+    """Check `graph`'s structure, and each node with `check_node` if given; raise GraphError listing problems."""
     problems: list[str] = []
-    _verify(graph, set(), problems)
+    _verify(graph, set(), check_node, problems)
     if problems:
         more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
         raise GraphError(f"graph {graph.name!r} is invalid:\n  " + "\n  ".join(problems[:MAX_LISTED]) + more)
 
 
-def _verify(graph: Graph, outer: set[Value], problems: list[str]) -> None:
+def _verify(graph: Graph, outer: set[Value], check_node: NodeCheck | None, problems: list[str]) -> None:
     defined: set[Value] = set(outer) | set(graph.inputs)
     names: dict[str, Value] = {}
 
@@ -43,8 +53,9 @@ def _verify(graph: Graph, outer: set[Value], problems: list[str]) -> None:
             if v is not None and not v.is_constant and v not in defined:
                 problems.append(f"{where}: input {i} %{v.name} is used before it is defined")
         for sub in node.subgraphs():
-            _verify(sub, defined, problems)
-        _check_types(node, where, problems)
+            _verify(sub, defined, check_node, problems)
+        if check_node is not None:
+            problems.extend(check_node(node, where))
         for v in node.outputs:
             declare(v, where)
             if v.is_constant:
@@ -55,23 +66,3 @@ def _verify(graph: Graph, outer: set[Value], problems: list[str]) -> None:
     for v in graph.outputs:
         if not v.is_constant and v not in defined:
             problems.append(f"graph output %{v.name} is never defined")
-
-
-def _check_types(node: Node, where: str, problems: list[str]) -> None:
-    try:
-        opdef = get_op(node.op)
-    except KeyError as e:
-        problems.append(f"{where}: {e.args[0]}")
-        return
-    try:
-        opdef.check_arity(len(node.inputs), where)
-        attrs = opdef.check_attrs(node.attrs, where)
-        inferred = opdef.infer(attrs, *[None if v is None else v.type for v in node.inputs])
-    except Exception as e:  # a shape rule rejecting its inputs is a verification failure
-        problems.append(f"{where}: {type(e).__name__}: {e}")
-        return
-    if len(node.outputs) > len(inferred):
-        problems.append(f"{where}: has {len(node.outputs)} outputs, the op defines {len(inferred)}")
-    for v, t in zip(node.outputs, inferred):
-        if v.type != t:
-            problems.append(f"{where}: output %{v.name} is typed {v.type} but the shape rule gives {t}")

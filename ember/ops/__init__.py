@@ -1,23 +1,33 @@
 """The operator library: one `OpDef` per operator (see `ember.ops.opdef`).
 
 Importing this package registers every operator in `OPS`. Modules group operators by
-kind; each operator is defined exactly once, by its table row or `@op` entry.
+kind; each operator is defined exactly once, by its table row or `@op` entry, next to its
+reference and TE compute. What needs the registry lives here too: the numpy reference
+evaluator (`ember.ops.evaluate`), verification of graphs against the op rules
+(`ember.ops.verify`, installed as the verifier `Graph.verify()` runs) and type inference
+(`ember.ops.infer`).
 """
 
 from ember.ops import (  # noqa: F401  (registers operators)
     broadcast,
     control,
+    conv,
     elemwise,
     fused,
     layout,
+    matmul,
     ml,
-    nn,
+    norm,
+    pool,
+    qlinear,
     quant,
     reduce,
     resize,
     rnn,
     signal,
+    softmax,
     tensor,
+    verify,
     vision,
 )
 from ember.ops.common import ShapeError

@@ -1,6 +1,9 @@
-"""Helpers shared by operator entries: shape rules that many ops use, axis handling."""
+"""Helpers shared by operator entries: shape rules that many ops use, axis handling, the accumulation
+dtype of references, the spatial attributes of convolutions and pools."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from ember.graph.types import TensorType
 
@@ -72,3 +75,16 @@ def window_out_dim(
     if (out - 1) * stride >= size + pads[0]:  # last window would start in the end padding: drop it
         out -= 1
     return out
+
+
+def acc_array(x: np.ndarray) -> np.ndarray:
+    """Accumulation dtype of a reference: float64 for floats, int64 for integers."""
+    return x.astype(np.int64 if np.issubdtype(x.dtype, np.integer) else np.float64)
+
+
+def spatial_attrs(a: dict, nd: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """strides, pads and dilations of a convolution or pool over nd spatial axes, checked for length."""
+    strides, pads, dil = a["strides"], a["pads"], a["dilations"]
+    if len(strides) != nd or len(pads) != 2 * nd or len(dil) != nd:
+        raise ShapeError(f"strides/dilations need {nd} entries and pads {2 * nd}, got {strides}, {pads}, {dil}")
+    return strides, pads, dil

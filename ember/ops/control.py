@@ -12,6 +12,7 @@ import numpy as np
 from ember.graph.ir import Graph, Value, captured_values
 from ember.graph.types import TensorType
 from ember.ops.common import norm_axis
+from ember.ops.evaluate import evaluate_subgraph
 from ember.ops.opdef import Attr, Pattern, ShapeDependsOnData, op
 
 
@@ -25,8 +26,6 @@ def captures_of(attrs: dict) -> list[Value]:
 
 
 def _run_body(graph: Graph, args: list[np.ndarray], attrs: dict, captures: tuple) -> list:
-    from ember.graph.evaluate import evaluate_subgraph  # the evaluator sits above the op library
-
     return evaluate_subgraph(graph, args, dict(zip(captures_of(attrs), captures)))
 
 

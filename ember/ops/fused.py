@@ -12,6 +12,7 @@ import numpy as np
 
 from ember.graph.ir import Graph
 from ember.graph.types import TensorType
+from ember.ops.evaluate import evaluate_subgraph
 from ember.ops.opdef import Attr, Pattern, op
 
 
@@ -28,6 +29,4 @@ def _infer(a: dict, *types: TensorType) -> tuple[TensorType, ...]:
 @op("Fused", Pattern.OPAQUE, infer=_infer, inputs=(0, None), attrs=[Attr("body", "graph")], foldable=False)
 def fused(a: dict, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
     """Evaluate the body with the reference evaluator."""
-    from ember.graph.evaluate import evaluate_subgraph
-
     return tuple(evaluate_subgraph(a["body"], list(xs), {}))

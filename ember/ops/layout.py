@@ -14,7 +14,7 @@ channel c of pixel (h, w) at [n, c // 16, h, w, c % 16]; "OIHW16i16o" packs conv
   GlobalAveragePool/GlobalMaxPool on [N, C/c, H, W, c] (the ONNX attributes of those ops).
 
 References convert to NCHW, call the NCHW operator's reference and convert back. Computes use the
-templates of `ember.ops.nchwc_templates`.
+templates of `ember.templates.nchwc`.
 """
 
 from __future__ import annotations
@@ -26,14 +26,24 @@ import numpy as np
 
 from ember import te
 from ember.graph.types import TensorType
-from ember.ops import nchwc_templates as B
-from ember.ops import nn
-from ember.ops import nn_templates as T
-from ember.ops.common import ShapeError, window_out_dim
+from ember.ops.common import ShapeError, spatial_attrs, window_out_dim
+from ember.ops.conv import CONV_ATTRS, conv
 from ember.ops.opdef import Attr, Pattern, one_of, op
-from ember.ops.te_lib import NotLowerable, lowering, schedule_injective
+from ember.ops.pool import (
+    POOL_ATTRS,
+    average_pool,
+    global_average_pool,
+    global_max_pool,
+    max_pool,
+    pool_dims,
+    window_count,
+)
+from ember.ops.te_lib import NotLowerable, lowering
 from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
+from ember.templates import nchwc as B
+from ember.templates import nn as T
+from ember.templates.flat import schedule_injective
 from ember.tir.expr import Expr
 
 
@@ -186,7 +196,7 @@ def _conv_nchwc_infer(a: dict, x: TensorType, w: TensorType, b: TensorType | Non
     if w.rank != 6:
         raise ShapeError(f"ConvNCHWc weight must be 6-d [K/kb, C/cb, KH, KW, cb, kb], got {w}")
     kb_, wcb_, kh, kw, wcb, kb = w.shape
-    strides, pads, dil = nn._spatial(a, 2)
+    strides, pads, dil = spatial_attrs(a, 2)
     if a["group"] == 1:
         if (wcb_, wcb) != (cb_, cb):
             raise ShapeError(f"ConvNCHWc weight {w} does not match input {x}: its input blocks must be [{cb_}, {cb}]")
@@ -208,17 +218,17 @@ def _to_nchwc(x: np.ndarray, block: int) -> np.ndarray:
     return relayout(x, "NCHW", f"NCHW{block}c")
 
 
-@op("ConvNCHWc", Pattern.OUT_ELEMWISE_FUSABLE, infer=_conv_nchwc_infer, inputs=(2, 3), attrs=nn.CONV_ATTRS)
+@op("ConvNCHWc", Pattern.OUT_ELEMWISE_FUSABLE, infer=_conv_nchwc_infer, inputs=(2, 3), attrs=CONV_ATTRS)
 def conv_nchwc(a: dict, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """Conv in the blocked layout: x NCHW[cb]c, weights OIHW[cb]i[kb]o, output NCHW[kb]c."""
     kb, cb = w.shape[-1], w.shape[-2]
     wl = relayout(w, f"OIHW{cb}i{kb}o", "OIHW")
-    return _to_nchwc(nn.conv(a, _to_nchw(x), wl, b), kb)
+    return _to_nchwc(conv(a, _to_nchw(x), wl, b), kb)
 
 
 @lowering("ConvNCHWc", schedule=T.schedule_nn)
 def _conv_nchwc_compute(a: dict, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    strides, pads, dil = nn._spatial(a, 2)
+    strides, pads, dil = spatial_attrs(a, 2)
     kh, kw, kb = w.shape[2], w.shape[3], w.shape[5]
     n, _, h, wd, _ = x.shape
     out = (window_out_dim(h, kh, strides[0], (pads[0], pads[2]), dil[0]),
@@ -236,7 +246,7 @@ def _conv_nchwc_compute(a: dict, x: Tensor, w: Tensor, b: Tensor | None = None) 
 
 # -- pooling ----------------------------------------------------------------------------------------------
 MODE = Attr("mode", "str", **one_of("max", "avg"))
-POOL_NCHWC_ATTRS = [MODE, *nn.POOL_ATTRS, Attr("count_include_pad", "int", 0)]
+POOL_NCHWC_ATTRS = [MODE, *POOL_ATTRS, Attr("count_include_pad", "int", 0)]
 
 
 def _pool_nchwc_infer(a: dict, x: TensorType) -> TensorType:
@@ -244,18 +254,18 @@ def _pool_nchwc_infer(a: dict, x: TensorType) -> TensorType:
     if len(a["kernel_shape"]) != 2:
         raise ShapeError(f"PoolNCHWc needs a 2-d kernel, got {list(a['kernel_shape'])}")
     nchw = (x.shape[0], x.shape[1] * x.shape[4], x.shape[2], x.shape[3])
-    oh, ow = nn._pool_dims(a, nchw)
+    oh, ow = pool_dims(a, nchw)
     return x.with_shape((x.shape[0], x.shape[1], oh, ow, x.shape[4]))
 
 
 @op("PoolNCHWc", Pattern.OPAQUE, infer=_pool_nchwc_infer, attrs=POOL_NCHWC_ATTRS)
 def pool_nchwc(a: dict, x: np.ndarray) -> np.ndarray:
     """MaxPool (mode "max") or AveragePool (mode "avg") of x in NCHW[c]c."""
-    attrs = {p.name: a[p.name] for p in nn.POOL_ATTRS}
+    attrs = {p.name: a[p.name] for p in POOL_ATTRS}
     if a["mode"] == "max":
-        y = nn.max_pool({**attrs, "storage_order": 0}, _to_nchw(x))[0]
+        y = max_pool({**attrs, "storage_order": 0}, _to_nchw(x))[0]
     else:
-        y = nn.average_pool({**attrs, "count_include_pad": a["count_include_pad"]}, _to_nchw(x))
+        y = average_pool({**attrs, "count_include_pad": a["count_include_pad"]}, _to_nchw(x))
     return _to_nchwc(y, x.shape[-1])
 
 
@@ -263,10 +273,10 @@ def pool_nchwc(a: dict, x: np.ndarray) -> np.ndarray:
 def _pool_nchwc_compute(a: dict, x: Tensor) -> Tensor:
     if not x.dtype.is_float:
         raise NotLowerable(f"PoolNCHWc on {x.dtype}")
-    strides, pads, dil = nn._spatial(a, 2)
+    strides, pads, dil = spatial_attrs(a, 2)
     ks = a["kernel_shape"]
     size = x.shape[2:4]
-    out = nn._pool_dims(a, (x.shape[0], x.shape[1] * x.shape[4], *size))
+    out = pool_dims(a, (x.shape[0], x.shape[1] * x.shape[4], *size))
     extra = [max(0, (out[i] - 1) * strides[i] + dil[i] * (ks[i] - 1) + 1 - size[i] - pads[i] - pads[i + 2])
              for i in range(2)]  # fmt: skip
     win = T.Window(tuple(ks), strides, dil, tuple(out))
@@ -278,7 +288,7 @@ def _pool_nchwc_compute(a: dict, x: Tensor) -> Tensor:
             return read(*i)
     else:
         acc, read = B.window_nchwc_acc(x, (*pads[:2], *ends), T.zero(x.dtype), win, te.sum, name="avgpool")
-        count = nn.window_count(size, pads, win, bool(a["count_include_pad"]), x.dtype)
+        count = window_count(size, pads, win, bool(a["count_include_pad"]), x.dtype)
 
         def body(*i: Expr) -> Expr:
             return read(*i) / count(i[2:4])
@@ -294,7 +304,7 @@ def _global_pool_nchwc_infer(a: dict, x: TensorType) -> TensorType:
 @op("GlobalPoolNCHWc", Pattern.REDUCTION, infer=_global_pool_nchwc_infer, attrs=[MODE])
 def global_pool_nchwc(a: dict, x: np.ndarray) -> np.ndarray:
     """GlobalMaxPool (mode "max") or GlobalAveragePool (mode "avg") of x in NCHW[c]c."""
-    fn = nn.global_max_pool if a["mode"] == "max" else nn.global_average_pool
+    fn = global_max_pool if a["mode"] == "max" else global_average_pool
     return _to_nchwc(fn({}, _to_nchw(x)), x.shape[-1])
 
 

@@ -1,4 +1,5 @@
-"""Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, QLinearMatMul/Conv.
+"""Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear (QLinearMatMul and
+QLinearConv: `ember.ops.qlinear`).
 
 Scales and zero points are per tensor (scalars), per axis (1-d along `axis`) or blocked
 (same rank as the input, each entry covering `block_size` elements along `axis`)."""
@@ -11,13 +12,11 @@ from ember import te
 from ember.graph.types import TensorType, is_float, np_dtype
 from ember.ops.common import ShapeError, norm_axis
 from ember.ops.elemwise import TE_DTYPES, cast_array
-from ember.ops.nn import CONV_ATTRS, _conv_infer, conv_nd, matmul_shape
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.reduce import reduce_te, schedule_reduce
 from ember.ops.te_lib import NotLowerable, lowering
 from ember.tir import expr as tx
 
-OUT = Pattern.OUT_ELEMWISE_FUSABLE
 _INT_RANGES = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
 
 
@@ -185,39 +184,3 @@ def _(a: dict, x: te.Tensor) -> list[te.Tensor]:
         return te.if_then_else(s == 0.0, te.const(0, "uint8"), te.cast(clip255(q), "uint8"))
 
     return [te.compute(x.shape, body, name="dql_y"), scale, zp]
-
-
-def _qlinear_params(ps: tuple) -> tuple:
-    return tuple(np.asarray(p).astype(np.float64) for p in ps)
-
-
-def _qmm_infer(a: dict, x, xs, xz, w, ws, wz, ys, yz) -> TensorType:
-    return TensorType(matmul_shape(x.shape, w.shape), yz.dtype)
-
-
-@op("QLinearMatMul", OUT, infer=_qmm_infer, inputs=(8, 8))
-def qlinear_matmul(a: dict, x, xs, xz, w, ws, wz, ys, yz) -> np.ndarray:
-    """Quantized matmul: dequantize both operands, multiply, requantize to y's scale/zero point."""
-    xs, xz_, ws, wz_, ys = _qlinear_params((xs, xz, ws, wz, ys))
-    xd = (x.astype(np.float64) - (xz_.reshape(-1, 1) if xz_.ndim and xz_.size > 1 else xz_)) * (
-        xs.reshape(-1, 1) if xs.ndim and xs.size > 1 else xs)  # fmt: skip
-    wd = (w.astype(np.float64) - wz_) * ws
-    return quantize(np.matmul(xd, wd), ys, yz.astype(np.float64), yz.dtype.name)
-
-
-def _qconv_infer(a: dict, x, xs, xz, w, ws, wz, ys, yz, b=None) -> TensorType:
-    return _conv_infer(a, x, w).with_dtype(yz.dtype)
-
-
-@op("QLinearConv", OUT, infer=_qconv_infer, inputs=(8, 9), attrs=CONV_ATTRS)
-def qlinear_conv(a: dict, x, xs, xz, w, ws, wz, ys, yz, b=None) -> np.ndarray:
-    """Quantized convolution with per-tensor input scale and per-tensor or per-channel weights."""
-    xs, xz_, ws, wz_, ys = _qlinear_params((xs, xz, ws, wz, ys))
-    per_out = (-1,) + (1,) * (w.ndim - 1)
-    xd = (x.astype(np.float64) - xz_) * xs
-    wd = (w.astype(np.float64) - wz_.reshape(per_out if wz_.size > 1 else ())) * ws.reshape(
-        per_out if ws.size > 1 else ())  # fmt: skip
-    y = conv_nd(xd, wd, a)
-    if b is not None:
-        y = y + (b.astype(np.float64) * xs * ws).reshape((1, -1) + (1,) * (x.ndim - 2))
-    return quantize(y, ys, yz.astype(np.float64), yz.dtype.name)

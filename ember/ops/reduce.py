@@ -1,4 +1,4 @@
-"""Reductions and ops that normalize along an axis: Reduce*, Arg*, Softmax family, TopK, Cum*."""
+"""Reductions along axes: Reduce*, Arg*, TopK, Cum*."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from ember.graph.types import TensorType
 from ember.ops.common import ShapeError, norm_axes, norm_axis, reduced_shape
 from ember.ops.elemwise import astype, fcall, nan_max, nan_min
 from ember.ops.opdef import Attr, OpDef, Pattern, op, register
-from ember.ops.te_lib import NotLowerable, lowering, schedule_flat
+from ember.ops.te_lib import NotLowerable, lowering
 from ember.target import Target
+from ember.templates.flat import schedule_flat
 from ember.tir import expr as tx
 
 R = Pattern.REDUCTION
@@ -333,38 +334,6 @@ def _arg_lowering(name: str, reducer_float, reducer_int) -> None:
 
 _arg_lowering("ArgMax", NAN_MAX, te.max)
 _arg_lowering("ArgMin", NAN_MIN, te.min)
-
-
-# -- Softmax family (normalize along one axis) --------------------------------------------------
-def _axis_infer(a: dict, x: TensorType) -> TensorType:
-    norm_axis(a["axis"], x.rank)
-    return x
-
-
-def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / np.sum(e, axis=axis, keepdims=True)
-
-
-@op("Softmax", Pattern.OPAQUE, infer=_axis_infer, attrs=[Attr("axis", "int", -1)])
-def softmax(a: dict, x: np.ndarray) -> np.ndarray:
-    return _softmax(x, norm_axis(a["axis"], x.ndim)).astype(x.dtype)
-
-
-@op("LogSoftmax", Pattern.OPAQUE, infer=_axis_infer, attrs=[Attr("axis", "int", -1)])
-def log_softmax(a: dict, x: np.ndarray) -> np.ndarray:
-    axis = norm_axis(a["axis"], x.ndim)
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    return (shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))).astype(x.dtype)
-
-
-@op("Hardmax", Pattern.OPAQUE, infer=_axis_infer, attrs=[Attr("axis", "int", -1)])
-def hardmax(a: dict, x: np.ndarray) -> np.ndarray:
-    axis = norm_axis(a["axis"], x.ndim)
-    idx = np.expand_dims(np.argmax(x, axis=axis), axis)
-    out = np.zeros_like(x)
-    np.put_along_axis(out, idx, 1, axis=axis)
-    return out
 
 
 # -- TopK ----------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from ember import te
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, Pattern, one_of, op
-from ember.ops.te_lib import NotLowerable, keep, lowering, numel, rows, schedule_tables
+from ember.ops.te_lib import NotLowerable, keep, lowering, numel, rows
+from ember.templates.flat import schedule_tables
 from ember.tir.expr import Expr
 
 COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
@@ -70,7 +71,7 @@ def _coordinates(o: np.ndarray, scale: float, n_in: int, n_out: int, mode: str, 
     return np.full_like(o, 0.5 * (start + end) * (n_in - 1))
 
 
-def _cubic(t: np.ndarray, a: float) -> np.ndarray:
+def cubic(t: np.ndarray, a: float) -> np.ndarray:
     t = np.abs(t)
     near = ((a + 2) * t - (a + 3)) * t * t + 1
     far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
@@ -105,7 +106,7 @@ def axis_weights(
         if a["mode"] == "linear":
             k = np.maximum(0.0, 1 - np.abs((taps - xr) * s))
         else:
-            k = _cubic((taps - xr) * s, a["cubic_coeff_a"])
+            k = cubic((taps - xr) * s, a["cubic_coeff_a"])
         if a["exclude_outside"]:
             inside = (taps >= 0) & (taps < n_in)
             taps, k = taps[inside], k[inside]
@@ -193,7 +194,7 @@ def _nearest_te(x: Expr, mode: str) -> Expr:
     return te.floor(x) if mode == "floor" else te.ceil(x)
 
 
-def _cubic_te(t: Expr, a: float) -> Expr:
+def cubic_te(t: Expr, a: float) -> Expr:
     t = te.abs(t)
     near = ((a + 2) * t - (a + 3)) * t * t + 1
     far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
@@ -240,7 +241,7 @@ class _Axis:
             if self.a["mode"] == "linear":
                 w = te.maximum(1.0 - te.abs(t), 0.0)
             else:
-                w = _cubic_te(t, self.a["cubic_coeff_a"])
+                w = cubic_te(t, self.a["cubic_coeff_a"])
             real = [tap(o, k) <= te.cast(te.floor(x + self.radius), "int64")]  # the tap exists for this x
             if self.a["exclude_outside"]:
                 real += [tap(o, k) >= 0, tap(o, k) < n_in]

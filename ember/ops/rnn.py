@@ -10,10 +10,10 @@ import numpy as np
 from ember import te
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError
-from ember.ops.nn_templates import schedule_nn
 from ember.ops.opdef import Attr, Pattern, one_of, op
 from ember.ops.te_lib import NotLowerable, lowering
 from ember.target import Target
+from ember.templates.nn import schedule_nn
 
 # activation name -> f(x, alpha, beta); alpha/beta default per ONNX when not given
 ACTIVATIONS: dict[str, tuple[Callable, float | None, float | None]] = {

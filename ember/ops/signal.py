@@ -11,7 +11,8 @@ from ember import te
 from ember.graph.types import TensorType, np_dtype
 from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, Pattern, ShapeDependsOnData, op
-from ember.ops.te_lib import NotLowerable, lowering, schedule_tables
+from ember.ops.te_lib import NotLowerable, lowering
+from ember.templates.flat import schedule_tables
 from ember.tir.expr import Expr
 
 DFT_ATTRS = [Attr("axis", "int", -2), Attr("dft_length", "int", None), Attr("inverse", "int", 0),

@@ -21,8 +21,7 @@ import numpy as np
 from ember import te
 from ember.graph.types import np_dtype
 from ember.ops.opdef import OPS
-from ember.target import Target
-from ember.te.tensor import ComputeOp, Reduce, Tensor
+from ember.te.tensor import Tensor
 from ember.tir.dtype import dtype as tir_dtype
 from ember.tir.expr import Expr
 
@@ -136,42 +135,6 @@ def pad(x: te.Tensor, before: Sequence[int], after: Sequence[int], value: float 
     return te.compute(shape, body, name=name)
 
 
-def default_schedule(outs: list[Tensor], target: Target) -> te.Schedule:
-    """Inline elementwise intermediates; each root stage: fuse its loops, vectorize a target-wide
-    inner part and run the outer part in parallel when there is enough work."""
-    s = te.create_schedule(outs)
-    for st in s.stages:
-        if st.is_placeholder or st.is_output:
-            continue
-        if isinstance(st.op, ComputeOp) and not isinstance(st.op.body, Reduce):
-            st.compute_inline()
-    for st in s.stages:
-        if st.is_placeholder or st.attach != "root":
-            continue
-        schedule_flat(st, target)
-    return s
-
-
-def schedule_flat(st: te.Stage, target: Target) -> None:
-    """Fuse the data-parallel loops of a stage, vectorize by the target's lanes, parallelize the rest."""
-    op = st.op
-    assert isinstance(op, ComputeOp)
-    size = int(np.prod(op.shape, dtype=np.int64)) if op.shape else 1
-    if not op.axis or size == 0:
-        return
-    fused = st.fuse(*op.axis) if len(op.axis) > 1 else op.axis[0]
-    lanes = target.vector_lanes(max(op.dtype.bits, 8))
-    is_reduce = isinstance(op.body, Reduce)
-    inner_len = op.shape[-1]
-    if not is_reduce and size >= lanes * 2 and (inner_len % lanes == 0 or size >= 4 * lanes):
-        outer, inner = st.split(fused, lanes)
-        st.vectorize(inner)
-        fused = outer
-    work = size * (int(np.prod([iv.dom[1] for iv in op.reduce_axis])) if is_reduce else 1)
-    if work >= 1 << 15 and target.num_cores > 1:
-        st.parallel(fused)
-
-
 def numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
@@ -208,64 +171,7 @@ def keep(value: Expr, *unused: Tensor | None) -> Expr:
     return value
 
 
-def standalone(outs: list[Tensor], tag: str) -> bool:
-    """Whether a schedule is asked for the op's own kernel (its outputs carry the op's tag); inside a
-    fused group the outputs are another member's, and the group gets the default schedule."""
-    return bool(outs) and all(t.op.tag == tag for t in outs)
-
-
-def schedule_rows(st: te.Stage, target: Target) -> None:
-    """Loops of an injective stage: the outer axes fused (parallel when big), then one row vectorized
-    by the widest lane count that divides it (else a plain loop). A row is the innermost axis, or the
-    trailing axes the compute marks contiguous in its input too (attrs["row_axes"]: a Split's axes
-    after the split axis). Unlike fusing every axis, the index arithmetic of the outer axes stays
-    scalar: the vector lanes walk one row."""
-    op = st.op
-    if isinstance(op.body, Reduce):
-        schedule_flat(st, target)
-        return
-    size = numel(op.shape)
-    if not op.axis or size == 0:
-        return
-    k = min(max(op.attrs.get("row_axes", 1), 1), len(op.axis))
-    outer = list(op.axis[:-k])
-    row = st.fuse(*op.axis[-k:])
-    n = numel(op.shape[-k:])
-    lanes = target.vector_lanes(max(op.dtype.bits, 8))
-    while lanes > 4 and n % lanes:
-        lanes //= 2
-    if lanes >= 4 and n % lanes == 0:
-        row, inner = st.split(row, lanes)
-        st.vectorize(inner)
-    fused = st.fuse(*outer) if outer else row  # a row keeps its own loop: per-row index math is hoisted
-    if size >= 1 << 15 and target.num_cores > 1:
-        st.parallel(fused)
-
-
 def rows(k: int) -> dict:
-    """Compute attrs: the last k axes of the output are contiguous in the input too (see schedule_rows)."""
+    """Compute attrs: the last k axes of the output are contiguous in the input too
+    (see `ember.templates.flat.schedule_rows`)."""
     return {"row_axes": k}
-
-
-def schedule_injective(tag: str, tables: bool = False):
-    """The schedule of an injective op's own kernel: `schedule_rows` for each stage. Intermediate
-    stages are inlined, unless `tables`: small precomputed tables (interpolation weights, twiddle
-    factors) then stay separate loop nests, computed once instead of per output element."""
-
-    def schedule(a: dict, outs: list[Tensor], target: Target) -> te.Schedule:
-        if not standalone(outs, tag):
-            return default_schedule(outs, target)
-        s = te.create_schedule(outs)
-        for st in s.stages:
-            if not (tables or st.is_placeholder or st.is_output or isinstance(st.op.body, Reduce)):
-                st.compute_inline()
-        for st in s.stages:
-            if not st.is_placeholder and st.attach == "root":
-                schedule_rows(st, target)
-        return s
-
-    return schedule
-
-
-def schedule_tables(tag: str):
-    return schedule_injective(tag, tables=True)

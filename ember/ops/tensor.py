@@ -12,17 +12,15 @@ from ember.ops.te_lib import (
     NotLowerable,
     broadcast_indices,
     const_of,
-    default_schedule,
     index_dtype,
     keep,
     lowering,
     native_dtype,
     numel,
     rows,
-    schedule_injective,
-    standalone,
 )
 from ember.target import Target
+from ember.templates.flat import default_schedule, schedule_injective, standalone
 from ember.tir.dtype import dtype as tir_dtype
 from ember.tir.expr import Expr
 

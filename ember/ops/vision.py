@@ -11,8 +11,9 @@ from ember import te
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, Pattern, one_of, op
-from ember.ops.resize import _cubic, _cubic_te
-from ember.ops.te_lib import NotLowerable, keep, lowering, numel, schedule_tables
+from ember.ops.resize import cubic, cubic_te
+from ember.ops.te_lib import NotLowerable, keep, lowering, numel
+from ember.templates.flat import schedule_tables
 from ember.tir.expr import Expr
 
 # -- GridSample --------------------------------------------------------------------------------------
@@ -57,7 +58,7 @@ def _taps(coord: np.ndarray, mode: str) -> list[tuple[np.ndarray, np.ndarray]]:
     frac = coord - base
     if mode == "linear":
         return [(base, 1 - frac), (base + 1, frac)]
-    return [(base + k, _cubic(frac - k, -0.75)) for k in (-1, 0, 1, 2)]
+    return [(base + k, cubic(frac - k, -0.75)) for k in (-1, 0, 1, 2)]
 
 
 @op("GridSample", Pattern.OPAQUE, infer=_grid_infer, inputs=(2, 2), attrs=GRID_ATTRS)
@@ -329,7 +330,7 @@ def _grid_taps(u: Expr, mode: str) -> list[tuple[Expr, Expr]]:
     frac = u - base
     if mode == "linear":
         return [(base, 1.0 - frac), (base + 1.0, frac)]
-    return [(base + float(k), _cubic_te(frac - float(k), -0.75)) for k in (-1, 0, 1, 2)]
+    return [(base + float(k), cubic_te(frac - float(k), -0.75)) for k in (-1, 0, 1, 2)]
 
 
 @lowering("GridSample", schedule=schedule_tables("grid_sample"))

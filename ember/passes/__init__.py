@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ember.graph.ir import Graph
+from ember.ops.verify import verify as verify_graph
 from ember.target import Target
 
 from .batchnorm import fold_batchnorm
@@ -81,7 +82,7 @@ def run_passes(
         dt = time.perf_counter() - t0
         if verify:
             try:
-                graph.verify()
+                verify_graph(graph)
             except Exception as e:
                 raise PassError(f"pass {p.name} produced an invalid graph: {e}") from e
         report.append({"pass": p.name, "seconds": dt, "nodes": len(graph.nodes)})

@@ -6,7 +6,7 @@ import hashlib
 
 import numpy as np
 
-from ember.graph.ir import Graph, Node, Value, _reads
+from ember.graph.ir import Graph, Node, Value, node_reads
 from ember.ops import get_op
 
 from .util import replace_uses
@@ -84,6 +84,6 @@ def dead_code_elimination(graph: Graph) -> Graph:
         if node in live:
             continue
         live.add(node)
-        stack.extend(producers[v] for v in _reads(node) if v in producers)
+        stack.extend(producers[v] for v in node_reads(node) if v in producers)
     graph.nodes = [n for n in graph.nodes if n in live]
     return graph

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import math
 
-from ember.graph.ir import Graph, Node, Value, _reads
+from ember.graph.ir import Graph, Node, Value, node_reads
 from ember.graph.types import TensorType
 from ember.ops import Pattern, get_op
-from ember.ops.gpu_schedules import is_gpu
 from ember.target import Target
+from ember.templates.gpu import is_gpu
 
 from .cleanup import dead_code_elimination
 from .util import replace_uses
@@ -239,7 +239,7 @@ class _Converter:
         self.readers = g.consumers()
         for node in g.nodes:
             if not self.convert(node):
-                for v in _reads(node):
+                for v in node_reads(node):
                     self.to_nchw(v)
                 self.nodes.append(node)
         for v in g.outputs:

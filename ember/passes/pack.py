@@ -1,6 +1,6 @@
 """PackWeights: the constant B of a MatMul or Gemm packed into the GEMM template's panels at compile time.
 
-The GEMM template (`ember.ops.nn_templates.gemm_acc`) reads B in panels [N / nr, K, nr] (nr columns
+The GEMM template (`ember.templates.nn.gemm_acc`) reads B in panels [N / nr, K, nr] (nr columns
 of one k contiguous, zeros past N): the register tile then loads whole vectors of B in order. When B
 is a weight, packing it inside the kernel would redo a copy of the whole matrix at every call (for
 a batch-64 MLP layer that copy costs as much as the product). This pass packs it once:
@@ -11,7 +11,7 @@ a batch-64 MLP layer that copy costs as much as the product). This pass packs it
 for a float x of at least `MIN_ROWS` rows, its batch dims counted (`_fold_rows` makes them rows of one
 2-d product; fewer rows take the unpacked plans: a fully connected layer on one row reads W's rows
 directly) and a B with enough columns to fill a vector. The panel
-width is `nn_templates.packed_width` for the target, the one the template picks for that B itself.
+width is `ember.templates.nn.packed_width` for the target, the one the template picks for that B itself.
 CPU targets only (GPU schedules read B as it is).
 """
 
@@ -23,9 +23,9 @@ import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
 from ember.ops import Pattern
-from ember.ops import nn_templates as T
-from ember.ops.nn import pack_b
+from ember.ops.matmul import pack_b
 from ember.target import Target
+from ember.templates import nn as T
 
 from .fuse import pattern
 

@@ -1,6 +1,6 @@
 """Config spaces: the knobs a schedule template reads, and one point of such a space.
 
-A template (a compute + schedule in `ember.ops.nn_templates`) asks a config object for each of its
+A template (a compute + schedule in `ember.templates.nn`) asks a config object for each of its
 choices, giving the choices and the value it would pick on its own (the fallback, derived from
 shapes and target):
 

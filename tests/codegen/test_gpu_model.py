@@ -23,9 +23,9 @@ import ember
 from ember import te, zoo
 from ember.codegen.gpu import split_host_device
 from ember.compiler import lower_model
-from ember.ops.gpu_schedules import schedule_gpu
 from ember.runtime.module import ArgumentError
 from ember.target import Target
+from ember.templates.gpu import schedule_gpu
 from ember.tir.functor import walk
 from ember.tir.stmt import Store
 

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ember.frontend.onnx import from_onnx
-from ember.graph.evaluate import evaluate
+from ember.ops.evaluate import evaluate
 
 ort = pytest.importorskip("onnxruntime")
 F = TensorProto.FLOAT

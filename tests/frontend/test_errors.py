@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ember.frontend.onnx import DynamicShapeError, ModelError, UnsupportedOperatorError, from_onnx
-from ember.graph.evaluate import InputError, evaluate
+from ember.ops.evaluate import InputError, evaluate
 
 
 def tiny_model(dims=(1, 3, 4, 4), opset: int = 17) -> onnx.ModelProto:

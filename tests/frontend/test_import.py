@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ember.frontend.onnx as frontend
 from ember.frontend.onnx import ModelError, from_onnx
-from ember.graph.evaluate import evaluate
+from ember.ops.evaluate import evaluate
 
 F = TensorProto.FLOAT
 

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from ember.frontend.onnx import from_onnx
-from ember.graph.evaluate import evaluate
+from ember.ops.evaluate import evaluate
 from ember.zoo import BLOCKS, Builder, random_feeds, resnet_basic_block, transformer_encoder_layer
 
 ort = pytest.importorskip("onnxruntime")

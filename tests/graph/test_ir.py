@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from ember.graph import Graph, Node, TensorType, Value
-from ember.graph.evaluate import InputError, evaluate
 from ember.graph.verify import GraphError
+from ember.ops.evaluate import InputError, evaluate
 
 
 def f32(*shape):
@@ -123,7 +123,7 @@ def test_evaluate_keep_all_returns_intermediates():
 
 
 def test_infer_types_recomputes_after_a_rewrite():
-    from ember.graph.infer import infer_types
+    from ember.ops.infer import infer_types
 
     g = small_graph()
     g.inputs[0].type = f32(2, 3, 10, 10)

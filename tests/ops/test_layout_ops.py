@@ -2,7 +2,7 @@
 operators, native kernels against the references, shape-rule errors.
 
 Each group of independent nodes is one graph compiled once (`fallback=False`). Shapes cover the templates of
-`ember.ops.nchwc_templates`: dense tiles of 1, 2 and 4 channel blocks, rows split into balanced tiles and several
+`ember.templates.nchwc`: dense tiles of 1, 2 and 4 channel blocks, rows split into balanced tiles and several
 short rows per tile, blocks of 16, 8 and 1 (an RGB input), strides, dilations, asymmetric pads (bounds checks in
 the border tiles), depthwise with stride 2, pooling with ceil mode, global pooling. Float32 sums run in another
 order than the float64 references: tolerance rtol 1e-4 with atol scaled to the output's largest value."""

@@ -2,7 +2,7 @@
 onnxruntime lacks the op or the dtype), table driven.
 
 A group of independent nodes is one model, compiled once with `ember.compile(model, fallback=False)`. The
-shapes cover each template of `ember.ops.nn_templates`: GEMM with packed panels and tails, with B read in
+shapes cover each template of `ember.templates.nn`: GEMM with packed panels and tails, with B read in
 place (few rows), transposed (few columns); direct convolution with channel vectors (conv_oc) and width vectors
 (conv_ow: depthwise, grouped, strided), the 1x1 GEMM path in both orientations; pooling windows with and
 without vectors, ceil mode and pads; row reductions with and without the vectorized partial stage and tails,
@@ -22,10 +22,10 @@ from onnx import TensorProto, helper, numpy_helper
 import ember
 from ember import te
 from ember.frontend.onnx import ONNX_DTYPES, from_onnx
-from ember.graph.evaluate import evaluate
 from ember.ops import get_op
-from ember.ops import nn_templates as T
-from ember.ops.nn import matmul_te
+from ember.ops.evaluate import evaluate
+from ember.ops.matmul import matmul_te
+from ember.templates import nn as T
 from ember.tir.dtype import dtype as as_dtype
 
 ort = pytest.importorskip("onnxruntime")

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ember
 from ember.frontend.onnx import ONNX_DTYPES, from_onnx
-from ember.graph.evaluate import evaluate
+from ember.ops.evaluate import evaluate
 from ember.ops.reduce import RF_LANES
 
 ort = pytest.importorskip("onnxruntime")

@@ -14,8 +14,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 from ember.frontend.onnx import ONNX_DTYPES, from_onnx
-from ember.graph.evaluate import evaluate
 from ember.ops import OPS
+from ember.ops.evaluate import evaluate
 
 ort = pytest.importorskip("onnxruntime")
 RTOL, ATOL = 1e-4, 1e-5

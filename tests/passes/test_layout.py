@@ -16,9 +16,9 @@ import pytest
 import ember
 from ember import zoo
 from ember.frontend.onnx import from_onnx
-from ember.graph.evaluate import evaluate
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
+from ember.ops.evaluate import evaluate
 from ember.passes import run_passes
 from ember.passes.layout import MIN_MACS, block_of, cancel_transforms, convert_layout
 

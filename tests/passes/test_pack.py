@@ -12,10 +12,10 @@ import pytest
 import ember
 from ember import zoo
 from ember.frontend.onnx import from_onnx
-from ember.graph.evaluate import evaluate
-from ember.ops import nn_templates as T
-from ember.ops.nn import pack_b, unpack_b
+from ember.ops.evaluate import evaluate
+from ember.ops.matmul import pack_b, unpack_b
 from ember.passes import run_passes
+from ember.templates import nn as T
 from ember.tune import Task
 
 ort = pytest.importorskip("onnxruntime")

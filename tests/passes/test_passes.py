@@ -12,9 +12,9 @@ from onnx import TensorProto
 
 from ember import zoo
 from ember.frontend.onnx import from_onnx
-from ember.graph.evaluate import evaluate
 from ember.graph.ir import Node, Value
 from ember.graph.types import TensorType
+from ember.ops.evaluate import evaluate
 from ember.passes import PASSES, pass_names, run_passes
 from ember.passes.batchnorm import fold_batchnorm
 from ember.passes.cleanup import dead_code_elimination, eliminate_common_subexpr, fold_constant

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from ember.ops import nn_templates as T
 from ember.te.config import ConfigEntity, ConfigError, ConfigSpace, load_best
+from ember.templates import nn as T
 from ember.tune.task import Task
 
 

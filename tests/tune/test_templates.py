@@ -2,7 +2,7 @@
 
 import pytest
 
-from ember.ops import nn_templates as T
+from ember.templates import nn as T
 from ember.tune import Measurer, Task
 
 LANES = T.lanes_of("float32", T.host_target())

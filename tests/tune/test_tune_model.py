@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ember
-from ember.ops import nn_templates as T
+from ember.templates import nn as T
 from ember.tune import TuningLog, extract_tasks
 
 LANES = T.lanes_of("float32", T.host_target())

@@ -17,7 +17,7 @@ The output of a template is the op's epilogue stage (bias, a fused relu or resid
 average's division), tiled as the accumulation and computed from its registers; the outer tile
 loops run in parallel (batch, channel blocks, output rows) when there is enough work. Padding is
 one materialized copy of the input (tag "nn_pad"), scheduled with the templates of
-`ember.ops.nn_templates`, which dispatches on the template names registered here.
+`ember.templates.nn`, which dispatches on the template names registered here.
 
 Tile choices are made in one place, `nchwc_plan` (marked below). Tuning: `tuned_nchwc_plan` makes
 them knobs of a config space (`ember.te.config`; templates "conv_nchwc" and "window_nchwc"): channel
@@ -31,10 +31,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ember import te
-from ember.ops.nn_templates import SCHEDULES, Window, _work, host_target, lanes_of, pad_input, vector_regs, zero
 from ember.target import Target
 from ember.te.config import ConfigBase
 from ember.te.tensor import Tensor
+from ember.templates.nn import SCHEDULES, Window, host_target, lanes_of, pad_input, vector_regs, work, zero
 from ember.tir.dtype import DType
 from ember.tir.expr import Expr
 
@@ -244,7 +244,7 @@ def _row_chunks(tiles: int, rows: int, target: Target) -> int:
 
 def _parallel_ok(out: Tensor, chunks: int, target: Target) -> bool:
     """Parallel when there are threads, enough work to pay for a fork/join, and a chunk per thread."""
-    return target.num_cores > 1 and chunks >= target.num_cores and _work(out) >= 1 << 16
+    return target.num_cores > 1 and chunks >= target.num_cores and work(out) >= 1 << 16
 
 
 SCHEDULES["conv_nchwc"] = _schedule_nchwc

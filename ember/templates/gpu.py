@@ -1,7 +1,7 @@
 """Schedules of operator kernels for the GPU targets (CUDA, OpenCL): every kernel the CPU lowers, bound to threads.
 
-The computes are the operators' own (`ember.ops.nn` and the rest), so every op that lowers natively on the CPU
-lowers here too; only the schedule differs. `schedule_gpu(outs, target)`:
+The computes are the operators' own (`ember.ops.conv`, `ember.ops.matmul` and the rest), so every op that
+lowers natively on the CPU lowers here too; only the schedule differs. `schedule_gpu(outs, target)`:
 
 - generic (any kernel): intermediate elementwise stages are inlined (those marked `materialize` that are not
   cheap to recompute, such as a recurrence's states, stay at root); each root stage's data-parallel loops are
@@ -35,11 +35,11 @@ import math
 from collections.abc import Sequence
 
 from ember import te
-from ember.ops.nn_templates import _elementwise_output
 from ember.target import Target
 from ember.te.lower import Lowering
 from ember.te.schedule import Schedule, ScheduleError, Stage
 from ember.te.tensor import ComputeOp, IterVar, Reduce, Tensor
+from ember.templates.nn import elementwise_output
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def _templates(s: Schedule, outs: Sequence[Tensor], target: Target) -> set[str]:
         kind = op.attrs.get("template") if isinstance(op, ComputeOp) else None
         if kind not in TEMPLATES or _numel(st) == 0:
             continue
-        anchor = st if st.is_output else _elementwise_output(s, st, outs)
+        anchor = st if st.is_output else elementwise_output(s, st, outs)
         if anchor is None:
             continue
         if anchor is not st:

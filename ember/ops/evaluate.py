@@ -12,7 +12,7 @@ import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
-from ember.ops import get_op
+from ember.ops.opdef import get_op
 
 
 class InputError(ValueError):

@@ -3,8 +3,8 @@ convolution (output channels or output width in vectors), window reductions, row
 
 Each template has two halves that meet through stage tags and attributes:
 
-- a compute builder, called from an op's compute in `ember.ops.nn`, makes the stages of the
-  algorithm (packing, the accumulation) and records its plan (tile sizes, layouts) in the
+- a compute builder, called from an op's compute in `ember.ops` (conv, matmul, pool, ...), makes
+  the stages of the algorithm (packing, the accumulation) and records its plan (tile sizes, layouts) in the
   `attrs` of the accumulation stage; the op then writes its output stage (the epilogue: bias,
   scaling, the crop of padded tiles) reading the accumulation, and names it in the output's
   attrs (`{"template": "gemm", "acc": acc}`);
@@ -14,12 +14,12 @@ Each template has two halves that meet through stage tags and attributes:
   loops run in parallel. When a fused elementwise epilogue (relu, a residual add) reads the
   template's output, that output is inlined and the fused output is tiled in its place. Other
   stages are inlined unless their attrs say `materialize` (padded inputs, per-row buffers, the
-  states of a recurrence), and root stages are fused and vectorized (`te_lib.schedule_flat`).
+  states of a recurrence), and root stages are fused and vectorized (`ember.templates.flat.schedule_flat`).
 
 Tuning: the choices of the GEMM (`gemm_plan`), conv_oc and conv_ow (`_tuned_conv_*_plan`) plans are
 knobs of a config space (`ember.te.config`). A config reaches a template explicitly: the compiler puts it
-in the anchor node's attrs under `CONFIG_ATTR` ("__config__"), the op's compute (`ember.ops.nn`)
-passes it as `cfg=` to `gemm_acc`/`conv_acc`, whose plan (recorded in the accumulation's attrs) the
+in the anchor node's attrs under `CONFIG_ATTR` ("__config__"), the op's compute (`ember.ops.conv`,
+`ember.ops.matmul`) passes it as `cfg=` to `gemm_acc`/`conv_acc`, whose plan (recorded in the accumulation's attrs) the
 schedule then reads. Without a config (None) the plans are the heuristics below, which are also the
 knobs' defaults: the fallback config.
 
@@ -36,10 +36,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ember import te
-from ember.ops.te_lib import schedule_flat
 from ember.target import Target, host_cpu_flags
 from ember.te.config import ConfigBase
 from ember.te.tensor import ComputeOp, Reduce, Tensor
+from ember.templates.flat import schedule_flat
 from ember.tir.dtype import DType
 from ember.tir.dtype import dtype as as_dtype
 from ember.tir.expr import Expr
@@ -281,12 +281,12 @@ def _schedule_pack(s: te.Schedule, t: Tensor, inner_dims: int, target: Target) -
 
 def _parallel(O: te.Stage, outer: list, out: Tensor, target: Target) -> None:
     """Run the outer tile loops of an output stage in parallel when there is enough work."""
-    if target.num_cores <= 1 or not outer or _work(out) < 1 << 17:
+    if target.num_cores <= 1 or not outer or work(out) < 1 << 17:
         return
     O.parallel(O.fuse(*outer) if len(outer) > 1 else outer[0])
 
 
-def _work(out: Tensor) -> int:
+def work(out: Tensor) -> int:
     """Multiply-adds of the stages an output reads (a rough size for parallel decisions)."""
     total, seen, todo = 0, set(), [out]
     while todo:
@@ -574,7 +574,8 @@ def _schedule_conv_ow(s: te.Schedule, out: Tensor, attrs: dict, target: Target) 
 
 
 # =====================================================================================================
-# exp in vector arithmetic
+# exp in vector arithmetic: what the LLVM renderer (and the C renderer without libmvec) emits for a vector
+# exp (`ember.codegen.vmath`, with the table as constant data), and a building block for computes
 # =====================================================================================================
 def exp_table() -> Tensor:
     """2^(k - 151) for k in [0, 280): the powers of two `exp` scales by, computed once per kernel call."""
@@ -690,7 +691,7 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
             if math.prod(st.op.shape[k:]) >= sl:
                 _, fi = st.split(f, sl)
                 st.vectorize(fi)
-    if target.num_cores > 1 and _work(out) >= 1 << 16 and math.prod(out.shape[:k]) > 1:
+    if target.num_cores > 1 and work(out) >= 1 << 16 and math.prod(out.shape[:k]) > 1:
         O.parallel(row)
     return done
 
@@ -750,7 +751,7 @@ def schedule_nn(attrs: dict, outs: Sequence[Tensor], target: Target) -> te.Sched
         kind = op.attrs.get("template") if isinstance(op, ComputeOp) else None
         if kind is None or math.prod(op.shape) == 0:
             continue
-        anchor = st if st.is_output else _elementwise_output(s, st, outs)
+        anchor = st if st.is_output else elementwise_output(s, st, outs)
         if anchor is None:
             anchor = st
         elif anchor is not st:
@@ -788,7 +789,7 @@ def _schedule_rows(st: te.Stage, t: Tensor, target: Target) -> None:
             st.parallel(outer)
 
 
-def _elementwise_output(s: te.Schedule, st: te.Stage, outs: Sequence[Tensor]) -> te.Stage | None:
+def elementwise_output(s: te.Schedule, st: te.Stage, outs: Sequence[Tensor]) -> te.Stage | None:
     """The output of the same shape that reads st through elementwise stages only (a fused epilogue)."""
     for out in outs:
         o = s[out]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ember.graph.ir import Graph
 from ember.graph.verify import GraphError
-from ember.ops import get_op
+from ember.ops.opdef import get_op
 
 
 def infer_types(graph: Graph) -> None:

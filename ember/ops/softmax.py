@@ -1,0 +1,81 @@
+"""The Softmax family, which normalizes along one axis: Softmax, LogSoftmax, Hardmax (entries,
+references, TE computes). The computes subtract the row max before exp (numerically stable) and
+run on the row template of `ember.templates.nn` through `ember.ops.rows`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember import te
+from ember.graph.types import TensorType
+from ember.ops.common import norm_axis
+from ember.ops.opdef import Attr, Pattern, op
+from ember.ops.rows import RowStats
+from ember.ops.te_lib import NotLowerable, lowering
+from ember.te.tensor import Tensor
+from ember.templates import nn as T
+
+
+def _axis_infer(a: dict, x: TensorType) -> TensorType:
+    norm_axis(a["axis"], x.rank)
+    return x
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+@op("Softmax", Pattern.OPAQUE, infer=_axis_infer, attrs=[Attr("axis", "int", -1)])
+def softmax(a: dict, x: np.ndarray) -> np.ndarray:
+    return _softmax(x, norm_axis(a["axis"], x.ndim)).astype(x.dtype)
+
+
+@op("LogSoftmax", Pattern.OPAQUE, infer=_axis_infer, attrs=[Attr("axis", "int", -1)])
+def log_softmax(a: dict, x: np.ndarray) -> np.ndarray:
+    axis = norm_axis(a["axis"], x.ndim)
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return (shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))).astype(x.dtype)
+
+
+@op("Hardmax", Pattern.OPAQUE, infer=_axis_infer, attrs=[Attr("axis", "int", -1)])
+def hardmax(a: dict, x: np.ndarray) -> np.ndarray:
+    axis = norm_axis(a["axis"], x.ndim)
+    idx = np.expand_dims(np.argmax(x, axis=axis), axis)
+    out = np.zeros_like(x)
+    np.put_along_axis(out, idx, 1, axis=axis)
+    return out
+
+
+# -- TE computes: the row template (`ember.ops.rows`), as the normalizations ------------------------------
+def _softmax_family(kind: str, a: dict, x: Tensor) -> Tensor:
+    """Numerically stable: the row max is subtracted before exp. The exp is the intrinsic: the renderer picks
+    how a vector of them is computed (libmvec on C, arithmetic with a 2^n table on LLVM: `ember.codegen.vmath`)."""
+    if not x.dtype.is_float:
+        raise NotLowerable(f"{kind} on {x.dtype}")
+    axis = norm_axis(a["axis"], x.ndim)
+    st = RowStats(x.shape, (axis,))
+    m = st.reduce(lambda i: x[i], te.max, x.dtype, "sm_max")
+    if kind == "Hardmax":
+        first = st.reduce(lambda i: te.if_then_else(x[i] == m(i), i[axis], te.const(x.shape[axis])), te.min,
+                          x.dtype, "hm_first")  # fmt: skip
+        return te.compute(x.shape, lambda *i: te.cast(i[axis] == first(i), x.dtype), name="hardmax", attrs=st.attrs)
+    if kind == "LogSoftmax":
+        total = st.reduce(lambda i: te.exp(x[i] - m(i)), te.sum, x.dtype, "lsm_sum")
+        shift = st.stage(lambda i: m(i) + te.log(total(i)), "lsm_shift")
+        return te.compute(x.shape, lambda *i: x[i] - shift(i), name="log_softmax", attrs=st.attrs)
+    if st.k is not None:
+        e = T.row_buffer(x.shape, lambda *i: te.exp(x[i] - m(i)), "sm_exp")
+    else:
+        e = te.compute(x.shape, lambda *i: te.exp(x[i] - m(i)), name="sm_exp", attrs={"materialize": True})
+    if x.dtype.is_half:  # as numpy: the sum accumulated in float32 and rounded once, then one division per element
+        wide = st.reduce(lambda i: te.cast(e[i], "float32"), te.sum, "float32", "sm_sum")
+        total = st.stage(lambda i: te.cast(wide(i), x.dtype), "sm_total")
+        return te.compute(x.shape, lambda *i: e[i] / total(i), name="softmax", attrs=st.attrs)
+    total = st.reduce(lambda i: e[i], te.sum, x.dtype, "sm_sum")
+    rcp = st.stage(lambda i: te.const(1.0, x.dtype) / total(i), "sm_rcp")
+    return te.compute(x.shape, lambda *i: e[i] * rcp(i), name="softmax", attrs=st.attrs)
+
+
+for _kind in ("Softmax", "LogSoftmax", "Hardmax"):
+    lowering(_kind, schedule=T.schedule_nn)(lambda a, x, _kind=_kind: _softmax_family(_kind, a, x))
