@@ -3,7 +3,7 @@ verifier. It imports nothing from the op library, which sits above it.
 
     g = ember.frontend.onnx.from_onnx("model.onnx")
     print(g)                                  # readable IR
-    g.verify()                                # structure + each node against its op (ember.ops)
+    verify(g)                                 # structure + each node against its op (ember.ops.verify)
     outs = evaluate(g, {"input": x})          # numpy reference run
 
 What needs the operator registry lives in `ember.ops`: the reference evaluator

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,27 +171,8 @@ class Graph:
             return base
         return next(f"{base}_{i}" for i in itertools.count(1) if f"{base}_{i}" not in used)
 
-    def verify(self) -> None:
-        """Check structure, and each node against its op's rules, with the verifier `ember.ops` installs
-        (`ember.ops.verify.verify`); raise GraphError listing the problems."""
-        if not _VERIFIER:
-            raise RuntimeError(
-                "Graph.verify checks nodes against the op library: import ember.ops first "
-                "(ember.graph.verify.verify checks the structure alone)"
-            )
-        _VERIFIER[0](self)
-
     def __str__(self) -> str:
         return format_graph(self)
-
-
-# The graph verifier that knows the operators; the op library (above this module) installs it.
-_VERIFIER: list[Callable[[Graph], None]] = []
-
-
-def install_verifier(verify: Callable[[Graph], None]) -> None:
-    """Make `verify` the one `Graph.verify()` runs (`ember.ops.verify` installs itself on import)."""
-    _VERIFIER[:] = [verify]
 
 
 def node_reads(node: Node) -> list[Value]:

@@ -3,7 +3,7 @@ data on defined values, graph outputs defined. Every problem found is reported a
 
 Checking each node against its operator's rules (arity, attributes, shape rule) needs the op
 library, which sits above the graph IR: `ember.ops.verify.verify` passes its `check_node` to
-this verifier, and importing `ember.ops` installs that verifier as the one `Graph.verify()` runs.
+this verifier.
 """
 
 from __future__ import annotations

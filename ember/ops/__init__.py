@@ -4,7 +4,7 @@ Importing this package registers every operator in `OPS`. Modules group operator
 kind; each operator is defined exactly once, by its table row or `@op` entry, next to its
 reference and TE compute. What needs the registry lives here too: the numpy reference
 evaluator (`ember.ops.evaluate`), verification of graphs against the op rules
-(`ember.ops.verify`, installed as the verifier `Graph.verify()` runs) and type inference
+(`ember.ops.verify`) and type inference
 (`ember.ops.infer`).
 """
 
@@ -27,7 +27,6 @@ from ember.ops import (  # noqa: F401  (registers operators)
     signal,
     softmax,
     tensor,
-    verify,
     vision,
 )
 from ember.ops.common import ShapeError

@@ -1,12 +1,11 @@
 """Graph verification against the op library: the structural checks of `ember.graph.verify`
 plus, for each node, its op's arity, attributes and shape rule (the outputs' types must be
-the ones the rule gives). Importing this module (as `import ember.ops` does) installs
-`verify` as the verifier `Graph.verify()` runs."""
+the ones the rule gives)."""
 
 from __future__ import annotations
 
 from ember.graph import verify as structural
-from ember.graph.ir import Graph, Node, install_verifier
+from ember.graph.ir import Graph, Node
 from ember.ops.opdef import get_op
 
 
@@ -36,4 +35,3 @@ def check_node(node: Node, where: str) -> list[str]:
     return problems
 
 
-install_verifier(verify)

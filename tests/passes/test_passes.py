@@ -15,6 +15,7 @@ from ember.frontend.onnx import from_onnx
 from ember.graph.ir import Node, Value
 from ember.graph.types import TensorType
 from ember.ops.evaluate import evaluate
+from ember.ops.verify import verify
 from ember.passes import PASSES, pass_names, run_passes
 from ember.passes.batchnorm import fold_batchnorm
 from ember.passes.cleanup import dead_code_elimination, eliminate_common_subexpr, fold_constant
@@ -201,7 +202,7 @@ def test_fuse_does_not_make_cycles():
 
     model = build(net, {"x": (8,)})
     g = fuse_ops(from_onnx(model))
-    g.verify()
+    verify(g)
     check_same_function(model, g)
 
 
