@@ -5,6 +5,10 @@ reading buffer addresses from a table of pointers, so a model without fallback s
 call per inference. Intermediates live in one host workspace at the plan's offsets; aliases (views such as
 Reshape) share their source's storage; fallback steps write their numpy results into the same memory.
 
+Calls from several threads at once are safe and run in parallel: each calling thread gets its own value table and
+workspace (`Values`, made on its first call; weights are shared and only read), and every call returns fresh
+output arrays.
+
 `CompiledModel` is the C backend's model: the segment functions come from a shared library (`build_c_model`
 compiles the kernels' C and the runners into one). The llvm backend's model (`runtime.llvm_model`) is a small
 subclass that finds them in a JIT engine instead. Neither needs the compiler to run or to load.
@@ -12,11 +16,14 @@ subclass that finds them in a JIT engine instead. Neither needs the compiler to 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +40,34 @@ from .model import Fallback, Model
 from .plan import ALIGN, Plan, Step
 
 
+@dataclass
+class Values:
+    """One caller's view of a model's values: the table of addresses the segment functions read, numpy views of
+    the same memory (for fallback steps and outputs), and the workspace the intermediates live in."""
+
+    table: Any  # ctypes array of void*
+    views: list[np.ndarray | None]
+    workspace: np.ndarray
+
+    @staticmethod
+    def make(plan: Plan, weights: Mapping[int, np.ndarray]) -> Values:
+        n = len(plan.values)
+        table = (ctypes.c_void_p * max(n, 1))()
+        workspace = np.zeros(max(plan.workspace, 1) + ALIGN, dtype=np.uint8)
+        base = workspace.ctypes.data
+        pad = (-base) % ALIGN
+        views: list[np.ndarray | None] = [None] * n
+        for i, v in enumerate(plan.values):
+            if v.kind == "temp":
+                start = pad + v.offset
+                views[i] = workspace[start : start + v.nbytes].view(numpy_dtype(v.dtype)).reshape(v.shape)
+                table[i] = base + start
+            elif v.kind == "weight":
+                views[i] = weights[i]
+                table[i] = weights[i].ctypes.data
+        return Values(table, views, workspace)
+
+
 class CompiledModel(Model):
     """A model on a CPU: its segment functions in a shared library (C backend), called over a value table."""
 
@@ -43,27 +78,23 @@ class CompiledModel(Model):
         self.source = source
         self.lib_path: Path | None = None
         self._lib = self._open(lib)
-        n = len(plan.values)
-        self._table = (ctypes.c_void_p * max(n, 1))()
-        self._workspace = np.zeros(max(plan.workspace, 1) + ALIGN, dtype=np.uint8)
-        base = self._workspace.ctypes.data
-        pad = (-base) % ALIGN
-        self._views: list[np.ndarray | None] = [None] * n
-        for i, v in enumerate(plan.values):
-            if v.kind == "temp":
-                start = pad + v.offset
-                buf = self._workspace[start : start + v.nbytes]
-                self._views[i] = buf.view(numpy_dtype(v.dtype)).reshape(v.shape)
-                self._table[i] = base + start
-            elif v.kind == "weight":
-                self._views[i] = self._weights[i]
-                self._table[i] = self._weights[i].ctypes.data
+        self._local = threading.local()  # .values: the calling thread's Values
         self._segments = {}
         for s in plan.steps:
             if s.kind == "segment":
                 fn = self._function(s.function, ctypes.c_void_p)
                 prof = self._function(s.function + "_profiled", ctypes.c_void_p, ctypes.POINTER(ctypes.c_double))
                 self._segments[s.function] = (fn, prof)
+
+    def _calls(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # each calling thread has its own Values
+
+    def _values(self) -> Values:
+        """The calling thread's value table and workspace (made on its first call)."""
+        values = getattr(self._local, "values", None)
+        if values is None:
+            values = self._local.values = Values.make(self.plan, self._weights)
+        return values
 
     # -- the code -------------------------------------------------------------------------------------------
     def _open(self, lib: Path | str) -> Any:
@@ -84,31 +115,34 @@ class CompiledModel(Model):
 
     # -- running --------------------------------------------------------------------------------------------
     def _start(self, arrays: list[np.ndarray]) -> None:
-        """Point the table at the inputs, fresh output arrays and the aliases' sources."""
+        """Point the calling thread's table at the inputs, fresh output arrays and the aliases' sources."""
+        values = self._values()
+        views, table = values.views, values.table
         for vid, x in zip(self.plan.inputs, arrays):
-            self._views[vid] = x
-            self._table[vid] = x.ctypes.data
+            views[vid] = x
+            table[vid] = x.ctypes.data
         for vid in self.plan.outputs:
             v = self.plan.values[vid]
             if v.kind == "output":
                 a = np.empty(v.shape, dtype=numpy_dtype(v.dtype))
-                self._views[vid] = a
-                self._table[vid] = a.ctypes.data
+                views[vid] = a
+                table[vid] = a.ctypes.data
         for i, v in enumerate(self.plan.values):
             if v.kind == "alias":
-                src = self._views[v.alias_of]
-                self._views[i] = None if src is None else src.view(numpy_dtype(v.dtype)).reshape(v.shape)
-                self._table[i] = self._table[v.alias_of]
+                src = views[v.alias_of]
+                views[i] = None if src is None else src.view(numpy_dtype(v.dtype)).reshape(v.shape)
+                table[i] = table[v.alias_of]
 
     def _execute(self, arrays: list[np.ndarray] | None, times: dict[int, float] | None = None) -> None:
+        table = self._values().table
         for s in self.plan.steps:
             if s.kind == "segment":
                 fn, prof = self._segments[s.function]
                 if times is None:
-                    status = fn(self._table)
+                    status = fn(table)
                 else:
                     buf = (ctypes.c_double * len(s.kernels))()
-                    status = prof(self._table, buf)
+                    status = prof(table, buf)
                     for t in buf:
                         times[len(times)] = t
                 if status != 0:
@@ -120,16 +154,18 @@ class CompiledModel(Model):
                     times[len(times)] = time.perf_counter() - t0
 
     def _run_fallback(self, s: Step) -> None:
-        for vid, r in zip(s.outputs, self._reference(s, lambda i: self._views[i])):
-            view = self._views[vid]
+        views = self._values().views
+        for vid, r in zip(s.outputs, self._reference(s, lambda i: views[i])):
+            view = views[vid]
             assert view is not None
             view[...] = r
 
     def _results(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        views = self._values().views
         outs = []
         for vid in self.plan.outputs:
             v = self.plan.values[vid]
-            view = self._views[vid]
+            view = views[vid]
             assert view is not None
             outs.append(view if v.kind == "output" else np.array(view, copy=True).reshape(v.shape))
         return outs

@@ -340,16 +340,17 @@ class GPUCompiledModel(Model):
         inputs in and the outputs out, as a call does; without, the inputs stay on the device and a run is the
         kernel launches (and fallback steps) until the device is done: what PyTorch eager on resident tensors does."""
         arrays = self._check(inputs if inputs is not None else self.random_inputs())
-        self._execute(arrays)
-        for _ in range(warmup):
-            self._execute(arrays if copies else None)
 
         def once() -> None:
             self._execute(arrays if copies else None)
             if copies:
                 self._results(arrays)
 
-        return latency(once, repeat)
+        with self._calls():
+            self._execute(arrays)
+            for _ in range(warmup):
+                self._execute(arrays if copies else None)
+            return latency(once, repeat)
 
     # -- persistence --------------------------------------------------------------------------------------
     def _save_files(self, out: Path) -> None:

@@ -11,12 +11,18 @@ goes, in three steps over the checked input arrays:
     _results(arrays)          the graph outputs as numpy arrays
 
 and adds its own files to a saved model (`_save_files`) and facts to its summary (`_summary_extra`).
+
+Threads: calls, benchmarks and profiles hold `_calls()`, by default one lock per model (the backend's state is
+shared: a GPU model's device buffers); a backend that gives each calling thread its own state (the CPU models)
+returns a context that holds nothing, so its calls run in parallel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -85,6 +91,7 @@ class Model:
         self._weights = {i: np.ascontiguousarray(w) for i, w in weights.items()}
         self._fallback = fallback
         self._summary = dict(summary or {})
+        self._lock = threading.RLock()
 
     # -- how a backend runs (see the module's doc) ----------------------------------------------------------
     def _start(self, arrays: list[np.ndarray]) -> None:
@@ -98,6 +105,10 @@ class Model:
 
     def _save_files(self, out: Path) -> None:
         pass
+
+    def _calls(self) -> contextlib.AbstractContextManager:
+        """Held by every call: one call at a time unless a backend keeps its state per thread."""
+        return self._lock
 
     def _summary_extra(self) -> dict:
         return {}
@@ -161,9 +172,10 @@ class Model:
 
     def _outputs_of(self, feeds: Feeds) -> list[np.ndarray]:
         arrays = self._check(feeds)
-        self._start(arrays)
-        self._execute(arrays)
-        return self._results(arrays)
+        with self._calls():
+            self._start(arrays)
+            self._execute(arrays)
+            return self._results(arrays)
 
     def __call__(self, *inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         outs = self._outputs_of(inputs)
@@ -185,21 +197,23 @@ class Model:
     def benchmark(self, inputs: Feeds | None = None, repeat: int = 20, warmup: int = 3) -> dict:
         """Latency of whole inferences: median, mean, min (seconds) over `repeat` runs."""
         arrays = self._check(inputs if inputs is not None else self.random_inputs())
-        self._start(arrays)
-        for _ in range(warmup):
-            self._execute(arrays)
-        return latency(lambda: self._execute(arrays), repeat)
+        with self._calls():
+            self._start(arrays)
+            for _ in range(warmup):
+                self._execute(arrays)
+            return latency(lambda: self._execute(arrays), repeat)
 
     def profile(self, inputs: Feeds | None = None, repeat: int = 10) -> list[dict]:
         """Per-kernel (and per-fallback) median time over `repeat` runs, slowest first."""
         arrays = self._check(inputs if inputs is not None else self.random_inputs())
-        self._start(arrays)
-        self._execute(arrays)
         samples = []
-        for _ in range(repeat):
-            times: dict[int, float] = {}
-            self._execute(arrays, times)
-            samples.append(times)
+        with self._calls():
+            self._start(arrays)
+            self._execute(arrays)
+            for _ in range(repeat):
+                times: dict[int, float] = {}
+                self._execute(arrays, times)
+                samples.append(times)
         rows = []
         for j, s in enumerate(self.plan.steps):
             for c, k in enumerate(s.kernels) if s.kind == "segment" else [(None, None)]:
