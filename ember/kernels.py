@@ -180,7 +180,7 @@ class GraphLowering:
             self.ids[v] = len(self.values)
             self.values.append(ValueInfo(v.name, tuple(v.shape), v.dtype, kind))
             if kind == "weight":
-                self.weights[self.ids[v]] = np.ascontiguousarray(v.data)
+                self.weights[self.ids[v]] = np.require(v.data, requirements="C")  # (0-d stays 0-d)
         return self.ids[v]
 
     def run(self) -> None:
@@ -243,7 +243,8 @@ class GraphLowering:
         ins = distinct_inputs(node)
         args = [self.vid(v) for v, passed in zip(ins, kernel.passed) if passed] + [self.vid(v) for v in node.outputs]
         body = node.attrs["body"].nodes if node.op == "Fused" else [node]
-        info = KernelInfo(kernel.name, args, [m.name for m in body], [m.op for m in body], kernel.flops)
+        arg_bytes = [b.nbytes for b in kernel.func.params]  # what the code reads and writes: checked at load
+        info = KernelInfo(kernel.name, args, [m.name for m in body], [m.op for m in body], kernel.flops, arg_bytes)
         if self.steps and self.steps[-1].kind == "segment":
             self.steps[-1].kernels.append(info)
         else:

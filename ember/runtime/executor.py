@@ -71,6 +71,8 @@ class Values:
 class CompiledModel(Model):
     """A model on a CPU: its segment functions in a shared library (C backend), called over a value table."""
 
+    backend = "c"
+
     def __init__(self, lib: Any, plan: Plan, weights: Mapping[int, np.ndarray], source: str = "",
                  fallback: Fallback | None = None, summary: dict | None = None):  # fmt: skip
         """`lib`: the path of the shared library (a subclass takes its own kind of code)."""

@@ -229,6 +229,8 @@ class GPUCompiledModel(Model):
     temporaries, by (kernel, buffer) name: bytes) are plain data: a saved model needs neither the compiler nor
     the loop IR. `programs` (the device programs with their loop IR) is there when compiled in this process."""
 
+    backend = "gpu"
+
     def __init__(self, plan: Plan, weights: Mapping[int, np.ndarray], launches: list[list[list[Launch]]],
                  temps: Mapping[tuple[str, str], int], source: str, target: Target, make_device: Callable[[], Any],
                  fallback: Fallback | None = None, summary: dict | None = None,

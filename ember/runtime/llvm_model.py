@@ -27,6 +27,8 @@ from .plan import Plan
 class LLVMCompiledModel(CompiledModel):
     """A model on a CPU whose segment functions live in memory (`lib` is a `ModelJIT`; `lib_path` is None)."""
 
+    backend = "llvm"
+
     def _open(self, lib: ModelJIT) -> ModelJIT:
         return lib  # (the engine has set its own threads)
 

@@ -1,18 +1,22 @@
 """`load`: a saved model back, by the files its backend saved (no compiler needed).
 
-    gpu.json                      -> GPU model (runtime.gpu_model: OpenCL builds the source, CUDA loads the PTX)
-    model.ll (and no model.so)    -> llvm model (runtime.llvm_model: the saved machine code or the IR, JIT)
-    otherwise                     -> C model (runtime.executor: model.so)
+    backend "gpu"   -> GPU model (runtime.gpu_model: OpenCL builds the source, CUDA loads the PTX)
+    backend "llvm"  -> llvm model (runtime.llvm_model: the saved machine code or the IR, JIT)
+    backend "c"     -> C model (runtime.executor: model.so)
 
-Every saved model has plan.json, weights.npz and summary.json (`runtime.model.read_saved`). Nodes that run on
-the reference fallback need `fallback` (the driver passes the op registry's numpy references).
+Every saved model has plan.json, weights.npz, summary.json and manifest.json (the backend, every file's SHA-256,
+every weight's dtype and shape). `runtime.model.read_saved` checks them all, and the plan's consistency, before
+any of the model's native code is loaded: a truncated, edited or swapped file is refused with an error naming it.
+Loading a model runs its native code (a shared library's constructors, say): load only models you trust, as you
+would any shared library. Nodes that run on the reference fallback need `fallback` (the driver passes the op
+registry's numpy references).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .model import Fallback, Model, read_saved
+from .model import MANIFEST, ArtifactError, Fallback, Model, read_saved
 
 
 def load(path: str | Path, fallback: Fallback | None = None) -> Model:
@@ -20,15 +24,17 @@ def load(path: str | Path, fallback: Fallback | None = None) -> Model:
     d = Path(path)
     if not (d / "plan.json").exists():
         raise FileNotFoundError(f"{d} is not a saved Ember model (no plan.json)")
-    plan, weights, summary = read_saved(d)
-    if (d / "gpu.json").exists():
+    plan, weights, summary, backend = read_saved(d)
+    if backend == "gpu":
         from .gpu_model import GPUCompiledModel
 
         return GPUCompiledModel.from_files(d, plan, weights, summary, fallback)
-    if (d / "model.ll").exists() and not (d / "model.so").exists():
+    if backend == "llvm":
         from .llvm_model import LLVMCompiledModel
 
         return LLVMCompiledModel.from_files(d, plan, weights, summary, fallback)
-    from .executor import CompiledModel
+    if backend == "c":
+        from .executor import CompiledModel
 
-    return CompiledModel.from_files(d, plan, weights, summary, fallback)
+        return CompiledModel.from_files(d, plan, weights, summary, fallback)
+    raise ArtifactError(f"{d / MANIFEST}: unknown backend {backend!r}")

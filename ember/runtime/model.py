@@ -20,8 +20,11 @@ returns a context that holds nothing, so its calls run in parallel.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import shutil
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +35,7 @@ import numpy as np
 
 from ..tir.dtype import numpy_dtype
 from .module import ArgumentError
-from .plan import Plan, Step
+from .plan import Plan, PlanError, Step, check_plan
 
 Fallback = Callable[[str, dict, list[np.ndarray]], list[np.ndarray]]
 Feeds = Sequence[np.ndarray] | Mapping[str, Any]  # inputs in graph order, or by name
@@ -73,22 +76,97 @@ def latency(run: Callable[[], Any], repeat: int) -> dict:
     return {"median": statistics.median(runs), "mean": statistics.fmean(runs), "min": min(runs), "runs": runs}
 
 
-def read_saved(directory: Path) -> tuple[Plan, dict[int, np.ndarray], dict]:
-    """The files every saved model has: its plan, its weights by value id, its summary."""
-    plan = Plan.from_json(json.loads((directory / "plan.json").read_text()))
-    with np.load(directory / "weights.npz") as z:
-        weights = {int(k[1:]): z[k] for k in z.files}
-    summary = json.loads((directory / "summary.json").read_text()) if (directory / "summary.json").exists() else {}
-    return plan, weights, summary
+MANIFEST = "manifest.json"  # a saved model's table of contents: every file's SHA-256, every weight's type
+MANIFEST_FORMAT = 1
+
+
+class ArtifactError(ValueError):
+    """A saved model that is incomplete, corrupted or edited since it was saved: the message names the file."""
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(directory: Path) -> dict:
+    """A saved model's manifest, after checking every file it lists against its SHA-256 (nothing is loaded, and no
+    native code runs, before this passes)."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(f"{directory}: no {MANIFEST}: not a complete saved Ember model (an interrupted save, or "
+                            f"one by an Ember before manifests): save the model again")  # fmt: skip
+    try:
+        manifest = json.loads(path.read_bytes())
+        files, weights = manifest["files"], manifest["weights"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ArtifactError(f"{path}: not a manifest Ember can read ({type(e).__name__}: {e})") from None
+    if manifest.get("format") != MANIFEST_FORMAT or not isinstance(files, dict) or not isinstance(weights, dict):
+        raise ArtifactError(f"{path}: not a manifest of format {MANIFEST_FORMAT}")
+    for name in ("plan.json", "weights.npz"):
+        if name not in files:
+            raise ArtifactError(f"{path}: lists no {name}")
+    for name, digest in files.items():
+        if not isinstance(name, str) or Path(name).is_absolute() or ".." in Path(name).parts or name == MANIFEST:
+            raise ArtifactError(f"{path}: lists a file outside the model's directory: {name!r}")
+        f = directory / name
+        if not f.is_file():
+            raise ArtifactError(f"{f}: missing (the manifest lists it)")
+        if sha256_of(f) != digest:
+            raise ArtifactError(f"{f}: changed since the model was saved (its SHA-256 is not the manifest's)")
+    return manifest
+
+
+def read_saved(directory: Path) -> tuple[Plan, dict[int, np.ndarray], dict, str]:
+    """The files every saved model has (its plan, its weights by value id, its summary) and its backend, verified:
+    the manifest's hashes, the weights' shapes and dtypes, the plan's consistency (`check_plan`)."""
+    manifest = read_manifest(directory)
+    try:
+        plan = Plan.from_json(json.loads((directory / "plan.json").read_text()))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ArtifactError(f"{directory / 'plan.json'}: not a plan Ember can read ({type(e).__name__}: {e})") from None
+    try:
+        with np.load(directory / "weights.npz", allow_pickle=False) as z:
+            weights = {int(k[1:]): z[k] for k in z.files}
+    except (ValueError, OSError) as e:
+        raise ArtifactError(f"{directory / 'weights.npz'}: not readable ({e})") from None
+    typed = {f"v{i}": [w.dtype.name, list(w.shape)] for i, w in weights.items()}
+    if typed != manifest["weights"]:
+        raise ArtifactError(f"{directory / 'weights.npz'}: weights of other shapes or dtypes than the manifest's")
+    try:
+        check_plan(plan, weights)
+    except PlanError as e:
+        raise ArtifactError(f"{directory / 'plan.json'}: {e}") from None
+    summary = json.loads((directory / "summary.json").read_text()) if "summary.json" in manifest["files"] else {}
+    return plan, weights, summary, str(manifest.get("backend"))
+
+
+def replace_directory(staged: Path, out: Path) -> None:
+    """Put a fully written directory in place of `out`: an existing saved model there is replaced whole (no file of
+    an earlier save stays behind), anything else there is left alone with an error."""
+    if out.exists():
+        if not out.is_dir() or (any(out.iterdir()) and not (out / "plan.json").exists()):
+            raise FileExistsError(f"{out} exists and is not a saved Ember model: not overwriting it")
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+        out.rename(old / out.name)
+        staged.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staged.rename(out)
 
 
 class Model:
     """A compiled model: call it with numpy arrays (positional, in graph input order) or `run` a dict."""
 
+    backend = ""  # the kind of code a saved model holds ("c", "llvm", "gpu"): `runtime.load` dispatches on it
+
     def __init__(self, plan: Plan, weights: Mapping[int, np.ndarray], fallback: Fallback | None = None,
                  summary: dict | None = None):  # fmt: skip
         self.plan = plan
-        self._weights = {i: np.ascontiguousarray(w) for i, w in weights.items()}
+        self._weights = {i: np.require(w, requirements="C") for i, w in weights.items()}  # (0-d stays 0-d)
         self._fallback = fallback
         self._summary = dict(summary or {})
         self._lock = threading.RLock()
@@ -234,14 +312,25 @@ class Model:
 
     # -- persistence ----------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """A directory holding the plan, the summary, the weights and the backend's own files (its code), which
-        `ember.load` runs again without the compiler."""
+        """A directory holding the plan, the summary, the weights, the backend's own files (its code) and a manifest
+        (every file's SHA-256, every weight's dtype and shape), which `ember.load` checks before it runs the model
+        again without the compiler. The files are written to a fresh directory first and moved into place whole, so
+        a killed save leaves no half-written model."""
         out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        self._save_files(out)
-        (out / "plan.json").write_text(json.dumps(self.plan.to_json(), indent=1) + "\n")
-        (out / "summary.json").write_text(json.dumps(self._summary, indent=1, default=str) + "\n")
-        np.savez(out / "weights.npz", **{f"v{i}": w for i, w in self._weights.items()})
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.saving.", dir=out.parent))
+        try:
+            self._save_files(staged)
+            (staged / "plan.json").write_text(json.dumps(self.plan.to_json(), indent=1) + "\n")
+            (staged / "summary.json").write_text(json.dumps(self._summary, indent=1, default=str) + "\n")
+            np.savez(staged / "weights.npz", **{f"v{i}": w for i, w in self._weights.items()})
+            files = {p.relative_to(staged).as_posix(): sha256_of(p) for p in sorted(staged.rglob("*")) if p.is_file()}
+            weights = {f"v{i}": [w.dtype.name, list(w.shape)] for i, w in self._weights.items()}
+            manifest = {"format": MANIFEST_FORMAT, "backend": self.backend, "files": files, "weights": weights}
+            (staged / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+            replace_directory(staged, out)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
         return out
 
     def __repr__(self) -> str:

@@ -44,6 +44,7 @@ class KernelInfo:
     nodes: list[str]  # graph nodes computed by this kernel
     ops: list[str]
     flops: int = 0
+    arg_bytes: list[int] = field(default_factory=list)  # bytes the code reads or writes per argument
 
 
 @dataclass
@@ -124,6 +125,64 @@ def _unjson_attrs(attrs: dict) -> dict:
         else:
             out[k] = v
     return out
+
+
+class PlanError(ValueError):
+    """A plan that does not hang together (a saved model edited or corrupted): the message lists what is wrong."""
+
+
+def check_plan(plan: Plan, weights: dict[int, np.ndarray]) -> None:
+    """Refuse a plan whose parts contradict each other before any native code sees it: value ids out of range,
+    unknown kinds or dtypes, temporaries outside the workspace, views of another size than their source, a kernel
+    argument of another size than the kernel was compiled for, weights missing or of another shape or dtype."""
+    problems: list[str] = []
+    n = len(plan.values)
+
+    def valid(i: object) -> bool:
+        return isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
+
+    nbytes: dict[int, int] = {}
+    for i, v in enumerate(plan.values):
+        try:
+            if v.kind not in ("input", "weight", "temp", "output", "alias"):
+                raise ValueError(f"unknown kind {v.kind!r}")
+            if not all(isinstance(d, int) and d >= 0 for d in v.shape):
+                raise ValueError(f"shape {v.shape}")
+            nbytes[i] = v.nbytes
+        except (ValueError, TypeError) as e:
+            problems.append(f"value {i} ({v.name!r}): {e}")
+    for i, v in enumerate(plan.values):
+        if i not in nbytes:
+            continue
+        if v.kind == "temp" and not (v.offset >= 0 and v.offset + nbytes[i] <= plan.workspace):
+            problems.append(f"value {i} ({v.name!r}): bytes {v.offset}..{v.offset + nbytes[i]} outside the workspace "
+                            f"of {plan.workspace}")  # fmt: skip
+        if v.kind == "alias" and not (valid(v.alias_of) and plan.values[v.alias_of].kind != "alias"
+                                      and nbytes.get(v.alias_of) == nbytes[i]):  # fmt: skip
+            problems.append(f"value {i} ({v.name!r}): a view of value {v.alias_of} with another size or no source")
+        if v.kind == "weight":
+            w = weights.get(i)
+            if w is None:
+                problems.append(f"value {i} ({v.name!r}): weight missing")
+            elif w.dtype != numpy_dtype(v.dtype) or tuple(w.shape) != tuple(v.shape):
+                problems.append(f"value {i} ({v.name!r}): weight is {w.dtype}{list(w.shape)}, the plan says "
+                                f"{v.dtype}{list(v.shape)}")  # fmt: skip
+    problems += [f"weight {i}: no weight value of that id" for i in weights
+                 if not (valid(i) and plan.values[i].kind == "weight")]  # fmt: skip
+    problems += [f"graph input/output id {i} out of range" for i in plan.inputs + plan.outputs if not valid(i)]
+    for s in plan.steps:
+        for k in s.kernels:
+            if not all(valid(a) for a in k.args):
+                problems.append(f"kernel {k.name}: argument ids out of range")
+            elif k.arg_bytes and [nbytes.get(a) for a in k.args] != list(k.arg_bytes):
+                problems.append(f"kernel {k.name}: arguments of {[nbytes.get(a) for a in k.args]} bytes, compiled "
+                                f"for {list(k.arg_bytes)}")  # fmt: skip
+        if s.kind == "fallback" and not all(i is None or valid(i) for i in s.inputs + s.outputs):
+            problems.append(f"fallback step {s.node}: value ids out of range")
+    if plan.workspace < 0:
+        problems.append(f"workspace of {plan.workspace} bytes")
+    if problems:
+        raise PlanError(f"plan of model {plan.name!r} is inconsistent:\n  " + "\n  ".join(problems[:20]))
 
 
 # -- memory --------------------------------------------------------------------------------------------

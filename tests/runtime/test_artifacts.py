@@ -1,0 +1,128 @@
+"""Saved models are verified before any of their native code is loaded: every file against the manifest's SHA-256,
+the weights against the plan's shapes and dtypes, the plan against itself (a kernel's arguments have the sizes it
+was compiled for). Each tampering below was a wrong answer, a segfault or a SIGBUS in dlopen before manifests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ember
+from ember import zoo
+from ember.runtime.model import MANIFEST, ArtifactError, sha256_of
+
+
+def mlp():
+    b = zoo.Builder(5)
+    h = b.op("Relu", [b.op("MatMul", ["x", b.weight((16, 32))])])
+    return b.model({"x": (4, 16)}, b.op("MatMul", [h, b.weight((32, 8))]))
+
+
+@pytest.fixture(scope="module", params=["c", "llvm"])
+def saved(request, tmp_path_factory) -> tuple[Path, np.ndarray, np.ndarray]:
+    if request.param == "llvm":
+        pytest.importorskip("llvmlite")
+    m = ember.compile(mlp(), request.param)
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    return m.save(tmp_path_factory.mktemp(request.param) / "model"), x, m(x)
+
+
+def copy_of(saved, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(saved[0], tmp_path / "copy"))
+
+
+def remanifest(d: Path) -> None:
+    """Tamper consistently: the manifest re-hashed after an edit (its weight types too), as an attacker would."""
+    manifest = json.loads((d / MANIFEST).read_text())
+    manifest["files"] = {n: sha256_of(d / n) for n in manifest["files"]}
+    with np.load(d / "weights.npz") as z:
+        manifest["weights"] = {k: [z[k].dtype.name, list(z[k].shape)] for k in z.files}
+    (d / MANIFEST).write_text(json.dumps(manifest))
+
+
+def rewrite_weights(d: Path, change) -> None:
+    with np.load(d / "weights.npz") as z:
+        weights = {k: z[k] for k in z.files}
+    k = sorted(weights)[0]
+    weights[k] = change(weights[k])
+    np.savez(d / "weights.npz", **weights)
+
+
+def test_a_saved_model_loads_and_matches(saved):
+    path, x, y = saved
+    assert (path / MANIFEST).exists()
+    np.testing.assert_array_equal(ember.load(path)(x), y)
+
+
+@pytest.mark.parametrize("change,consistent,culprit", [
+    (lambda w: w.reshape(-1)[:1], False, "weights.npz"),  # truncated to one element
+    (lambda w: w.reshape(-1)[:1], True, "plan.json"),  # ... with the manifest re-hashed: the plan disagrees
+    (lambda w: w.astype(np.float64), False, "weights.npz"),  # float64 where float32 is expected
+    (lambda w: w.astype(np.float64), True, "plan.json"),
+])  # fmt: skip
+def test_tampered_weights_are_refused(saved, tmp_path, change, consistent, culprit):
+    d = copy_of(saved, tmp_path)
+    rewrite_weights(d, change)
+    if consistent:
+        remanifest(d)
+    with pytest.raises(ArtifactError, match=culprit):
+        ember.load(d)
+
+
+def test_an_edited_output_shape_is_refused(saved, tmp_path):
+    d = copy_of(saved, tmp_path)
+    plan = json.loads((d / "plan.json").read_text())
+    out = plan["outputs"][0]
+    plan["values"][out]["shape"] = [1, 8]  # the kernel writes 4 x 8 floats
+    (d / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(ArtifactError, match="plan.json: changed since"):
+        ember.load(d)
+    remanifest(d)
+    with pytest.raises(ArtifactError, match=r"(?s)plan.json.*compiled for"):
+        ember.load(d)
+
+
+@pytest.mark.parametrize("name", ["model.so", "model.o", "model.ll", "summary.json"])
+def test_truncated_or_swapped_code_is_refused_before_it_is_loaded(saved, tmp_path, name):
+    d = copy_of(saved, tmp_path)
+    if not (d / name).exists():
+        pytest.skip(f"this backend saves no {name}")
+    data = (d / name).read_bytes()
+    (d / name).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match=name):
+        ember.load(d)
+    (d / name).write_bytes(np.random.default_rng(1).bytes(len(data)))
+    with pytest.raises(ArtifactError, match=name):
+        ember.load(d)
+
+
+def test_missing_files_and_manifest_are_refused(saved, tmp_path):
+    d = copy_of(saved, tmp_path)
+    (d / "weights.npz").unlink()
+    with pytest.raises(ArtifactError, match="weights.npz: missing"):
+        ember.load(d)
+    (d / MANIFEST).unlink()
+    with pytest.raises(ArtifactError, match="no manifest.json"):
+        ember.load(d)
+
+
+def test_save_replaces_an_earlier_model_whole_and_leaves_other_directories_alone(tmp_path):
+    pytest.importorskip("llvmlite")
+    path = tmp_path / "m"
+    ember.compile(mlp(), "c").save(path)
+    assert (path / "model.so").exists()
+    ember.compile(mlp(), "llvm").save(path)  # no model.so of the C save stays behind
+    assert not (path / "model.so").exists() and (path / "model.ll").exists()
+    assert type(ember.load(path)).__name__ == "LLVMCompiledModel"
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a saved Ember model"):
+        ember.compile(mlp(), "c").save(other)
+    assert (other / "todo.txt").read_text() == "mine"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left
