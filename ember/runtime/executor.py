@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codegen.c import codegen_c, codegen_c_unit
+from ..codegen.c import assemble_c, codegen_c, codegen_c_parts
 from ..codegen.runners import runner_source
 from ..codegen.toolchain import compile_units
 from ..target import Target
@@ -161,15 +161,17 @@ def build_c_model(
     fallback: Fallback | None = None,
     summary: dict | None = None,
 ) -> CompiledModel:
-    """The C backend: one C unit per kernel plus the segment runners, compiled and linked into one library."""
-    units, protos = [], []
-    for _, func in kernels:
-        src, proto = codegen_c_unit(func, target, threads_api=False)
-        units.append(src)
-        protos += proto
-    units.append(codegen_c([], target) + "\n" + "\n".join(protos) + "\n\n" + runner_source(plan.steps))
+    """The C backend: one C unit per kernel plus the segment runners, compiled and linked into one library.
+
+    The model's `source` is the same code as one translation unit (each helper once, then every kernel, then the
+    runners): what `save` keeps beside the library and what the standalone export compiles."""
+    parts = [codegen_c_parts(func, target) for _, func in kernels]
+    protos = [p for part in parts for p in part.protos]
+    runners = runner_source(plan.steps)
+    units = [assemble_c([part], threads_api=False) for part in parts]
+    units.append(codegen_c([], target) + "\n" + "\n".join(protos) + "\n\n" + runners)
     lib = compile_units(units, target.cflags(), name="model")
-    source = lib.with_suffix(".c").read_text()
+    source = assemble_c(parts) + "\n" + runners
     return CompiledModel(lib, plan, weights, source, fallback, {**(summary or {}), "cc": os.environ.get("CC", "cc")})
 
 
