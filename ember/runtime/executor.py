@@ -28,7 +28,7 @@ from ..codegen.toolchain import compile_units
 from ..target import Target
 from ..tir.dtype import numpy_dtype
 from ..tir.stmt import PrimFunc
-from .export import export_c
+from .export import export_c, export_standalone
 from .model import Fallback, Model
 from .plan import ALIGN, Plan, Step
 
@@ -151,6 +151,13 @@ class CompiledModel(Model):
     def export_c(self, directory: str | Path, prefix: str = "ember_model") -> Path:
         """Write a standalone C library (source, header, weights) a C program can link: see runtime.export."""
         return export_c(self.plan, self._weights, self.source, directory, prefix)
+
+    def export(self, directory: str | Path, build: bool = True, openmp: bool = True,
+               extra_cflags: Sequence[str] = ()) -> Path:  # fmt: skip
+        """Write the standalone export (the C library, ember_run.c, a Makefile) and build `ember_run` with the
+        target's compiler and flags: see runtime.export.export_standalone and runtime.standalone.run_exported."""
+        return export_standalone(self.plan, self._weights, self.source, directory, build=build, openmp=openmp,
+                                 extra_cflags=extra_cflags)  # fmt: skip
 
 
 def build_c_model(
