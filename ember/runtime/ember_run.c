@@ -4,12 +4,14 @@
 
    Reads every model input from a .npy file (C order, the model's dtype and shape), loads the weights (default:
    weights.bin beside this program), runs the model `warmup` times untimed and `repeat` times timed, writes each
-   output to OUT/<output name>.npy (OUT is created if missing; characters other than letters, digits, '.', '-' and
-   '_' become '_') and prints one JSON line on stdout (times in seconds; threads: OpenMP's count, 1 without it):
+   output to OUT/<output name>.npy (OUT and its parents are created if missing; characters other than letters,
+   digits, '.', '-' and '_' become '_') and prints one JSON line on stdout (times in seconds; threads: OpenMP's
+   count, 1 without it):
 
      {"model": "mlp", "repeat": 10, "warmup": 1, "threads": 4, "min": 1.2e-05, "median": 1.3e-05,
       "mean": 1.3e-05, "unit": "s", "outputs": {"y": "OUT/y.npy"}}
 
+   --threads defaults to the target's -threads when it had one (EMBER_MODEL_THREADS), else OpenMP's default.
    Exit status: 0; 2 for a bad command line or input (wrong shape or dtype, missing or unknown input; the message
    on stderr names it); 1 when the weights cannot be read, the model fails or an output cannot be written.
    Needs only libc, libm and (optionally) OpenMP:
@@ -202,6 +204,25 @@ static void json_string(FILE* out, const char* s) {
   fputc('"', out);
 }
 
+/* mkdir -p: 0 when `path` is a directory now. */
+static int make_dirs(const char* path) {
+  size_t n = strlen(path);
+  char* p = (char*)malloc(n + 1);
+  int rc = 0;
+  if (p == NULL) return -1;
+  memcpy(p, path, n + 1);
+  for (size_t i = 1; i <= n && rc == 0; i++) {
+    if (p[i] == '/' || p[i] == '\0') {
+      char c = p[i];
+      p[i] = '\0';
+      if (mkdir(p, 0777) != 0 && errno != EEXIST) rc = -1;
+      p[i] = c;
+    }
+  }
+  free(p);
+  return rc;
+}
+
 static int compare_doubles(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
   return (x > y) - (x < y);
@@ -309,7 +330,7 @@ int main(int argc, char** argv) {
     if (rc != 0) status = fail(1, "the model failed (status %d: an allocation failed)", rc);
   }
 
-  if (status == 0 && mkdir(out_dir, 0777) != 0 && errno != EEXIST)
+  if (status == 0 && make_dirs(out_dir) != 0)
     status = fail(1, "cannot create the output directory %s: %s", out_dir, strerror(errno));
   char** paths = (char**)calloc(EMBER_MODEL_NUM_OUTPUTS + 1, sizeof(char*));
   if (status == 0 && paths == NULL) status = fail(1, "out of memory");

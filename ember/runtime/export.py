@@ -1,7 +1,10 @@
-"""Export a compiled model as a standalone C library: source, header and weights, no Python needed.
+"""Export a compiled model as standalone C: the model library (source, header, weights) and `ember_run`, a small
+program that runs it on .npy files. No Python is needed to build or run either.
 
-    ember.compile(model).export_c("out/")     # out/ember_model.c, out/ember_model.h, out/weights.bin
-    export_c(plan, weights, c_source, "out/")  # the same from a plan, its weights and the model's C source
+    ember.compile(model).export("out/")      # the library, ember_run.c, a Makefile, and out/ember_run built
+    ember export model.onnx --target c -o out/           # the same from the command line
+    out/ember_run --input x=x.npy --output-dir y/ --repeat 10   # y/<output>.npy, one JSON timing line on stdout
+    ember.compile(model).export_c("out/")    # only the library: out/ember_model.c, ember_model.h, weights.bin
     cc -O3 -march=native -fopenmp app.c out/ember_model.c -lm
 
 The header declares an opaque model handle:
@@ -11,7 +14,10 @@ The header declares an opaque model handle:
     void ember_model_destroy(ember_model* m);
 
 Inputs and outputs are contiguous arrays in graph order with the shapes and dtypes listed in the
-header. Every node must run natively (a model with reference-fallback steps cannot be exported).
+header, as comments and as the tables `ember_model_inputs[]`/`ember_model_outputs[]` (name, numpy dtype
+descr such as "<f4", rank, dims, bytes; a row of zeros ends each). Every node must run natively (a model
+with reference-fallback steps cannot be exported). `ember_run` (ember_run.c beside this module) uses only
+libc, libm and optionally OpenMP; `runtime.standalone.run_exported` runs it from Python.
 """
 
 from __future__ import annotations

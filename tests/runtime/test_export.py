@@ -15,6 +15,7 @@ import pytest
 import ember
 from ember import zoo
 from ember.codegen.toolchain import find_cc
+from ember.runtime.export import npy_descr
 from ember.runtime.standalone import StandaloneError, run_exported
 
 MAIN = r"""
@@ -264,3 +265,21 @@ def test_export_needs_c_source():
     m = ember.compile(elementwise_model(), target="llvm")
     with pytest.raises(ValueError, match="target='c'"):
         m.export("unused")
+
+
+def test_npy_descr_is_numpys_little_endian_form():
+    assert [npy_descr(t) for t in ("float32", "float64", "float16", "int8", "int64", "uint8", "uint16", "bool")] == [
+        "<f4", "<f8", "<f2", "|i1", "<i8", "|u1", "<u2", "|b1"
+    ]  # fmt: skip
+
+
+@needs_cc
+def test_ember_run_reads_npy_version_2(exported, tmp_path):
+    model, m, out = exported("elementwise")
+    x = feeds_for(model)["x"]
+    with open(tmp_path / "x.npy", "wb") as f:
+        np.lib.format.write_array(f, x, version=(2, 0))
+    cmd = [str(out / "ember_run"), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir", str(tmp_path / "new" / "y")]
+    subprocess.run(cmd, check=True, capture_output=True)  # (the output directory is created)
+    (name,) = m.output_names
+    np.testing.assert_array_equal(np.load(tmp_path / "new" / "y" / f"{name}.npy"), m(x))
