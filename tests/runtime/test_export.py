@@ -283,3 +283,23 @@ def test_ember_run_reads_npy_version_2(exported, tmp_path):
     subprocess.run(cmd, check=True, capture_output=True)  # (the output directory is created)
     (name,) = m.output_names
     np.testing.assert_array_equal(np.load(tmp_path / "new" / "y" / f"{name}.npy"), m(x))
+
+
+@pytest.mark.skipif(
+    find_cc() is None or shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
+    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64",
+)
+def test_exported_c_cross_compiles_and_runs_under_an_emulator(exported, tmp_path):
+    """The export is portable C: built for aarch64 by hand (until the toolchain picks cross compilers) and run
+    through run_exported's launcher, it gives the host's bits."""
+    model, m, out = exported("resnet_basic_block")
+    arm = tmp_path / "arm"
+    arm.mkdir()
+    shutil.copy(out / "weights.bin", arm / "weights.bin")
+    cmd = ["aarch64-linux-gnu-gcc", "-O2", "-std=gnu11", "-fopenmp", "-Wall", "-Werror", "-o", str(arm / "ember_run"),
+           str(out / "ember_run.c"), str(out / "ember_model.c"), "-lm"]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True)
+    feeds = feeds_for(model)
+    outputs, _ = run_exported(arm, feeds, launcher=["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"])
+    for k, y in m.run(feeds).items():
+        np.testing.assert_array_equal(outputs[k], y)
