@@ -153,6 +153,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a model as standalone C (library, header, weights) and build `ember_run`, its runner, in a directory."""
+    from pathlib import Path
+
+    import ember
+    from ember.codegen.toolchain import CompileError
+    from ember.frontend.onnx import ModelError
+
+    try:
+        if (Path(args.model) / "plan.json").exists():
+            m = ember.load(args.model)
+        else:
+            m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape),
+                              opt_level=args.opt_level)  # fmt: skip
+        out = m.export(args.output, build=not args.no_build, openmp=not args.no_openmp)
+    except (ModelError, FileNotFoundError, ValueError, NotImplementedError, ImportError, CompileError) as e:
+        return _fail("export", e)
+    print(f"exported {args.model} -> {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    inputs = " ".join(f"--input {m.plan.values[v].name}=FILE.npy" for v in m.plan.inputs)
+    if args.no_build:
+        print(f"  build: make -C {out}")
+    print(f"  run:   {out / 'ember_run'} {inputs} --output-dir OUT [--repeat N]")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Time a model with Ember next to other runtimes (turns in blocks, medians, ratios: ember.runtime.compare)."""
     import json
@@ -266,6 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--benchmark", action="store_true", help="also time inferences")
     r.add_argument("--seed", type=int, default=0, help="seed of random inputs")
     r.set_defaults(fn=cmd_run)
+    e = sub.add_parser("export", help=cmd_export.__doc__)
+    e.add_argument("model", help="path to an .onnx file, or a directory written by `ember compile`")
+    e.add_argument("-o", "--output", required=True, help="directory to write the export to")
+    e.add_argument("--target", default="c", help='a C target, with options ("c -mcpu=native -threads=2"); default c')
+    e.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
+    e.add_argument("--opt-level", type=int, default=3, help="graph optimization level 0..3 (default 3)")
+    e.add_argument("--no-build", action="store_true", help="write the files and the Makefile, do not build ember_run")
+    e.add_argument("--no-openmp", action="store_true", help="build ember_run without OpenMP (one thread)")
+    e.set_defaults(fn=cmd_export)
     b = sub.add_parser("bench", help=cmd_bench.__doc__)
     b.add_argument("model", help="path to an .onnx file")
     b.add_argument("--compare", default="onnxruntime", help="comma-separated: onnxruntime,torch")

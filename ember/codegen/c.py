@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -727,6 +728,23 @@ def codegen_c_unit(
     funcs: PrimFunc | list[PrimFunc], target: Target | str = "c", threads_api: bool = True
 ) -> tuple[str, list[str]]:
     """(C source of a translation unit holding the functions, their prototypes for other units)."""
+    parts = codegen_c_parts(funcs, target)
+    return assemble_c([parts], threads_api), parts.protos
+
+
+@dataclass(frozen=True)
+class CParts:
+    """The pieces of a translation unit: vector typedefs and `static inline` helpers by name, function bodies and
+    their prototypes. Units that share helpers are joined by `assemble_c`, which writes each name once."""
+
+    types: dict[str, str]
+    helpers: dict[str, str]
+    bodies: list[str]
+    protos: list[str]
+
+
+def codegen_c_parts(funcs: PrimFunc | list[PrimFunc], target: Target | str = "c") -> CParts:
+    """The typedefs, helpers, bodies and prototypes of the given functions."""
     target = Target.parse(target)
     funcs = [funcs] if isinstance(funcs, PrimFunc) else list(funcs)
     types: dict[str, str] = {}
@@ -738,12 +756,19 @@ def codegen_c_unit(
         protos.append(g.signature + ";")
         types.update(g.vec_types)
         helpers.update(g.helpers)
-    parts = [PRELUDE]
+    return CParts(types, helpers, bodies, protos)
+
+
+def assemble_c(parts: Sequence[CParts], threads_api: bool = True) -> str:
+    """One translation unit: the prelude, every typedef and helper once, the threads API, then every body."""
+    types = {k: v for p in parts for k, v in p.types.items()}
+    helpers = {k: v for p in parts for k, v in p.helpers.items()}
+    out = [PRELUDE]
     if types:
-        parts.append("\n".join(types.values()) + "\n")
+        out.append("\n".join(types.values()) + "\n")
     if helpers:
-        parts.append("\n".join(helpers.values()) + "\n")
+        out.append("\n".join(helpers.values()) + "\n")
     if threads_api:
-        parts.append(THREADS_API)
-    parts += [b + "\n" for b in bodies]
-    return "\n".join(parts), protos
+        out.append(THREADS_API)
+    out += [b + "\n" for b in (b for p in parts for b in p.bodies)]
+    return "\n".join(out)

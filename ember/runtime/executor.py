@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from ..codegen.c import codegen_c, codegen_c_unit
+from ..codegen.c import assemble_c, codegen_c, codegen_c_parts
 from ..codegen.runners import runner_source
 from ..codegen.toolchain import compile_units
 from ..target import Target
 from ..tir.dtype import numpy_dtype
 from ..tir.stmt import PrimFunc
-from .export import export_c
+from .export import export_c, export_standalone
 from .model import Fallback, Model
 from .plan import ALIGN, Plan, Step
 
@@ -190,6 +190,13 @@ class CompiledModel(Model):
         """Write a standalone C library (source, header, weights) a C program can link: see runtime.export."""
         return export_c(self.plan, self._weights, self.source, directory, prefix)
 
+    def export(self, directory: str | Path, build: bool = True, openmp: bool = True,
+               extra_cflags: Sequence[str] = ()) -> Path:  # fmt: skip
+        """Write the standalone export (the C library, ember_run.c, a Makefile) and build `ember_run` with the
+        target's compiler and flags: see runtime.export.export_standalone and runtime.standalone.run_exported."""
+        return export_standalone(self.plan, self._weights, self.source, directory, build=build, openmp=openmp,
+                                 extra_cflags=extra_cflags)  # fmt: skip
+
 
 def build_c_model(
     kernels: Sequence[tuple[str, PrimFunc]],
@@ -199,15 +206,17 @@ def build_c_model(
     fallback: Fallback | None = None,
     summary: dict | None = None,
 ) -> CompiledModel:
-    """The C backend: one C unit per kernel plus the segment runners, compiled and linked into one library."""
-    units, protos = [], []
-    for _, func in kernels:
-        src, proto = codegen_c_unit(func, target, threads_api=False)
-        units.append(src)
-        protos += proto
-    units.append(codegen_c([], target) + "\n" + "\n".join(protos) + "\n\n" + runner_source(plan.steps))
+    """The C backend: one C unit per kernel plus the segment runners, compiled and linked into one library.
+
+    The model's `source` is the same code as one translation unit (each helper once, then every kernel, then the
+    runners): what `save` keeps beside the library and what the standalone export compiles."""
+    parts = [codegen_c_parts(func, target) for _, func in kernels]
+    protos = [p for part in parts for p in part.protos]
+    runners = runner_source(plan.steps)
+    units = [assemble_c([part], threads_api=False) for part in parts]
+    units.append(codegen_c([], target) + "\n" + "\n".join(protos) + "\n\n" + runners)
     lib = compile_units(units, target.cflags(), name="model")
-    source = lib.with_suffix(".c").read_text()
+    source = assemble_c(parts) + "\n" + runners
     return CompiledModel(lib, plan, weights, source, fallback, {**(summary or {}), "cc": os.environ.get("CC", "cc")})
 
 

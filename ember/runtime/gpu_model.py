@@ -400,6 +400,9 @@ class GPUCompiledModel(Model):
     def export_c(self, directory: Any, prefix: str = "ember_model") -> None:
         raise NotImplementedError(f"export_c makes C for CPUs; this model was compiled for {self.target.kind}")
 
+    def export(self, directory: Any, build: bool = True, openmp: bool = True, extra_cflags: Any = ()) -> None:
+        raise NotImplementedError(f"export makes C for CPUs; this model was compiled for {self.target.kind}")
+
 
 def build_gpu_model(
     kernels: Iterable[tuple[str, PrimFunc]],
@@ -437,4 +440,3 @@ def build_gpu_model(
     temps = {(name, t.name): t.nbytes for name, p in progs.items() for t in p.temps}
     return GPUCompiledModel(plan, weights, launch_plan(plan, progs), temps, source, target, make_device, fallback,
                             {**(summary or {}), **info}, progs)  # fmt: skip
-

@@ -49,6 +49,9 @@ class LLVMCompiledModel(CompiledModel):
         raise ValueError(f"export_c writes the model's C source, and this model was compiled for target "
                          f"'{self.plan.target}': compile it with target='c' to export it")  # fmt: skip
 
+    def export(self, directory: str | Path, build: bool = True, openmp: bool = True, extra_cflags: Any = ()) -> Path:
+        return self.export_c(directory)  # (raises: there is no C source to export)
+
 
 def build_llvm_model(
     kernels: Sequence[tuple[str, PrimFunc]],
