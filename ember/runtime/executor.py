@@ -9,6 +9,11 @@ Calls from several threads at once are safe and run in parallel: each calling th
 workspace (`Values`, made on its first call; weights are shared and only read), and every call returns fresh
 output arrays.
 
+Ctrl-C: Python delivers KeyboardInterrupt to the main thread only between bytecodes, so a long native call would
+hold it until it returns. On the main thread, a segment of at least `INTERRUPTIBLE_FLOPS` runs in a helper thread
+that the main thread waits for, and Ctrl-C interrupts the wait at once; the abandoned call finishes in the
+background on its own `Values`, which the next call does not reuse.
+
 `CompiledModel` is the C backend's model: the segment functions come from a shared library (`build_c_model`
 compiles the kernels' C and the runners into one). The llvm backend's model (`runtime.llvm_model`) is a small
 subclass that finds them in a JIT engine instead. Neither needs the compiler to run or to load.
@@ -22,7 +27,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,8 @@ from ..tir.stmt import PrimFunc
 from .export import export_c, export_standalone
 from .model import Fallback, Model
 from .plan import ALIGN, Plan, Step
+
+INTERRUPTIBLE_FLOPS = 1e9  # segments this large run where Ctrl-C reaches them (a thread start is ~1% of them)
 
 
 @dataclass
@@ -137,14 +144,21 @@ class CompiledModel(Model):
 
     def _execute(self, arrays: list[np.ndarray] | None, times: dict[int, float] | None = None) -> None:
         table = self._values().table
+        main = threading.current_thread() is threading.main_thread()
         for s in self.plan.steps:
             if s.kind == "segment":
                 fn, prof = self._segments[s.function]
-                if times is None:
-                    status = fn(table)
+                buf = (ctypes.c_double * len(s.kernels))()
+                call = (lambda: fn(table)) if times is None else (lambda: prof(table, buf))  # noqa: B023
+                if main and sum(k.flops for k in s.kernels) >= INTERRUPTIBLE_FLOPS:
+                    try:
+                        status = interruptible(call)
+                    except KeyboardInterrupt:
+                        self._local.values = None  # still in use by the abandoned call
+                        raise
                 else:
-                    buf = (ctypes.c_double * len(s.kernels))()
-                    status = prof(table, buf)
+                    status = call()
+                if times is not None:
                     for t in buf:
                         times[len(times)] = t
                 if status != 0:
@@ -196,6 +210,25 @@ class CompiledModel(Model):
         target's compiler and flags: see runtime.export.export_standalone and runtime.standalone.run_exported."""
         return export_standalone(self.plan, self._weights, self.source, directory, build=build, openmp=openmp,
                                  extra_cflags=extra_cflags)  # fmt: skip
+
+
+def interruptible(call: Callable[[], int]) -> int:
+    """`call()` in a helper thread, waited for so that KeyboardInterrupt reaches the waiting thread at once."""
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as e:  # (ctypes errors) raised again in the caller
+            result.append(e)
+
+    worker = threading.Thread(target=run, name="ember-native-call", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
 
 
 def build_c_model(
