@@ -74,6 +74,12 @@ class MeasureResult:
         return self.error is None and bool(self.costs)
 
     @property
+    def transient(self) -> bool:
+        """A failure that says nothing sure about the candidate, so a resumed run measures it again: its build
+        worker died (it, or a neighbour in its batch before the culprit was told apart), or it timed out."""
+        return self.error in ("timeout", "build_timeout") or "build worker died" in self.detail
+
+    @property
     def cost(self) -> float:
         return statistics.median(self.costs) if self.ok else float("inf")
 
