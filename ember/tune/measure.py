@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import pickle
 import select
@@ -283,7 +284,10 @@ class Measurer:
         if pool is None:
             return
         procs = list((getattr(pool, "_processes", None) or {}).values())
-        died = [p.exitcode for p in procs if p.exitcode not in (None, 0, -signal.SIGTERM)]  # the pool sends SIGTERM
+        exited = [p for p in procs if mp.connection.wait([p.sentinel], timeout=0)]  # ended, maybe not yet reaped
+        for p in exited:
+            p.join(timeout=2)
+        died = [p.exitcode for p in exited if p.exitcode not in (None, 0, -signal.SIGTERM)]  # the pool sends SIGTERM
         self._death = f" ({_status(died[0])})" if died else ""
         pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:
