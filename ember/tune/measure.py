@@ -117,10 +117,6 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="ember-parent-watchdog", daemon=True).start()
 
 
-def _worker_init(parent: int) -> None:
-    die_with_parent(parent)
-
-
 # ------------------------------------------------------------------------------------------------
 # the build half (runs in pool workers)
 # ------------------------------------------------------------------------------------------------
@@ -276,7 +272,7 @@ class Measurer:
     def _pool_(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
             self._pool = cf.ProcessPoolExecutor(self.n_parallel, mp_context=mp.get_context("fork"),
-                                                initializer=_worker_init, initargs=(os.getpid(),))  # fmt: skip
+                                                initializer=die_with_parent, initargs=(os.getpid(),))  # fmt: skip
         return self._pool
 
     def _stop_pool(self) -> None:
