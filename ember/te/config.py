@@ -21,10 +21,12 @@ knob any JSON scalar. A config reaches an operator's compute explicitly, through
 attribute `attrs[CONFIG_ATTR]` of the fused group's anchor node (see `ember.kernels.kernel_te`).
 
 `load_best(path, target)` reads a tuning log (JSON lines written by `ember.tune`) and gives the
-best config per workload; `load_tuned` gives each with the schedule it produced when it was
-measured (a record's "schedule": `Schedule.record()`, the stages and the steps), which
-`ember.compile(..., tuning_log=path)` replays on a kernel of the same compute. Records from before
-logs stored schedules carry none: their config goes through the template again.
+best config per workload (`read_records` skips, with a warning naming the lines, any line that is not
+a record: invalid UTF-8 or JSON, or fields of the wrong types); `load_tuned` gives each with the
+schedule it produced when it was measured (a record's "schedule": `Schedule.record()`, the stages
+and the steps), which `ember.compile(..., tuning_log=path)` replays on a kernel of the same compute.
+Records from before logs stored schedules (version 1) carry none: their config goes through the
+template again.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import itertools
 import json
 import math
 import random
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -332,21 +335,85 @@ def as_config(cfg: ConfigBase | None) -> ConfigBase:
 # reading the best records of a tuning log (the writer lives in ember.tune.log)
 # ------------------------------------------------------------------------------------------------
 def read_records(path: str | Path) -> Iterator[dict]:
-    """The records of a JSON-lines tuning log; a torn last line (a killed writer) is skipped."""
+    """The records of a JSON-lines tuning log. A line that is not a record (invalid UTF-8 or JSON, or fields of
+    the wrong types: see `record_problem`) is skipped, with one warning per file naming the file and the lines;
+    a torn last line without its newline (a writer killed mid-write, or still writing) is skipped silently.
+    Records of version 1 (no "schedule") are records."""
     p = Path(path)
     if not p.exists():
         return
-    with p.open() as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
+    bad: list[tuple[int, str]] = []
+    with p.open("rb") as f:
+        for n, raw in enumerate(f, 1):
             try:
+                line = raw.decode("utf-8").strip()
+                if not line:
+                    continue
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nesting too deep
+                if raw.endswith(b"\n"):
+                    bad.append((n, "invalid UTF-8" if isinstance(e, UnicodeDecodeError) else "invalid JSON"))
                 continue
-            if isinstance(rec, dict) and "workload" in rec and "config" in rec:
-                yield rec
+            why = record_problem(rec)
+            if why:
+                bad.append((n, why))
+                continue
+            yield rec
+    if bad:
+        lines = ", ".join(f"{n} ({why})" for n, why in bad[:10])
+        lines += f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+        warnings.warn(f"tuning log {p}: skipped {len(bad)} unreadable line(s): {lines}", LogWarning, stacklevel=2)
+
+
+class LogWarning(UserWarning):
+    """Lines of a tuning log that were skipped (not records)."""
+
+
+_NUMBER = (int, float)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, _NUMBER) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_knob_value(x: Any) -> bool:
+    if isinstance(x, list):
+        return all(_is_knob_value(v) for v in x)
+    return x is None or isinstance(x, str | int | float | bool)
+
+
+def record_problem(rec: Any) -> str:
+    """Why a decoded log line is not a measurement record ("" when it is): the fields a reader uses must have
+    their types (workload a string, config an object with an object of knobs, cost a number or null, ...)."""
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    if not isinstance(rec.get("workload"), str):
+        return "workload is not a string"
+    cfg = rec.get("config")
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("knobs"), dict):
+        return "config is not an object with knobs"
+    if not all(isinstance(k, str) and _is_knob_value(v) for k, v in cfg["knobs"].items()):
+        return "config has a knob value that is not a JSON scalar or list"
+    if "index" in cfg and (not isinstance(cfg["index"], int) or isinstance(cfg["index"], bool)):
+        return "config index is not an integer"
+    for key in ("target", "template", "task"):
+        if key in rec and not isinstance(rec[key], str):
+            return f"{key} is not a string"
+    if rec.get("cost") is not None and not _is_number(rec["cost"]):
+        return "cost is not a number or null"
+    costs = rec.get("costs")
+    if costs is not None and not (isinstance(costs, list) and all(_is_number(c) for c in costs)):
+        return "costs is not a list of numbers"
+    for key in ("build_s", "timestamp", "gflops"):
+        if rec.get(key) is not None and not _is_number(rec[key]):
+            return f"{key} is not a number"
+    err = rec.get("error")
+    if err is not None and not (isinstance(err, dict) and isinstance(err.get("kind", ""), str)
+                                and isinstance(err.get("detail", ""), str)):  # fmt: skip
+        return "error is not null or an object with a kind"
+    if rec.get("schedule") is not None and not isinstance(rec["schedule"], dict):
+        return "schedule is not an object or null"
+    return ""
 
 
 def target_kind(target: str) -> str:

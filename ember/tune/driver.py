@@ -2,7 +2,10 @@
 
 `tune_task` measures up to `n_trial` configs of one task: configs already in the log for this
 workload and target count as trials done and are never measured again (a killed run resumes where
-it stopped); each measured batch is appended to the log before the tuner learns from it.
+it stopped), except failures that may not happen again (a build worker that died, a time-out:
+`MeasureResult.transient`), which are measured first; deterministic errors (a compile error, a
+wrong answer, a runner that crashed) stay as logged. Each measured batch is appended to the log
+before the tuner learns from it.
 `tune_model` extracts a model's tasks and tunes each; `summary_table` and `plot_history` show
 the results.
 """
@@ -63,19 +66,25 @@ def tune_task(task: Task, tuner: Tuner | str, n_trial: int, measurer: Measurer, 
     res = TuneResult(task, tuner.name)
     space = task.space
     fallback = space.fallback()
+    retry: list[ConfigEntity] = []  # logged failures that may not happen again, measured first
     if log is not None:
         prior = logged_results(log, task)
+        retry = [r.config for r in prior if r.transient]
+        prior = [r for r in prior if not r.transient]
         if prior:
             _account(res, tuner, prior, task, fallback)
             res.resumed = len(prior)
             for cb in callbacks:
                 cb(res, prior)
-    while len(res.trials) < n_trial and tuner.has_next():
+    while len(res.trials) < n_trial and (retry or tuner.has_next()):
         n = min(batch_size, n_trial - len(res.trials))
-        batch = []
-        if include_fallback and fallback.index not in tuner.visited and not res.trials:
+        batch, retry = retry[:n], retry[n:]
+        taken = {c.index for c in batch + retry}
+        if include_fallback and fallback.index not in tuner.visited | taken and not res.trials and len(batch) < n:
             batch.append(fallback)
-        batch += [c for c in tuner.next_batch(n - len(batch)) if c.index != fallback.index or not batch]
+            taken.add(fallback.index)
+        if len(batch) < n:
+            batch += [c for c in tuner.next_batch(n - len(batch)) if c.index not in taken]
         if not batch:
             break
         results = measurer.measure(task, batch)

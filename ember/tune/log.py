@@ -6,7 +6,10 @@ seconds or null), "costs", "gflops", "error": null or {"kind", "detail"}, "build
 (`Schedule.record()`: stages and steps), which `ember.compile` replays. Appends take an exclusive
 lock on the file, write whole lines (one write per batch), flush and fsync, so a killed tuner
 leaves every finished record and at most one torn line at the end, which readers skip and the next
-append starts after. `ember.te.config.load_tuned` picks the best record per workload;
+append starts after. Readers (`read_records`) take the file as bytes and each line alone: a line that
+is not a record (invalid UTF-8 or JSON, fields of the wrong types) is skipped, with one warning naming
+the file and the lines; records of version 1 (no "schedule") are read as before.
+`ember.te.config.load_tuned` picks the best record per workload;
 `TuningLog.measured` gives what a resumed run must not measure again.
 """
 

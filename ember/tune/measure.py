@@ -5,7 +5,10 @@
 1. build: each candidate (task + config) is instantiated, lowered, compiled to C and to a shared
    library in a pool of worker processes (compiles run in parallel; identical code is a cache hit);
    an exception (an illegal schedule, a compiler error) or a build past `build_timeout` is an
-   error of kind "compile" or "build_timeout", and a pool whose worker died is replaced;
+   error of kind "compile" or "build_timeout". A worker that dies (a template that segfaults or
+   exits) breaks the pool and every future in it: the pool is replaced and the candidates whose
+   futures were lost are built again one at a time, so that exactly the one whose worker dies alone
+   is an error of kind "crash" ("build worker died (exit status 3)") and the others go on;
 2. run: one at a time (timings never overlap a compile), in a runner process: the library is
    loaded, called once on the task's random inputs and its outputs compared with the reference
    (the numpy references of the task's ops, else the fallback config's outputs); then warm-up
@@ -17,12 +20,21 @@
 Build workers fork from this process (templates given as functions stay reachable); the runner is
 a fresh interpreter (`python -m ember.tune.runner`), so native code never runs in a fork of a
 process with live OpenMP threads, and the caller's main module is not re-imported.
+
+Neither outlives the tuner, even one killed with `kill -9` (which runs no clean-up): each calls
+`die_with_parent` as it starts (the workers in the pool's initializer, the runner in its `main`).
+On Linux the kernel sends it SIGKILL when its parent dies (`prctl(PR_SET_PDEATHSIG)`), and on every
+platform a watchdog thread exits it once `os.getppid()` is no longer the tuner (it was reparented).
+Build workers stay in the tuner's process group; the runner has its own session (a time-out kills
+its whole group). The death signal follows the thread that started the child: a Measurer is meant
+to be used from one long-lived thread (the main thread in `ember tune`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import pickle
 import select
@@ -32,6 +44,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -62,11 +75,46 @@ class MeasureResult:
         return self.error is None and bool(self.costs)
 
     @property
+    def transient(self) -> bool:
+        """A failure that says nothing sure about the candidate, so a resumed run measures it again: its build
+        worker died (it, or a neighbour in its batch before the culprit was told apart), or it timed out."""
+        return self.error in ("timeout", "build_timeout") or "build worker died" in self.detail
+
+    @property
     def cost(self) -> float:
         return statistics.median(self.costs) if self.ok else float("inf")
 
     def gflops(self, flops: int) -> float:
         return flops / self.cost / 1e9 if self.ok and self.cost > 0 else 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# tied to the tuner's life: build workers and the runner die with the process that started them
+# ------------------------------------------------------------------------------------------------
+PARENT_ENV = "EMBER_TUNE_PARENT"  # the tuner's pid, given to the runner process
+
+
+def die_with_parent(parent: int) -> None:
+    """Make this process (a build worker or the runner) exit when `parent` does, even after a `kill -9`:
+    on Linux the kernel sends SIGKILL at the parent's death (`prctl(PR_SET_PDEATHSIG)`); everywhere a
+    daemon thread polls `os.getppid()` and exits the process once it is no longer `parent` (reparented)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ember-parent-watchdog", daemon=True).start()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -111,6 +159,7 @@ class _Runner:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env[PARENT_ENV] = str(os.getpid())
         self.proc = subprocess.Popen([sys.executable, "-m", "ember.tune.runner"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, start_new_session=True)  # fmt: skip
 
@@ -136,11 +185,7 @@ class _Runner:
             code = None
         self.proc = None
         if code is not None and code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return {"error": "crash", "detail": f"runner killed by {name}"}
+            return {"error": "crash", "detail": f"runner killed by {_status(code)}"}
         return {"error": "crash", "detail": f"runner exited with status {code}"}
 
     def kill(self) -> None:
@@ -162,6 +207,16 @@ class _Runner:
             if self.proc.poll() is None:
                 self.kill()
         self.proc = None
+
+
+def _status(code: int) -> str:
+    """A process's exit code in words: "exit status 3", "SIGSEGV"."""
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
 
 
 def send_msg(f, obj: Any) -> None:
@@ -200,6 +255,7 @@ class Measurer:
         self._runner = _Runner()
         self._tmp = tempfile.TemporaryDirectory(prefix="ember-tune-")
         self._data: dict[str, tuple[str, str | None]] = {}
+        self._death = ""  # how the last build worker that died ended: " (exit status 3)", " (SIGSEGV)"
 
     # -- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> Measurer:
@@ -215,14 +271,20 @@ class Measurer:
 
     def _pool_(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = cf.ProcessPoolExecutor(self.n_parallel, mp_context=mp.get_context("fork"))
+            self._pool = cf.ProcessPoolExecutor(self.n_parallel, mp_context=mp.get_context("fork"),
+                                                initializer=die_with_parent, initargs=(os.getpid(),))  # fmt: skip
         return self._pool
 
     def _stop_pool(self) -> None:
         pool, self._pool = self._pool, None
         if pool is None:
             return
-        procs = list(getattr(pool, "_processes", {}).values())
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        exited = [p for p in procs if mp.connection.wait([p.sentinel], timeout=0)]  # ended, maybe not yet reaped
+        for p in exited:
+            p.join(timeout=2)
+        died = [p.exitcode for p in exited if p.exitcode not in (None, 0, -signal.SIGTERM)]  # the pool sends SIGTERM
+        self._death = f" ({_status(died[0])})" if died else ""
         pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             if p.is_alive():
@@ -252,6 +314,19 @@ class Measurer:
         return (task.workload, task.target, cfg.key())
 
     def _build(self, task: Any, configs: list[ConfigEntity]) -> list[dict]:
+        """Build results in the order of configs. Candidates lost with a build worker that died (their
+        futures broken) are built again one at a time in a fresh pool: the one whose worker dies alone is
+        the culprit, an error of kind "crash" ("build worker died"); the others build as usual."""
+        out = self._build_group(task, configs)
+        lost = [i for i, b in enumerate(out) if b is None]
+        for i in lost:
+            b = self._build_group(task, [configs[i]])[0] if len(configs) > 1 else None
+            out[i] = b if b is not None else {"error": "crash", "detail": f"build worker died{self._death}"}
+        return out
+
+    def _build_group(self, task: Any, configs: list[ConfigEntity]) -> list[dict | None]:
+        """Build results (None for a candidate lost with a dead worker); the pool is replaced after a death
+        or a build time-out."""
         if not configs:
             return []
         pool = self._pool_()
@@ -262,7 +337,8 @@ class Measurer:
             pool = self._pool_()
             futs = [pool.submit(build_candidate, task, dict(c.values)) for c in configs]
         done, _ = cf.wait(futs, timeout=self.build_timeout)
-        out, restart = [], False
+        out: list[dict | None] = []
+        restart = False
         for f in futs:
             if f not in done:
                 out.append({"error": "build_timeout", "detail": f"build not done within {self.build_timeout:g} s"})
@@ -270,8 +346,8 @@ class Measurer:
                 continue
             try:
                 out.append(f.result())
-            except cf.process.BrokenProcessPool as e:
-                out.append({"error": "compile", "detail": f"build worker died: {e}"})
+            except cf.process.BrokenProcessPool:
+                out.append(None)
                 restart = True
             except Exception as e:
                 out.append({"error": "compile", "detail": f"{type(e).__name__}: {e}"})

@@ -69,7 +69,10 @@ def run_one(msg: dict, cache: dict) -> dict:
 
 
 def main() -> None:
-    from ember.tune.measure import recv_msg, send_msg
+    from ember.tune.measure import PARENT_ENV, die_with_parent, recv_msg, send_msg
+
+    if os.environ.get(PARENT_ENV):
+        die_with_parent(int(os.environ[PARENT_ENV]))
 
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol

@@ -76,3 +76,56 @@ def test_reference_from_fallback_when_no_numpy_reference():
         ok, wrong = m.measure(task, cfgs)
     assert ok.ok and wrong.error == "wrong"
     assert np.isfinite(ok.cost)
+
+
+def exits_in_build(cfg):
+    """A template whose build worker dies (`os._exit(3)`) for one config: the build half of a crashing template."""
+    import os
+
+    tile = cfg.define_knob("tile", [1, 2, 4, 8, 16, 32])
+    if tile == 4:
+        os._exit(3)
+    A = te.placeholder((N,), "float32", name="A")
+    C = te.compute((N,), lambda i: A[i] * 2.0, name="C")
+    s = te.create_schedule(C)
+    s[C].split(C.op.axis[0], tile)
+    return s, [A, C]
+
+
+def test_a_dead_build_worker_costs_only_its_candidate(tmp_path):
+    task = Task.from_template("exits_in_build", exits_in_build, reference_fn=reference)
+    configs = list(task.space)
+    assert len(configs) == 6
+    with Measurer(n_parallel=2, run_timeout=5.0, repeat=1, min_time=0.001, warmup=0.0) as m:
+        results = m.measure(task, configs)
+        again = m.measure(task, [task.space.entity({"tile": 8})])  # the pool was replaced
+    bad = [r for r in results if not r.ok]
+    assert [r.config["tile"] for r in bad] == [4], [(r.config["tile"], r.error, r.detail) for r in results]
+    assert bad[0].error == "crash" and "build worker died" in bad[0].detail and "exit status 3" in bad[0].detail
+    assert all(r.ok and r.cost > 0 for r in results if r.config["tile"] != 4)
+    assert again[0].ok
+
+
+def test_resume_retries_dead_workers_and_timeouts_only(tmp_path):
+    """A log (as written before this fix) where a dead worker marked its batch as compile errors, plus a time-out, a
+    real compile error and a wrong answer: the resumed run measures the first two again, not the other two."""
+    from ember.tune.log import make_record
+    from ember.tune.measure import MeasureResult
+
+    task = Task.from_template("exits_in_build", exits_in_build, reference_fn=reference)
+    space = task.space
+    died = "build worker died: A process in the process pool was terminated abruptly"
+    logged = {1: ("compile", died), 2: ("timeout", "no result within 3 s (killed)"),
+              8: ("compile", "ValueError: cannot split"), 16: ("wrong", "output 0: max abs error 1")}  # fmt: skip
+    log = TuningLog(tmp_path / "log.jsonl")
+    log.append([make_record(task, MeasureResult(space.entity({"tile": t}), error=k, detail=d))
+                for t, (k, d) in logged.items()])  # fmt: skip
+    with Measurer(n_parallel=2, run_timeout=5.0, repeat=1, min_time=0.001, warmup=0.0) as m:
+        res = tune_task(task, "grid", 6, m, log=log, batch_size=3)
+    assert res.resumed == 2 and len(res.trials) == 6
+    recs = log.records()[len(logged) :]
+    tiles = sorted(r["config"]["knobs"]["tile"] for r in recs)
+    assert tiles == [1, 2, 4, 32], tiles  # the two retried, the two never measured
+    by_tile = {r["config"]["knobs"]["tile"]: r for r in recs}
+    assert by_tile[1]["error"] is None and by_tile[2]["error"] is None and by_tile[32]["error"] is None
+    assert by_tile[4]["error"]["kind"] == "crash" and "build worker died" in by_tile[4]["error"]["detail"]

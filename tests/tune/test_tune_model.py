@@ -1,6 +1,7 @@
 """Task extraction matches the compiler's kernels; a log's best configs are applied by ember.compile;
 `ember tune` killed mid-run and restarted loses no record and measures nothing twice."""
 
+import contextlib
 import json
 import os
 import signal
@@ -142,3 +143,75 @@ def test_a_schedule_for_another_compute_is_not_replayed(model_path, tmp_path):
     TuningLog(tmp_path / "log.jsonl").append(recs)
     m = ember.compile(str(model_path), "c", tuning_log=str(tmp_path / "log.jsonl"))
     assert m.summary()["tuned_workloads"] == 2 and m.summary()["replayed_workloads"] == 0
+
+
+def _proc_stat(pid: int) -> tuple[int, int, str, str] | None:
+    """(ppid, session id, state, start time) of a live process, None when it is gone (zombies are gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[1]), int(fields[3]), fields[0], fields[19]) if fields[0] not in "ZX" else None
+
+
+def _all_procs() -> dict[int, tuple[int, int, str, str]]:
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            st = _proc_stat(int(d.name))
+            if st is not None:
+                out[int(d.name)] = st
+    return out
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> start time of every live descendant of root."""
+    procs = _all_procs()
+    out, frontier = {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _, _, start) in procs.items():
+            if ppid == parent and pid not in out:
+                out[pid] = start
+                frontier.append(pid)
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_cli_tune_killed_leaves_no_orphans(model_path, tmp_path):
+    """kill -9 of `ember tune` while it has build workers (and a runner): within seconds no process it started
+    is left, neither in its session nor elsewhere (the runner has its own session)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "ember.cli", "tune", str(model_path), "--trials", "64", "--log",
+           str(tmp_path / "tune.jsonl"), "--tuner", "random", "--batch-size", "4"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    children: dict[int, str] = {}
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            children = _descendants(proc.pid)
+            workers = [p for p in children if _proc_stat(p) and _proc_stat(p)[0] == proc.pid]
+            if len(workers) >= 2 and (tmp_path / "tune.jsonl").exists():  # build workers and the runner
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None and len(children) >= 2, "ember tune ended or started no workers"
+        children = _descendants(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)  # the tuner only: what it started must follow on its own
+        proc.wait()
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            left = {p for p, st in _all_procs().items() if st[1] == proc.pid}
+            left |= {p for p, start in children.items() if (_proc_stat(p) or (0, 0, "", ""))[3] == start}
+            if not left:
+                break
+            time.sleep(0.1)
+        assert not left, f"orphans of the killed tuner: {sorted(left)}"
+    finally:  # a failed run leaves nothing either
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p, start in children.items():
+            if (_proc_stat(p) or (0, 0, "", ""))[3] == start:
+                os.kill(p, signal.SIGKILL)
+        proc.wait()
