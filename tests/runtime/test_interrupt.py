@@ -1,0 +1,50 @@
+"""Ctrl-C reaches a long native call within a second (it used to take effect only when the call returned), and
+the model still answers right afterwards."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import time
+import numpy as np
+import ember
+from ember import zoo
+
+b = zoo.Builder(0)
+y = b.op("ReduceSum", [b.op("Expand", ["x", b.const(np.array([1 << 21, 1 << 16], np.int64))])], keepdims=0)
+m = ember.compile(b.model({"x": (1, 1)}, y), "c -threads=1")  # ~1.4e11 additions: seconds on one core
+small = np.full((1, 1), 0.5, np.float32)
+print("go", flush=True)
+t0 = time.perf_counter()
+try:
+    m(small)
+    print("finished", flush=True)
+except KeyboardInterrupt:
+    print(f"interrupted {time.perf_counter() - t0:.3f}", flush=True)
+"""
+
+
+def test_ctrl_c_interrupts_a_long_native_call(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "go", proc.stderr.read()
+        time.sleep(0.5)
+        sent = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        line = proc.stdout.readline().strip()
+        waited = time.perf_counter() - sent
+    finally:
+        proc.kill()
+        proc.wait()
+    assert line.startswith("interrupted"), line
+    assert waited < 1.5, f"Ctrl-C took {waited:.2f} s to interrupt the call"
