@@ -24,10 +24,11 @@ import numpy as np
 
 from ..codegen.c import codegen_c, codegen_c_unit
 from ..codegen.runners import runner_source
-from ..codegen.toolchain import compile_units
+from ..codegen.toolchain import compile_units, compiler_for
 from ..target import Target
 from ..tir.dtype import numpy_dtype
 from ..tir.stmt import PrimFunc
+from .cross import CrossCompiledModel
 from .export import export_c
 from .model import Fallback, Model
 from .plan import ALIGN, Plan, Step
@@ -160,16 +161,20 @@ def build_c_model(
     target: Target,
     fallback: Fallback | None = None,
     summary: dict | None = None,
-) -> CompiledModel:
-    """The C backend: one C unit per kernel plus the segment runners, compiled and linked into one library."""
+) -> CompiledModel | CrossCompiledModel:
+    """The C backend: one C unit per kernel plus the segment runners, compiled and linked into one library by the
+    target's compiler (`compiler_for`: a cross compiler for another machine, whose model is not run here)."""
     units, protos = [], []
     for _, func in kernels:
         src, proto = codegen_c_unit(func, target, threads_api=False)
         units.append(src)
         protos += proto
     units.append(codegen_c([], target) + "\n" + "\n".join(protos) + "\n\n" + runner_source(plan.steps))
-    lib = compile_units(units, target.cflags(), name="model")
+    cc = compiler_for(target)
+    lib = compile_units(units, target.cflags(), name="model", cc=cc)
     source = lib.with_suffix(".c").read_text()
+    if not target.runs_here:
+        return CrossCompiledModel(lib, plan, weights, source, fallback, {**(summary or {}), "cc": cc})
     return CompiledModel(lib, plan, weights, source, fallback, {**(summary or {}), "cc": os.environ.get("CC", "cc")})
 
 
