@@ -238,7 +238,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-TARGET_HELP = 'c or llvm, with options ("llvm -threads=2"); default: c, or llvm where no C compiler is installed'
+TARGET_HELP = ('c or llvm, with options ("llvm -threads=2", "c -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"); '
+               "default: c, or llvm where no C compiler is installed")
 
 
 def main(argv: list[str] | None = None) -> int:
