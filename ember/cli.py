@@ -135,9 +135,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             feeds[name] = np.load(path)
         except (OSError, ValueError) as e:
             return _fail("run", e)
+    from ember.runtime.cross import ForeignTargetError
+
     try:
         outs = m.run(feeds)
-    except ArgumentError as e:
+    except (ArgumentError, ForeignTargetError) as e:
         return _fail("run", e)
     for name, y in outs.items():
         stats = f"min {y.min():.4g} max {y.max():.4g} mean {y.mean():.4g}" if y.size and y.dtype.kind == "f" else ""

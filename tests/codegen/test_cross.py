@@ -14,7 +14,7 @@ import ember
 from ember import te
 from ember.codegen.toolchain import elf_machine
 from ember.runtime.cross import CrossCompiledModel, CrossModule, ForeignTargetError
-from ember.target import ARCHS, Target
+from ember.target import ARCHS, Target, host_triple
 
 CROSS = {  # triple -> a CPU of it
     "aarch64-linux-gnu": "cortex-a72",
@@ -43,6 +43,8 @@ def conv_matmul() -> onnx.ModelProto:
 
 def target_for(kind: str, triple: str) -> Target:
     arch = ARCHS[triple]
+    if triple == host_triple():
+        pytest.skip(f"{triple} is this machine's triple")
     if shutil.which(f"{triple}-gcc") is None:
         pytest.skip(f"needs the cross compiler {triple}-gcc (apt-get install {arch.package})")
     return Target.parse(f"{kind} -mtriple={triple} -mcpu={CROSS[triple]}")
@@ -118,3 +120,17 @@ def test_cross_built_kernel(kind, triple):
     arrays = [np.zeros((32, 16), np.float32), np.zeros((16, 8), np.float32), np.zeros((32, 8), np.float32)]
     with pytest.raises(ForeignTargetError, match="cannot run in this process"):
         f(*arrays)
+
+
+def test_cli_compiles_for_another_machine_and_refuses_to_run_it(model, tmp_path, capsys):
+    from ember.cli import main
+
+    target = target_for("c", "aarch64-linux-gnu")
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out"), "--target", str(target)]) == 0
+    assert elf_machine(tmp_path / "out" / "model.so") == 183
+    assert main(["run", str(tmp_path / "out")]) == 1
+    assert "qemu-aarch64 -L /usr/aarch64-linux-gnu" in capsys.readouterr().err
+    bad = ["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "bad"), "--target", "c -mcpu=not-a-cpu"]
+    assert main(bad) == 1
+    assert "not a known" in capsys.readouterr().err
