@@ -6,7 +6,8 @@ import sys
 from collections.abc import Sequence
 
 from .codegen.c import c_symbol, codegen_c
-from .codegen.toolchain import compile_c, find_cc
+from .codegen.toolchain import compile_c, compiler_for, find_cc
+from .runtime.cross import CrossModule
 from .runtime.module import ArgSpec, Module
 from .target import Target
 from .te.lower import lower_schedule
@@ -51,7 +52,8 @@ def build(
 
     The result is called with one numpy array per argument, outputs written in place:
     `f(a, b, c)`. Shapes, dtypes and layout are checked before any native code runs. The default
-    target is "c", or "llvm" where no C compiler is installed."""
+    target is "c", or "llvm" where no C compiler is installed. A target of another machine (`-mtriple=`) is
+    cross-compiled into a `CrossModule`: its library and source, which refuse to run in this process."""
     target = Target.parse(target if target is not None else default_target())
     if isinstance(sch, PrimFunc):
         func = sch
@@ -70,7 +72,9 @@ def build(
     if target.kind != "c":
         raise NotImplementedError(f"target {target.kind!r} is not available yet")
     source = codegen_c(func, target)
-    lib = compile_c(source, target.cflags())
+    lib = compile_c(source, target.cflags(), cc=compiler_for(target))
+    if not target.runs_here:
+        return CrossModule(lib, target, {c_symbol(func.name): specs}, source, func)
     return Module(lib, {c_symbol(func.name): specs}, source, func)
 
 
@@ -79,13 +83,16 @@ def default_target() -> str:
     return "c" if find_cc() is not None else "llvm"
 
 
-def _build_llvm(func: PrimFunc, target: Target, specs: list[ArgSpec]) -> Module:
+def _build_llvm(func: PrimFunc, target: Target, specs: list[ArgSpec]) -> Module | CrossModule:
     import os
 
-    from .codegen.llvm import JITEngine, codegen_llvm
+    from .codegen.llvm import JITEngine, codegen_llvm, shared_library
     from .runtime.jit import JITModule
 
     source = codegen_llvm(func, target)
+    if not target.runs_here:
+        return CrossModule(shared_library(source, target, name="kernel"), target, {c_symbol(func.name): specs},
+                           source, func)  # fmt: skip
     jit = JITEngine(source, target)
     jit.set_num_threads(target.threads or os.cpu_count() or 1)
     return JITModule(jit, {c_symbol(func.name): specs}, source, func)

@@ -135,9 +135,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             feeds[name] = np.load(path)
         except (OSError, ValueError) as e:
             return _fail("run", e)
+    from ember.runtime.cross import ForeignTargetError
+
     try:
         outs = m.run(feeds)
-    except ArgumentError as e:
+    except (ArgumentError, ForeignTargetError) as e:
         return _fail("run", e)
     for name, y in outs.items():
         stats = f"min {y.min():.4g} max {y.max():.4g} mean {y.mean():.4g}" if y.size and y.dtype.kind == "f" else ""
@@ -263,7 +265,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-TARGET_HELP = 'c or llvm, with options ("llvm -threads=2"); default: c, or llvm where no C compiler is installed'
+TARGET_HELP = ('c or llvm, with options ("llvm -threads=2", "c -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"); '
+               "default: c, or llvm where no C compiler is installed")
 
 
 def main(argv: list[str] | None = None) -> int:

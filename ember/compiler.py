@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .build import deep_enough, default_target
+from .codegen.toolchain import check_toolchain
 from .graph.ir import Graph
 from .kernels import GraphLowering, LoweringUnsupported
 from .ops import get_op
@@ -55,12 +56,18 @@ def compile(  # noqa: A001
     `opt_level` 0..3 and `disabled_passes` choose the graph passes (`ember.passes.PASSES`); with
     `fallback=False` every node must get a native kernel (else one error lists those that do not).
     `tuning_log` (JSON lines written by `ember tune`) gives each tuned workload its best config;
-    the others keep their templates' fallback configs."""
+    the others keep their templates' fallback configs.
+
+    A target of another machine (`"c -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"`) is built with its cross
+    compiler (checked first: a missing one raises a `TargetError` naming its package); the model saves, but
+    running it here raises `ForeignTargetError` (it runs on that machine, or under an emulator)."""
     t0 = time.perf_counter()
     target = Target.parse(target if target is not None else default_target())
     if target.kind not in BACKENDS:
         have = ", ".join(sorted(BACKENDS))
         raise NotImplementedError(f"ember.compile: no model backend for target {target.kind!r} yet (have: {have})")
+    if not target.runs_here:
+        check_toolchain(target)
     lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0)
     return build_model(lowered)
 

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..target import Target, host_cpu_flags
+from ..target import Target
 from ..tir.arith import Analyzer
 from ..tir.dtype import DType
 from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
 from ..tir.functor import walk
 from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
-from .toolchain import has_libmvec
 from .vmath import EXP2_TABLE, exp2_table_values, vector_exp, wants_arithmetic_exp
 
 STACK_LIMIT = 32 * 1024  # bytes: larger allocations go to the heap
@@ -295,7 +294,7 @@ class CCodegen:
     def arithmetic_math(self, fn: str, dt: DType) -> bool:
         """Whether `fn` on vectors of dt is computed in arithmetic (`ember.codegen.vmath`): a float32 exp on a
         C target without libmvec, where expf would run once per lane. Defines the table it reads."""
-        if self.target.kind != "c" or has_libmvec() or not wants_arithmetic_exp(fn, dt):
+        if self.target.kind != "c" or self.target.has_libmvec or not wants_arithmetic_exp(fn, dt):
             return False
         values = ", ".join("INFINITY" if np.isinf(v) else float(v).hex() + "f" for v in exp2_table_values())
         name = self.name(EXP2_TABLE)
@@ -312,9 +311,9 @@ class CCodegen:
             t, one = self.ctype(dt), "1.0f" if dt.bits == 32 else "1.0"
             name = f"ember_simd_sigmoid_{t}"
             return self.helper(name, f"static inline {t} {name}({t} x) {{ return {one} / ({one} + {exp}(-x)); }}")
-        if fn not in _LIBMVEC or dt.scalar.name not in ("float32", "float64") or not has_libmvec():
+        if fn not in _LIBMVEC or dt.scalar.name not in ("float32", "float64") or not self.target.has_libmvec:
             return None
-        flags = host_cpu_flags() if self.target.mcpu == "native" else frozenset()
+        flags = self.target.simd_features()
         width = {512: "e", 256: "d", 128: "b"}
         bits = dt.bits * dt.lanes
         isa = [(b, c) for b, c in width.items() if b <= bits and (b != 512 or "avx512f" in flags)

@@ -1,6 +1,8 @@
-"""LLVM IR from the loop IR (llvmlite), JIT-compiled for the host CPU.
+"""LLVM IR from the loop IR (llvmlite), JIT-compiled for the host CPU, or compiled for another machine.
 
-Needs no C compiler: `ember.build(s, args, target="llvm")` works where gcc is missing.
+Needs no C compiler: `ember.build(s, args, target="llvm")` works where gcc is missing. A target of another
+machine (`"llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"`) is compiled to an object for its triple, CPU and
+features (`shared_library`) and linked into a shared library by its cross compiler (`toolchain.link_object`).
 
 - Each PrimFunc becomes `i32 name(ptr noalias A, ptr noalias B, ...)` returning 0, or -1 when a heap
   allocation failed (as the C target's functions do).
@@ -40,7 +42,7 @@ from ..tir.functor import walk
 from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
 from . import llvm_pool
 from .c import STACK_LIMIT, CodegenError, c_symbol, const_offset, register_slots
-from .toolchain import cache_dir
+from .toolchain import cache_dir, link_object
 from .vmath import EXP2_TABLE, exp2_table_values, vector_exp, wants_arithmetic_exp
 
 try:  # llvmlite is the optional extra `ember[llvm]`
@@ -759,14 +761,78 @@ def codegen_llvm(funcs: PrimFunc | list[PrimFunc], target: Target | str = "llvm"
 
 
 def target_machine(target: Target):
+    """LLVM's target machine: this process's triple and CPU (JIT), or a foreign target's triple, CPU and
+    features (position-independent code for a shared library). The target was validated when parsed: LLVM
+    aborts the process on a CPU of another architecture."""
     _init()
+    opt = {"-O0": 0, "-O1": 1, "-O2": 2}.get(target.opt, 3)
+    if not target.runs_here:
+        _init_all()
+        triple, cpu, features = target.llvm_machine()
+        t = llvm.Target.from_triple(triple)
+        return t.create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic", codemodel="default")
     t = llvm.Target.from_triple(llvm.get_process_triple())
     if target.mcpu == "native":
         cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
     else:
-        cpu, features = target.mcpu, ""
-    opt = {"-O0": 0, "-O1": 1, "-O2": 2}.get(target.opt, 3)
+        cpu, features = target.mcpu, ",".join(target.mattr)
     return t.create_target_machine(cpu=cpu, features=features, opt=opt, codemodel="jitdefault", jit=True)
+
+
+@functools.cache
+def _init_all() -> None:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+
+
+# The library of a foreign target: the pool (codegen.llvm_pool) linked in and started by a constructor, and the
+# thread count set as the C target's libraries set it
+LIBRARY_IR = r"""
+@ember_num_threads = external global i32
+declare void @ember_pool_init()
+@llvm.global_ctors = appending global [1 x { i32, ptr, ptr }]
+  [{ i32, ptr, ptr } { i32 65535, ptr @ember_pool_init, ptr null }]
+
+define void @ember_set_num_threads(i32 %n) {
+  %pos = icmp sgt i32 %n, 0
+  %v = select i1 %pos, i32 %n, i32 1
+  store i32 %v, ptr @ember_num_threads
+  ret void
+}
+"""
+
+
+def shared_library(ir_text: str, target: Target, name: str = "model") -> Path:
+    """A shared library for a target of another machine from LLVM IR (`codegen_llvm`, plus any runners): an
+    object for its triple, CPU and features, linked by its cross compiler. Cached by content hash."""
+    _init()
+    import llvmlite
+
+    from .llvm_pool import pool_ir
+
+    tm = target_machine(target)
+    parts = [ir_text, RUNTIME_IR, LIBRARY_IR, pool_ir(tm.triple), str(target), tm.triple, llvmlite.__version__]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    path = cache_dir() / "llvm" / key[:2] / f"{key}.o"
+    if not path.exists():
+        with _lock:
+            mod = llvm.parse_assembly(ir_text)
+            for extra in (RUNTIME_IR, pool_ir(tm.triple), LIBRARY_IR):
+                mod.link_in(llvm.parse_assembly(extra))
+            mod.triple = tm.triple
+            mod.data_layout = str(tm.target_data)
+            if tm.triple.startswith("riscv64"):  # the hard-float ABI of riscv64-linux-gnu's libraries
+                abi = llvm.parse_assembly('!llvm.module.flags = !{!0}\n!0 = !{i32 1, !"target-abi", !"lp64d"}')
+                mod.link_in(abi)
+            mod.verify()
+            level = {"-O0": 0, "-O1": 1, "-O2": 2}.get(target.opt, 3)
+            pto = llvm.create_pipeline_tuning_options(speed_level=level)
+            pto.loop_vectorization = pto.slp_vectorization = level >= 2
+            pb = llvm.create_pass_builder(tm, pto)
+            pb.getModulePassManager().run(mod, pb)
+            obj = tm.emit_object(mod)
+        atomic_write(path, obj)
+    return link_object(path.read_bytes(), target, key, name)
 
 
 _lock = threading.Lock()
@@ -780,6 +846,9 @@ class JITEngine:
 
     def __init__(self, ir_text: str, target: Target):
         _init()
+        if not target.runs_here:
+            raise CodegenError(f"target '{target}' is another machine's: its code cannot be JIT-compiled into this "
+                               "process (codegen.llvm.shared_library builds its library)")  # fmt: skip
         self.ir_text, self.target = ir_text, target
         self.tm = tm = target_machine(target)
         key = object_key(ir_text, target, tm)

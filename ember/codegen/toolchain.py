@@ -1,8 +1,16 @@
-"""Compile C source to a shared library with the system compiler, cached by content hash.
+"""Compile C source to a shared library with the target's C compiler, cached by content hash.
 
 A cache entry is a directory named by the SHA-256 of (source, compiler, flags), holding
 `kernel.c` (the source, kept for reading and debugging) and `kernel.so`. Entries are built in a
 temporary directory and renamed into place, so a killed compile never leaves a broken entry.
+
+The compiler of a target is `compiler_for(target)` and its flags `target.cflags()`: this machine's
+compiler ($CC, else cc/gcc/clang) for a target of this machine, the distribution's cross compiler
+`<triple>-gcc` for another (`-mtriple=`). Anything that builds C for a target (a model, a kernel, an
+exported model's runtime) calls these two:
+
+    cc = compiler_for(target)                   # raises TargetError naming the package to install
+    subprocess.run([cc, *target.cflags(), "model.c", "-o", "model.so", "-lm"])
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from ..target import Target, TargetError, host_has_libmvec
 
 
 class CompileError(RuntimeError):
@@ -43,18 +53,67 @@ def cc_version(cc: str) -> str:
         return cc
 
 
-@functools.cache
 def has_libmvec() -> bool:
-    """Whether glibc's vector math library (SIMD expf, logf, erff, tanhf, ...) can be linked."""
-    import ctypes.util
-    import platform
-
-    return platform.machine() in ("x86_64", "AMD64") and ctypes.util.find_library("mvec") is not None
+    """Whether this machine can link glibc's vector math library (a target's code uses it where
+    `Target.has_libmvec`: only code for this machine's own triple)."""
+    return host_has_libmvec()
 
 
-def compile_c(source: str, flags: list[str], name: str = "kernel") -> Path:
-    """Path of a shared library built from `source` (reused from the cache when present)."""
-    cc = find_cc()
+def compiler_for(target: Target | str) -> str:
+    """The C compiler command that builds code for `target` (with `target.cflags()`).
+
+    This machine's target (no -mtriple, or its own triple): `find_cc()` ($CC, else cc, gcc, clang), or
+    `CompileError` where none is installed. Another machine's: the cross compiler `<triple>-gcc` (the llvm
+    target links its objects with it), or a `TargetError` that names the Debian package to install. For a c
+    target naming a CPU or features, also checks (once) that the compiler accepts its machine flags."""
+    target = Target.parse(target)
+    arch = target.arch
+    if target.runs_here:
+        cc = find_cc()
+        if cc is None:
+            raise CompileError("no C compiler found (set CC, or install gcc/clang); the llvm target needs none")
+    else:
+        assert arch is not None
+        cc = f"{arch.triple}-gcc"
+        if shutil.which(cc) is None:
+            raise TargetError(f"target '{target}' needs the cross compiler {cc}, which is not installed: "
+                              f"apt-get install {arch.package} (Debian/Ubuntu)")  # fmt: skip
+    if target.kind == "c" and (target.mcpu != "native" or target.mattr):
+        _check_machine_flags(cc, tuple(target.machine_flags()), str(target))
+    return cc
+
+
+def check_toolchain(target: Target | str) -> None:
+    """Raise now (`TargetError`, `CompileError`) where this machine cannot build for `target`: a c target
+    needs its C compiler, an llvm target for another machine needs the cross compiler to link."""
+    target = Target.parse(target)
+    if target.kind == "c" or (target.kind == "llvm" and not target.runs_here):
+        compiler_for(target)
+
+
+@functools.cache
+def _check_machine_flags(cc: str, flags: tuple[str, ...], target: str) -> None:
+    cmd = [cc, *flags, "-x", "c", "-c", "-o", os.devnull, "-"]
+    proc = subprocess.run(cmd, input="int ember_probe;\n", capture_output=True, text=True)
+    if proc.returncode != 0:
+        first = (proc.stderr.strip().splitlines() or ["?"])[0]
+        raise TargetError(f"target '{target}': {cc_version(cc)} does not accept {' '.join(flags)} ({first}); "
+                          "pick another -mcpu/-mattr, or a newer compiler (set CC)")  # fmt: skip
+
+
+def elf_machine(path: str | os.PathLike) -> int:
+    """The e_machine field of an ELF file (62 x86_64, 183 aarch64, 243 riscv, 40 arm: `Arch.elf_machine`)."""
+    with open(path, "rb") as f:
+        head = f.read(20)
+    if head[:4] != b"\x7fELF":
+        raise ValueError(f"{path} is not an ELF file")
+    return int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+
+
+def compile_c(source: str, flags: list[str], name: str = "kernel", cc: str | None = None) -> Path:
+    """Path of a shared library built from `source` by `cc` (default: this machine's, `find_cc`), reused from
+    the cache when present."""
+    cc = cc or find_cc()
     if cc is None:
         raise CompileError("no C compiler found (set CC, or install gcc/clang); the llvm target needs none")
     key = hashlib.sha256("\0".join([source, cc_version(cc), *flags]).encode()).hexdigest()
@@ -67,7 +126,7 @@ def compile_c(source: str, flags: list[str], name: str = "kernel") -> Path:
     try:
         src = tmp / f"{name}.c"
         src.write_text(source)
-        libs = ["-lmvec", "-lm"] if "_ZGV" in source and has_libmvec() else ["-lm"]
+        libs = ["-lmvec", "-lm"] if "_ZGV" in source else ["-lm"]  # (only code for a libmvec target has _ZGV)
         cmd = [cc, *flags, str(src), "-o", str(tmp / f"{name}.so"), *libs]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -115,15 +174,16 @@ def _run_cc(cmd: list[str], source: str, name: str) -> None:
         raise CompileError(f"{' '.join(cmd[:3])} ... failed on {keep}:\n{proc.stderr.strip()[:4000]}")
 
 
-def compile_units(units: list[str], flags: list[str], name: str = "model", jobs: int | None = None) -> Path:
-    """A shared library from several C translation units, compiled in parallel.
+def compile_units(units: list[str], flags: list[str], name: str = "model", jobs: int | None = None,
+                  cc: str | None = None) -> Path:  # fmt: skip
+    """A shared library from several C translation units, compiled in parallel by `cc` (default: `find_cc`).
 
     Each unit's object file is cached by its own hash (a kernel shared by two models, or unchanged
     between compiles, is compiled once); the library is cached by the hashes of its objects. The
     units' sources are kept, concatenated, as `<name>.c` beside the library."""
     from concurrent.futures import ThreadPoolExecutor
 
-    cc = find_cc()
+    cc = cc or find_cc()
     if cc is None:
         raise CompileError("no C compiler found (set CC, or install gcc/clang); the llvm target needs none")
     version = cc_version(cc)
@@ -144,7 +204,22 @@ def compile_units(units: list[str], flags: list[str], name: str = "model", jobs:
 
     def link(tmp: Path) -> None:
         (tmp / f"{name}.c").write_text(source)
-        libs = ["-lmvec", "-lm"] if "_ZGV" in source and has_libmvec() else ["-lm"]
+        libs = ["-lmvec", "-lm"] if "_ZGV" in source else ["-lm"]
         _run_cc([cc, *flags, *map(str, objs), "-o", str(tmp / f"{name}.so"), *libs], source, name)
 
     return cached_build([str(o) for o in objs] + [version, *flags, "link"], f"{name}.so", link)
+
+
+def link_object(obj: bytes, target: Target, key: str, name: str = "model") -> Path:
+    """A shared library for `target` from one object file (the llvm target's code for another machine), linked
+    by `compiler_for(target)`; cached under `key` (the object's own cache key)."""
+    cc = compiler_for(target)
+
+    def link(tmp: Path) -> None:
+        (tmp / f"{name}.o").write_bytes(obj)
+        cmd = [cc, "-shared", "-fPIC", str(tmp / f"{name}.o"), "-o", str(tmp / f"{name}.so"), "-lm", "-lpthread"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CompileError(f"{' '.join(cmd)} failed:\n{proc.stderr.strip()[:4000]}")
+
+    return cached_build([key, cc_version(cc), "link-object"], f"{name}.so", link)

@@ -36,11 +36,12 @@ import numpy as np
 
 from ..codegen.c import assemble_c, codegen_c, codegen_c_parts
 from ..codegen.runners import runner_source
-from ..codegen.toolchain import compile_units
+from ..codegen.toolchain import compile_units, compiler_for
 from ..target import Target
 from ..tir.dtype import numpy_dtype
 from ..tir.stmt import PrimFunc
-from .export import export_c, export_standalone
+from .cross import CrossCompiledModel
+from .export import ExportsC
 from .model import Fallback, Model
 from .plan import ALIGN, Plan, Step
 
@@ -75,7 +76,7 @@ class Values:
         return Values(table, views, workspace)
 
 
-class CompiledModel(Model):
+class CompiledModel(ExportsC, Model):
     """A model on a CPU: its segment functions in a shared library (C backend), called over a value table."""
 
     backend = "c"
@@ -200,17 +201,6 @@ class CompiledModel(Model):
         source = (directory / "model.c").read_text() if (directory / "model.c").exists() else ""
         return cls(directory / "model.so", plan, weights, source, fallback, summary)
 
-    def export_c(self, directory: str | Path, prefix: str = "ember_model") -> Path:
-        """Write a standalone C library (source, header, weights) a C program can link: see runtime.export."""
-        return export_c(self.plan, self._weights, self.source, directory, prefix)
-
-    def export(self, directory: str | Path, build: bool = True, openmp: bool = True,
-               extra_cflags: Sequence[str] = ()) -> Path:  # fmt: skip
-        """Write the standalone export (the C library, ember_run.c, a Makefile) and build `ember_run` with the
-        target's compiler and flags: see runtime.export.export_standalone and runtime.standalone.run_exported."""
-        return export_standalone(self.plan, self._weights, self.source, directory, build=build, openmp=openmp,
-                                 extra_cflags=extra_cflags)  # fmt: skip
-
 
 def interruptible(call: Callable[[], int]) -> int:
     """`call()` in a helper thread, waited for so that KeyboardInterrupt reaches the waiting thread at once."""
@@ -238,8 +228,9 @@ def build_c_model(
     target: Target,
     fallback: Fallback | None = None,
     summary: dict | None = None,
-) -> CompiledModel:
-    """The C backend: one C unit per kernel plus the segment runners, compiled and linked into one library.
+) -> CompiledModel | CrossCompiledModel:
+    """The C backend: one C unit per kernel plus the segment runners, compiled and linked into one library by the
+    target's compiler (`compiler_for`: a cross compiler for another machine, whose model is not run here).
 
     The model's `source` is the same code as one translation unit (each helper once, then every kernel, then the
     runners): what `save` keeps beside the library and what the standalone export compiles."""
@@ -248,8 +239,11 @@ def build_c_model(
     runners = runner_source(plan.steps)
     units = [assemble_c([part], threads_api=False) for part in parts]
     units.append(codegen_c([], target) + "\n" + "\n".join(protos) + "\n\n" + runners)
-    lib = compile_units(units, target.cflags(), name="model")
+    cc = compiler_for(target)
+    lib = compile_units(units, target.cflags(), name="model", cc=cc)
     source = assemble_c(parts) + "\n" + runners
+    if not target.runs_here:
+        return CrossCompiledModel(lib, plan, weights, source, fallback, {**(summary or {}), "cc": cc})
     return CompiledModel(lib, plan, weights, source, fallback, {**(summary or {}), "cc": os.environ.get("CC", "cc")})
 
 

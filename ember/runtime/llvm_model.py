@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from ..codegen.llvm import codegen_llvm
+from ..codegen.llvm import codegen_llvm, shared_library
 from ..codegen.llvm_model import ModelJIT
 from ..codegen.runners import runner_ir
 from ..target import Target
 from ..tir.stmt import PrimFunc
+from .cross import CrossCompiledModel
 from .executor import CompiledModel
 from .model import Fallback
 from .plan import Plan
@@ -45,13 +46,6 @@ class LLVMCompiledModel(CompiledModel):
         jit = ModelJIT.load(directory, plan.target)
         return cls(jit, plan, weights, jit.ir_text, fallback, summary)
 
-    def export_c(self, directory: str | Path, prefix: str = "ember_model") -> Path:
-        raise ValueError(f"export_c writes the model's C source, and this model was compiled for target "
-                         f"'{self.plan.target}': compile it with target='c' to export it")  # fmt: skip
-
-    def export(self, directory: str | Path, build: bool = True, openmp: bool = True, extra_cflags: Any = ()) -> Path:
-        return self.export_c(directory)  # (raises: there is no C source to export)
-
 
 def build_llvm_model(
     kernels: Sequence[tuple[str, PrimFunc]],
@@ -60,9 +54,12 @@ def build_llvm_model(
     target: Target,
     fallback: Fallback | None = None,
     summary: dict | None = None,
-) -> LLVMCompiledModel:
-    """The model backend of target kind "llvm": every kernel and the segment runners in one LLVM module."""
+) -> LLVMCompiledModel | CrossCompiledModel:
+    """The model backend of target kind "llvm": every kernel and the segment runners in one LLVM module, JIT-compiled,
+    or for another machine compiled to its shared library (`codegen.llvm.shared_library`), not run here."""
     source = codegen_llvm([f for _, f in kernels], target) + "\n" + runner_ir(plan.steps)  # (ImportError: llvmlite)
+    if not target.runs_here:
+        return CrossCompiledModel(shared_library(source, target), plan, weights, source, fallback, summary)
     jit = ModelJIT(source, target)
     import llvmlite
 

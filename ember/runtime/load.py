@@ -3,6 +3,7 @@
     backend "gpu"   -> GPU model (runtime.gpu_model: OpenCL builds the source, CUDA loads the PTX)
     backend "llvm"  -> llvm model (runtime.llvm_model: the saved machine code or the IR, JIT)
     backend "c"     -> C model (runtime.executor: model.so)
+    backend "cross" -> a model built for another machine (runtime.cross: kept, saved and exported, not run here)
 
 Every saved model has plan.json, weights.npz, summary.json and manifest.json (the backend, every file's SHA-256,
 every weight's dtype and shape). `runtime.model.read_saved` checks them all, and the plan's consistency, before
@@ -25,6 +26,10 @@ def load(path: str | Path, fallback: Fallback | None = None) -> Model:
     if not (d / "plan.json").exists():
         raise FileNotFoundError(f"{d} is not a saved Ember model (no plan.json)")
     plan, weights, summary, backend = read_saved(d)
+    if backend == "cross":
+        from .cross import CrossCompiledModel
+
+        return CrossCompiledModel.from_files(d, plan, weights, summary, fallback)
     if backend == "gpu":
         from .gpu_model import GPUCompiledModel
 

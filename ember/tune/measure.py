@@ -124,7 +124,7 @@ def build_candidate(task: Any, knobs: dict) -> dict:
     """Compile one candidate to a shared library: {"lib", "symbol", "specs", "build_s"} or an error."""
     from ember.build import lower
     from ember.codegen.c import c_symbol, codegen_c
-    from ember.codegen.toolchain import compile_c
+    from ember.codegen.toolchain import compile_c, compiler_for
     from ember.target import Target
     from ember.tir.functor import walk
     from ember.tir.stmt import Store
@@ -137,7 +137,7 @@ def build_candidate(task: Any, knobs: dict) -> dict:
         func = lower(sch, args, "candidate")
         written = {n.buffer for n in walk(func.body) if isinstance(n, Store)}
         specs = [(b.name, list(b.shape), b.dtype.name, b in written) for b in func.params]
-        lib = compile_c(codegen_c(func, target), target.cflags())
+        lib = compile_c(codegen_c(func, target), target.cflags(), cc=compiler_for(target))
     except Exception as e:  # any failure to build is the candidate's error, not the tuner's
         detail = f"{type(e).__name__}: {e}"[:2000]
         return {"error": "compile", "detail": detail, "trace": traceback.format_exc(limit=4)[-2000:]}
