@@ -6,12 +6,19 @@
 The inputs go to .npy files, `DIR/ember_run` runs (through `launcher` when given: an emulator, or a command that
 runs it on another machine), and its outputs come back from the .npy files it wrote. `timings` is its JSON line:
 repeat, warmup, threads, min, median, mean (seconds) and the output files.
+
+`emulator(target)` is the launcher of an emulated board for a target built for another architecture (qemu-user
+with the cross toolchain's libraries: `qemu-aarch64 -L /usr/aarch64-linux-gnu`), or None where the code runs here:
+
+    m = ember.compile(model, "c -mtriple=aarch64-linux-gnu -mcpu=cortex-a72")
+    outputs, timings = run_exported(m.export("out/arm"), {"x": x}, launcher=emulator(m.plan.target))
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -19,9 +26,24 @@ from pathlib import Path
 
 import numpy as np
 
+from ..target import Target
+
 
 class StandaloneError(RuntimeError):
     """`ember_run` failed: the message holds its exit status and what it said on stderr."""
+
+
+def emulator(target: Target | str) -> list[str] | None:
+    """The command prefix that runs a program built for `target` here (None: it runs natively): its
+    architecture's qemu-user, with the cross toolchain's sysroot; a clear error where qemu is not installed."""
+    target = Target.parse(target)
+    if target.runs_here or target.arch is None:
+        return None
+    arch = target.arch
+    if shutil.which(arch.qemu) is None:
+        raise StandaloneError(f"running code for {arch.triple} here needs the emulator {arch.qemu}: install it "
+                              f"(Debian/Ubuntu: apt-get install qemu-user)")  # fmt: skip
+    return arch.emulator.split()
 
 
 def run_exported(
