@@ -23,6 +23,7 @@ features (`shared_library`) and linked into a shared library by its cross compil
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -842,9 +843,12 @@ class JITEngine:
     """LLVM IR compiled in memory: function addresses and globals of one execution engine.
 
     Machine code is cached on disk by a content hash of (IR, target, CPU, llvmlite version), beside the C
-    toolchain's cache: a cache hit skips both the optimization passes and code generation."""
+    toolchain's cache: a cache hit skips both the optimization passes and code generation. An entry carries the
+    SHA-256 of its object and is checked on every read (`read_cached_object`): a torn, corrupted or planted entry
+    is discarded and the IR compiled again, never handed to LLVM. `object_code` (a saved model's machine code,
+    verified by its manifest) is used for this engine alone and never enters the shared cache."""
 
-    def __init__(self, ir_text: str, target: Target):
+    def __init__(self, ir_text: str, target: Target, object_code: bytes | None = None):
         _init()
         if not target.runs_here:
             raise CodegenError(f"target '{target}' is another machine's: its code cannot be JIT-compiled into this "
@@ -852,16 +856,22 @@ class JITEngine:
         self.ir_text, self.target = ir_text, target
         self.tm = tm = target_machine(target)
         key = object_key(ir_text, target, tm)
-        self.object_path = object_cache_path(key)
-        cached = self.object_path.read_bytes() if self.object_path.exists() else None
+        self.key, self.object_path = key, object_cache_path(key)
+        cached = object_code if object_code is not None else read_cached_object(self.object_path)
         self.from_cache = cached is not None
+        self.object_code = cached
+
+        def compiled(_m, buf: bytes) -> None:  # (called only when LLVM generated the code)
+            self.object_code = bytes(buf)
+            write_cached_object(self.object_path, self.object_code)
+
         with _lock:  # llvmlite's module and engine objects are not thread-safe
             llvm_pool.load()  # ember_pool_run, before the engine links this module
             mod = self._parse()
             if cached is None:
                 self._optimize(mod)
             self.engine = llvm.create_mcjit_compiler(mod, tm)
-            self.engine.set_object_cache(lambda _m, buf: atomic_write(self.object_path, buf), lambda _m: cached)
+            self.engine.set_object_cache(compiled, lambda _m: cached)
             self.engine.finalize_object()
             self.engine.run_static_constructors()
         self.llmod = mod
@@ -908,6 +918,28 @@ class JITEngine:
 def object_cache_path(key: str) -> Path:
     """Where the JIT cache keeps the machine code of a module whose key (`object_key`) is `key`."""
     return cache_dir() / "llvm" / key[:2] / f"{key}.o"
+
+
+OBJECT_MAGIC = b"EMBEROBJ1\n"  # a cache entry: magic, the object's SHA-256 (32 bytes), the object
+
+
+def read_cached_object(path: Path) -> bytes | None:
+    """The machine code of a JIT cache entry, if it is whole and unchanged; a bad entry is removed (None)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head = len(OBJECT_MAGIC) + 32
+    obj = data[head:]
+    if data[: len(OBJECT_MAGIC)] == OBJECT_MAGIC and hashlib.sha256(obj).digest() == data[len(OBJECT_MAGIC) : head]:
+        return obj
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return None
+
+
+def write_cached_object(path: Path, obj: bytes) -> None:
+    atomic_write(path, OBJECT_MAGIC + hashlib.sha256(obj).digest() + obj)
 
 
 def object_key(ir_text: str, target: Target, tm) -> str:

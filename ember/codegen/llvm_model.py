@@ -17,34 +17,34 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..target import Target
-from .llvm import JITEngine, atomic_write, object_cache_path, object_key, target_machine
+from .llvm import JITEngine, object_key, target_machine
 
 
 class ModelJIT(JITEngine):
     """A model's module compiled in memory, as the llvm model calls it (`runtime.llvm_model`); its
     parallel loops use the target's threads (default: all cores)."""
 
-    def __init__(self, ir_text: str, target: Target):
-        super().__init__(ir_text, target)
+    def __init__(self, ir_text: str, target: Target, object_code: bytes | None = None):
+        super().__init__(ir_text, target, object_code)
         self.set_num_threads(target.num_cores)
 
     def save(self, directory: Path) -> None:
-        """Write the LLVM IR, and the machine code with the cache key it is valid for."""
+        """Write the LLVM IR, and the machine code with the key (IR, target, CPU, llvmlite) it is valid for."""
         (directory / "model.ll").write_text(self.ir_text)
-        if self.object_path.exists():
-            (directory / "model.o").write_bytes(self.object_path.read_bytes())
-            (directory / "model.key").write_text(self.object_path.stem + "\n")
+        if self.object_code is not None:
+            (directory / "model.o").write_bytes(self.object_code)
+            (directory / "model.key").write_text(self.key + "\n")
 
     @classmethod
     def load(cls, directory: Path, target: str | Target) -> ModelJIT:
-        """The engine of a saved model: its machine code where still valid (the key matches), else its IR
-        compiled again."""
+        """The engine of a saved model (its files verified by the manifest): its machine code where its key is this
+        process's key for the IR (same target, CPU and llvmlite), else its IR compiled again. The saved code serves
+        this engine only: it never enters the shared JIT cache, so a saved model cannot change what later compiles
+        get."""
         target = Target.parse(target)
         ir_text = (directory / "model.ll").read_text()
         obj, key_file = directory / "model.o", directory / "model.key"
-        if obj.exists() and key_file.exists():
-            key = object_key(ir_text, target, target_machine(target))
-            cached = object_cache_path(key)
-            if key_file.read_text().strip() == key and not cached.exists():
-                atomic_write(cached, obj.read_bytes())
+        key = object_key(ir_text, target, target_machine(target))
+        if obj.exists() and key_file.exists() and key_file.read_text().strip() == key:
+            return cls(ir_text, target, obj.read_bytes())
         return cls(ir_text, target)

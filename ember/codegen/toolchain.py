@@ -145,16 +145,21 @@ def compile_c(source: str, flags: list[str], name: str = "kernel", cc: str | Non
 
 
 def cached_build(key_parts: list[str], out_name: str, build) -> Path:
-    """Cache entry for a key: `build(tmpdir)` writes `out_name` into a fresh temp dir, then it is renamed in."""
+    """Cache entry for a key: `build(tmpdir)` writes `out_name` into a fresh temp dir, then it is renamed in, with
+    the SHA-256 of `out_name` beside it (`<out_name>.sha256`). An entry is checked on every hit: one that is torn,
+    edited or from before entries carried hashes is removed and built again."""
     key = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()
     entry = cache_dir() / key[:2] / key
     out = entry / out_name
     if out.exists():
-        return out
+        if _entry_intact(out):
+            return out
+        _discard(entry)
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
     try:
         build(tmp)
+        (tmp / f"{out_name}.sha256").write_text(_sha256(tmp / out_name) + "\n")
         try:
             os.rename(tmp, entry)
         except OSError:
@@ -164,6 +169,28 @@ def cached_build(key_parts: list[str], out_name: str, build) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _entry_intact(out: Path) -> bool:
+    digest = out.with_name(out.name + ".sha256")
+    try:
+        return digest.read_text().strip() == _sha256(out)
+    except OSError:
+        return False
+
+
+def _discard(entry: Path) -> None:
+    """Remove a cache entry (renamed aside first, so no reader sees it half removed)."""
+    aside = entry.with_name(f".{entry.name}-bad-{os.getpid()}")
+    try:
+        os.rename(entry, aside)
+    except OSError:
+        return  # another process replaced or removed it
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _run_cc(cmd: list[str], source: str, name: str) -> None:

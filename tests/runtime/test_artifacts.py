@@ -5,9 +5,14 @@ was compiled for). Each tampering below was a wrong answer, a segfault or a SIGB
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 import ember
@@ -31,8 +36,6 @@ def saved(request, tmp_path_factory) -> tuple[Path, np.ndarray, np.ndarray]:
 
 
 def copy_of(saved, tmp_path: Path) -> Path:
-    import shutil
-
     return Path(shutil.copytree(saved[0], tmp_path / "copy"))
 
 
@@ -126,3 +129,62 @@ def test_save_replaces_an_earlier_model_whole_and_leaves_other_directories_alone
         ember.compile(mlp(), "c").save(other)
     assert (other / "todo.txt").read_text() == "mine"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left
+
+
+def relu_and_neg():
+    models = []
+    for op in ("Relu", "Neg"):
+        b = zoo.Builder(0)
+        models.append(b.model({"x": (4, 8)}, b.op(op, ["x"])))
+    return models
+
+
+def test_a_saved_model_cannot_poison_the_jit_cache(tmp_path, monkeypatch):
+    """Another model's machine code planted in a saved model (manifest re-hashed) is that model's business: it never
+    enters the shared cache, so a later compile of the same IR computes what it should (it computed Neg before)."""
+    pytest.importorskip("llvmlite")
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    relu, neg = relu_and_neg()
+    a = ember.compile(relu, "llvm").save(tmp_path / "relu")
+    b = ember.compile(neg, "llvm").save(tmp_path / "neg")
+    (a / "model.o").write_bytes((b / "model.o").read_bytes())
+    remanifest(a)
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "fresh"))
+    ember.load(a)  # runs the planted code: loading runs a model's code (README); the cache must not keep it
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_array_equal(ember.compile(relu, "llvm")(x), np.maximum(x, 0))
+
+
+def test_a_corrupt_jit_cache_entry_is_discarded_and_rebuilt(tmp_path, monkeypatch):
+    """A torn or overwritten cache entry never reaches LLVM (random bytes used to abort the process)."""
+    pytest.importorskip("llvmlite")
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    relu, _ = relu_and_neg()
+    first = ember.compile(relu, "llvm")
+    entry = first._lib.object_path
+    x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    for bad in (np.random.default_rng(4).bytes(4096), entry.read_bytes()[:100], b""):
+        entry.write_bytes(bad)
+        again = ember.compile(relu, "llvm")
+        assert not again._lib.from_cache
+        np.testing.assert_array_equal(again(x), np.maximum(x, 0))
+    assert ember.compile(relu, "llvm")._lib.from_cache  # the rebuilt entry is good
+
+
+def test_a_corrupt_library_in_the_compile_cache_is_rebuilt(tmp_path, monkeypatch):
+    """A C library entry of the content-hash cache truncated (a full disk, a killed copy) is built again, not
+    loaded (dlopen of a truncated library died with SIGBUS). The entry is made by another process: this one must not
+    have the library mapped when it is truncated."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    relu, _ = relu_and_neg()
+    onnx.save(relu, str(tmp_path / "relu.onnx"))
+    code = f"import ember; print(ember.compile({str(tmp_path / 'relu.onnx')!r}, 'c').lib_path)"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    lib = Path(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                              cwd=root).stdout.strip())  # fmt: skip
+    lib.write_bytes(lib.read_bytes()[:1000])
+    x = np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32)
+    again = ember.compile(relu, "c")
+    assert again.lib_path == lib and len(lib.read_bytes()) > 1000
+    np.testing.assert_array_equal(again(x), np.maximum(x, 0))
