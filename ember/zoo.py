@@ -167,6 +167,22 @@ def transformer_encoder_layer(
     return b.model({"x": (batch, seq, d)}, out, "transformer_encoder_layer")
 
 
+def elementwise_chain(length: int = 1000, shape: tuple[int, ...] = (1, 64), seed: int = 9) -> onnx.ModelProto:
+    """`length` elementwise nodes in one chain, Relu, Neg and Add of a scalar constant in turn: a graph as long
+    as a big model's with nothing to compute (the compile-time benchmark and its tests)."""
+    b = Builder(seed)
+    y = "x"
+    for i in range(length):
+        kind = i % 3
+        if kind == 0:
+            y = b.op("Relu", [y])
+        elif kind == 1:
+            y = b.op("Neg", [y])
+        else:
+            y = b.op("Add", [y, b.const(np.float32(0.25 + (i % 7) / 8), "k")])
+    return b.model({"x": shape}, y, f"elementwise_chain_{length}")
+
+
 # -- whole networks -------------------------------------------------------------------------------
 
 
