@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .build import deep_enough, default_target
+from .build import default_target
 from .graph.ir import Graph
 from .kernels import GraphLowering, Limits, LoweringUnsupported, WorkLimitError, check_tensor_sizes
 from .ops import get_op
@@ -108,7 +108,6 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
     graph, pass_report = run_passes(graph, opt_level=opt_level, disabled=disabled_passes, target=target)
     check_tensor_sizes(graph, limits)
     t_passes = time.perf_counter()
-    deep_enough()
     tuned = load_tuned(tuning_log, str(target)) if tuning_log else {}
     gl = GraphLowering(graph, target, allow_fallback=fallback, tuned=tuned, limits=limits)
     gl.run()
