@@ -204,6 +204,29 @@ def resnet18(batch: int = 1, image: int = 224, classes: int = 1000, width: int =
     return b.model({"x": (batch, 3, image, image)}, y, "resnet18")
 
 
+def resnet50(batch: int = 1, image: int = 224, classes: int = 1000, width: int = 64) -> onnx.ModelProto:
+    """torchvision's ResNet-50 layout: ResNet-18's stem and head around 3, 4, 6, 3 bottleneck blocks
+    (1x1 reduce, 3x3 with the stride, 1x1 expand to 4x the width; a 1x1 projection where the shape changes)."""
+    b = Builder(10)
+    y = b.conv_bn_relu("x", 3, width, k=7, stride=2)
+    y = b.op("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = width
+    for stage, blocks in enumerate([3, 4, 6, 3]):
+        mid = width * 2**stage
+        cout = 4 * mid
+        for block in range(blocks):
+            stride = 2 if stage > 0 and block == 0 else 1
+            main = b.conv_bn_relu(y, cin, mid, k=1)
+            main = b.conv_bn_relu(main, mid, mid, k=3, stride=stride)
+            main = b.conv_bn_relu(main, mid, cout, k=1, relu=None)
+            short = y if stride == 1 and cin == cout else b.conv_bn_relu(y, cin, cout, k=1, stride=stride, relu=None)
+            y = b.op("Relu", [b.op("Add", [main, short])])
+            cin = cout
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    y = b.linear(y, cin, classes, gemm=True)
+    return b.model({"x": (batch, 3, image, image)}, y, "resnet50")
+
+
 def mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, width: float = 1.0) -> onnx.ModelProto:
     """torchvision's MobileNetV2 layout: inverted residuals with depthwise 3x3 convs and ReLU6."""
     b = Builder(7)
