@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from .codegen.c import c_symbol, codegen_c
@@ -18,12 +17,6 @@ from .tir.stmt import PrimFunc, Store
 from .tir.transform import optimize
 
 
-def deep_enough() -> None:
-    """Loop IR is a tree walked recursively: long chains of stages nest deeply (one Allocate each)."""
-    if sys.getrecursionlimit() < 20000:
-        sys.setrecursionlimit(20000)
-
-
 def lower(
     sch: Schedule, args: Sequence[Tensor], name: str = "default_function", trace: bool = False, gpu: bool = False
 ) -> PrimFunc:
@@ -31,7 +24,6 @@ def lower(
 
     `trace=True` prints the IR after each loop pass; `gpu=True` runs the GPU targets' passes (vectorized
     loops stay scalar loops: the threads are the lanes)."""
-    deep_enough()
     func = lower_schedule(sch, args, name)
     if trace:
         print(f"# after schedule\n{func}\n")

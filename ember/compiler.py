@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from .build import deep_enough, default_target
+from .build import default_target
 from .codegen.toolchain import check_toolchain
 from .graph.ir import Graph
-from .kernels import GraphLowering, LoweringUnsupported
+from .kernels import GraphLowering, Limits, LoweringUnsupported, WorkLimitError, check_tensor_sizes
 from .ops import get_op
 from .ops.te_lib import NotLowerable
 from .passes import run_passes
@@ -32,8 +32,8 @@ from .runtime.plan import Plan, assign_offsets
 from .target import Target
 from .te.config import load_tuned
 
-__all__ = ["BACKENDS", "LoweredModel", "LoweringUnsupported", "NotLowerable", "build_model", "compile", "load",
-           "lower_model", "reference_fallback"]  # fmt: skip
+__all__ = ["BACKENDS", "Limits", "LoweredModel", "LoweringUnsupported", "NotLowerable", "WorkLimitError",
+           "build_model", "compile", "load", "lower_model", "reference_fallback"]  # fmt: skip
 
 
 def reference_fallback(op: str, attrs: dict, arrays: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -49,6 +49,8 @@ def compile(  # noqa: A001
     opt_level: int = 3,
     disabled_passes: Sequence[str] = (),
     tuning_log: str | os.PathLike | None = None,
+    max_elements: int | None = None,
+    max_iterations: int | None = None,
 ) -> Model:
     """Compile a model (ONNX path or ModelProto, or an ember Graph) for `target` (default: "c", or "llvm"
     where no C compiler is installed, as `ember.build`).
@@ -60,15 +62,21 @@ def compile(  # noqa: A001
 
     A target of another machine (`"c -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"`) is built with its cross
     compiler (checked first: a missing one raises a `TargetError` naming its package); the model saves, but
-    running it here raises `ForeignTargetError` (it runs on that machine, or under an emulator)."""
+    running it here raises `ForeignTargetError` (it runs on that machine, or under an emulator).
+
+    Work bounds, checked before any code is generated (`ember.kernels.Limits`): a tensor of more than
+    `max_elements` elements (default 2^34, or the environment variable EMBER_MAX_ELEMENTS) or a kernel whose
+    loops run more than `max_iterations` iterations (default 2^40, or EMBER_MAX_ITERATIONS) makes compile
+    raise `WorkLimitError`, naming the node and the tensor."""
     t0 = time.perf_counter()
+    limits = Limits.resolve(max_elements, max_iterations)
     target = Target.parse(target if target is not None else default_target())
     if target.kind not in BACKENDS:
         have = ", ".join(sorted(BACKENDS))
         raise NotImplementedError(f"ember.compile: no model backend for target {target.kind!r} yet (have: {have})")
     if not target.runs_here:
         check_toolchain(target)
-    lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0)
+    lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits)
     return build_model(lowered)
 
 
@@ -88,23 +96,27 @@ class LoweredModel:
 
 def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fallback: bool = True,
                 opt_level: int = 3, disabled_passes: Sequence[str] = (), tuning_log: str | os.PathLike | None = None,
-                t0: float | None = None) -> LoweredModel:  # fmt: skip
-    """The target-independent half of `compile`: import, passes, kernels lowered to loop IR, memory plan."""
+                t0: float | None = None, limits: Limits | None = None) -> LoweredModel:  # fmt: skip
+    """The target-independent half of `compile`: import, passes, kernels lowered to loop IR, memory plan.
+    `limits` (default: `Limits.resolve()`, the environment's or the default bounds) are checked on the
+    imported graph's tensors, the graph's after the passes, and each kernel's loops."""
     t0 = time.perf_counter() if t0 is None else t0
+    limits = Limits.resolve() if limits is None else limits
     if isinstance(model, Graph):
         graph = model
     else:
         from .frontend.onnx import from_onnx
 
         graph = from_onnx(model, input_shapes=input_shapes)
+    check_tensor_sizes(graph, limits)
     nodes = len(graph.nodes)
     t_import = time.perf_counter()
     graph = graph.copy()
     graph, pass_report = run_passes(graph, opt_level=opt_level, disabled=disabled_passes, target=target)
+    check_tensor_sizes(graph, limits)
     t_passes = time.perf_counter()
-    deep_enough()
     tuned = load_tuned(tuning_log, str(target)) if tuning_log else {}
-    gl = GraphLowering(graph, target, allow_fallback=fallback, tuned=tuned)
+    gl = GraphLowering(graph, target, allow_fallback=fallback, tuned=tuned, limits=limits)
     gl.run()
     plan = gl.plan()
     assign_offsets(plan)

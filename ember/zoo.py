@@ -167,6 +167,22 @@ def transformer_encoder_layer(
     return b.model({"x": (batch, seq, d)}, out, "transformer_encoder_layer")
 
 
+def elementwise_chain(length: int = 1000, shape: tuple[int, ...] = (1, 64), seed: int = 9) -> onnx.ModelProto:
+    """`length` elementwise nodes in one chain, Relu, Neg and Add of a scalar constant in turn: a graph as long
+    as a big model's with nothing to compute (the compile-time benchmark and its tests)."""
+    b = Builder(seed)
+    y = "x"
+    for i in range(length):
+        kind = i % 3
+        if kind == 0:
+            y = b.op("Relu", [y])
+        elif kind == 1:
+            y = b.op("Neg", [y])
+        else:
+            y = b.op("Add", [y, b.const(np.float32(0.25 + (i % 7) / 8), "k")])
+    return b.model({"x": shape}, y, f"elementwise_chain_{length}")
+
+
 # -- whole networks -------------------------------------------------------------------------------
 
 
@@ -186,6 +202,29 @@ def resnet18(batch: int = 1, image: int = 224, classes: int = 1000, width: int =
     y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
     y = b.linear(y, cin, classes, gemm=True)
     return b.model({"x": (batch, 3, image, image)}, y, "resnet18")
+
+
+def resnet50(batch: int = 1, image: int = 224, classes: int = 1000, width: int = 64) -> onnx.ModelProto:
+    """torchvision's ResNet-50 layout: ResNet-18's stem and head around 3, 4, 6, 3 bottleneck blocks
+    (1x1 reduce, 3x3 with the stride, 1x1 expand to 4x the width; a 1x1 projection where the shape changes)."""
+    b = Builder(10)
+    y = b.conv_bn_relu("x", 3, width, k=7, stride=2)
+    y = b.op("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = width
+    for stage, blocks in enumerate([3, 4, 6, 3]):
+        mid = width * 2**stage
+        cout = 4 * mid
+        for block in range(blocks):
+            stride = 2 if stage > 0 and block == 0 else 1
+            main = b.conv_bn_relu(y, cin, mid, k=1)
+            main = b.conv_bn_relu(main, mid, mid, k=3, stride=stride)
+            main = b.conv_bn_relu(main, mid, cout, k=1, relu=None)
+            short = y if stride == 1 and cin == cout else b.conv_bn_relu(y, cin, cout, k=1, stride=stride, relu=None)
+            y = b.op("Relu", [b.op("Add", [main, short])])
+            cin = cout
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    y = b.linear(y, cin, classes, gemm=True)
+    return b.model({"x": (batch, 3, image, image)}, y, "resnet50")
 
 
 def mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, width: float = 1.0) -> onnx.ModelProto:

@@ -175,6 +175,105 @@ class Graph:
         return format_graph(self)
 
 
+class Uses:
+    """Who defines and who reads each Value of a graph, kept current by the edits made through it.
+
+    `graph.consumers()` walks the whole graph; a pass that asked it again after every rewrite was quadratic.
+    A pass builds one `Uses` (linear) and edits through it: each edit costs what it touches (a value's
+    readers, a node's inputs). Nodes left without readers are marked dead (`dead`) and leave `graph.nodes`
+    at `sweep()`; nodes added through `add` go at the end of `graph.nodes` (the pass sorts the graph after).
+    Readers are kept per value in first-read order (a node reading a value twice is listed once)."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.producers: dict[Value, Node] = {}
+        self._readers: dict[Value, dict[Node, None]] = {}
+        self.outputs: set[Value] = set(graph.outputs)
+        self.dead: set[Node] = set()
+        for node in graph.nodes:
+            self._register(node)
+
+    def readers(self, v: Value) -> list[Node]:
+        return list(self._readers.get(v, ()))
+
+    def producer(self, v: Value | None) -> Node | None:
+        return None if v is None else self.producers.get(v)
+
+    def is_used(self, v: Value) -> bool:
+        return bool(self._readers.get(v)) or v in self.outputs
+
+    def _register(self, node: Node) -> None:
+        for out in node.outputs:
+            self.producers[out] = node
+        for v in node_reads(node):
+            self._readers.setdefault(v, {})[node] = None
+
+    def _unregister_reads(self, node: Node) -> list[Value]:
+        reads = node_reads(node)
+        for v in reads:
+            self._readers.get(v, {}).pop(node, None)
+        return reads
+
+    def add(self, node: Node) -> None:
+        """Append a new node to the graph."""
+        self.graph.nodes.append(node)
+        self._register(node)
+
+    def set_inputs(self, node: Node, inputs: list[Value | None]) -> None:
+        """Give `node` new inputs; producers of the inputs it no longer reads may die."""
+        old = self._unregister_reads(node)
+        node.inputs = list(inputs)
+        self._register(node)
+        self._drop_unused(old)
+
+    def replace_uses(self, old: Value, new: Value) -> None:
+        """Make every reader of `old` (nodes, their subgraphs, graph outputs) read `new` instead, as
+        `ember.passes.util.replace_uses` does; the producer of `old` dies when nothing reads it."""
+        for node in self.readers(old):
+            self._unregister_reads(node)
+            replace_in_nodes([node], old, new)
+            self._register(node)
+        g, prev = self.graph, self.producers.get(old)
+        if old in self.outputs:
+            if new in self.producers and new not in self.outputs and not new.is_constant:
+                new.name = old.name
+                g.outputs = [new if v is old else v for v in g.outputs]
+                self.outputs = set(g.outputs)
+            else:
+                self.add(Node("Identity", [new], [old], {}, f"{old.name}_identity"))  # now defines `old`
+        self._drop_dead([prev] if prev is not None else [])
+
+    def _drop_unused(self, values: list[Value]) -> None:
+        """Mark dead the producers of `values` whose outputs nothing reads any more, and so on upwards."""
+        self._drop_dead([p for p in map(self.producers.get, values) if p is not None])
+
+    def _drop_dead(self, stack: list[Node]) -> None:
+        while stack:
+            node = stack.pop()
+            mine = [v for v in node.outputs if self.producers.get(v) is node]
+            if node in self.dead or any(self.is_used(v) for v in mine):
+                continue
+            self.dead.add(node)
+            for out in mine:
+                del self.producers[out]
+            stack.extend(p for p in map(self.producers.get, self._unregister_reads(node)) if p is not None)
+
+    def sweep(self) -> None:
+        """Remove the dead nodes from `graph.nodes`."""
+        if self.dead:
+            self.graph.nodes = [n for n in self.graph.nodes if n not in self.dead]
+            self.dead = set()
+
+
+def replace_in_nodes(nodes: list[Node], old: Value, new: Value) -> None:
+    """Replace `old` by `new` in the inputs of `nodes` and of the nodes of their subgraphs (and subgraph outputs)."""
+    for node in nodes:
+        node.inputs = [new if v is old else v for v in node.inputs]
+        for sub in node.subgraphs():
+            replace_in_nodes(sub.nodes, old, new)
+            sub.outputs = [new if v is old else v for v in sub.outputs]
+
+
 def node_reads(node: Node) -> list[Value]:
     """Values a node reads: its present inputs, plus outer Values its subgraphs capture."""
     reads = node.present_inputs

@@ -6,10 +6,8 @@ import hashlib
 
 import numpy as np
 
-from ember.graph.ir import Graph, Node, Value, node_reads
+from ember.graph.ir import Graph, Node, Uses, Value, node_reads
 from ember.ops import get_op
-
-from .util import replace_uses
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                     "Bernoulli"}  # fmt: skip
@@ -51,26 +49,30 @@ def _const_key(v: Value) -> tuple:
 
 
 def eliminate_common_subexpr(graph: Graph) -> Graph:
-    """Merge constants with equal data, then nodes with the same op, attributes and inputs."""
+    """Merge constants with equal data, then nodes with the same op, attributes and inputs (one pass in
+    topological order: a node's inputs are merged before the node is looked at)."""
+    uses = Uses(graph)
     canon: dict[tuple, Value] = {}
     for c in graph.constants():
-        if c in graph.outputs:
+        if c in uses.outputs:
             continue
         first = canon.setdefault(_const_key(c), c)
         if first is not c:
-            replace_uses(graph, c, first)
+            uses.replace_uses(c, first)
     seen: dict[tuple, Node] = {}
-    drop: set[Node] = set()
     for node in list(graph.nodes):
+        if node in uses.dead:
+            continue
         key = (node.op, tuple(sorted((k, _attr_key(v)) for k, v in node.attrs.items())),
                tuple(id(v) for v in node.inputs), len(node.outputs))  # fmt: skip
         other = seen.setdefault(key, node)
         if other is node or node.op in NONDETERMINISTIC:
             continue
-        drop.add(node)
         for mine, theirs in zip(node.outputs, other.outputs):
-            replace_uses(graph, mine, theirs)
-    graph.nodes = [n for n in graph.nodes if n not in drop]
+            uses.replace_uses(mine, theirs)
+        uses.dead.add(node)
+    uses.sweep()
+    graph.topo_sort()  # an Identity kept a merged graph output's name: it went at the end
     return dead_code_elimination(graph)
 
 

@@ -9,6 +9,11 @@
    that group (it is computed inside the reader's kernel: transposes before a softmax, an
    elementwise prologue of a reduction), except into conv/matmul groups, whose inputs stay buffers.
 
+A group holds at most `MAX_GROUP` nodes (TVM's max_fuse_depth): a kernel is one expression per output,
+and a chain of thousands of elementwise ops would make an expression thousands deep, which every
+recursive walk over it (simplifier, code generators, the C compiler) pays for. Longer chains become
+several kernels of `MAX_GROUP` ops each.
+
 Each group of two or more nodes becomes one `Fused` node whose `body` holds the members.
 """
 
@@ -21,6 +26,7 @@ VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 EPILOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST)
 PROLOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST, Pattern.INJECTIVE)
 ANCHORS = (Pattern.OUT_ELEMWISE_FUSABLE, Pattern.REDUCTION, Pattern.ELEMWISE, Pattern.BROADCAST)
+MAX_GROUP = 64  # nodes per fused group
 
 
 def pattern(node: Node) -> Pattern:
@@ -57,7 +63,7 @@ def fuse_ops(graph: Graph) -> Graph:
         if n in absorbed or pattern(n) not in ANCHORS or len(n.outputs) != 1:
             continue
         members, tail = [n], n
-        while True:
+        while len(members) < MAX_GROUP:
             v = tail.outputs[0]
             users = consumers.get(v, [])
             if len(users) != 1 or v in outputs:
@@ -87,30 +93,29 @@ def fuse_ops(graph: Graph) -> Graph:
         target = group[users[0]]
         if target is members or Pattern.OUT_ELEMWISE_FUSABLE in (pattern(target[0]), pattern(users[0])):
             continue
-        if pattern(users[0]) is Pattern.OPAQUE:
+        if pattern(users[0]) is Pattern.OPAQUE or len(members) + len(target) > MAX_GROUP:
             continue
         merged = members + target
         for m in merged:
             group[m] = merged
 
     groups = {id(g): g for g in group.values() if len(g) > 1 and not all(m.op in VIEWS for m in g)}  # views are free
+    fused: dict[Node, Node | None] = {}  # member -> its Fused node at the last member's place, None elsewhere
     for members in groups.values():
-        _make_fused(graph, sorted(members, key=pos.__getitem__))
+        members = sorted(members, key=pos.__getitem__)
+        fused.update(dict.fromkeys(members))
+        fused[members[-1]] = _make_fused(members, consumers, outputs)
+    graph.nodes = [fused.get(n, n) for n in graph.nodes if fused.get(n, n) is not None]
     graph.topo_sort()
     return graph
 
 
-def _make_fused(graph: Graph, members: list[Node]) -> None:
-    inside = {v for m in members for v in m.outputs}
-    ext_inputs: list[Value] = []
-    for m in members:
-        for v in m.present_inputs:
-            if v not in inside and v not in ext_inputs:
-                ext_inputs.append(v)
-    consumers = graph.consumers()
+def _make_fused(members: list[Node], consumers: dict[Value, list[Node]], outputs: set[Value]) -> Node:
+    """The Fused node of a group (members in topological order); the caller puts it in the graph."""
+    inside = {v: None for m in members for v in m.outputs}  # in order
+    ext_inputs = list(dict.fromkeys(v for m in members for v in m.present_inputs if v not in inside))
     member_set = set(members)
-    outs = [v for v in inside if v in graph.outputs or any(c not in member_set for c in consumers.get(v, []))]
-    outs.sort(key=lambda v: [o for m in members for o in m.outputs].index(v))
+    outs = [v for v in inside if v in outputs or any(c not in member_set for c in consumers.get(v, []))]
     vmap: dict[Value, Value] = {v: Value(f"in{i}_{v.name}", v.type) for i, v in enumerate(ext_inputs)}
     for m in members:
         for v in m.outputs:
@@ -119,7 +124,4 @@ def _make_fused(graph: Graph, members: list[Node]) -> None:
                        dict(m.attrs), m.name) for m in members]  # fmt: skip
     name = "fused_" + "_".join(m.op.lower() for m in members)
     body = Graph(name, [vmap[v] for v in ext_inputs], [vmap[v] for v in outs], body_nodes)
-    fused = Node("Fused", list(ext_inputs), outs, {"body": body}, name)
-    index = max(graph.nodes.index(m) for m in members)
-    graph.nodes[index] = fused
-    graph.nodes = [n for n in graph.nodes if n not in member_set]
+    return Node("Fused", list(ext_inputs), outs, {"body": body}, name)

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import math
 
-from ember.graph.ir import Graph, Node, Value, node_reads
+from ember.graph.ir import Graph, Node, Uses, Value, node_reads
 from ember.graph.types import TensorType
 from ember.ops import Pattern, get_op
 from ember.target import Target
 from ember.templates.gpu import is_gpu
 
 from .cleanup import dead_code_elimination
-from .util import replace_uses
 
 FLOATS = ("float32", "float64")
 NOT_CHANNELWISE = {"BatchNormalization", "Expand", "Dropout", "QuantizeLinear", "DequantizeLinear"}
@@ -251,16 +250,18 @@ class _Converter:
 def cancel_transforms(graph: Graph) -> Graph:
     """A LayoutTransform of a LayoutTransform's output back to the first one's input layout reads that
     input instead; a transform to the same layout is dropped."""
-    producers = graph.producers()
-    for node in graph.nodes:
-        if node.op != "LayoutTransform":
+    uses = Uses(graph)
+    for node in list(graph.nodes):
+        if node.op != "LayoutTransform" or node in uses.dead:
             continue
         src, dst = node.attrs["src_layout"], node.attrs["dst_layout"]
-        prev = producers.get(node.inputs[0])
+        prev = uses.producer(node.inputs[0])
         if src == dst:
-            replace_uses(graph, node.outputs[0], node.inputs[0])
+            uses.replace_uses(node.outputs[0], node.inputs[0])
         elif prev is not None and prev.op == "LayoutTransform" and prev.attrs["src_layout"] == dst:
-            replace_uses(graph, node.outputs[0], prev.inputs[0])
+            uses.replace_uses(node.outputs[0], prev.inputs[0])
+    uses.sweep()
+    graph.topo_sort()
     return dead_code_elimination(graph)
 
 

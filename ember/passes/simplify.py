@@ -1,7 +1,8 @@
 """Simplify: equivalent replacements, as a table of small rules over nodes.
 
 Each rule looks at one node and either rewrites the graph (returning True) or returns False.
-The pass applies the rules until none fires, then drops dead nodes.
+The pass applies the rules until none fires, then drops dead nodes. Rules edit through `Ctx`, whose
+use-def index (`ember.graph.ir.Uses`) stays current: one index per pass, not one per rewrite.
 """
 
 from __future__ import annotations
@@ -10,33 +11,44 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ember.graph.ir import Graph, Node, Value
+from ember.graph.ir import Graph, Node, Uses, Value
 
 from .cleanup import dead_code_elimination
-from .util import constant_value, is_scalar_constant, replace_uses
+from .util import constant_value, is_scalar_constant
 
 VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
 
 class Ctx:
-    """What rules see: the graph and fresh producer/consumer maps."""
+    """What rules see: the graph and its use-def index; rules edit through `bypass` and `rewrite`."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
-        self.producers = graph.producers()
-        self.consumers = graph.consumers()
+        self.uses = Uses(graph)
 
     def producer(self, v: Value | None, *ops: str) -> Node | None:
-        n = self.producers.get(v) if v is not None else None
+        n = self.uses.producer(v)
         return n if n is not None and (not ops or n.op in ops) else None
 
+    def readers(self, v: Value) -> list[Node]:
+        return self.uses.readers(v)
+
+    def is_output(self, v: Value) -> bool:
+        return v in self.uses.outputs
+
     def sole_user(self, v: Value) -> Node | None:
-        users = self.consumers.get(v, [])
-        return users[0] if len(users) == 1 and v not in self.graph.outputs else None
+        users = self.uses.readers(v)
+        return users[0] if len(users) == 1 and not self.is_output(v) else None
 
     def bypass(self, node: Node, value: Value) -> bool:
         """Replace node's (first) output by `value`."""
-        replace_uses(self.graph, node.outputs[0], value)
+        self.uses.replace_uses(node.outputs[0], value)
+        return True
+
+    def rewrite(self, node: Node, op: str, inputs: list[Value | None], attrs: dict) -> bool:
+        """Make `node` compute `op(inputs) {attrs}` instead (its outputs unchanged)."""
+        node.op, node.attrs = op, attrs
+        self.uses.set_inputs(node, inputs)
         return True
 
 
@@ -45,10 +57,10 @@ def no_op(c: Ctx, n: Node) -> bool:
     x = n.inputs[0] if n.inputs else None
     if x is None:
         return False
-    if n.outputs[0] in c.graph.outputs and (x.is_constant or x in c.graph.inputs or x in c.graph.outputs):
+    if c.is_output(n.outputs[0]) and (x.is_constant or x in c.graph.inputs or c.is_output(x)):
         return False  # the output must keep its own name: nothing to gain
     out = n.outputs[0]
-    mask_unused = not any(c.consumers.get(v) or v in c.graph.outputs for v in n.outputs[1:])
+    mask_unused = not any(c.uses.is_used(v) for v in n.outputs[1:])
     if n.op == "Identity" or (n.op == "Dropout" and mask_unused):
         return c.bypass(n, x)
     same = x.type == out.type
@@ -86,9 +98,7 @@ def transpose_pair(c: Ctx, n: Node) -> bool:
     perm = tuple(p[i] for i in q)
     if perm == tuple(range(len(perm))):
         return c.bypass(n, inner.inputs[0])
-    n.inputs = [inner.inputs[0]]
-    n.attrs = {**n.attrs, "perm": perm}
-    return True
+    return c.rewrite(n, "Transpose", [inner.inputs[0]], {**n.attrs, "perm": perm})
 
 
 def view_chain(c: Ctx, n: Node) -> bool:
@@ -96,8 +106,7 @@ def view_chain(c: Ctx, n: Node) -> bool:
     inner = c.producer(n.inputs[0], *VIEWS) if n.op in VIEWS else None
     if inner is None:
         return False
-    n.op, n.inputs, n.attrs = "Reshape", [inner.inputs[0]], {"shape": tuple(n.outputs[0].shape)}
-    return True
+    return c.rewrite(n, "Reshape", [inner.inputs[0]], {"shape": tuple(n.outputs[0].shape)})
 
 
 def _operands(c: Ctx, v: Value, op: str) -> list[Value] | None:
@@ -189,8 +198,7 @@ def _half_x_one_plus(c: Ctx, f: Value, x: Value, approximate: str) -> bool:
             final = m1
     if final is None or final.outputs[0].type != x.type:
         return False
-    final.op, final.inputs, final.attrs = "Gelu", [x], {"approximate": approximate}
-    return True
+    return c.rewrite(final, "Gelu", [x], {"approximate": approximate})
 
 
 def layer_norm(c: Ctx, n: Node) -> bool:
@@ -219,7 +227,7 @@ def layer_norm(c: Ctx, n: Node) -> bool:
     if sq is None or sq.inputs[0] is not d or (sq.op == "Pow" and not is_scalar_constant(sq.inputs[1], 2.0)) or (
             sq.op == "Mul" and sq.inputs[1] is not d):  # fmt: skip
         return False
-    if any(len(c.consumers.get(v.outputs[0], [])) != k for v, k in ((sub, 2), (sqrt, 1), (add, 1), (var, 1))):
+    if any(len(c.readers(v.outputs[0])) != k for v, k in ((sub, 2), (sqrt, 1), (add, 1), (var, 1))):
         return False
     dim, dtype = x.shape[-1], x.type.np_dtype
     final, gamma, beta = n, None, None
@@ -236,9 +244,8 @@ def layer_norm(c: Ctx, n: Node) -> bool:
     if gamma is None:
         gamma = Value.constant(c.graph.fresh_name("ln_gamma"), np.ones(dim, dtype))
     inputs = [x, gamma] + ([beta] if beta is not None else [])
-    final.op, final.inputs = "LayerNormalization", inputs
-    final.attrs = {"axis": -1, "epsilon": float(eps.ravel()[0]), "stash_type": 1}
-    return True
+    return c.rewrite(final, "LayerNormalization", inputs, {"axis": -1, "epsilon": float(eps.ravel()[0]),
+                                                            "stash_type": 1})  # fmt: skip
 
 
 RULES: list[Callable[[Ctx, Node], bool]] = [no_op, arith_identity, transpose_pair, view_chain, gelu, gelu_tanh,
@@ -246,15 +253,16 @@ RULES: list[Callable[[Ctx, Node], bool]] = [no_op, arith_identity, transpose_pai
 
 
 def simplify(graph: Graph, max_rounds: int = 20) -> Graph:
+    dead_code_elimination(graph)
+    ctx = Ctx(graph)
     for _ in range(max_rounds):
         changed = False
         for node in list(graph.nodes):
-            ctx = Ctx(graph)
-            if node not in ctx.producers.values() and node.outputs:
+            if node in ctx.uses.dead:
                 continue
             if any(rule(ctx, node) for rule in RULES):
                 changed = True
-                dead_code_elimination(graph)
+        ctx.uses.sweep()
         if not changed:
             break
     graph.topo_sort()

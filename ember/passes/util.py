@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.graph.ir import Graph, Node, Value
+from ember.graph.ir import Graph, Node, Value, replace_in_nodes
 
 
 def replace_uses(graph: Graph, old: Value, new: Value) -> None:
@@ -12,7 +12,7 @@ def replace_uses(graph: Graph, old: Value, new: Value) -> None:
 
     A graph output keeps its name: when `new` is a plain intermediate it takes `old`'s name,
     otherwise an Identity node keeps the output named as before."""
-    _replace_in_nodes(graph, old, new)
+    replace_in_nodes(graph.nodes, old, new)
     if old in graph.outputs:
         producers = graph.producers()
         if new in producers and new not in graph.outputs and not new.is_constant:
@@ -21,14 +21,6 @@ def replace_uses(graph: Graph, old: Value, new: Value) -> None:
         else:
             ident = Node("Identity", [new], [old], {}, f"{old.name}_identity")
             graph.nodes.append(ident)
-
-
-def _replace_in_nodes(graph: Graph, old: Value, new: Value) -> None:
-    for node in graph.nodes:
-        node.inputs = [new if v is old else v for v in node.inputs]
-        for sub in node.subgraphs():
-            _replace_in_nodes(sub, old, new)
-            sub.outputs = [new if v is old else v for v in sub.outputs]
 
 
 def constant_value(v: Value | None) -> np.ndarray | None:

@@ -84,25 +84,29 @@ def transform(
     node: Node, post: Callable[[Node], Node | None], pre: Callable[[Node], Node | None] | None = None
 ) -> Node:
     """Bottom-up rewrite. `pre(n)` may return a replacement that is not visited further;
-    `post(n)` sees n with rewritten children and returns a replacement or None to keep it."""
-    memo: dict[int, Node] = {}
+    `post(n)` sees n with rewritten children and returns a replacement or None to keep it.
 
-    def go(n: Node) -> Node:
+    Iterative (an explicit stack), so an expression's depth is not bounded by Python's recursion limit;
+    a node shared in the tree (a DAG) is rewritten once."""
+    memo: dict[int, Node] = {}
+    stack: list[tuple[Node, bool]] = [(node, False)]
+    while stack:
+        n, children_done = stack.pop()
         key = id(n)
         if key in memo:
-            return memo[key]
-        if pre is not None:
-            r = pre(n)
+            continue
+        if not children_done:
+            r = pre(n) if pre is not None else None
             if r is not None:
                 memo[key] = r
-                return r
-        m = map_children(n, go)
+                continue
+            stack.append((n, True))
+            stack.extend((c, False) for c in reversed(list(children(n))) if id(c) not in memo)  # left first
+            continue
+        m = map_children(n, lambda c: memo[id(c)])
         r = post(m)
-        out = m if r is None else r
-        memo[key] = out
-        return out
-
-    return go(node)
+        memo[key] = m if r is None else r
+    return memo[id(node)]
 
 
 def substitute(node: Node, mapping: dict[Var, Expr]) -> Node:
