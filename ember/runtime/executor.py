@@ -9,10 +9,14 @@ Calls from several threads at once are safe and run in parallel: each calling th
 workspace (`Values`, made on its first call; weights are shared and only read), and every call returns fresh
 output arrays.
 
+OpenMP keeps its thread count per calling thread: each thread that calls a model gives it the target's
+`-threads` on its first call.
+
 Ctrl-C: Python delivers KeyboardInterrupt to the main thread only between bytecodes, so a long native call would
-hold it until it returns. On the main thread, a segment of at least `INTERRUPTIBLE_FLOPS` runs in a helper thread
-that the main thread waits for, and Ctrl-C interrupts the wait at once; the abandoned call finishes in the
-background on its own `Values`, which the next call does not reuse.
+hold it until it returns. On the main thread, a segment of at least `INTERRUPTIBLE_FLOPS` runs on the model's
+`NativeCaller` (one daemon thread, so its OpenMP team stays warm between calls) while the main thread waits, and
+Ctrl-C interrupts the wait at once; the abandoned call finishes in the background on its own `Values`, which the
+next call does not reuse, and the next call gets a fresh caller thread.
 
 `CompiledModel` is the C backend's model: the segment functions come from a shared library (`build_c_model`
 compiles the kernels' C and the runners into one). The llvm backend's model (`runtime.llvm_model`) is a small
@@ -24,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import shutil
 import threading
 import time
@@ -87,8 +92,10 @@ class CompiledModel(ExportsC, Model):
         super().__init__(plan, weights, fallback, summary)
         self.source = source
         self.lib_path: Path | None = None
+        self._threads = _threads_of(plan.target) if plan.target else None
         self._lib = self._open(lib)
         self._local = threading.local()  # .values: the calling thread's Values
+        self._caller: NativeCaller | None = None  # runs the main thread's long calls
         self._segments = {}
         for s in plan.steps:
             if s.kind == "segment":
@@ -103,18 +110,20 @@ class CompiledModel(ExportsC, Model):
         """The calling thread's value table and workspace (made on its first call)."""
         values = getattr(self._local, "values", None)
         if values is None:
+            self._set_threads()
             values = self._local.values = Values.make(self.plan, self._weights)
         return values
 
+    def _set_threads(self) -> None:
+        """Give the calling thread's OpenMP the target's thread count (OpenMP keeps it per thread)."""
+        if self._threads and hasattr(self._lib, "ember_set_num_threads"):
+            self._lib.ember_set_num_threads(ctypes.c_int32(self._threads))
+
     # -- the code -------------------------------------------------------------------------------------------
     def _open(self, lib: Path | str) -> Any:
-        """Load the shared library, and give its thread pool the target's thread count."""
+        """Load the shared library."""
         self.lib_path = Path(lib)
-        handle = ctypes.CDLL(str(self.lib_path))
-        threads = _threads_of(self.plan.target) if self.plan.target else None
-        if threads and hasattr(handle, "ember_set_num_threads"):
-            handle.ember_set_num_threads(ctypes.c_int32(threads))
-        return handle
+        return ctypes.CDLL(str(self.lib_path))
 
     def _function(self, name: str, *argtypes: Any) -> Any:
         """A segment function `int32_t name(argtypes...)` of the code."""
@@ -152,10 +161,14 @@ class CompiledModel(ExportsC, Model):
                 buf = (ctypes.c_double * len(s.kernels))()
                 call = (lambda: fn(table)) if times is None else (lambda: prof(table, buf))  # noqa: B023
                 if main and sum(k.flops for k in s.kernels) >= INTERRUPTIBLE_FLOPS:
+                    if self._caller is None:
+                        self._caller = NativeCaller(self._set_threads)
                     try:
-                        status = interruptible(call)
+                        status = self._caller(call)
                     except KeyboardInterrupt:
                         self._local.values = None  # still in use by the abandoned call
+                        self._caller.retire()
+                        self._caller = None
                         raise
                 else:
                     status = call()
@@ -202,23 +215,36 @@ class CompiledModel(ExportsC, Model):
         return cls(directory / "model.so", plan, weights, source, fallback, summary)
 
 
-def interruptible(call: Callable[[], int]) -> int:
-    """`call()` in a helper thread, waited for so that KeyboardInterrupt reaches the waiting thread at once."""
-    result: list[Any] = []
+class NativeCaller:
+    """A daemon thread that makes native calls for the main thread, which waits for each in short slices so that
+    KeyboardInterrupt reaches it at once (`setup` runs first on the thread: the model's thread count)."""
 
-    def run() -> None:
-        try:
-            result.append(call())
-        except BaseException as e:  # (ctypes errors) raised again in the caller
-            result.append(e)
+    def __init__(self, setup: Callable[[], None]):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, args=(setup,), name="ember-native-call", daemon=True).start()
 
-    worker = threading.Thread(target=run, name="ember-native-call", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.1)
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    def _serve(self, setup: Callable[[], None]) -> None:
+        setup()
+        while (job := self._jobs.get()) is not None:
+            call, done, result = job
+            try:
+                result.append(call())
+            except BaseException as e:  # (ctypes errors) raised again in the caller
+                result.append(e)
+            done.set()
+
+    def __call__(self, call: Callable[[], int]) -> int:
+        done, result = threading.Event(), []
+        self._jobs.put((call, done, result))
+        while not done.wait(0.1):
+            pass
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
+
+    def retire(self) -> None:
+        """The thread ends after the call it is making (an interrupted caller's)."""
+        self._jobs.put(None)
 
 
 def build_c_model(
