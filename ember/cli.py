@@ -115,15 +115,60 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    """Run a compiled model directory on .npy inputs (random inputs for those not given)."""
-    import ember
-    from ember.runtime.module import ArgumentError
+def _read_token(path: str | None) -> str | None:
+    """The token in a file (surrounding whitespace stripped); None without a file."""
+    if path is None:
+        return None
+    from pathlib import Path
 
+    token = Path(path).read_text().strip()
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    return token
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a compiled model directory on .npy inputs (random inputs for those not given); with --rpc, a standalone
+    export (`ember export`) on a device server."""
+    import ember
+
+    if args.rpc:
+        return _run_remote(args)
     try:
         m = ember.load(args.model)
     except (FileNotFoundError, OSError) as e:
         return _fail("run", e)
+    return _run_model(args, m)
+
+
+def _run_remote(args: argparse.Namespace) -> int:
+    """`ember run --rpc`: upload the export, run it there, remove it from the server."""
+    try:
+        from ember.rpc import RemoteError, connect
+    except ImportError as e:
+        return _fail("run", e)
+    try:
+        remote = connect(args.rpc, key=args.key, token=_read_token(args.token_file))
+    except (RemoteError, OSError, ValueError) as e:
+        return _fail("run", e)
+    with remote:
+        try:
+            m = remote.load(args.model)
+        except (RemoteError, OSError, ValueError) as e:
+            return _fail("run", e)
+        try:
+            return _run_model(args, m)
+        finally:
+            try:
+                m.close()
+            except RemoteError as e:
+                print(f"ember run: closing the remote model: {e}", file=sys.stderr)
+
+
+def _run_model(args: argparse.Namespace, m) -> int:
+    """Run a model (local, or a RemoteModel) on the inputs of `args`: print, save and time its outputs."""
+    from ember.runtime.module import ArgumentError
+
     feeds = dict(zip(m.input_names, m.random_inputs(args.seed)))
     for item in args.input:
         name, sep, path = item.partition("=")
@@ -137,9 +182,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             return _fail("run", e)
     from ember.runtime.cross import ForeignTargetError
 
+    errors: tuple[type[BaseException], ...] = (ArgumentError, ForeignTargetError)
+    if args.rpc:
+        from ember.rpc import RemoteError
+
+        errors += (RemoteError,)
     try:
         outs = m.run(feeds)
-    except (ArgumentError, ForeignTargetError) as e:
+    except errors as e:
         return _fail("run", e)
     for name, y in outs.items():
         stats = f"min {y.min():.4g} max {y.max():.4g} mean {y.mean():.4g}" if y.size and y.dtype.kind == "f" else ""
@@ -150,8 +200,40 @@ def cmd_run(args: argparse.Namespace) -> int:
             Path(args.output_dir).mkdir(parents=True, exist_ok=True)
             np.save(Path(args.output_dir) / f"{name.replace('/', '_')}.npy", y)
     if args.benchmark:
-        r = m.benchmark([feeds[n] for n in m.input_names])
+        try:
+            r = m.benchmark([feeds[n] for n in m.input_names])
+        except errors as e:
+            return _fail("run", e)
         print(f"latency: median {r['median'] * 1e3:.3f} ms, min {r['min'] * 1e3:.3f} ms")
+    return 0
+
+
+def cmd_rpc_server(args: argparse.Namespace) -> int:
+    """Serve this machine (or an emulated board, --launcher) to `ember.rpc.connect` clients until interrupted."""
+    import signal
+
+    try:
+        from ember.rpc.server import serve
+
+        token = _read_token(args.token_file)
+        server = serve(args.host, args.port, key=args.key, token=token, launcher=args.launcher,
+                       insecure=args.insecure, run_timeout=args.run_timeout, idle_timeout=args.idle_timeout,
+                       max_message_bytes=int(args.max_message_mb * (1 << 20)))  # fmt: skip
+    except (ImportError, ValueError, OSError) as e:
+        return _fail("rpc server", e)
+
+    import threading
+
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopping.set())
+    launcher = f", launcher {args.launcher}" if args.launcher else ""
+    print(f"ember rpc server: device {args.key!r} listening on {server.address}{launcher}"
+          + ("" if token else " (insecure: no token)"), flush=True)  # fmt: skip
+    while not stopping.wait(0.5):
+        pass
+    server.stop()
+    print("ember rpc server: stopped", flush=True)
     return 0
 
 
@@ -293,7 +375,23 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--output-dir", help="save each output as NAME.npy there")
     r.add_argument("--benchmark", action="store_true", help="also time inferences")
     r.add_argument("--seed", type=int, default=0, help="seed of random inputs")
+    r.add_argument("--rpc", metavar="HOST:PORT", help="run a standalone export (`ember export`) on this device server")
+    r.add_argument("--key", help="with --rpc: the device key the server must answer to")
+    r.add_argument("--token-file", help="with --rpc: a file holding the server's token")
     r.set_defaults(fn=cmd_run)
+    rp = sub.add_parser("rpc", help="remote devices: `ember rpc server` runs standalone exports for clients")
+    rps = rp.add_subparsers(dest="rpc_command", required=True)
+    sv = rps.add_parser("server", help=cmd_rpc_server.__doc__)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=int, default=9090, help="port (default 9090; 0: a free one, printed)")
+    sv.add_argument("--key", default="local", help="the device key clients ask for (default local)")
+    sv.add_argument("--token-file", help="a file holding the token every call must carry")
+    sv.add_argument("--insecure", action="store_true", help="serve without a token (anyone who can connect runs code)")
+    sv.add_argument("--launcher", help='run modules through this command: "qemu-aarch64 -L /usr/aarch64-linux-gnu"')
+    sv.add_argument("--run-timeout", type=float, default=600.0, help="seconds before a run is killed (default 600)")
+    sv.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle module is removed")
+    sv.add_argument("--max-message-mb", type=float, default=256.0, help="largest message received (MiB, default 256)")
+    sv.set_defaults(fn=cmd_rpc_server)
     e = sub.add_parser("export", help=cmd_export.__doc__)
     e.add_argument("model", help="path to an .onnx file, or a directory written by `ember compile`")
     e.add_argument("-o", "--output", required=True, help="directory to write the export to")

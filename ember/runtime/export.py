@@ -15,13 +15,16 @@ The header declares an opaque model handle:
 
 Inputs and outputs are contiguous arrays in graph order with the shapes and dtypes listed in the
 header, as comments and as the tables `ember_model_inputs[]`/`ember_model_outputs[]` (name, numpy dtype
-descr such as "<f4", rank, dims, bytes; a row of zeros ends each). Every node must run natively (a model
-with reference-fallback steps cannot be exported). `ember_run` (ember_run.c beside this module) uses only
-libc, libm and optionally OpenMP; `runtime.standalone.run_exported` runs it from Python.
+descr such as "<f4", rank, dims, bytes; a row of zeros ends each), and in `model.json` (name, target, and each
+input's and output's name, dtype, numpy descr and shape) for programs that send the export elsewhere. Every
+node must run natively (a model with reference-fallback steps cannot be exported). `ember_run` (ember_run.c
+beside this module) uses only libc, libm and optionally OpenMP; `runtime.standalone.run_exported` runs it from
+Python.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -186,7 +189,20 @@ def export_c(plan: Plan, weights: Mapping[int, np.ndarray], source: str, directo
         f"#endif  /* {guard} */",
     ]
     (out / f"{prefix}.h").write_text("\n".join(header) + "\n")
+    (out / "model.json").write_text(json.dumps(model_description(plan), indent=1) + "\n")
     return out
+
+
+def model_description(plan: Plan) -> dict:
+    """`model.json` of an export: the model's name and target, and its inputs and outputs in graph order (name,
+    ember dtype, numpy descr, shape): what a program needs to call `ember_run` without reading the C header."""
+
+    def tensors(ids: Sequence[int]) -> list[dict]:
+        return [{"name": plan.values[v].name, "dtype": plan.values[v].dtype, "descr": npy_descr(plan.values[v].dtype),
+                 "shape": list(plan.values[v].shape)} for v in ids]  # fmt: skip
+
+    return {"name": plan.name, "target": str(plan.target), "inputs": tensors(plan.inputs),
+            "outputs": tensors(plan.outputs)}  # fmt: skip
 
 
 RUNNER_SOURCE = Path(__file__).with_name("ember_run.c")

@@ -56,8 +56,14 @@ def test_exported_library_runs_from_c(tmp_path):
     m = ember.compile(model)
     assert m.summary()["fallback_ops"] == []
     lib = m.export_c(tmp_path / "lib")
-    assert {p.name for p in lib.iterdir()} == {"ember_model.c", "ember_model.h", "weights.bin"}
+    assert {p.name for p in lib.iterdir()} == {"ember_model.c", "ember_model.h", "weights.bin", "model.json"}
     assert "ember_model_run" in (lib / "ember_model.h").read_text()
+    meta = json.loads((lib / "model.json").read_text())
+    assert meta["target"] == m.plan.target and meta["name"] == m.plan.name
+    assert [t["name"] for t in meta["inputs"]] == m.input_names
+    assert [t["name"] for t in meta["outputs"]] == m.output_names
+    for t, x in zip(meta["inputs"], m.random_inputs()):
+        assert (t["shape"], np.dtype(t["descr"])) == (list(x.shape), x.dtype)
     x = np.random.default_rng(0).standard_normal((2, 2, 6)).astype(np.float32)
     x.tofile(tmp_path / "x.bin")
     (tmp_path / "main.c").write_text(MAIN.replace("IN_SIZE", "24").replace("OUT_SIZE", "24"))
@@ -138,7 +144,7 @@ def exported(tmp_path_factory):
 def test_export_compiles_without_warnings_and_ember_run_matches_the_model(exported, name):
     model, m, out = exported(name)
     assert {p.name for p in out.iterdir()} == {
-        "ember_model.c", "ember_model.h", "weights.bin", "ember_run.c", "Makefile", "ember_run"
+        "ember_model.c", "ember_model.h", "weights.bin", "model.json", "ember_run.c", "Makefile", "ember_run"
     }  # fmt: skip
     assert "-Wall -Werror" in (out / "Makefile").read_text()
     source = (out / "ember_model.c").read_text()
