@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from ..runtime.module import ArgumentError
+from ..runtime.model import check_feeds, random_arrays
 from ..tir.dtype import numpy_dtype
 from . import ember_rpc_pb2 as pb
 from . import ember_rpc_pb2_grpc as pb_grpc
@@ -128,25 +128,7 @@ class RemoteModel:
 
     def _check(self, feeds: Mapping[str, Any] | tuple | list) -> list[np.ndarray]:
         """The inputs in graph order as contiguous arrays; wrong names, count, shape or dtype raise ArgumentError."""
-        if isinstance(feeds, Mapping):
-            missing = [n for n in self.input_names if n not in feeds]
-            extra = [n for n in feeds if n not in self.input_names]
-            if missing or extra:
-                raise ArgumentError(f"model {self.name}: inputs are {self.input_names}"
-                                    + (f"; missing {missing}" if missing else "")
-                                    + (f"; unknown {extra}" if extra else ""))  # fmt: skip
-            feeds = [feeds[n] for n in self.input_names]
-        if len(feeds) != len(self.inputs):
-            raise ArgumentError(f"model {self.name} takes {len(self.inputs)} inputs {self.input_names}, "
-                                f"got {len(feeds)}")  # fmt: skip
-        arrays = []
-        for (name, dtype, shape), x in zip(self.inputs, feeds):
-            x = np.asarray(x)
-            if x.dtype != dtype or x.shape != shape:
-                raise ArgumentError(f"model {self.name}: input {name!r} wants {dtype}{list(shape)}, "
-                                    f"got {x.dtype}{list(x.shape)}")  # fmt: skip
-            arrays.append(np.ascontiguousarray(x))
-        return arrays
+        return check_feeds(self.name, self.inputs, feeds)
 
     def _run(self, arrays: list[np.ndarray], repeat: int, warmup: int) -> tuple[dict[str, np.ndarray], dict]:
         if self.closed:
@@ -175,16 +157,7 @@ class RemoteModel:
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Random arrays for the inputs: normal floats, fair bools, small non-negative integers."""
-        rng = np.random.default_rng(seed)
-        out = []
-        for _, dt, shape in self.inputs:
-            if dt.kind == "f":
-                out.append(rng.standard_normal(shape).astype(dt))
-            elif dt.kind == "b":
-                out.append(rng.random(shape) < 0.5)
-            else:
-                out.append(rng.integers(0, 4, shape).astype(dt))
-        return out
+        return random_arrays(self.inputs, seed)
 
     def benchmark(self, inputs: Mapping[str, Any] | list | None = None, repeat: int = 20, warmup: int = 3) -> dict:
         """Latency of whole inferences timed on the device (ember_run --repeat): median, mean, min (seconds)."""

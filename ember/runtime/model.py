@@ -41,20 +41,50 @@ Fallback = Callable[[str, dict, list[np.ndarray]], list[np.ndarray]]
 Feeds = Sequence[np.ndarray] | Mapping[str, Any]  # inputs in graph order, or by name
 
 
-def random_inputs(plan: Plan, seed: int = 0) -> list[np.ndarray]:
-    """Random arrays for a plan's inputs: normal floats, fair bools, small non-negative integers."""
+TensorSpec = tuple[str, np.dtype, tuple[int, ...]]  # an input's name, dtype and shape
+
+
+def input_specs(plan: Plan) -> list[TensorSpec]:
+    return [(plan.values[i].name, numpy_dtype(plan.values[i].dtype), tuple(plan.values[i].shape)) for i in plan.inputs]
+
+
+def random_arrays(specs: Sequence[TensorSpec], seed: int = 0) -> list[np.ndarray]:
+    """Random arrays for inputs: normal floats, fair bools, small non-negative integers."""
     rng = np.random.default_rng(seed)
     out = []
-    for vid in plan.inputs:
-        v = plan.values[vid]
-        dt = numpy_dtype(v.dtype)
+    for _, dt, shape in specs:
         if dt.kind == "f":
-            out.append(rng.standard_normal(v.shape).astype(dt))
+            out.append(rng.standard_normal(shape).astype(dt))
         elif dt.kind == "b":
-            out.append(rng.random(v.shape) < 0.5)
+            out.append(rng.random(shape) < 0.5)
         else:
-            out.append(rng.integers(0, 4, v.shape).astype(dt))
+            out.append(rng.integers(0, 4, shape).astype(dt))
     return out
+
+
+def check_feeds(model: str, specs: Sequence[TensorSpec], feeds: Feeds) -> list[np.ndarray]:
+    """The inputs as contiguous arrays in `specs` order (given so, or by name); wrong names, count, dtype or shape
+    raise ArgumentError naming the input. Local and remote models (ember.rpc) check their inputs here."""
+    names = [n for n, _, _ in specs]
+    if isinstance(feeds, Mapping):
+        missing = [n for n in names if n not in feeds]
+        extra = [n for n in feeds if n not in names]
+        if missing or extra:
+            raise ArgumentError(f"model {model}: inputs are {names}"
+                                + (f"; missing {missing}" if missing else "")
+                                + (f"; unknown {extra}" if extra else ""))  # fmt: skip
+        feeds = [feeds[n] for n in names]
+    if len(feeds) != len(specs):
+        raise ArgumentError(f"model {model} takes {len(specs)} inputs ({', '.join(names)}), got {len(feeds)}")
+    arrays = []
+    for (name, dtype, shape), x in zip(specs, feeds):
+        x = np.asarray(x)
+        if x.dtype != dtype:
+            raise ArgumentError(f"model {model}: input '{name}' has dtype {x.dtype}, wants {dtype}{list(shape)}")
+        if x.shape != shape:
+            raise ArgumentError(f"model {model}: input '{name}' has shape {x.shape}, wants {dtype}{list(shape)}")
+        arrays.append(np.ascontiguousarray(x))
+    return arrays
 
 
 def profile_table(rows: list[dict], top: int = 20) -> str:
@@ -224,29 +254,7 @@ class Model:
     # -- running --------------------------------------------------------------------------------------------
     def _check(self, feeds: Feeds) -> list[np.ndarray]:
         """The inputs as contiguous arrays in graph order; wrong names, count, dtype or shape raise."""
-        plan = self.plan
-        if isinstance(feeds, Mapping):
-            missing = [n for n in self.input_names if n not in feeds]
-            extra = [n for n in feeds if n not in self.input_names]
-            if missing or extra:
-                raise ArgumentError(f"model {plan.name}: inputs are {self.input_names}"
-                                    + (f"; missing {missing}" if missing else "")
-                                    + (f"; unknown {extra}" if extra else ""))  # fmt: skip
-            feeds = [feeds[n] for n in self.input_names]
-        if len(feeds) != len(plan.inputs):
-            raise ArgumentError(
-                f"model {plan.name} takes {len(plan.inputs)} inputs ({', '.join(self.input_names)}), got {len(feeds)}"
-            )
-        arrays = []
-        for vid, x in zip(plan.inputs, feeds):
-            v = plan.values[vid]
-            x = np.asarray(x)
-            if x.dtype != numpy_dtype(v.dtype):
-                raise ArgumentError(f"input '{v.name}' has dtype {x.dtype}, expected {v.dtype}")
-            if x.shape != v.shape:
-                raise ArgumentError(f"input '{v.name}' has shape {x.shape}, expected {v.shape}")
-            arrays.append(np.ascontiguousarray(x))
-        return arrays
+        return check_feeds(self.plan.name, input_specs(self.plan), feeds)
 
     def _outputs_of(self, feeds: Feeds) -> list[np.ndarray]:
         arrays = self._check(feeds)
@@ -270,7 +278,7 @@ class Model:
         return list(self._fallback(s.op, s.attrs, [None if i is None else read(i) for i in s.inputs]))
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        return random_inputs(self.plan, seed)
+        return random_arrays(input_specs(self.plan), seed)
 
     def benchmark(self, inputs: Feeds | None = None, repeat: int = 20, warmup: int = 3) -> dict:
         """Latency of whole inferences: median, mean, min (seconds) over `repeat` runs."""
