@@ -186,45 +186,46 @@ def elementwise_chain(length: int = 1000, shape: tuple[int, ...] = (1, 64), seed
 # -- whole networks -------------------------------------------------------------------------------
 
 
-def resnet18(batch: int = 1, image: int = 224, classes: int = 1000, width: int = 64) -> onnx.ModelProto:
-    """torchvision's ResNet-18 layout (conv 7x7/2, max pool, 4 stages of 2 basic blocks, avg pool, fc)."""
-    b = Builder(6)
+def _resnet(name: str, seed: int, stages: list[int], block, batch: int, image: int, classes: int,
+            width: int) -> onnx.ModelProto:
+    """torchvision's ResNet layout: conv 7x7/2 and max pool, stages of residual blocks (the first block of each
+    stage after the first has stride 2; a 1x1 projection where the shape changes), average pool and fc.
+    `block(b, y, cin, width_of_stage, stride)` gives a block's main branch and its output channels."""
+    b = Builder(seed)
     y = b.conv_bn_relu("x", 3, width, k=7, stride=2)
     y = b.op("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     cin = width
-    for stage, cout in enumerate([width, 2 * width, 4 * width, 8 * width]):
-        for block in range(2):
-            stride = 2 if stage > 0 and block == 0 else 1
-            main = b.conv_bn_relu(b.conv_bn_relu(y, cin, cout, stride=stride), cout, cout, relu=None)
+    for stage, blocks in enumerate(stages):
+        for i in range(blocks):
+            stride = 2 if stage > 0 and i == 0 else 1
+            main, cout = block(b, y, cin, width * 2**stage, stride)
             short = y if stride == 1 and cin == cout else b.conv_bn_relu(y, cin, cout, k=1, stride=stride, relu=None)
             y = b.op("Relu", [b.op("Add", [main, short])])
             cin = cout
     y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
     y = b.linear(y, cin, classes, gemm=True)
-    return b.model({"x": (batch, 3, image, image)}, y, "resnet18")
+    return b.model({"x": (batch, 3, image, image)}, y, name)
+
+
+def _basic_block(b: Builder, y: str, cin: int, cout: int, stride: int) -> tuple[str, int]:
+    return b.conv_bn_relu(b.conv_bn_relu(y, cin, cout, stride=stride), cout, cout, relu=None), cout
+
+
+def _bottleneck(b: Builder, y: str, cin: int, mid: int, stride: int) -> tuple[str, int]:
+    """1x1 reduce, 3x3 with the stride, 1x1 expand to 4x the width."""
+    main = b.conv_bn_relu(y, cin, mid, k=1)
+    main = b.conv_bn_relu(main, mid, mid, k=3, stride=stride)
+    return b.conv_bn_relu(main, mid, 4 * mid, k=1, relu=None), 4 * mid
+
+
+def resnet18(batch: int = 1, image: int = 224, classes: int = 1000, width: int = 64) -> onnx.ModelProto:
+    """torchvision's ResNet-18: 4 stages of 2 basic blocks."""
+    return _resnet("resnet18", 6, [2, 2, 2, 2], _basic_block, batch, image, classes, width)
 
 
 def resnet50(batch: int = 1, image: int = 224, classes: int = 1000, width: int = 64) -> onnx.ModelProto:
-    """torchvision's ResNet-50 layout: ResNet-18's stem and head around 3, 4, 6, 3 bottleneck blocks
-    (1x1 reduce, 3x3 with the stride, 1x1 expand to 4x the width; a 1x1 projection where the shape changes)."""
-    b = Builder(10)
-    y = b.conv_bn_relu("x", 3, width, k=7, stride=2)
-    y = b.op("MaxPool", [y], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    cin = width
-    for stage, blocks in enumerate([3, 4, 6, 3]):
-        mid = width * 2**stage
-        cout = 4 * mid
-        for block in range(blocks):
-            stride = 2 if stage > 0 and block == 0 else 1
-            main = b.conv_bn_relu(y, cin, mid, k=1)
-            main = b.conv_bn_relu(main, mid, mid, k=3, stride=stride)
-            main = b.conv_bn_relu(main, mid, cout, k=1, relu=None)
-            short = y if stride == 1 and cin == cout else b.conv_bn_relu(y, cin, cout, k=1, stride=stride, relu=None)
-            y = b.op("Relu", [b.op("Add", [main, short])])
-            cin = cout
-    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
-    y = b.linear(y, cin, classes, gemm=True)
-    return b.model({"x": (batch, 3, image, image)}, y, "resnet50")
+    """torchvision's ResNet-50: 3, 4, 6, 3 bottleneck blocks."""
+    return _resnet("resnet50", 10, [3, 4, 6, 3], _bottleneck, batch, image, classes, width)
 
 
 def mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, width: float = 1.0) -> onnx.ModelProto:
