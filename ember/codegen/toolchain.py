@@ -159,7 +159,7 @@ def cached_build(key_parts: list[str], out_name: str, build) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
     try:
         build(tmp)
-        (tmp / f"{out_name}.sha256").write_text(_sha256(tmp / out_name) + "\n")
+        (tmp / f"{out_name}.sha256").write_text(sha256_of(tmp / out_name) + "\n")
         try:
             os.rename(tmp, entry)
         except OSError:
@@ -171,14 +171,19 @@ def cached_build(key_parts: list[str], out_name: str, build) -> Path:
     return out
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file (hex), read in blocks: cache entries and saved models are checked with it."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _entry_intact(out: Path) -> bool:
     digest = out.with_name(out.name + ".sha256")
     try:
-        return digest.read_text().strip() == _sha256(out)
+        return digest.read_text().strip() == sha256_of(out)
     except OSError:
         return False
 

@@ -101,7 +101,7 @@ class CompiledModel(ExportsC, Model):
             if s.kind == "segment":
                 fn = self._function(s.function, ctypes.c_void_p)
                 prof = self._function(s.function + "_profiled", ctypes.c_void_p, ctypes.POINTER(ctypes.c_double))
-                self._segments[s.function] = (fn, prof)
+                self._segments[s.function] = (fn, prof, sum(k.flops for k in s.kernels) >= INTERRUPTIBLE_FLOPS)
 
     def _calls(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # each calling thread has its own Values
@@ -157,10 +157,10 @@ class CompiledModel(ExportsC, Model):
         main = threading.current_thread() is threading.main_thread()
         for s in self.plan.steps:
             if s.kind == "segment":
-                fn, prof = self._segments[s.function]
+                fn, prof, long = self._segments[s.function]
                 buf = (ctypes.c_double * len(s.kernels))()
                 call = (lambda: fn(table)) if times is None else (lambda: prof(table, buf))  # noqa: B023
-                if main and sum(k.flops for k in s.kernels) >= INTERRUPTIBLE_FLOPS:
+                if main and long:
                     if self._caller is None:
                         self._caller = NativeCaller(self._set_threads)
                     try:

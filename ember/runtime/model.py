@@ -20,7 +20,6 @@ returns a context that holds nothing, so its calls run in parallel.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import shutil
 import statistics
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..codegen.toolchain import sha256_of
 from ..tir.dtype import numpy_dtype
 from .module import ArgumentError
 from .plan import Plan, PlanError, Step, check_plan
@@ -112,14 +112,6 @@ MANIFEST_FORMAT = 1
 
 class ArtifactError(ValueError):
     """A saved model that is incomplete, corrupted or edited since it was saved: the message names the file."""
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_manifest(directory: Path) -> dict:
