@@ -92,7 +92,7 @@ class CompiledModel(ExportsC, Model):
         super().__init__(plan, weights, fallback, summary)
         self.source = source
         self.lib_path: Path | None = None
-        self._threads = _threads_of(plan.target) if plan.target else None
+        self._threads = plan.threads
         self._lib = self._open(lib)
         self._local = threading.local()  # .values: the calling thread's Values
         self._caller: NativeCaller | None = None  # runs the main thread's long calls
@@ -271,10 +271,3 @@ def build_c_model(
     if not target.runs_here:
         return CrossCompiledModel(lib, plan, weights, source, fallback, {**(summary or {}), "cc": cc})
     return CompiledModel(lib, plan, weights, source, fallback, {**(summary or {}), "cc": os.environ.get("CC", "cc")})
-
-
-def _threads_of(target: str) -> int | None:
-    for part in target.split():
-        if part.startswith("-threads="):
-            return int(part.split("=", 1)[1])
-    return None

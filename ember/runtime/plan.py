@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..target import Target
 from ..tir.dtype import numpy_dtype
 
 ALIGN = 64  # bytes: the CPU backends' workspace alignment
@@ -69,6 +70,14 @@ class Plan:
     workspace: int
     target: str
     info: dict = field(default_factory=dict)
+
+    @property
+    def threads(self) -> int | None:
+        """The target's -threads (None: OpenMP's default, all cores, also for a target this version cannot parse)."""
+        try:
+            return Target.parse(self.target).threads if self.target else None
+        except ValueError:
+            return None
 
     def to_json(self) -> dict:
         def step(s: Step) -> dict:
