@@ -148,7 +148,7 @@ def _run_remote(args: argparse.Namespace) -> int:
     except ImportError as e:
         return _fail("run", e)
     try:
-        remote = connect(args.rpc, key=args.key, token=_read_token(args.token_file))
+        remote = connect(args.rpc, key=args.key, token=_read_token(args.token_file), root_cert=args.root_cert)
     except (RemoteError, OSError, ValueError) as e:
         return _fail("run", e)
     with remote:
@@ -218,7 +218,8 @@ def cmd_rpc_server(args: argparse.Namespace) -> int:
         token = _read_token(args.token_file)
         server = serve(args.host, args.port, key=args.key, token=token, launcher=args.launcher,
                        insecure=args.insecure, run_timeout=args.run_timeout, idle_timeout=args.idle_timeout,
-                       max_message_bytes=int(args.max_message_mb * (1 << 20)))  # fmt: skip
+                       max_message_bytes=int(args.max_message_mb * (1 << 20)), tls_cert=args.tls_cert,
+                       tls_key=args.tls_key)  # fmt: skip
     except (ImportError, ValueError, OSError) as e:
         return _fail("rpc server", e)
 
@@ -229,7 +230,7 @@ def cmd_rpc_server(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda signum, frame: stopping.set())
     launcher = f", launcher {args.launcher}" if args.launcher else ""
     print(f"ember rpc server: device {args.key!r} listening on {server.address}{launcher}"
-          + ("" if token else " (insecure: no token)"), flush=True)  # fmt: skip
+          + (" (TLS)" if args.tls_cert else "") + ("" if token else " (insecure: no token)"), flush=True)  # fmt: skip
     while not stopping.wait(0.5):
         pass
     server.stop()
@@ -378,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--rpc", metavar="HOST:PORT", help="run a standalone export (`ember export`) on this device server")
     r.add_argument("--key", help="with --rpc: the device key the server must answer to")
     r.add_argument("--token-file", help="with --rpc: a file holding the server's token")
+    r.add_argument("--root-cert", help="with --rpc: connect with TLS, trusting this PEM certificate (the server's or "
+                   "its authority's)")
     r.set_defaults(fn=cmd_run)
     rp = sub.add_parser("rpc", help="remote devices: `ember rpc server` runs standalone exports for clients")
     rps = rp.add_subparsers(dest="rpc_command", required=True)
@@ -391,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--run-timeout", type=float, default=600.0, help="seconds before a run is killed (default 600)")
     sv.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle module is removed")
     sv.add_argument("--max-message-mb", type=float, default=256.0, help="largest message received (MiB, default 256)")
+    sv.add_argument("--tls-cert", help="listen with TLS: this PEM certificate (chain); needs --tls-key")
+    sv.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     sv.set_defaults(fn=cmd_rpc_server)
     e = sub.add_parser("export", help=cmd_export.__doc__)
     e.add_argument("model", help="path to an .onnx file, or a directory written by `ember compile`")

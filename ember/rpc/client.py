@@ -6,6 +6,9 @@
     y = rm(x); outs = rm.run({"x": x}); rm.benchmark(repeat=20)   # numpy in, numpy out; timed on the device
     rm.close(); remote.close()                      # or use both as context managers
 
+With `root_cert` (a PEM file or its bytes: the server's certificate, or the authority that signed it) the channel is
+TLS and the server's certificate is verified against it, for the host name of the address (or `server_name`).
+
 Inputs are checked here (names, count, shape, dtype) before anything is sent; arrays travel as .npy bytes and come
 back through np.load(allow_pickle=False). A refused or failed call raises RemoteError with the gRPC status code
 (UNAUTHENTICATED for a wrong token, RESOURCE_EXHAUSTED for a message over the bound, ABORTED for a module that
@@ -48,12 +51,19 @@ class RemoteDevice:
     """A connection to a device server: `info()`, `load(export_dir)`, `close()`."""
 
     def __init__(self, address: str, token: str | None, key: str | None = None, timeout: float = 60.0,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES):  # fmt: skip
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, root_cert: str | Path | bytes | None = None,
+                 server_name: str | None = None):  # fmt: skip
         self.address = address
         self.timeout = timeout
         options = [("grpc.max_receive_message_length", max_message_bytes),
                    ("grpc.max_send_message_length", max_message_bytes)]  # fmt: skip
-        self._channel = grpc.insecure_channel(address, options=options)
+        if root_cert is None:
+            self._channel = grpc.insecure_channel(address, options=options)
+        else:
+            if server_name:
+                options.append(("grpc.ssl_target_name_override", server_name))
+            credentials = grpc.ssl_channel_credentials(root_certificates=_pem(root_cert))
+            self._channel = grpc.secure_channel(address, credentials, options=options)
         self._stub = pb_grpc.DeviceStub(self._channel)
         self._metadata = ((TOKEN_METADATA, token),) if token else ()
         try:
@@ -76,12 +86,14 @@ class RemoteDevice:
             name = code.name if code is not None else "error"
             raise RemoteError(f"{self.address} {method}: {name}: {details}", code) from None
 
-    def info(self) -> dict:
-        """The server's device key, architecture, launcher (emulator command, [] when native), version and
-        message bound."""
-        r = self.call("Info", pb.InfoRequest())
-        return {"key": r.key, "arch": r.arch, "launcher": list(r.launcher), "version": r.version,
-                "max_message_bytes": r.max_message_bytes}  # fmt: skip
+    def info(self, timeout: float | None = None) -> dict:
+        """The server's device key, architecture and GNU triple, launcher (emulator command, [] when native),
+        version, message bound, whether it uses TLS, and its load: runs in flight (`running`) and waiting for their
+        module, modules held (`sessions`), runs finished."""
+        r = self.call("Info", pb.InfoRequest(), timeout=timeout)
+        return {"key": r.key, "arch": r.arch, "triple": r.triple, "launcher": list(r.launcher), "version": r.version,
+                "max_message_bytes": r.max_message_bytes, "tls": r.tls, "running": r.running, "waiting": r.waiting,
+                "sessions": r.sessions, "runs_done": r.runs_done}  # fmt: skip
 
     def load(self, directory: str | Path) -> RemoteModel:
         """Upload a standalone export (a directory written by `m.export(dir)`: its ember_run, weights.bin and
@@ -183,8 +195,19 @@ class RemoteModel:
         return f"RemoteModel({self.name!r} on {self.device.address}, inputs={self.input_names})"
 
 
+def _pem(cert: str | Path | bytes) -> bytes:
+    data = cert if isinstance(cert, bytes) else Path(cert).read_bytes()
+    if b"-----BEGIN CERTIFICATE" not in data:
+        raise ValueError(f"the root certificate {'given' if isinstance(cert, bytes) else cert} is not a PEM "
+                         f"certificate (no -----BEGIN CERTIFICATE line)")  # fmt: skip
+    return data
+
+
 def connect(address: str, key: str | None = None, token: str | None = None, timeout: float = 60.0,
-            max_message_bytes: int = MAX_MESSAGE_BYTES) -> RemoteDevice:  # fmt: skip
+            max_message_bytes: int = MAX_MESSAGE_BYTES, root_cert: str | Path | bytes | None = None,
+            server_name: str | None = None) -> RemoteDevice:  # fmt: skip
     """Connect to the device server at "HOST:PORT" with its `token`; with `key`, check it serves that device.
-    Raises RemoteError when it refuses (a wrong token: UNAUTHENTICATED) or cannot be reached."""
-    return RemoteDevice(address, token, key, timeout, max_message_bytes)
+    With `root_cert` (PEM) the connection is TLS, the server's certificate checked against it (for `server_name`
+    when given, else the address's host). Raises RemoteError when it refuses (a wrong token: UNAUTHENTICATED) or
+    cannot be reached."""
+    return RemoteDevice(address, token, key, timeout, max_message_bytes, root_cert, server_name)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65mber/rpc/ember_rpc.proto\x12\tember.rpc\"\r\n\x0bInfoRequest\"d\n\tInfoReply\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04\x61rch\x18\x02 \x01(\t\x12\x10\n\x08launcher\x18\x03 \x03(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x19\n\x11max_message_bytes\x18\x05 \x01(\x03\"\"\n\x04\x46ile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"/\n\rUploadRequest\x12\x1e\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x0f.ember.rpc.File\" \n\x0bUploadReply\x12\x11\n\tmodule_id\x18\x01 \x01(\t\"#\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03npy\x18\x02 \x01(\x0c\"b\n\nRunRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\t\x12!\n\x06inputs\x18\x02 \x03(\x0b\x32\x11.ember.rpc.Tensor\x12\x0e\n\x06repeat\x18\x03 \x01(\x05\x12\x0e\n\x06warmup\x18\x04 \x01(\x05\"D\n\x08RunReply\x12\"\n\x07outputs\x18\x01 \x03(\x0b\x32\x11.ember.rpc.Tensor\x12\x14\n\x0ctimings_json\x18\x02 \x01(\t\"!\n\x0c\x43loseRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\t\"\x0c\n\nCloseReply2\xe6\x01\n\x06\x44\x65vice\x12\x34\n\x04Info\x12\x16.ember.rpc.InfoRequest\x1a\x14.ember.rpc.InfoReply\x12:\n\x06Upload\x12\x18.ember.rpc.UploadRequest\x1a\x16.ember.rpc.UploadReply\x12\x31\n\x03Run\x12\x15.ember.rpc.RunRequest\x1a\x13.ember.rpc.RunReply\x12\x37\n\x05\x43lose\x12\x17.ember.rpc.CloseRequest\x1a\x15.ember.rpc.CloseReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65mber/rpc/ember_rpc.proto\x12\tember.rpc\"\r\n\x0bInfoRequest\"\xc8\x01\n\tInfoReply\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04\x61rch\x18\x02 \x01(\t\x12\x10\n\x08launcher\x18\x03 \x03(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x19\n\x11max_message_bytes\x18\x05 \x01(\x03\x12\x0e\n\x06triple\x18\x06 \x01(\t\x12\x0f\n\x07running\x18\x07 \x01(\x05\x12\x0f\n\x07waiting\x18\x08 \x01(\x05\x12\x10\n\x08sessions\x18\t \x01(\x05\x12\x11\n\truns_done\x18\n \x01(\x03\x12\x0b\n\x03tls\x18\x0b \x01(\x08\"\"\n\x04\x46ile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"/\n\rUploadRequest\x12\x1e\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x0f.ember.rpc.File\" \n\x0bUploadReply\x12\x11\n\tmodule_id\x18\x01 \x01(\t\"#\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03npy\x18\x02 \x01(\x0c\"b\n\nRunRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\t\x12!\n\x06inputs\x18\x02 \x03(\x0b\x32\x11.ember.rpc.Tensor\x12\x0e\n\x06repeat\x18\x03 \x01(\x05\x12\x0e\n\x06warmup\x18\x04 \x01(\x05\"D\n\x08RunReply\x12\"\n\x07outputs\x18\x01 \x03(\x0b\x32\x11.ember.rpc.Tensor\x12\x14\n\x0ctimings_json\x18\x02 \x01(\t\"!\n\x0c\x43loseRequest\x12\x11\n\tmodule_id\x18\x01 \x01(\t\"\x0c\n\nCloseReply2\xe6\x01\n\x06\x44\x65vice\x12\x34\n\x04Info\x12\x16.ember.rpc.InfoRequest\x1a\x14.ember.rpc.InfoReply\x12:\n\x06Upload\x12\x18.ember.rpc.UploadRequest\x1a\x16.ember.rpc.UploadReply\x12\x31\n\x03Run\x12\x15.ember.rpc.RunRequest\x1a\x13.ember.rpc.RunReply\x12\x37\n\x05\x43lose\x12\x17.ember.rpc.CloseRequest\x1a\x15.ember.rpc.CloseReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,24 +33,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_INFOREQUEST']._serialized_start=40
   _globals['_INFOREQUEST']._serialized_end=53
-  _globals['_INFOREPLY']._serialized_start=55
-  _globals['_INFOREPLY']._serialized_end=155
-  _globals['_FILE']._serialized_start=157
-  _globals['_FILE']._serialized_end=191
-  _globals['_UPLOADREQUEST']._serialized_start=193
-  _globals['_UPLOADREQUEST']._serialized_end=240
-  _globals['_UPLOADREPLY']._serialized_start=242
-  _globals['_UPLOADREPLY']._serialized_end=274
-  _globals['_TENSOR']._serialized_start=276
-  _globals['_TENSOR']._serialized_end=311
-  _globals['_RUNREQUEST']._serialized_start=313
-  _globals['_RUNREQUEST']._serialized_end=411
-  _globals['_RUNREPLY']._serialized_start=413
-  _globals['_RUNREPLY']._serialized_end=481
-  _globals['_CLOSEREQUEST']._serialized_start=483
-  _globals['_CLOSEREQUEST']._serialized_end=516
-  _globals['_CLOSEREPLY']._serialized_start=518
-  _globals['_CLOSEREPLY']._serialized_end=530
-  _globals['_DEVICE']._serialized_start=533
-  _globals['_DEVICE']._serialized_end=763
+  _globals['_INFOREPLY']._serialized_start=56
+  _globals['_INFOREPLY']._serialized_end=256
+  _globals['_FILE']._serialized_start=258
+  _globals['_FILE']._serialized_end=292
+  _globals['_UPLOADREQUEST']._serialized_start=294
+  _globals['_UPLOADREQUEST']._serialized_end=341
+  _globals['_UPLOADREPLY']._serialized_start=343
+  _globals['_UPLOADREPLY']._serialized_end=375
+  _globals['_TENSOR']._serialized_start=377
+  _globals['_TENSOR']._serialized_end=412
+  _globals['_RUNREQUEST']._serialized_start=414
+  _globals['_RUNREQUEST']._serialized_end=512
+  _globals['_RUNREPLY']._serialized_start=514
+  _globals['_RUNREPLY']._serialized_end=582
+  _globals['_CLOSEREQUEST']._serialized_start=584
+  _globals['_CLOSEREQUEST']._serialized_end=617
+  _globals['_CLOSEREPLY']._serialized_start=619
+  _globals['_CLOSEREPLY']._serialized_end=631
+  _globals['_DEVICE']._serialized_start=634
+  _globals['_DEVICE']._serialized_end=864
 # @@protoc_insertion_point(module_scope)

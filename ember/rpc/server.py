@@ -11,7 +11,10 @@ refused with UNAUTHENTICATED; the server binds the loopback address unless told 
 bytes loaded without pickle; each module runs in a child process with a time limit (its process group is killed
 past it), so a module that crashes or hangs fails its run and the server keeps serving. Each upload is a session with
 its own directory under the server's temporary root, removed on Close, when idle past `idle_timeout`, and on stop.
-The token travels in clear text (no TLS): beyond loopback, use a trusted network or an SSH tunnel.
+With `tls_cert`/`tls_key` (PEM files: `--tls-cert/--tls-key`) the server listens with TLS only, so the token and the
+data are encrypted; without them they travel in clear text: beyond loopback, use TLS, a trusted network or an SSH
+tunnel. Info reports the device's key, architecture and triple, and its load (runs in flight and waiting, modules
+held), which the device pool's health checks and `ember rpc pool status` read.
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ def _version() -> str:
     from .. import __version__
 
     return __version__
+
+
+def device_triple(arch: str) -> str:
+    """The GNU triple of an architecture name as Info reports it (aarch64 -> aarch64-linux-gnu); "" if unknown."""
+    from ..target import TargetError, normalize_triple
+
+    try:
+        return normalize_triple(f"{arch}-linux-{'gnueabihf' if arch.startswith('arm') else 'gnu'}")
+    except TargetError:
+        return ""
 
 
 def launcher_arch(launcher: Sequence[str] | None) -> str:
@@ -94,8 +107,10 @@ class DeviceService(pb_grpc.DeviceServicer):
     """The Device service: Info, Upload (a session), Run (in a child process), Close."""
 
     def __init__(self, root: Path, key: str, launcher: Sequence[str] | None, run_timeout: float,
-                 idle_timeout: float, max_sessions: int, max_message_bytes: int):  # fmt: skip
+                 idle_timeout: float, max_sessions: int, max_message_bytes: int, tls: bool = False):  # fmt: skip
         self.root = root
+        self.tls = tls
+        self.running = self.waiting = self.runs_done = 0
         self.key = key
         self.launcher = list(launcher or [])
         self.run_timeout = run_timeout
@@ -134,8 +149,13 @@ class DeviceService(pb_grpc.DeviceServicer):
 
     # the service
     def Info(self, request, context):
-        return pb.InfoReply(key=self.key, arch=launcher_arch(self.launcher), launcher=self.launcher,
-                            version=_version(), max_message_bytes=self.max_message_bytes)  # fmt: skip
+        arch = launcher_arch(self.launcher)
+        with self.lock:
+            load = {"running": self.running, "waiting": self.waiting, "sessions": len(self.sessions),
+                    "runs_done": self.runs_done}  # fmt: skip
+        return pb.InfoReply(key=self.key, arch=arch, launcher=self.launcher, version=_version(),
+                            max_message_bytes=self.max_message_bytes, triple=device_triple(arch), tls=self.tls,
+                            **load)  # fmt: skip
 
     def Upload(self, request, context):
         names = [f.name for f in request.files]
@@ -177,15 +197,25 @@ class DeviceService(pb_grpc.DeviceServicer):
         s = self._session(request.module_id, context)
         if request.repeat < 0 or request.warmup < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "repeat and warmup must not be negative")
+        self._count(waiting=1)
         with s.lock:
-            if not s.directory.exists():
-                context.abort(grpc.StatusCode.NOT_FOUND, f"module {request.module_id!r} was closed")
-            run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=s.directory))
+            self._count(waiting=-1, running=1)
             try:
-                return self._run(s.directory, run_dir, request, context)
+                if not s.directory.exists():
+                    context.abort(grpc.StatusCode.NOT_FOUND, f"module {request.module_id!r} was closed")
+                run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=s.directory))
+                try:
+                    return self._run(s.directory, run_dir, request, context)
+                finally:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                    s.last_used = time.monotonic()
             finally:
-                shutil.rmtree(run_dir, ignore_errors=True)
-                s.last_used = time.monotonic()
+                self._count(running=-1, runs_done=1)
+
+    def _count(self, **delta: int) -> None:
+        with self.lock:
+            for name, d in delta.items():
+                setattr(self, name, getattr(self, name) + d)
 
     def _run(self, module: Path, run_dir: Path, request, context) -> pb.RunReply:
         cmd = [*self.launcher, str(module / "ember_run")]
@@ -289,13 +319,15 @@ class DeviceServer:
 def serve(host: str = "127.0.0.1", port: int = 0, key: str = "local", token: str | None = None,
           launcher: Sequence[str] | str | None = None, *, insecure: bool = False, run_timeout: float = 600.0,
           idle_timeout: float = 600.0, max_message_bytes: int = MAX_MESSAGE_BYTES, max_sessions: int = 64,
-          workers: int = 8, root: str | Path | None = None) -> DeviceServer:  # fmt: skip
+          workers: int = 8, root: str | Path | None = None, tls_cert: str | Path | None = None,
+          tls_key: str | Path | None = None) -> DeviceServer:  # fmt: skip
     """Start a device server on `host:port` (port 0: a free one, see `.port`) answering to device `key`.
 
     `token` is the secret every call must carry; without one the server refuses to start unless `insecure`.
     `launcher` is the command prefix modules run through (an emulator: "qemu-aarch64 -L /usr/aarch64-linux-gnu").
     A run is killed past `run_timeout` seconds; a session idle past `idle_timeout` seconds is removed; messages
-    over `max_message_bytes` are refused. Sessions live under a new temporary directory in `root`."""
+    over `max_message_bytes` are refused. Sessions live under a new temporary directory in `root`.
+    `tls_cert` and `tls_key` (PEM files, both or neither) make it listen with TLS only."""
     if not token and not insecure:
         raise ValueError("the device server needs a token (every call must carry it); pass insecure=True "
                          "(--insecure) to serve without one")  # fmt: skip
@@ -305,8 +337,10 @@ def serve(host: str = "127.0.0.1", port: int = 0, key: str = "local", token: str
         raise ValueError(f"launcher {launcher[0]!r} is not installed here")
     if run_timeout <= 0 or idle_timeout <= 0 or max_message_bytes <= 0:
         raise ValueError("run_timeout, idle_timeout and max_message_bytes must be positive")
+    credentials = _tls_credentials(tls_cert, tls_key)
     tmp = Path(tempfile.mkdtemp(prefix="ember-rpc-", dir=root))
-    service = DeviceService(tmp, key, launcher, run_timeout, idle_timeout, max_sessions, max_message_bytes)
+    service = DeviceService(tmp, key, launcher, run_timeout, idle_timeout, max_sessions, max_message_bytes,
+                            tls=credentials is not None)  # fmt: skip
     options = [("grpc.max_receive_message_length", max_message_bytes),
                ("grpc.max_send_message_length", max_message_bytes)]  # fmt: skip
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ember-rpc"),
@@ -314,7 +348,7 @@ def serve(host: str = "127.0.0.1", port: int = 0, key: str = "local", token: str
     pb_grpc.add_DeviceServicer_to_server(service, server)
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(bind)
+        bound = server.add_insecure_port(bind) if credentials is None else server.add_secure_port(bind, credentials)
     except RuntimeError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise OSError(f"cannot listen on {bind}: {e}") from e
@@ -323,3 +357,21 @@ def serve(host: str = "127.0.0.1", port: int = 0, key: str = "local", token: str
         raise OSError(f"cannot listen on {bind}")
     server.start()
     return DeviceServer(server, service, host, bound, tmp, reaper_period=min(idle_timeout / 2, 30.0))
+
+
+def _tls_credentials(cert: str | Path | None, key: str | Path | None) -> grpc.ServerCredentials | None:
+    """TLS credentials of the server's certificate chain and private key (PEM files); None without either."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("TLS needs both a certificate and its private key (--tls-cert and --tls-key)")
+    pems = []
+    for what, path in (("certificate", cert), ("private key", key)):
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise ValueError(f"cannot read the TLS {what} {path}: {e}") from e
+        if b"-----BEGIN" not in data:
+            raise ValueError(f"the TLS {what} {path} is not a PEM file (no -----BEGIN line)")
+        pems.append(data)
+    return grpc.ssl_server_credentials([(pems[1], pems[0])])
