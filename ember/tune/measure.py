@@ -256,6 +256,7 @@ class Measurer:
         self._tmp = tempfile.TemporaryDirectory(prefix="ember-tune-")
         self._data: dict[str, tuple[str, str | None]] = {}
         self._death = ""  # how the last build worker that died ended: " (exit status 3)", " (SIGSEGV)"
+        self.build = build_candidate  # (task, knobs) -> built candidate or error: what the pool's workers run
 
     # -- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> Measurer:
@@ -331,11 +332,11 @@ class Measurer:
             return []
         pool = self._pool_()
         try:
-            futs = [pool.submit(build_candidate, task, dict(c.values)) for c in configs]
+            futs = [pool.submit(self.build, task, dict(c.values)) for c in configs]
         except cf.process.BrokenProcessPool:
             self._stop_pool()
             pool = self._pool_()
-            futs = [pool.submit(build_candidate, task, dict(c.values)) for c in configs]
+            futs = [pool.submit(self.build, task, dict(c.values)) for c in configs]
         done, _ = cf.wait(futs, timeout=self.build_timeout)
         out: list[dict | None] = []
         restart = False

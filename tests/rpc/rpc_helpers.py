@@ -45,3 +45,48 @@ def fake_module(mlp_dir: Path, directory: Path, c_source: str | None = None, emb
 
 SEGFAULT = "#include <signal.h>\nint main(void) { raise(SIGSEGV); return 0; }\n"
 HANG = "#include <unistd.h>\nint main(void) { for (;;) sleep(1000); return 0; }\n"
+
+
+def conv_task():
+    """A small conv tuning task (a 16-channel 3x3 convolution on 8x8: hundreds of configs, milliseconds each)."""
+    from ember.tune.task import Task
+
+    return Task.from_op("Conv", [(1, 16, 8, 8), (16, 16, 3, 3)],
+                        {"pads": [1, 1, 1, 1], "strides": [1, 1], "dilations": [1, 1], "group": 1})  # fmt: skip
+
+
+def start_server(token_file: Path, key: str = "host", *extra: str) -> tuple[subprocess.Popen, str]:
+    """`ember rpc server --port 0` in a subprocess: (the process, the address it printed)."""
+    import os
+    import queue
+    import re
+    import sys
+    import threading
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "ember.cli", "rpc", "server", "--port", "0", "--key", key,
+                             "--token-file", str(token_file), *extra], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()
+    try:
+        line = lines.get(timeout=120)
+    except queue.Empty:
+        proc.kill()
+        raise AssertionError(f"the server printed nothing in 120 s: {proc.communicate(timeout=10)[1]}") from None
+    found = re.search(r"listening on (\S+:\d+)", line)
+    if not found:
+        proc.kill()
+        raise AssertionError(f"unexpected first line {line!r}: {proc.communicate(timeout=10)[1]}")
+    return proc, found.group(1)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=10)
