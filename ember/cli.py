@@ -277,6 +277,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ModelError as e:
         return _fail("bench", e)
     feeds = zoo.random_feeds(proto, args.seed)
+    if args.rpc:
+        return _bench_remote(args, proto, feeds)
     others = [c for c in args.compare.split(",") if c]
     unknown = set(others) - {"onnxruntime", "torch"}
     if unknown:
@@ -313,11 +315,121 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_remote(args: argparse.Namespace, proto, feeds: dict) -> int:
+    """`ember bench --rpc`: build for the device's target (cross-compiled for a foreign triple), export, upload, and
+    time it there (device-timed, and the round trip seen here); next to this machine's build where it runs here."""
+    import tempfile
+    import time
+
+    import ember
+    from ember.target import Target
+
+    try:
+        from ember.rpc import RemoteError, connect
+        from ember.rpc.measure import device_target
+
+        remote = connect(args.rpc, key=args.key, token=_read_token(args.token_file), root_cert=args.root_cert)
+    except (ImportError, RemoteError, OSError, ValueError) as e:
+        return _fail("bench", e)
+    with remote, tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
+        info = remote.info()
+        target = device_target(args.target, info)
+        try:
+            m = ember.compile(proto, target=target, input_shapes=_shapes(args.input_shape))
+            export = m.export(tmp)
+            t0 = time.perf_counter()
+            rm = remote.load(export)
+            upload = time.perf_counter() - t0
+        except (ValueError, NotImplementedError, ImportError, OSError, RemoteError) as e:
+            return _fail("bench", e)
+        with rm:
+            xs = [feeds[n] for n in rm.input_names]
+            try:
+                got = rm.run(feeds)
+                trips = []
+                for _ in range(max(args.repeat // 3, 3)):
+                    t0 = time.perf_counter()
+                    rm.run(feeds)
+                    trips.append(time.perf_counter() - t0)
+                device = rm.benchmark(xs, repeat=args.repeat)
+            except (RemoteError, ValueError) as e:
+                return _fail("bench", e)
+        print(f"{args.model} on {args.rpc} (key {info['key']}, {info['arch']}), target '{target}'")
+        print(f"  upload                {upload * 1e3:9.3f} ms")
+        print(f"  round trip (median)   {float(np.median(trips)) * 1e3:9.3f} ms   one run, inputs and outputs sent")
+        print(f"  on the device         {device['median'] * 1e3:9.3f} ms   median of {device['repeat']}, timed there")
+        if Target.parse(target).runs_here:
+            local = m.benchmark(xs, repeat=args.repeat)
+            want = m.run(feeds)
+            err = max(float(np.abs(got[k].astype(np.float64) - want[k]).max()) if want[k].size else 0.0 for k in want)
+            print(f"  here, in process      {local['median'] * 1e3:9.3f} ms   remote/local "
+                  f"{device['median'] / local['median']:.2f}x on the device, "
+                  f"{float(np.median(trips)) / local['median']:.2f}x round trip; "
+                  f"max |remote - local| {err:.3g}")  # fmt: skip
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune a model's heavy kernels (template knobs, measured here) into a log for --tuning-log."""
     from ember.tune.cli import run_tune
 
-    return run_tune(args)
+    if not args.rpc:
+        return run_tune(args)
+    if not args.key:
+        return _fail("tune", ValueError("--rpc needs --key: the device key to measure on"))
+    try:
+        from ember.rpc import RemoteError
+        from ember.rpc.measure import device_target, pool_measurer
+
+        token = _read_token(args.token_file)
+        addresses = [a for a in args.rpc.split(",") if a]
+        with pool_measurer(addresses, args.key, args.devices, token=token, root_cert=args.root_cert,
+                           ray_address=args.ray, repeat=args.repeat) as (m, info):  # fmt: skip
+            args.target = device_target(args.target, info)
+            print(f"ember tune: measuring on {len(addresses)} device server(s) of key {args.key!r} "
+                  f"({info.get('arch') or '?'}), {args.devices or len(addresses)} at once"
+                  + (f", Ray {args.ray}" if args.ray else ""))  # fmt: skip
+            return run_tune(args, measurer=m)
+    except (ImportError, RemoteError, OSError, ValueError, RuntimeError) as e:
+        return _fail("tune", e)
+
+
+def cmd_rpc_pool_status(args: argparse.Namespace) -> int:
+    """List the devices of a pool: keys, health, load and queue lengths (device servers by address, or on Ray)."""
+    try:
+        if args.ray:
+            from ember.rpc.raypool import pool_status, ray_module
+
+            ray = ray_module()
+            ray.init(address=args.ray, include_dashboard=False, log_to_driver=False)
+            try:
+                status = pool_status(ray)
+            finally:
+                ray.shutdown()
+        else:
+            if not args.devices:
+                raise ValueError("give the device servers (--devices HOST:PORT[,...]) or a Ray cluster (--ray ADDRESS)")
+            from ember.rpc.pool import DevicePool
+
+            with DevicePool(token=_read_token(args.token_file), root_cert=args.root_cert, health_timeout=5) as pool:
+                missing = []
+                for address in args.devices.split(","):
+                    try:
+                        pool.add(address)
+                    except Exception as e:  # an address that does not answer is a row of the table, not a failure
+                        missing.append({"address": address, "key": "?", "busy": False, "healthy": False,
+                                        "error": str(e)})  # fmt: skip
+                status = pool.status()
+                status["dropped"] += missing
+    except (ImportError, ValueError, OSError, ConnectionError) as e:
+        return _fail("rpc pool status", e)
+    from ember.rpc.pool import format_status
+
+    print(format_status(status))
+    for row in status["dropped"]:
+        if row.get("error") or row.get("lost"):
+            print(f"  {row['address']}: {row.get('error') or row.get('lost')}")
+    return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -397,6 +509,14 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--tls-cert", help="listen with TLS: this PEM certificate (chain); needs --tls-key")
     sv.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     sv.set_defaults(fn=cmd_rpc_server)
+    po = rps.add_parser("pool", help="the device pool: `ember rpc pool status`")
+    pos = po.add_subparsers(dest="pool_command", required=True)
+    st = pos.add_parser("status", help=cmd_rpc_pool_status.__doc__)
+    st.add_argument("--devices", metavar="HOST:PORT[,...]", help="the device servers of an embedded pool")
+    st.add_argument("--ray", metavar="ADDRESS", help="or the Ray cluster whose pool to list (auto, HOST:PORT)")
+    st.add_argument("--token-file", help="a file holding the servers' token")
+    st.add_argument("--root-cert", help="connect with TLS, trusting this PEM certificate")
+    st.set_defaults(fn=cmd_rpc_pool_status)
     e = sub.add_parser("export", help=cmd_export.__doc__)
     e.add_argument("model", help="path to an .onnx file, or a directory written by `ember compile`")
     e.add_argument("-o", "--output", required=True, help="directory to write the export to")
@@ -418,6 +538,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--profile", action="store_true", help="print the slowest kernels")
     b.add_argument("--top", type=int, default=10)
     b.add_argument("--json", action="store_true")
+    b.add_argument("--rpc", metavar="HOST:PORT", help="time it on this device server (built for its target)")
+    b.add_argument("--key", help="with --rpc: the device key the server must answer to")
+    b.add_argument("--token-file", help="with --rpc: a file holding the server's token")
+    b.add_argument("--root-cert", help="with --rpc: connect with TLS, trusting this PEM certificate")
     b.set_defaults(fn=cmd_bench)
     tu = sub.add_parser("tune", help=cmd_tune.__doc__)
     from ember.tune.cli import add_arguments as _tune_arguments

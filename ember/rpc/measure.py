@@ -20,11 +20,13 @@ past the server's limit "timeout", a wrong answer "wrong".
 from __future__ import annotations
 
 import functools
+import sys
 import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +202,57 @@ class RemoteMeasurer(Measurer):
                 ref = out["outputs"]
             self._refs[key] = (inputs, ref)
         return self._refs[key]
+
+
+@contextmanager
+def pool_measurer(addresses: Sequence[str], key: str, devices: int | None = None, token: str | None = None,
+                  root_cert: str | Path | None = None, ray_address: str | None = None,
+                  **measurer_args: Any) -> Iterator[tuple[Any, dict]]:  # fmt: skip
+    """(a measurer on the device servers at `addresses` serving `key`, the Info of one of them), for `ember tune
+    --rpc`: an embedded DevicePool, or with `ray_address` a RayDevicePool ("local": a Ray cluster started here with
+    one `ember_device:KEY` per address; else the address of a running cluster). `devices` (default: all) bounds
+    the measurements at once. Servers that do not answer are left out, with a warning; none answering is an error."""
+    from .pool import DevicePool
+
+    if not addresses:
+        raise ValueError("--rpc wants at least one device server address (HOST:PORT[,HOST:PORT...])")
+    devices = devices or len(addresses)
+    if ray_address is None:
+        with DevicePool(token=token, root_cert=root_cert) as pool:
+            infos = _register(pool, addresses, key)
+            with RemoteMeasurer(pool, key, devices=devices, **measurer_args) as m:
+                yield m, infos[0]
+        return
+    from .raypool import RayDevicePool, RayMeasurer, ray_module
+
+    ray = ray_module()
+    started = not ray.is_initialized()
+    if started:
+        if ray_address == "local":
+            ray.init(resources={f"ember_device:{key}": len(addresses)}, include_dashboard=False)
+        else:
+            ray.init(address=ray_address)
+    try:
+        with RayDevicePool(token=token, root_cert=root_cert) as pool:
+            _register(pool, addresses, key)
+            info = ray.get(pool.actors[key][0].status.remote())
+            args = {k: v for k, v in measurer_args.items() if k in ("repeat", "warmup", "check", "rtol", "seed")}
+            with RayMeasurer(pool, key, devices=devices, **args) as m:
+                yield m, info
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _register(pool: Any, addresses: Sequence[str], key: str) -> list[dict]:
+    infos = []
+    for address in addresses:
+        try:
+            dev = pool.add(address, key=key)
+        except (RemoteError, RuntimeError) as e:
+            print(f"warning: device server {address} left out: {e}", file=sys.stderr)
+            continue
+        infos.append(dev.info if hasattr(dev, "info") else {})
+    if not infos:
+        raise RemoteError(f"none of the device servers {', '.join(addresses)} serves key {key!r}")
+    return infos

@@ -263,12 +263,12 @@ class DevicePool:
 
 def format_status(status: dict) -> str:
     """`status()` as the table `ember rpc pool status` prints."""
-    head = f"{'address':<24} {'key':<12} {'arch':<8} {'health':<8} {'busy':<5} {'running':>7} {'waiting':>7} " \
+    head = f"{'address':<24} {'key':<12} {'arch':<8} {'health':<9} {'busy':<5} {'running':>7} {'waiting':>7} " \
            f"{'modules':>7} {'runs':>6}"  # fmt: skip
     lines = [head, "-" * len(head)]
     for d in status["devices"] + status.get("dropped", []):
-        health = "ok" if d["healthy"] else ("dropped" if d in status.get("dropped", []) else "missing")
-        lines.append(f"{d['address']:<24} {d['key']:<12} {d.get('arch') or '-':<8} {health:<8} "
+        health = "ok" if d["healthy"] else ("no answer" if d.get("error") else "dropped")
+        lines.append(f"{d['address']:<24} {d['key']:<12} {d.get('arch') or '-':<8} {health:<9} "
                      f"{'yes' if d['busy'] else 'no':<5} {_n(d.get('running')):>7} {_n(d.get('waiting')):>7} "
                      f"{_n(d.get('sessions')):>7} {_n(d.get('runs_done')):>6}")  # fmt: skip
     queues = ", ".join(f"{k}: {n}" for k, n in sorted(status["queues"].items())) or "none"

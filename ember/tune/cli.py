@@ -1,10 +1,14 @@
-"""`ember tune MODEL --trials N --log LOG [--tuner xgb|ga|random|grid] [--target T] [--plot PNG]`."""
+"""`ember tune MODEL --trials N --log LOG [--tuner xgb|ga|random|grid] [--target T] [--plot PNG]`, measured here, or
+on remote devices with `--rpc HOST:PORT[,HOST:PORT...] --key KEY --devices N [--ray ADDRESS]` (the command line
+builds that measurer with `ember.rpc.measure.pool_measurer`: this layer only parses the options)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from contextlib import nullcontext
+from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,9 +23,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tasks", type=int, default=None, help="tune only the N heaviest workloads")
     p.add_argument("--plot", metavar="PNG", help="plot best GFLOP/s so far vs trials (needs matplotlib)")
     p.add_argument("--run-timeout", type=float, default=20.0, help="seconds before a candidate run is killed")
+    r = p.add_argument_group("measuring on remote devices (device servers: `ember rpc server`)")
+    r.add_argument("--rpc", metavar="HOST:PORT[,...]", help="measure on these device servers (a device pool)")
+    r.add_argument("--key", help="with --rpc: the device key to measure on")
+    r.add_argument("--devices", type=int, default=None, help="with --rpc: measure on N devices at once (default all)")
+    r.add_argument("--token-file", help="with --rpc: a file holding the servers' token")
+    r.add_argument("--root-cert", help="with --rpc: connect with TLS, trusting this PEM certificate")
+    r.add_argument("--ray", metavar="ADDRESS", help="with --rpc: the pool on Ray: a cluster's address, or 'local' "
+                   "for one started here")
+    r.add_argument("--repeat", type=int, default=10, help="with --rpc: timed runs per candidate on the device")
 
 
-def run_tune(args: argparse.Namespace) -> int:
+def run_tune(args: argparse.Namespace, measurer: Any = None) -> int:
+    """Tune as `args` say, measuring with `measurer` (a Measurer or another implementation: a remote one) or, by
+    default, a local Measurer."""
     from ember.frontend.onnx import ModelError
     from ember.frontend.show import parse_shape
     from ember.tune.driver import plot_history, summary_table, tune_tasks
@@ -44,7 +59,7 @@ def run_tune(args: argparse.Namespace) -> int:
               f"{t.flops / 1e6:9.1f} MFLOP  {t.name}")  # fmt: skip
     if not tasks:
         return 0
-    with Measurer(run_timeout=args.run_timeout) as m:
+    with nullcontext(measurer) if measurer is not None else Measurer(run_timeout=args.run_timeout) as m:
         results = tune_tasks(tasks, args.tuner, args.trials, args.log, measurer=m, seed=args.seed,
                              batch_size=args.batch_size)  # fmt: skip
     print()
