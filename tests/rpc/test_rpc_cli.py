@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("grpc", reason="the device server needs grpcio (pip install ember[rpc])")
 
-from rpc_helpers import TOKEN, export_mlp, needs_cc  # noqa: E402
+from rpc_helpers import TOKEN, export_mlp, needs_cc, start_server, stop_server  # noqa: E402
 
 from ember.cli import main  # noqa: E402
 
@@ -86,3 +86,43 @@ def test_ember_run_rpc_end_to_end(mlp, tmp_path, capsys):
             server.kill()
             server.communicate(timeout=10)
     assert server.returncode == 0
+
+
+@needs_cc
+def test_pool_status_tune_and_bench_through_rpc(tmp_path, capsys):
+    import json
+
+    import onnx
+
+    from ember import zoo
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    proc, address = start_server(token_file)
+    try:
+        args = ["rpc", "pool", "status", "--devices", f"{address},127.0.0.1:1", "--token-file", str(token_file)]
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        assert re.search(rf"{re.escape(address)}\s+host\s+\S+\s+ok", out), out
+        assert re.search(r"127\.0\.0\.1:1\s+\?\s+-\s+no answer", out) and "queued requests by key: host: 0" in out
+
+        model = tmp_path / "conv.onnx"
+        onnx.save(zoo.conv_bn_relu_stack(layers=1, channels=8, size=8), model)
+        log = tmp_path / "tune.jsonl"
+        args = ["tune", str(model), "--rpc", address, "--key", "host", "--devices", "1", "--token-file",
+                str(token_file), "--trials", "3", "--max-tasks", "1", "--tuner", "random", "--repeat", "2",
+                "--log", str(log)]  # fmt: skip
+        assert main(args) == 0
+        assert "measuring on 1 device server(s) of key 'host'" in capsys.readouterr().out
+        records = [json.loads(line) for line in log.read_text().splitlines()]
+        assert len(records) == 3 and all(r["error"] is None and r["cost"] > 0 for r in records)
+        assert main([*args[:4], "--key", "board", *args[6:]]) == 1  # a key no server has
+        assert "serves device 'host', not 'board'" in capsys.readouterr().err
+
+        args = ["bench", str(model), "--rpc", address, "--key", "host", "--token-file", str(token_file),
+                "--repeat", "3"]  # fmt: skip
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        assert "on the device" in out and "round trip" in out and "max |remote - local| 0" in out
+    finally:
+        stop_server(proc)
