@@ -56,7 +56,9 @@ def test_requests_are_served_by_key_in_priority_then_arrival_order(servers):
         for name, priority in [("low1", 0), ("high", 5), ("low2", 0), ("mid", 2)]:
             threads.append(threading.Thread(target=request, args=(name, priority)))
             threads[-1].start()
-            time.sleep(0.2)  # they arrive in this order
+            deadline = time.monotonic() + 30
+            while pool.status()["queues"]["host"] < len(threads) and time.monotonic() < deadline:
+                time.sleep(0.01)  # queued: the next one arrives after it
         with pool.lease("board", timeout=5) as remote:  # another key is not held up by the queue of "host"
             assert remote.info()["key"] == "board"
         assert pool.status()["queues"]["host"] == 4
