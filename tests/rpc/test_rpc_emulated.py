@@ -39,3 +39,30 @@ def test_resnet18_for_aarch64_runs_on_an_emulated_board_and_matches_the_host_bui
                 assert got[name].shape == y.shape
                 assert np.abs(got[name] - y).max() <= 1e-5 * scale, name
             assert rm.benchmark(repeat=2, warmup=0)["repeat"] == 2
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None, reason="no cross compiler (gcc-aarch64-linux-gnu)")
+@pytest.mark.skipif(shutil.which("qemu-aarch64") is None, reason="no qemu-aarch64 (apt-get install qemu-user)")
+def test_tuning_on_an_emulated_board_cross_compiles_for_its_triple(tmp_path):
+    from rpc_helpers import conv_task
+
+    from ember.rpc.measure import RemoteMeasurer, device_target
+    from ember.rpc.pool import DevicePool
+    from ember.tune.driver import tune_task
+    from ember.tune.log import TuningLog
+    from ember.tune.task import Task
+
+    server = serve("127.0.0.1", 0, key="arm", token=TOKEN, launcher=LAUNCHER, run_timeout=300)
+    with server, DevicePool(token=TOKEN, health_period=60) as pool:
+        info = pool.add(server.address).info
+        assert info["triple"] == "aarch64-linux-gnu"
+        target = device_target("c", info)
+        assert target == "c -mtriple=aarch64-linux-gnu"
+        host = conv_task()
+        task = Task.from_node(host.node, target)
+        log = TuningLog(tmp_path / "arm.jsonl")
+        with RemoteMeasurer(pool, "arm", repeat=2, warmup=0, n_parallel=2) as m:
+            res = tune_task(task, "random", 3, m, log, batch_size=3)
+        assert len(res.trials) == 3 and res.n_errors == 0, res.errors  # each checked against numpy's conv
+        records = log.records()
+        assert [r["target"] for r in records] == [target] * 3 and all(r["cost"] > 0 for r in records)
