@@ -104,11 +104,15 @@ def run_artifact(remote: RemoteDevice, directory: str | Path, inputs: list[np.nd
 
 
 def result_of_error(e: BaseException) -> tuple[str, str]:
-    """(error kind, detail) of a failed remote measurement: a module that crashed, ran past the server's limit,
-    was refused; a device lost under it (DeviceLost: transient, measured again on resume)."""
-    if isinstance(e, DeviceLost):
-        return "timeout", f"device lost: {e}"
+    """(error kind, detail) of a failed remote measurement: a module that crashed ("crash"), ran past the server's
+    limit ("timeout"), or was refused ("runtime"); a device lost under it (DeviceLost), or one that answers Info
+    but could not take the call (unreachable for a moment, out of room for modules), is "runtime" with a detail
+    starting "device lost" or "device busy", which `MeasureResult.transient` reads: measured again on resume."""
     code = getattr(e, "code", None)
+    if isinstance(e, DeviceLost):
+        return "runtime", f"device lost: {e}"[:2000]
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.RESOURCE_EXHAUSTED):
+        return "runtime", f"device busy: {e}"[:2000]
     kind = {grpc.StatusCode.ABORTED: "crash", grpc.StatusCode.DEADLINE_EXCEEDED: "timeout"}.get(code, "runtime")
     return kind, f"{type(e).__name__}: {e}"[:2000]
 

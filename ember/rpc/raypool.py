@@ -274,8 +274,7 @@ class RayMeasurer:
                 if "lost" in out:
                     self.pool.drop(self.key, actor, out["lost"])
                     if tries >= self.retries:
-                        kind, detail = "timeout", f"device lost {tries + 1} times: {out['lost']}"
-                        results[i] = {"error": kind, "detail": detail}
+                        results[i] = {"error": "runtime", "detail": f"device lost {tries + 1} times: {out['lost']}"}
                     else:
                         pending.appendleft((i, tries + 1))
                     continue

@@ -77,8 +77,10 @@ class MeasureResult:
     @property
     def transient(self) -> bool:
         """A failure that says nothing sure about the candidate, so a resumed run measures it again: its build
-        worker died (it, or a neighbour in its batch before the culprit was told apart), or it timed out."""
-        return self.error in ("timeout", "build_timeout") or "build worker died" in self.detail
+        worker died (it, or a neighbour in its batch before the culprit was told apart), it timed out, or the remote
+        device measuring it was lost or could not take it (a detail starting "device lost" or "device busy")."""
+        return (self.error in ("timeout", "build_timeout") or "build worker died" in self.detail
+                or self.detail.startswith(("device lost", "device busy")))  # fmt: skip
 
     @property
     def cost(self) -> float:

@@ -186,3 +186,20 @@ def test_tuning_through_the_pool_survives_a_server_killed_half_way(tmp_path):
     finally:
         stop_server(a)
         stop_server(b)
+
+
+def test_a_lost_or_busy_device_is_a_transient_error_and_a_failing_module_is_not():
+    from ember.rpc.measure import result_of_error
+    from ember.tune.measure import MeasureResult
+
+    cfg = conv_task().space.get(0)
+    code = grpc.StatusCode
+    cases = [(DeviceLost("lost 4 devices"), "runtime", True), (RemoteError("gone", code.UNAVAILABLE), "runtime", True),
+             (RemoteError("full", code.RESOURCE_EXHAUSTED), "runtime", True),
+             (RemoteError("killed by signal 11", code.ABORTED), "crash", False),
+             (RemoteError("ran past the run timeout", code.DEADLINE_EXCEEDED), "timeout", True),
+             (RemoteError("ember_run refused the inputs", code.INVALID_ARGUMENT), "runtime", False)]  # fmt: skip
+    for error, kind, transient in cases:
+        got, detail = result_of_error(error)
+        assert got == kind and str(error) in detail
+        assert MeasureResult(cfg, error=got, detail=detail).transient is transient, error
