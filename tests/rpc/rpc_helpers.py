@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,6 @@ def start_server(token_file: Path, key: str = "host", *extra: str) -> tuple[subp
     import queue
     import re
     import sys
-    import threading
 
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -90,3 +90,31 @@ def stop_server(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate(timeout=10)
+
+
+def kill_after_runs(proc: subprocess.Popen, address: str, runs: int) -> threading.Thread:
+    """A thread that SIGKILLs the server `proc` once it has finished `runs` runs (its Info's runs_done), so that it
+    dies in the middle of the work sent to it; `.killed_at` is the count it saw then."""
+    import signal
+    import time
+
+    from ember.rpc import RemoteError, connect
+
+    def watch() -> None:
+        with connect(address, token=TOKEN, timeout=10) as remote:
+            while proc.poll() is None:
+                try:
+                    done = remote.info(timeout=5)["runs_done"]
+                except RemoteError:
+                    return
+                if done >= runs:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait(10)
+                    thread.killed_at = done
+                    return
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.killed_at = None
+    thread.start()
+    return thread

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import json
-import signal
 import threading
 import time
 
@@ -15,7 +14,7 @@ import pytest
 
 grpc = pytest.importorskip("grpc", reason="the device server needs grpcio (pip install ember[rpc])")
 
-from rpc_helpers import TOKEN, conv_task, needs_cc, start_server, stop_server  # noqa: E402
+from rpc_helpers import TOKEN, conv_task, kill_after_runs, needs_cc, start_server, stop_server  # noqa: E402
 
 from ember.rpc.client import RemoteError  # noqa: E402
 from ember.rpc.measure import RemoteMeasurer, build_artifact, device_target, run_artifact  # noqa: E402
@@ -164,17 +163,11 @@ def test_tuning_through_the_pool_survives_a_server_killed_half_way(tmp_path):
         with DevicePool(token=TOKEN, health_period=60) as pool:  # the pool finds the loss through the failed call
             pool.add(addr_a)
             pool.add(addr_b)
-            killed = []
-
-            def kill_half_way(res, batch):
-                if len(res.trials) >= 8 and not killed:
-                    a.send_signal(signal.SIGKILL)
-                    a.wait(10)
-                    killed.append(len(res.trials))
-
+            killer = kill_after_runs(a, addr_a, 3)  # half-way through the first batch (a has about 4 of 8)
             with RemoteMeasurer(pool, "host", devices=2, repeat=3, warmup=1, n_parallel=2) as m:
-                res = tune_task(task, "random", 16, m, log, batch_size=8, callbacks=[kill_half_way])
-            assert killed == [8] and len(res.trials) == 16 and res.n_errors == 0, res.errors
+                res = tune_task(task, "random", 16, m, log, batch_size=8)
+            killer.join(30)
+            assert killer.killed_at is not None and len(res.trials) == 16 and res.n_errors == 0, res.errors
             assert [d["address"] for d in pool.status()["dropped"]] == [addr_a]
         records = log.records()
         counts = collections.Counter(r["config"]["index"] for r in records)

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import collections
-import signal
 
 import pytest
 
 pytest.importorskip("grpc", reason="the device server needs grpcio (pip install ember[rpc])")
 ray = pytest.importorskip("ray", reason="the Ray device pool needs ray (pip install ember[ray])")
 
-from rpc_helpers import TOKEN, conv_task, needs_cc, start_server, stop_server  # noqa: E402
+from rpc_helpers import TOKEN, conv_task, kill_after_runs, needs_cc, start_server, stop_server  # noqa: E402
 
 from ember.rpc.pool import format_status  # noqa: E402
 from ember.rpc.raypool import RayDevicePool, RayMeasurer, pool_status  # noqa: E402
@@ -52,17 +51,11 @@ def test_tuning_on_ray_survives_a_server_killed_half_way(cluster, tmp_path):
             assert sorted(d["address"] for d in status["devices"]) == sorted([addr_a, addr_b])
             assert status["queues"] == {"host": 0} and status["free"] == {"host": 0.0}  # both units held
             assert "127.0.0.1" in format_status(status)
-            killed = []
-
-            def kill_half_way(res, batch):
-                if len(res.trials) >= 8 and not killed:
-                    a.send_signal(signal.SIGKILL)
-                    a.wait(10)
-                    killed.append(len(res.trials))
-
+            killer = kill_after_runs(a, addr_a, 3)  # half-way through the first batch (a has about 4 of 8)
             with RayMeasurer(pool, "host", devices=2, repeat=3, warmup=1) as m:
-                res = tune_task(conv_task(), "random", 16, m, log, batch_size=8, callbacks=[kill_half_way])
-            assert killed == [8] and len(res.trials) == 16 and res.n_errors == 0, res.errors
+                res = tune_task(conv_task(), "random", 16, m, log, batch_size=8)
+            killer.join(30)
+            assert killer.killed_at is not None and len(res.trials) == 16 and res.n_errors == 0, res.errors
             assert [len(v) for v in pool.actors.values()] == [1] and len(pool.dropped) == 1
         records = log.records()
         counts = collections.Counter(r["config"]["index"] for r in records)
