@@ -20,6 +20,7 @@ past the server's limit "timeout", a wrong answer "wrong".
 from __future__ import annotations
 
 import functools
+import shutil
 import sys
 import tempfile
 import threading
@@ -168,9 +169,11 @@ class RemoteMeasurer(Measurer):
             try:
                 out = fut.result()
             except RemoteError as e:
+                shutil.rmtree(b["dir"], ignore_errors=True)
                 kind, detail = result_of_error(e)
                 results[i] = MeasureResult(cfg, error=kind, detail=detail, build_s=b["build_s"], schedule=b["schedule"])
                 continue
+            shutil.rmtree(b["dir"], ignore_errors=True)  # measured: its export is not needed any more
             self.measured_on[cfg.index] = out["device"]
             if "error" in out:
                 results[i] = MeasureResult(cfg, error=out["error"], detail=out["detail"], build_s=b["build_s"],
