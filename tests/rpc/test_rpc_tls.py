@@ -87,3 +87,28 @@ def test_tls_settings_are_checked(tmp_path):
         serve("127.0.0.1", 0, token=TOKEN, tls_cert=tmp_path / "junk.pem", tls_key=key)
     with pytest.raises(ValueError, match="not a PEM certificate"):
         connect("127.0.0.1:1", token=TOKEN, root_cert=tmp_path / "junk.pem")
+
+
+@needs_cc
+def test_ember_rpc_server_with_tls_and_ember_run_with_a_root_certificate(tmp_path, capsys):
+    from rpc_helpers import start_server, stop_server
+
+    from ember.cli import main
+
+    cert, key = self_signed(tmp_path)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    _, m, export = export_mlp(tmp_path / "mlp")
+    proc, address = start_server(token_file, "host", "--tls-cert", str(cert), "--tls-key", str(key))
+    try:
+        args = ["run", "--rpc", address, "--key", "host", "--token-file", str(token_file), str(export),
+                "--output-dir", str(tmp_path / "out")]  # fmt: skip
+        assert main([*args, "--root-cert", str(cert)]) == 0
+        (name,) = m.output_names
+        x = m.random_inputs(0)[0]  # ember run's random inputs for seed 0
+        assert np.array_equal(np.load(tmp_path / "out" / f"{name}.npy"), m(x))
+        capsys.readouterr()
+        assert main(args) == 1  # plain text to a TLS server
+        assert "UNAVAILABLE" in capsys.readouterr().err
+    finally:
+        stop_server(proc)
