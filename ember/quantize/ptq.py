@@ -143,8 +143,10 @@ def quantize_model(
     if not layers:
         return QuantizeResult(with_report(float_model, report), report)
 
+    check_samples(float_model, samples)
+    compile_options = {"target": target, "input_shapes": {n: np.shape(a) for n, a in samples[0].items()}}
     tensors = list(dict.fromkeys(t for x in layers for t in x.activations()))
-    floats, shapes = calibrate(float_model, tensors, samples, collector, report.report_samples, target)
+    floats, shapes = calibrate(float_model, tensors, samples, collector, report.report_samples, compile_options)
     params = {}
     for t, (lo, hi) in collector.ranges().items():
         symmetric = any(x.signed_input == t for x in layers)
@@ -152,7 +154,8 @@ def quantize_model(
     write = write_qdq if precision == "int8" else write_bf16
 
     chosen = [x for x in layers if x.name not in exclude]
-    sqnr = sensitivity(float_model, chosen, write, params, shapes, samples[: report.report_samples], target)
+    sqnr = sensitivity(float_model, chosen, write, params, shapes, samples[: report.report_samples],
+                       compile_options)
     for x in layers:
         s, rel = sqnr.get(x.name, (None, None))
         reason = "excluded" if x.name in exclude else ""
@@ -162,7 +165,7 @@ def quantize_model(
     quantized = {r.name for r in report.layers if r.quantized}
     kept = [x for x in layers if x.name in quantized]
     out = write(float_model, kept, params)
-    report.outputs = compare_outputs(out, floats, samples[: report.report_samples], target)
+    report.outputs = compare_outputs(out, floats, samples[: report.report_samples], compile_options)
     return QuantizeResult(with_report(out, report), report)
 
 
@@ -211,10 +214,10 @@ Outputs = list[dict[str, np.ndarray]]
 
 
 def calibrate(model: onnx.ModelProto, tensors: list[str], samples: list[Mapping[str, Any]], collector: RangeCollector,
-              keep: int, target: str | None) -> tuple[Outputs, dict[str, tuple[int, ...]]]:  # fmt: skip
+              keep: int, options: dict) -> tuple[Outputs, dict[str, tuple[int, ...]]]:  # fmt: skip
     """Observe `tensors` on every sample with Ember (the float model, those tensors exposed as outputs). Returns
     the float model's outputs on the first `keep` samples and each observed tensor's shape."""
-    graph = from_onnx(model)
+    graph = from_onnx(model, input_shapes=options["input_shapes"])
     values = {v.name: v for v in graph.values()}
     missing = [t for t in tensors if t not in values]
     if missing:
@@ -222,7 +225,7 @@ def calibrate(model: onnx.ModelProto, tensors: list[str], samples: list[Mapping[
     outputs = [v.name for v in graph.outputs]
     observed = [t for t in tensors if not values[t].is_constant]
     graph.outputs = list(dict.fromkeys([*graph.outputs, *(values[t] for t in observed)]))
-    compiled = ember_compile(graph, target=target)
+    compiled = ember_compile(graph, target=options["target"])
     floats: list[dict[str, np.ndarray]] = []
     shapes: dict[str, tuple[int, ...]] = {}
     for p in range(collector.passes):
@@ -249,12 +252,12 @@ def sqnr_db(ref: np.ndarray, x: np.ndarray) -> tuple[float, float]:
 
 def sensitivity(model: onnx.ModelProto, layers: list[Layer], write, params: dict[str, QParams],
                 shapes: dict[str, tuple[int, ...]], samples: list[Mapping[str, Any]],
-                target: str | None) -> dict[str, tuple[float, float]]:  # fmt: skip
+                options: dict) -> dict[str, tuple[float, float]]:  # fmt: skip
     """layer name -> (SQNR dB, relative error) of its output quantized alone (see `with_isolated_layers`)."""
     if not layers:
         return {}
     combined, names = with_isolated_layers(model, layers, write, params, shapes)
-    compiled = ember_compile(combined, target=target)
+    compiled = ember_compile(combined, **options)
     refs: dict[str, list[np.ndarray]] = {x.name: [] for x in layers}
     quant: dict[str, list[np.ndarray]] = {x.name: [] for x in layers}
     for feeds in samples:
@@ -267,12 +270,12 @@ def sensitivity(model: onnx.ModelProto, layers: list[Layer], write, params: dict
 
 
 def compare_outputs(model: onnx.ModelProto, floats: list[dict[str, np.ndarray]], samples: list[Mapping[str, Any]],
-                    target: str | None) -> dict[str, dict[str, float]]:  # fmt: skip
+                    options: dict) -> dict[str, dict[str, float]]:  # fmt: skip
     """Per output of the quantized model run by Ember, against the float outputs: SQNR (dB), relative error,
     cosine similarity, and for outputs of shape (batch, classes) the fraction of rows whose argmax agrees."""
     if not samples:
         return {}
-    compiled = ember_compile(model, target=target)
+    compiled = ember_compile(model, **options)
     runs = [compiled.run(feeds) for feeds in samples]
     out = {}
     for name in floats[0]:
@@ -285,3 +288,78 @@ def compare_outputs(model: onnx.ModelProto, floats: list[dict[str, np.ndarray]],
             m["top1_agree"] = float(np.mean(ref.argmax(-1) == got.argmax(-1)))
         out[name] = m
     return out
+
+
+# -- calibration data -------------------------------------------------------------------------------------------
+def model_inputs(model: onnx.ModelProto | str | os.PathLike) -> list[tuple[str, np.dtype, tuple]]:
+    """(name, dtype, shape) of the model's graph inputs (initializers aside); a symbolic dimension is its name."""
+    proto, _ = load_model(model)
+    inits = {t.name for t in proto.graph.initializer}
+    out = []
+    for vi in proto.graph.input:
+        if vi.name in inits:
+            continue
+        t = vi.type.tensor_type
+        shape = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in t.shape.dim)
+        out.append((vi.name, onnx.helper.tensor_dtype_to_np_dtype(t.elem_type), shape))
+    return out
+
+
+def check_samples(model: onnx.ModelProto, samples: list[Mapping[str, Any]]) -> None:
+    """Every sample a dict naming exactly the model's inputs, with the same shapes throughout."""
+    names = [n for n, _, _ in model_inputs(model)]
+    first = samples[0]
+    for i, s in enumerate(samples):
+        if not isinstance(s, Mapping) or sorted(s) != sorted(names):
+            got = sorted(s) if isinstance(s, Mapping) else type(s).__name__
+            raise QuantizeError(f"calibration sample {i}: wants a dict of the inputs {names}, got {got}")
+        for n in names:
+            if np.shape(s[n]) != np.shape(first[n]):
+                raise QuantizeError(f"calibration sample {i}: input {n!r} has shape {np.shape(s[n])}, sample 0 "
+                                    f"has {np.shape(first[n])}: every sample must have the same shapes")  # fmt: skip
+
+
+def samples_from_arrays(model: onnx.ModelProto | str | os.PathLike,
+                        arrays: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:  # fmt: skip
+    """Calibration samples from one array per input (an .npz): shaped (N, *input_shape), N samples; or
+    (N * batch, *input_shape[1:]), split into N batches of the input's batch size (its first dimension, which may
+    be symbolic: then each row is one sample of batch 1)."""
+    inputs = model_inputs(model)
+    names = [n for n, _, _ in inputs]
+    if sorted(arrays) != sorted(names):
+        raise QuantizeError(f"calibration arrays are named {sorted(arrays)}; the model's inputs are {names}")
+    counts, per_input = {}, {}
+    for name, dtype, shape in inputs:
+        a = np.asarray(arrays[name])
+        static = all(isinstance(d, int) for d in shape)
+        if static and a.shape[1:] == shape:
+            split = [x for x in a]
+        elif a.ndim == len(shape) and a.shape[1:] == tuple(shape[1:]) and all(isinstance(d, int) for d in shape[1:]):
+            batch = shape[0] if isinstance(shape[0], int) else 1
+            if a.shape[0] % batch:
+                raise QuantizeError(f"calibration array {name!r}: {a.shape[0]} rows are not a multiple of the "
+                                    f"input's batch size {batch}")  # fmt: skip
+            split = [a[i : i + batch] for i in range(0, a.shape[0], batch)]
+        else:
+            raise QuantizeError(f"calibration array {name!r} has shape {a.shape}; the input is {list(shape)}: "
+                                f"give (N, *{list(shape)}) or (N * batch, *{list(shape[1:])})")  # fmt: skip
+        per_input[name] = [x.astype(dtype, copy=False) for x in split]
+        counts[name] = len(split)
+    if len(set(counts.values())) > 1:
+        raise QuantizeError(f"calibration arrays hold different numbers of samples: {counts}")
+    return [{n: per_input[n][i] for n in names} for i in range(next(iter(counts.values())))]
+
+
+def random_samples(model: onnx.ModelProto | str | os.PathLike, count: int, seed: int = 0,
+                   input_shapes: Mapping[str, tuple] | None = None) -> list[dict[str, np.ndarray]]:  # fmt: skip
+    """`count` random input dicts (normal floats, small integers): for trying the tool, not for real ranges."""
+    from ..runtime.model import random_arrays
+
+    specs = []
+    for name, dtype, shape in model_inputs(model):
+        shape = tuple((input_shapes or {}).get(name, shape))
+        if not all(isinstance(d, int) for d in shape):
+            raise QuantizeError(f"input {name!r} has symbolic shape {list(shape)}: give its shape, or calibration "
+                                f"data")  # fmt: skip
+        specs.append((name, dtype, shape))
+    return [dict(zip([n for n, _, _ in specs], random_arrays(specs, seed + i))) for i in range(count)]
