@@ -40,6 +40,8 @@ from .qdq import (
 )
 
 PRECISIONS = ("int8", "bf16")
+QUANTIZED_FORMS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
+                   "MatMulInteger", "DynamicQuantizeLinear"}
 REPORT_KEY = "ember.quantization"
 
 
@@ -126,7 +128,12 @@ def quantize_model(
         raise QuantizeError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if activation_dtype not in ACTIVATION_DTYPES:
         raise QuantizeError(f"activation_dtype must be uint8 or int8, got {activation_dtype!r}")
+    if min_sqnr is not None and report_samples < 1:
+        raise QuantizeError("min_sqnr needs the sensitivity analysis: give report_samples >= 1")
     proto, _ = load_model(model)
+    already = sorted({n.op_type for n in proto.graph.node} & QUANTIZED_FORMS)
+    if already:
+        raise QuantizeError(f"the model is already quantized (it has {', '.join(already)}): give the float model")
     float_model = prepare(proto)
     layers = find_layers(float_model)
     names = {n.name for n in float_model.graph.node}
@@ -153,7 +160,7 @@ def quantize_model(
         params[t] = activation_params(lo, hi, "int8" if symmetric else activation_dtype, symmetric)
     write = write_qdq if precision == "int8" else write_bf16
 
-    chosen = [x for x in layers if x.name not in exclude]
+    chosen = [x for x in layers if x.name not in exclude] if report.report_samples else []
     sqnr = sensitivity(float_model, chosen, write, params, shapes, samples[: report.report_samples],
                        compile_options)
     for x in layers:
@@ -165,7 +172,8 @@ def quantize_model(
     quantized = {r.name for r in report.layers if r.quantized}
     kept = [x for x in layers if x.name in quantized]
     out = write(float_model, kept, params)
-    report.outputs = compare_outputs(out, floats, samples[: report.report_samples], compile_options)
+    if report.report_samples and kept:
+        report.outputs = compare_outputs(out, floats, samples[: report.report_samples], compile_options)
     return QuantizeResult(with_report(out, report), report)
 
 
@@ -192,7 +200,8 @@ def quantize(
     read weights and activations rounded to bfloat16 (Cast pairs) and accumulate in float32.
 
     Each layer is first quantized alone against the float model on the first `report_samples` inputs (its
-    output's SQNR); layers below `min_sqnr` dB, or named in `exclude` (node names), stay float. The report
+    output's SQNR); layers below `min_sqnr` dB, or named in `exclude` (node names), stay float
+    (`report_samples=0` skips this analysis and the final comparison: three Ember compiles become one). The report
     (`read_report(model)`, or `quantize_model(...).report`) holds those numbers and the outputs' error against
     the float model; Ember (`target`) runs every model involved."""
     return quantize_model(model, calibration_data, precision=precision, method=method, percentile=percentile,

@@ -143,8 +143,15 @@ def test_bad_calibration_data_names_the_problem():
         quantize_model(model, [])
     with pytest.raises(QuantizeError, match=r"sample 1: wants a dict of the inputs \['x'\]"):
         quantize_model(model, [{"x": np.zeros((2, 48), np.float32)}, {"y": np.zeros((2, 48), np.float32)}])
+    one = [{"x": np.zeros((2, 48), np.float32)}]
     with pytest.raises(QuantizeError, match="precision must be one of"):
-        quantize_model(model, [{"x": np.zeros((2, 48), np.float32)}], precision="fp8")
+        quantize_model(model, one, precision="fp8")
+    with pytest.raises(QuantizeError, match="min_sqnr needs the sensitivity analysis"):
+        quantize_model(model, one, min_sqnr=30.0, report_samples=0)
+    quick = quantize_model(model, one, report_samples=0)  # no analysis: nothing measured, everything quantized
+    assert all(x.quantized and x.sqnr_db is None for x in quick.report.layers) and not quick.report.outputs
+    with pytest.raises(QuantizeError, match="already quantized"):
+        quantize_model(quick.model, one)
 
 
 def test_calibration_arrays_split_into_samples(rng):
