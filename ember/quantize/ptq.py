@@ -79,8 +79,9 @@ class QuantizationReport:
 
     def __str__(self) -> str:
         quantized = sum(x.quantized for x in self.layers)
-        lines = [f"{self.precision} ({self.method} calibration on {self.calibration_samples} samples, activations "
-                 f"{self.activation_dtype}): {quantized} of {len(self.layers)} layers quantized",
+        how = (f"{self.method} calibration on {self.calibration_samples} samples, activations {self.activation_dtype}"
+               if self.precision == "int8" else "weights and activations rounded to bfloat16")
+        lines = [f"{self.precision} ({how}): {quantized} of {len(self.layers)} layers quantized",
                  f"{'layer':<28} {'op':<7} {'SQNR dB':>8} {'rel err':>8}  kept"]  # fmt: skip
         for x in self.layers:
             sqnr = "-" if x.sqnr_db is None else f"{x.sqnr_db:8.1f}"
@@ -146,6 +147,8 @@ def quantize_model(
     if not samples:
         raise QuantizeError("calibration_data is empty: give at least one input dict")
     collector = RangeCollector(method, percentile)  # checks the method and the percentile
+    if precision == "bf16":  # no ranges needed: one pass for the float outputs and shapes
+        collector, method, activation_dtype = RangeCollector("minmax"), "none", "bfloat16"
     report = QuantizationReport(precision, method, activation_dtype, len(samples), min(report_samples, len(samples)))
     if not layers:
         return QuantizeResult(with_report(float_model, report), report)
@@ -155,7 +158,7 @@ def quantize_model(
     tensors = list(dict.fromkeys(t for x in layers for t in x.activations()))
     floats, shapes = calibrate(float_model, tensors, samples, collector, report.report_samples, compile_options)
     params = {}
-    for t, (lo, hi) in collector.ranges().items():
+    for t, (lo, hi) in collector.ranges().items() if precision == "int8" else ():
         symmetric = any(x.signed_input == t for x in layers)
         params[t] = activation_params(lo, hi, "int8" if symmetric else activation_dtype, symmetric)
     write = write_qdq if precision == "int8" else write_bf16
