@@ -33,15 +33,17 @@ def largest_activation_step(model: onnx.ModelProto) -> float:
     return max(float(inits[n.input[1]]) for n in model.graph.node if n.op_type == "QuantizeLinear")
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_qdq_model_checks_and_runs_in_ember_as_in_onnxruntime(name):
+@pytest.mark.parametrize("name, activations", [(n, "uint8") for n in sorted(MODELS)] + [("resnet_block", "int8")])
+def test_qdq_model_checks_and_runs_in_ember_as_in_onnxruntime(name, activations):
     model = MODELS[name]()
-    result = quantize_model(model, random_samples(model, 6, seed=1), report_samples=2)
+    result = quantize_model(model, random_samples(model, 6, seed=1), activation_dtype=activations, report_samples=2)
     q = result.model
     onnx.checker.check_model(q, full_check=True)
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in q.graph.node}
     sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
     compiled = ember.compile(q)
+    zero_points = [initializers(q)[n.input[2]] for n in q.graph.node if n.op_type == "QuantizeLinear"]
+    assert {z.dtype for z in zero_points} == {np.dtype(activations)}
     step = largest_activation_step(q)
     for feeds in random_samples(model, 2, seed=50):  # fresh inputs, not the calibration ones
         theirs = sess.run(None, feeds)
