@@ -6,5 +6,17 @@ from .calibrate import METHODS, RangeCollector, entropy_threshold, percentile_ra
 from .ptq import PRECISIONS, LayerReport, QuantizationReport, QuantizeResult, quantize, quantize_model, read_report
 from .qdq import QuantizeError
 
-__all__ = ["METHODS", "PRECISIONS", "LayerReport", "QuantizationReport", "QuantizeError", "QuantizeResult",
-           "RangeCollector", "entropy_threshold", "percentile_range", "quantize", "quantize_model", "read_report"]
+__all__ = [
+    "METHODS",
+    "PRECISIONS",
+    "LayerReport",
+    "QuantizationReport",
+    "QuantizeError",
+    "QuantizeResult",
+    "RangeCollector",
+    "entropy_threshold",
+    "percentile_range",
+    "quantize",
+    "quantize_model",
+    "read_report",
+]

@@ -40,8 +40,15 @@ from .qdq import (
 )
 
 PRECISIONS = ("int8", "bf16")
-QUANTIZED_FORMS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
-                   "MatMulInteger", "DynamicQuantizeLinear"}
+QUANTIZED_FORMS = {
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "QLinearConv",
+    "QLinearMatMul",
+    "ConvInteger",
+    "MatMulInteger",
+    "DynamicQuantizeLinear",
+}
 REPORT_KEY = "ember.quantization"
 
 
@@ -79,8 +86,11 @@ class QuantizationReport:
 
     def __str__(self) -> str:
         quantized = sum(x.quantized for x in self.layers)
-        how = (f"{self.method} calibration on {self.calibration_samples} samples, activations {self.activation_dtype}"
-               if self.precision == "int8" else "weights and activations rounded to bfloat16")
+        how = (
+            f"{self.method} calibration on {self.calibration_samples} samples, activations {self.activation_dtype}"
+            if self.precision == "int8"
+            else "weights and activations rounded to bfloat16"
+        )
         lines = [f"{self.precision} ({how}): {quantized} of {len(self.layers)} layers quantized",
                  f"{'layer':<28} {'op':<7} {'SQNR dB':>8} {'rel err':>8}  kept"]  # fmt: skip
         for x in self.layers:
@@ -164,8 +174,7 @@ def quantize_model(
     write = write_qdq if precision == "int8" else write_bf16
 
     chosen = [x for x in layers if x.name not in exclude] if report.report_samples else []
-    sqnr = sensitivity(float_model, chosen, write, params, shapes, samples[: report.report_samples],
-                       compile_options)
+    sqnr = sensitivity(float_model, chosen, write, params, shapes, samples[: report.report_samples], compile_options)
     for x in layers:
         s, rel = sqnr.get(x.name, (None, None))
         reason = "excluded" if x.name in exclude else ""

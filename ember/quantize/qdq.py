@@ -99,8 +99,12 @@ def fold_batch_norms(model: onnx.ModelProto) -> None:
         dtype = consts[conv.input[1]].dtype
         w_name, b_name = f"{conv.name}/folded_w", f"{conv.name}/folded_b"
         new_w = (w * k.reshape(-1, *[1] * (w.ndim - 1))).astype(dtype)
-        model.graph.initializer.extend([numpy_helper.from_array(new_w, w_name),
-                                        numpy_helper.from_array(((b - mean) * k + beta).astype(dtype), b_name)])
+        model.graph.initializer.extend(
+            [
+                numpy_helper.from_array(new_w, w_name),
+                numpy_helper.from_array(((b - mean) * k + beta).astype(dtype), b_name),
+            ]
+        )
         del conv.input[1:]
         conv.input.extend([w_name, b_name])
         conv.output[0] = bn.output[0]
@@ -276,7 +280,8 @@ class Writer:
         out = f"{name}/dequantized"
         kw = {"axis": axis} if per_axis else {}
         self.new_nodes.setdefault("", []).append(
-            helper.make_node("DequantizeLinear", [qn, s, z], [out], name=f"{name}/DQ", **kw))
+            helper.make_node("DequantizeLinear", [qn, s, z], [out], name=f"{name}/DQ", **kw)
+        )
         return out
 
     def cast_pair(self, tensor: str) -> str:
