@@ -9,8 +9,10 @@ Three methods, all pure numpy over arrays the caller observes one at a time:
 - `entropy`: TensorRT's KL-divergence calibration (Migacz, "8-bit inference with TensorRT", GTC 2017): a histogram
   of |x| over [0, max|x|] in `bins` bins; for every candidate threshold (bin edge `i` >= `quantized_bins`) the
   clipped distribution P (outliers folded into the last kept bin) is compared with Q, P merged into
-  `quantized_bins` levels and spread back over P's non-empty bins; the threshold of least KL(P || Q) wins. The
-  range is then [max(min, -t), min(max, t)].
+  `quantized_bins` levels (twice as many for a tensor without negative values: uint8 spends all 256 on [0, t])
+  and spread back over P's non-empty bins; the threshold of least KL(P || Q) wins. As NVIDIA's
+  pytorch-quantization does, the first bin counts as the second: the spike of exact zeros after a ReLU would
+  otherwise decide alone. The range is then [max(min, -t), min(max, t)].
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def entropy_threshold(hist: np.ndarray, edges: np.ndarray, quantized_bins: int =
     n = len(hist)
     if n <= quantized_bins:
         return float(edges[-1])
+    hist = hist.copy()
+    hist[0] = hist[1]  # the spike of exact zeros (after a ReLU) would decide alone: count it as its neighbour
     best, best_i = np.inf, n
     for i in range(quantized_bins, n + 1):
         kept = hist[:i].astype(np.float64)
@@ -76,7 +80,7 @@ def entropy_threshold(hist: np.ndarray, edges: np.ndarray, quantized_bins: int =
         if p is None or q is None:
             continue
         d = kl_divergence(p, q)
-        if d < best:
+        if d <= best:  # on a tie, the wider range
             best, best_i = d, i
     return float(edges[best_i])
 
@@ -140,7 +144,8 @@ class RangeCollector:
                     plo, phi = percentile_range(hist, edges, self.percentile)
                     lo, hi = max(lo, plo), min(hi, phi)
                 else:
-                    t = entropy_threshold(hist, edges, self.quantized_bins)
+                    # a tensor without negative values gets all the 8-bit levels over [0, t]
+                    t = entropy_threshold(hist, edges, self.quantized_bins * (2 if lo >= 0 else 1))
                     lo, hi = max(lo, -t), min(hi, t)
             out[name] = (lo, hi)
         return out
