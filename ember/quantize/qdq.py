@@ -232,13 +232,6 @@ def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
-def bf16_round(x: np.ndarray) -> np.ndarray:
-    """float32 rounded to the nearest bfloat16 (ties to even), as float32."""
-    import ml_dtypes
-
-    return x.astype(ml_dtypes.bfloat16).astype(np.float32)
-
-
 # -- writing ----------------------------------------------------------------------------------------------------
 class Writer:
     """Adds Q/DQ (or Cast) nodes and initializers to a model; a tensor is quantized once, whatever reads it."""
@@ -254,34 +247,31 @@ class Writer:
         self.graph.initializer.append(numpy_helper.from_array(array, name))
         return name
 
-    def qdq(self, tensor: str, p: QParams, out: str | None = None) -> str:
-        """Q -> DQ of an activation; returns the dequantized tensor's name (`out`, or a new one)."""
-        key = out or tensor
-        if key in self.done:
-            return self.done[key]
+    def qdq(self, tensor: str, p: QParams) -> str:
+        """Q -> DQ of an activation (once per tensor); returns the dequantized tensor's name."""
+        if tensor in self.done:
+            return self.done[tensor]
         elem, _, _ = ACTIVATION_DTYPES[p.dtype]
         np_dt = np.uint8 if elem == TensorProto.UINT8 else np.int8
         s = self.initializer(np.array(p.scale, np.float32), f"{tensor}/scale")
         z = self.initializer(np.array(p.zero_point, np_dt), f"{tensor}/zero_point")
-        dq = out or f"{tensor}/dequantized"
+        dq = f"{tensor}/dequantized"
         self.new_nodes.setdefault(tensor, []).extend([
             helper.make_node("QuantizeLinear", [tensor, s, z], [f"{tensor}/quantized"], name=f"{tensor}/Q"),
             helper.make_node("DequantizeLinear", [f"{tensor}/quantized", s, z], [dq], name=f"{tensor}/DQ"),
         ])  # fmt: skip
-        self.done[key] = dq
+        self.done[tensor] = dq
         return dq
 
     def dequantized_constant(self, name: str, q: np.ndarray, scale: np.ndarray, axis: int) -> str:
-        """An integer constant (weight or bias) with its DequantizeLinear; returns the float tensor's name."""
-        per_axis = scale.ndim == 1
+        """An integer constant (weight or bias) with its per-axis DequantizeLinear (`scale`: one per index along
+        `axis`, zero points 0); returns the float tensor's name."""
         qn = self.initializer(q, f"{name}/quantized")
-        s = self.initializer(scale.astype(np.float32) if per_axis else np.float32(scale.reshape(())), f"{name}/scale")
-        z = self.initializer(np.zeros(scale.shape if per_axis else (), q.dtype), f"{name}/zero_point")
+        s = self.initializer(scale.astype(np.float32), f"{name}/scale")
+        z = self.initializer(np.zeros(scale.shape, q.dtype), f"{name}/zero_point")
         out = f"{name}/dequantized"
-        kw = {"axis": axis} if per_axis else {}
-        self.new_nodes.setdefault("", []).append(
-            helper.make_node("DequantizeLinear", [qn, s, z], [out], name=f"{name}/DQ", **kw)
-        )
+        node = helper.make_node("DequantizeLinear", [qn, s, z], [out], name=f"{name}/DQ", axis=axis)
+        self.new_nodes.setdefault("", []).append(node)
         return out
 
     def cast_pair(self, tensor: str) -> str:
