@@ -464,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--exclude", action="append", default=[], metavar="NODE", help="keep this node in float")
     q.add_argument("--min-sqnr", type=float, default=None, metavar="DB",
                    help="keep in float the layers whose output SQNR, quantized alone, is below this")  # fmt: skip
-    q.add_argument("--report-samples", type=int, default=8, help="samples for the sensitivity and accuracy report")
+    q.add_argument("--report-samples", type=int, default=8,
+                   help="samples for the sensitivity and accuracy report (default 8; 0 skips both)")  # fmt: skip
     q.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...",
                    help="shapes of random inputs (for symbolic dimensions)")  # fmt: skip
     q.add_argument("--seed", type=int, default=0, help="seed of random calibration inputs")
