@@ -184,3 +184,22 @@ def test_command_line(tmp_path, capsys, rng):
     assert "random inputs" in printed.err and "float (excluded)" in printed.out
     assert main([*args, "--exclude", "nope"]) == 1
     assert "'nope' is not a node" in capsys.readouterr().err
+
+
+def test_sensitivity_numbers_match_numpy_on_onnxruntime_runs():
+    """With one layer, quantizing it alone is the whole quantized model: the layer's SQNR, the output's SQNR and
+    numpy's SQNR of onnxruntime's float and quantized runs agree."""
+    b = zoo.Builder(seed=8)
+    y = b.linear("x", 24, 12, gemm=True)
+    model = b.model({"x": (3, 24)}, y, "one_gemm")
+    samples = random_samples(model, 4, seed=9)
+    r = quantize_model(model, samples, report_samples=4)
+    (layer,) = r.report.layers
+    (out,) = r.report.outputs.values()
+    run_float = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    run_int8 = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = np.stack([run_float.run(None, s)[0] for s in samples]).astype(np.float64)
+    got = np.stack([run_int8.run(None, s)[0] for s in samples]).astype(np.float64)
+    sqnr = 10 * np.log10(np.sum(ref**2) / np.sum((got - ref) ** 2))
+    assert layer.sqnr_db == pytest.approx(sqnr, abs=0.01) and out["sqnr_db"] == pytest.approx(sqnr, abs=0.01)
+    assert layer.rel_error == pytest.approx(np.linalg.norm(got - ref) / np.linalg.norm(ref), rel=1e-3)
