@@ -203,3 +203,11 @@ def test_sensitivity_numbers_match_numpy_on_onnxruntime_runs():
     sqnr = 10 * np.log10(np.sum(ref**2) / np.sum((got - ref) ** 2))
     assert layer.sqnr_db == pytest.approx(sqnr, abs=0.01) and out["sqnr_db"] == pytest.approx(sqnr, abs=0.01)
     assert layer.rel_error == pytest.approx(np.linalg.norm(got - ref) / np.linalg.norm(ref), rel=1e-3)
+
+
+def test_ember_quantize_stays_callable_after_the_package_is_imported():
+    import ember.quantize as package  # this rebinds the attribute ember.quantize to the package
+
+    assert ember.quantize is package
+    model = zoo.mlp(batch=2)
+    assert isinstance(ember.quantize(model, random_samples(model, 2, seed=11), report_samples=0), onnx.ModelProto)
