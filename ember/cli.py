@@ -460,6 +460,38 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    """Quantize a float ONNX model (post-training, static) into a QDQ int8 (or bf16) ONNX model, calibrated on
+    inputs from an .npz (or random ones), and print the per-layer sensitivity and the accuracy change."""
+    import onnx
+
+    from ember.frontend.onnx import ModelError
+    from ember.quantize import QuantizeError, quantize_model
+    from ember.quantize.ptq import random_samples, samples_from_arrays
+
+    try:
+        if args.calibration:
+            with np.load(args.calibration) as npz:
+                samples = samples_from_arrays(args.model, dict(npz))
+            if args.samples:
+                samples = samples[: args.samples]
+        else:
+            count = args.samples or 32
+            print(f"ember quantize: warning: no --calibration given: calibrating on {count} random inputs; the "
+                  "ranges, and the accuracy, will not reflect real data", file=sys.stderr)  # fmt: skip
+            samples = random_samples(args.model, count, args.seed, _shapes(args.input_shape))
+        result = quantize_model(args.model, samples, precision=args.precision, method=args.method,
+                                percentile=args.percentile, activation_dtype=args.activation_dtype,
+                                exclude=args.exclude, min_sqnr=args.min_sqnr, report_samples=args.report_samples,
+                                target=args.target)  # fmt: skip
+    except (ModelError, QuantizeError, FileNotFoundError, ValueError, OSError) as e:
+        return _fail("quantize", e)
+    onnx.save(result.model, args.output)
+    print(result.report)
+    print(f"wrote {args.output}")
+    return 0
+
+
 TARGET_HELP = ('c or llvm, with options ("llvm -threads=2", "c -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"); '
                "default: c, or llvm where no C compiler is installed")
 
@@ -548,6 +580,26 @@ def main(argv: list[str] | None = None) -> int:
 
     _tune_arguments(tu)
     tu.set_defaults(fn=cmd_tune)
+    q = sub.add_parser("quantize", help=cmd_quantize.__doc__)
+    q.add_argument("model", help="path to a float .onnx file")
+    q.add_argument("-o", "--output", required=True, help="the quantized .onnx file to write")
+    q.add_argument("--calibration", metavar="FILE.npz", help="one array per input: (N, *shape) for N samples, or "
+                   "(N * batch, *shape[1:]); without it, random inputs (with a warning)")  # fmt: skip
+    q.add_argument("--samples", type=int, default=0, help="use at most this many samples (random: default 32)")
+    q.add_argument("--precision", choices=["int8", "bf16"], default="int8")
+    q.add_argument("--method", choices=["minmax", "percentile", "entropy"], default="minmax", help="calibration")
+    q.add_argument("--percentile", type=float, default=99.99, help="with --method percentile (default 99.99)")
+    q.add_argument("--activation-dtype", choices=["uint8", "int8"], default="uint8")
+    q.add_argument("--exclude", action="append", default=[], metavar="NODE", help="keep this node in float")
+    q.add_argument("--min-sqnr", type=float, default=None, metavar="DB",
+                   help="keep in float the layers whose output SQNR, quantized alone, is below this")  # fmt: skip
+    q.add_argument("--report-samples", type=int, default=8,
+                   help="samples for the sensitivity and accuracy report (default 8; 0 skips both)")  # fmt: skip
+    q.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...",
+                   help="shapes of random inputs (for symbolic dimensions)")  # fmt: skip
+    q.add_argument("--seed", type=int, default=0, help="seed of random calibration inputs")
+    q.add_argument("--target", default=None, help=TARGET_HELP)
+    q.set_defaults(fn=cmd_quantize)
     sh = sub.add_parser("show", help=cmd_show.__doc__)
     sh.add_argument("model", nargs="?", help="path to an .onnx file")
     sh.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
