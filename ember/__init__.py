@@ -39,8 +39,8 @@ def load(path):
 def quantize(model, calibration_data, **options):
     """Post-training quantization of a float ONNX model (path or ModelProto) into an onnx.ModelProto: QDQ int8 by
     default, or bf16 (`precision="bf16"`); `calibration_data` is an iterable of input dicts. See
-    `ember.quantize.quantize` for the options (method, percentile, activation_dtype, exclude, min_sqnr, ...)."""
-    from .quantize import quantize as _quantize
+    `ember.quantization.quantize` for the options (method, percentile, activation_dtype, exclude, min_sqnr, ...)."""
+    from .quantization import quantize as _quantize
 
     return _quantize(model, calibration_data, **options)
 

@@ -466,8 +466,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     import onnx
 
     from ember.frontend.onnx import ModelError
-    from ember.quantize import QuantizeError, quantize_model
-    from ember.quantize.ptq import random_samples, samples_from_arrays
+    from ember.quantization import QuantizeError, quantize_model
+    from ember.quantization.ptq import random_samples, samples_from_arrays
 
     try:
         if args.calibration:

@@ -10,7 +10,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from onnx import TensorProto, helper, numpy_helper
 
 import ember
-from ember.quantize import quantize_model
+from ember.quantization import quantize_model
 
 BATCH = 20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ember.quantize import RangeCollector, entropy_threshold, percentile_range
+from ember.quantization import RangeCollector, entropy_threshold, percentile_range
 
 
 def collect(method: str, batches: list[np.ndarray], **options) -> tuple[float, float]:

@@ -11,8 +11,8 @@ from onnx import numpy_helper
 import ember
 from ember import zoo
 from ember.cli import main
-from ember.quantize import QuantizeError, quantize_model, read_report
-from ember.quantize.ptq import random_samples, samples_from_arrays
+from ember.quantization import QuantizeError, quantize_model, read_report
+from ember.quantization.ptq import random_samples, samples_from_arrays
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime runs the quantized models as the reference")
 
@@ -203,11 +203,3 @@ def test_sensitivity_numbers_match_numpy_on_onnxruntime_runs():
     sqnr = 10 * np.log10(np.sum(ref**2) / np.sum((got - ref) ** 2))
     assert layer.sqnr_db == pytest.approx(sqnr, abs=0.01) and out["sqnr_db"] == pytest.approx(sqnr, abs=0.01)
     assert layer.rel_error == pytest.approx(np.linalg.norm(got - ref) / np.linalg.norm(ref), rel=1e-3)
-
-
-def test_ember_quantize_stays_callable_after_the_package_is_imported():
-    import ember.quantize as package  # this rebinds the attribute ember.quantize to the package
-
-    assert ember.quantize is package
-    model = zoo.mlp(batch=2)
-    assert isinstance(ember.quantize(model, random_samples(model, 2, seed=11), report_samples=0), onnx.ModelProto)
