@@ -37,7 +37,7 @@ from ember.te.tensor import ComputeOp, IterVar, Reduce, Tensor, TensorLoad
 from ember.templates.gpu import INLINE_TAGS, is_gpu
 from ember.tir.expr import Var
 from ember.tir.functor import walk
-from ember.tir.stmt import Allocate, For
+from ember.tir.stmt import Allocate, For, PrimFunc
 
 MAX_THREADS = 1024  # threads per GPU block
 MAX_LOCAL = 256  # elements of a per-thread buffer
@@ -431,15 +431,15 @@ def _gpu_tile_output(O: Stage, d: Decider) -> tuple[IterVar, int]:
 
 
 # -- checking and sampling -----------------------------------------------------------------------------
-def check(sch: Schedule, args: Sequence[Tensor], target: Target) -> None:
-    """Raise SketchError unless the schedule lowers, and on GPUs fits a block (threads, local and shared
-    memory)."""
+def check(sch: Schedule, args: Sequence[Tensor], target: Target) -> PrimFunc:
+    """The schedule's loop nest (before loop passes); SketchError unless it lowers, and on GPUs fits a block
+    (threads, local and shared memory)."""
     try:
         func = lower_schedule(sch, args, "candidate")
     except ScheduleError as e:
         raise SketchError(str(e)) from e
     if not is_gpu(target):
-        return
+        return func
     shared = 0
     for n in walk(func.body):
         if isinstance(n, Allocate):
@@ -453,6 +453,7 @@ def check(sch: Schedule, args: Sequence[Tensor], target: Target) -> None:
                 raise SketchError(f"{ext} threads per block")
     if shared > MAX_SHARED:
         raise SketchError(f"{shared} bytes of shared memory per block")
+    return func
 
 
 def sample(sketch: Sketch, outs: Sequence[Tensor], args: Sequence[Tensor], target: Target, rng: random.Random,
