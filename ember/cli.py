@@ -314,6 +314,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune a model's heavy kernels (template knobs, measured here) into a log for --tuning-log."""
+    if args.auto:
+        from ember.autoschedule.cli import run_auto
+
+        return run_auto(args)
     from ember.tune.cli import run_tune
 
     return run_tune(args)

@@ -1,6 +1,6 @@
 """Auto-scheduling tasks: any kernel of a model (templated or not), its candidates as (sketch, decisions).
 
-An `AutoTask` is a `ember.tune.Task` whose configs are `{"sketch": name, "decisions": {...}}` (template
+An `AutoTask` is a `ember.tune.Task` whose configs are `{"sketch": name, "@<decision>": value, ...}` (template
 "auto"); the empty config is the kernel's default schedule (the template or default schedule the compiler
 uses today), so the measurer, the log and the cost model treat both alike. Its workload is the anchor's
 workload key where the kernel has an anchor (so that `load_tuned` picks the best of template and auto
@@ -10,7 +10,6 @@ attributes), which `ember.kernels` looks up too.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from ember.tune.task import Task, op_node, portable_node
 from . import sketch as S
 
 AUTO = "auto"
+DECISION = "@"  # prefix of the knobs that hold a candidate's decisions
 
 
 @dataclass
@@ -54,7 +54,7 @@ class AutoTask(Task):
         if not values.get("sketch"):
             return k.schedule, k.args
         sk = self.sketch(values["sketch"])
-        sch, _ = S.apply(sk, k.outputs, target, values.get("decisions") or {})
+        sch, _ = S.apply(sk, k.outputs, target, decisions_of(values))
         return sch, k.args
 
     def sketch(self, name: str) -> S.Sketch:
@@ -81,7 +81,9 @@ class AutoTask(Task):
         return self._space  # type: ignore[return-value]
 
     def config(self, sketch: str, decisions: dict) -> ConfigEntity:
-        return self.space.entity({"sketch": sketch, "decisions": decisions})
+        """The config of a candidate: its sketch, and each decision as a knob "@name" (flat JSON scalars, as the
+        log's records want)."""
+        return self.space.entity({"sketch": sketch, **{DECISION + k: v for k, v in decisions.items()}})
 
     @staticmethod
     def from_node(node: Node, target: str | Target, weight: int = 1) -> AutoTask:  # type: ignore[override]
@@ -129,5 +131,6 @@ def extract_auto_tasks(model: Any, target: str | Target = "c", input_shapes: dic
     return sorted(tasks.values(), key=lambda t: -t.flops * t.weight)
 
 
-def decisions_json(cfg: ConfigEntity) -> str:
-    return json.dumps(cfg.values, sort_keys=True)
+def decisions_of(values: dict) -> dict:
+    """The decisions held in an auto config's knobs."""
+    return {k[len(DECISION) :]: v for k, v in values.items() if k.startswith(DECISION)}
