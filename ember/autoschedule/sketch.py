@@ -217,6 +217,10 @@ def _apply_cpu(sketch: Sketch, s: Schedule, d: Decider, target: Target) -> None:
     O = outputs[0]
     if sketch.cache_write and has_reuse(O):
         s.cache_write(O.op.output(), "local")
+    if sketch.rfactor and is_reduce(O) and not has_reuse(O) and O.op.reduce_axis[-1].dom[1] >= RFACTOR_MIN:
+        f = d.pick(f"{O.name}.rfactor", [0, 4, 8, 16])  # the partial sums: a producer of O, scheduled below
+        if f:
+            s.rfactor(O.op.output(), O.op.reduce_axis[-1].name, f)
     P = _fused_producer(s, O)
     threads = target.threads or 1
     # the output's loops
@@ -318,7 +322,8 @@ def _tile_root(st: Stage, d: Decider, threads: int, sketch: Sketch) -> None:
 def _tile_rows(s: Schedule, st: Stage, d: Decider, sketch: Sketch, root: bool, threads: int) -> None:
     """A stage without reuse: optionally rfactor its (last) long reduction into vectorized partial sums; its
     innermost spatial loop moved inside the reduction (S R S) so it vectorizes."""
-    if sketch.rfactor and is_reduce(st) and st.op.reduce_axis and st.op.reduce_axis[-1].dom[1] >= RFACTOR_MIN:
+    long = is_reduce(st) and st.op.reduce_axis and st.op.reduce_axis[-1].dom[1] >= RFACTOR_MIN
+    if sketch.rfactor and long and not st.name.endswith(".rf"):
         k = st.op.reduce_axis[-1]
         f = d.pick(f"{st.name}.rfactor", [0, 4, 8, 16])
         if f:
