@@ -82,3 +82,17 @@ def test_tune_auto_cli_then_compile_replays(tmp_path, capsys, target):
     got = list(got.values()) if isinstance(got, dict) else list(got)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+
+
+def test_template_tuner_on_opencl_builds_with_the_opencl_generator(tmp_path, capsys):
+    from tests.conftest import opencl_missing
+
+    why = opencl_missing()
+    if why:
+        pytest.skip(f"OpenCL: {why}")
+    path = str(tmp_path / "mb.onnx")
+    onnx.save(zoo.mobilenet_v2_inverted_residual(channels=8, expand=2, size=6), path)
+    log = str(tmp_path / "cl.jsonl")
+    assert main(["tune", path, "--trials", "2", "--batch-size", "2", "--target", "opencl", "--log", log]) == 0
+    recs = list(read_records(log))
+    assert recs and all(r["error"] is None for r in recs), [r["error"] for r in recs]
