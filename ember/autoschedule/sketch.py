@@ -6,7 +6,7 @@ A *sketch* is the structure of a schedule, decided by rules over the stages of a
 - a reduction with data reuse (an input not indexed by every output axis: matmul, conv, depthwise conv) gets
   multi-level tiling: on CPUs "SSRSRS" (spatial loops in four levels, reduction loops in two), on GPUs
   "SSSRRSRS" (block, thread and register levels of the spatial loops; the reduction split twice inside the
-  thread, the operands cached in shared memory per block);
+  thread, the operands cached in shared memory per block, maybe double-buffered);
 - such a reduction that is the kernel's output gets a write cache ("local"), and one read by an elementwise
   output of its shape (a fused epilogue: bias, activation) is computed inside that output's tile instead of a
   loop nest of its own (a consumer fused into the tiled producer);
@@ -389,12 +389,15 @@ def _apply_gpu(sketch: Sketch, s: Schedule, d: Decider) -> None:
             P.unroll(iv)
         if sketch.shared and red:
             operands = [t for t in dict.fromkeys(P.op.inputs) if t.ndim >= 2]
+            double = d.pick(f"{P.name}.double_buffer", [False, True])  # prefetch the next operand tiles
             for t in operands:
                 C = s[s.cache_read(t, "shared", [P])]
                 C.compute_at(P, red[-1][0])
                 f = C.fuse(*C.op.axis) if len(C.op.axis) > 1 else C.op.axis[0]
                 _, tx = C.split(f, nthreads)
                 C.bind(tx, "threadIdx.x")
+                if double:
+                    C.double_buffer()
     else:
         thread = _bind_flat(O, d)
     readers = _readers(s)

@@ -90,6 +90,7 @@ class Stage:
         self.attach: str = "root"  # "root" | "inline" | "at"
         self.attach_stage: Stage | None = None
         self.attach_axis: IterVar | None = None
+        self.double_buffered = False  # two copies of the buffer: the next iteration's filled during this one
         self.leaf_iter_vars: list[IterVar] = self.root_iter_vars
 
     @property
@@ -173,6 +174,12 @@ class Stage:
         """Where the stage's buffer lives when it is computed inside a loop: "global", "local" (per thread)
         or "shared" (per GPU block: filled cooperatively by the threads that bind its loops)."""
         self.sch._apply(Step("set_scope", self.name, (scope,)))
+
+    def double_buffer(self) -> None:
+        """Keep two copies of this stage's buffer (it must be computed at a loop of a consumer): before the loop,
+        the first iteration's part is filled; in each iteration, the next iteration's part is filled into the
+        other copy before this iteration computes from its own (prefetch while computing)."""
+        self.sch._apply(Step("double_buffer", self.name))
 
     # -- helpers ---------------------------------------------------------------------------
     def _err(self, msg: str) -> ScheduleError:
@@ -432,6 +439,11 @@ class Schedule:
 
     def _do_compute_root(self, st: Stage) -> None:
         st.attach, st.attach_stage, st.attach_axis = "root", None, None
+
+    def _do_double_buffer(self, st: Stage) -> None:
+        if st.is_output:
+            raise st._err("an output cannot be double-buffered: it is computed at root")
+        st.double_buffered = True
 
     def _do_set_scope(self, st: Stage, scope: str) -> None:
         if scope not in SCOPES:
