@@ -65,8 +65,11 @@ class AutoTask(Task):
         raise S.SketchError(f"task {self.name}: no sketch named {name!r}; its sketches: {names}")
 
     def sketches(self) -> list[S.Sketch]:
-        k = kernel_te(self.node, Target.parse(self.target))
-        return S.sketches(k.outputs, Target.parse(self.target))
+        cached = self.__dict__.get("_sketches")
+        if cached is None:
+            k = kernel_te(self.node, Target.parse(self.target))
+            cached = self.__dict__["_sketches"] = S.sketches(k.outputs, Target.parse(self.target))
+        return list(cached)
 
     def computes(self) -> tuple[list, list]:
         """(outputs, arguments) of the kernel's compute, fresh."""
