@@ -96,3 +96,18 @@ def test_template_tuner_on_opencl_builds_with_the_opencl_generator(tmp_path, cap
     assert main(["tune", path, "--trials", "2", "--batch-size", "2", "--target", "opencl", "--log", log]) == 0
     recs = list(read_records(log))
     assert recs and all(r["error"] is None for r in recs), [r["error"] for r in recs]
+
+
+def test_heap_buffer_of_a_partitioned_loop_is_declared_once():
+    """A stage computed at a loop whose tail is partitioned into straight code is allocated twice in one block; on
+    the heap (too large for the stack) each allocation gets a C scope of its own (was: 'redefinition of conv_acc')."""
+    conv = {"pads": [0, 0, 0, 0], "strides": [1, 1], "dilations": [1, 1], "group": 1}
+    task = AutoTask.from_op("Conv", [(1, 8, 48, 48), (48, 8, 1, 1)], conv, target="c")
+    knobs = {"sketch": "tile", "@conv.i0.2": 1, "@conv.i0.1": 1, "@conv.i1.2": 32, "@conv.i1.1": 2, "@conv.i2.2": 16,
+             "@conv.i2.1": 1, "@conv.i3.2": 32, "@conv.i3.1": 1, "@conv.vectorize": True, "@conv.unroll": False,
+             "@conv.parallel": False, "@conv_acc.at": 4, "@conv_acc.vectorize": False}  # fmt: skip
+    sch, args = task.instantiate(task.space.entity(knobs))
+    xs = task.random_inputs(2)
+    y = np.zeros(args[-1].shape, "float32")
+    ember.build(sch, args, target="c")(*xs, y)
+    np.testing.assert_allclose(y, task.reference(xs)[0], rtol=1e-4, atol=1e-4)
