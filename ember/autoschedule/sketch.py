@@ -291,8 +291,8 @@ def _vectorize_unroll(st: Stage, inner: list[IterVar], red_inner: list[IterVar],
         rest = inner
     if d.pick(f"{st.name}.unroll", [True, False]):
         ext = dict(extents)
-        for r in red_inner:
-            ext[r] = 8
+        for r, iv in zip(red_inner, st.op.reduce_axis):  # their sizes are the decisions of the 2-level splits
+            ext[r] = d.taken.get(f"{st.name}.{iv.name}.1", MAX_UNROLL)
         _unroll(st, red_inner + rest, ext)
 
 
