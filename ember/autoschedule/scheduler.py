@@ -49,12 +49,14 @@ class TaskState:
 @dataclass
 class ScheduleResult:
     states: list[TaskState]
-    curve: list[tuple[int, float]]  # (trials so far, estimated latency of the tuned kernels)
+    curve: list[tuple[int, float, float]]  # (trials so far, time of the kernels measured so far: tuned, default)
     seconds: float
 
 
-def estimated_latency(states: Sequence[TaskState]) -> float:
-    return sum(s.share() for s in states)
+def estimated_latency(states: Sequence[TaskState]) -> tuple[float, float]:
+    """(tuned, default) time of the kernels measured so far, each weighted by its occurrences."""
+    done = [s for s in states if s.search.default_cost is not None and math.isfinite(s.search.default_cost)]
+    return sum(s.share() for s in done), sum(s.task.weight * s.search.default_cost for s in done)  # type: ignore[misc]
 
 
 def tune_auto(tasks: Sequence[AutoTask], n_trials: int, measurer: Measurer, log: str | None = None,
@@ -64,7 +66,7 @@ def tune_auto(tasks: Sequence[AutoTask], n_trials: int, measurer: Measurer, log:
     t0 = time.perf_counter()
     tlog = TuningLog(log) if log else None
     states = [TaskState(EvolutionarySearch(t, measurer, seed=seed + i, log=tlog)) for i, t in enumerate(tasks)]
-    curve: list[tuple[int, float]] = []
+    curve: list[tuple[int, float, float]] = []
     used = 0
 
     def run_round(i: int) -> None:
@@ -76,7 +78,7 @@ def tune_auto(tasks: Sequence[AutoTask], n_trials: int, measurer: Measurer, log:
         st.bests.append(st.search.best_cost)
         if len(st.bests) > patience and st.bests[-1] >= st.bests[-1 - patience] * 0.995:
             st.stopped = True
-        curve.append((used, estimated_latency(states)))
+        curve.append((used, *estimated_latency(states)))
         d, b = st.search.default_cost, st.search.best_cost
         print(f"[{i + 1}/{len(states)}] {st.task.name[:48]:<48} trials {st.search.trials:>4}  default {_us(d)}  "
               f"best {_us(b)}  errors {st.search.errors}{'  (stopped)' if st.stopped else ''}  "
@@ -124,7 +126,8 @@ def summary_table(result: ScheduleResult) -> str:
 
 
 def plot_progress(result: ScheduleResult, path: str) -> bool:
-    """PNG of the estimated latency of the tuned kernels against trials; False without matplotlib."""
+    """PNG of the time of the kernels measured so far (weighted by occurrences), tuned and by default, against
+    trials (a kernel enters the curves with its first round); False without matplotlib."""
     try:
         import matplotlib
 
@@ -133,11 +136,12 @@ def plot_progress(result: ScheduleResult, path: str) -> bool:
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [x for x, _ in result.curve]
-    ys = [y * 1e3 for _, y in result.curve]
-    ax.plot(xs, ys, lw=2)
+    xs = [x for x, _, _ in result.curve]
+    ax.plot(xs, [t * 1e3 for _, t, _ in result.curve], lw=2, label="tuned")
+    ax.plot(xs, [d * 1e3 for _, _, d in result.curve], lw=1, ls="--", label="default schedules")
     ax.set_xlabel("trials")
-    ax.set_ylabel("estimated latency of the tuned kernels (ms)")
+    ax.set_ylabel("time of the kernels measured so far (ms)")
+    ax.legend()
     ax.set_title("auto-scheduling: latency against trials")
     ax.grid(alpha=0.3)
     fig.tight_layout()
