@@ -371,6 +371,13 @@ def _bench_remote(args: argparse.Namespace, proto, feeds: dict) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     """Tune a model's heavy kernels (template knobs, measured here) into a log for --tuning-log."""
+    if args.auto:
+        if args.rpc:
+            return _fail("tune", ValueError("--auto measures on this machine only, not yet through --rpc: "
+                                            "tune templates on remote devices, or auto-schedule here"))
+        from ember.autoschedule.cli import run_auto
+
+        return run_auto(args)
     from ember.tune.cli import run_tune
 
     if not args.rpc:

@@ -148,6 +148,15 @@ def workload_key(anchor: Node) -> str:
     return json.dumps([anchor.op, ins, attrs], separators=(",", ":"))
 
 
+def group_key(node: Node) -> str:
+    """The auto-scheduling workload of a kernel without an anchor (or any kernel): "auto:" + its members' ops and
+    attributes and its inputs' shapes and dtypes (JSON)."""
+    members = node.attrs["body"].nodes if node.op == "Fused" else [node]
+    ins = [None if v is None else [list(v.shape), v.dtype] for v in distinct_inputs(node)]
+    ops = [[m.op, {k: _json_attr(v) for k, v in sorted(m.attrs.items()) if k != CONFIG_ATTR}] for m in members]
+    return "auto:" + json.dumps([ops, ins], separators=(",", ":"))
+
+
 def _json_attr(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         return {"ndarray": [x.dtype.name, list(x.shape)]} if x.size > 16 else x.tolist()
@@ -197,7 +206,8 @@ def kernel_te(node: Node, target: Target, cfg: Any = None, schedule: dict | None
                 raise AssertionError(f"{m.op} compute gives {got}, the shape rule says {v.type} (node {m.name})")
             tensors[v] = t
     outs = [tensors[v] for v in results]
-    if schedule is not None and not is_gpu(target):
+    gpu_record = schedule is not None and any(st.get("kind") == "bind" for st in schedule.get("steps", ()))
+    if schedule is not None and (gpu_record or not is_gpu(target)):
         try:
             sch = Schedule.from_record(outs, schedule)
             args = [tensors[p] for p in params if p not in scalars] + outs
@@ -350,10 +360,15 @@ class GraphLowering:
         anchor = anchor_member(node) if self.tuned else None
         key = workload_key(anchor) if anchor is not None else None
         tuned = self.tuned.get(key) if key is not None else None
+        if self.tuned and (tuned is None or tuned.config.template == "auto"):  # auto-scheduled: the whole kernel
+            auto = group_key(node)
+            if auto in self.tuned:
+                key, tuned = auto, self.tuned[auto]
         if tuned is None:
             return kernel_te(node, self.target)
         try:
-            k = kernel_te(node, self.target, tuned.config, tuned.schedule)
+            auto = tuned.config.template == "auto"  # a sketch's steps: replayed, or the default schedule
+            k = kernel_te(node, self.target, None if auto else tuned.config, tuned.schedule)
             if k.replayed:
                 self.replayed.add(key)
             return k

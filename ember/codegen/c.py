@@ -577,12 +577,16 @@ class CCodegen:
             self.emit("}")
             return
         nbytes = -(-b.nbytes // 64) * 64
+        self.emit("{")  # a scope of its own: a loop partitioned into straight code may allocate the buffer twice
+        self.indent += 1
         self.emit(f"{t}* restrict {name} = ({t}*)aligned_alloc(64, {nbytes});")
         self.emit(f"if ({name} == NULL) {{")
         self.emit("  ember_status = -1;")
         self.emit("} else {")
         self.block(s.body)
         self.emit(f"  free({name});")
+        self.emit("}")
+        self.indent -= 1
         self.emit("}")
 
     # -- function ----------------------------------------------------------------------------

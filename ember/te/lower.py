@@ -335,8 +335,11 @@ class Lowering:
         stmt = inner
         for pos in reversed(range(len(leaves))):
             iv = leaves[pos]
-            stmt = self.wrap_attached(st, iv, stmt)
-            stmt = self.loop(st, iv, L.var[iv], stmt)
+            if any(p.double_buffered for p in self.attached.get((st, iv), ())):
+                stmt = self.double_buffered_loop(st, iv, stmt)
+            else:
+                stmt = self.wrap_attached(st, iv, stmt)
+                stmt = self.loop(st, iv, L.var[iv], stmt)
             if pos == first_reduce:
                 stmt = seq(self.init_nest(st, body, pos), stmt)  # type: ignore[arg-type]
         if not leaves and isinstance(body, Reduce):
@@ -382,6 +385,32 @@ class Lowering:
             stmt = Allocate(self.buffers[p], seq(self.nest(p), stmt))
         return stmt
 
+    def double_buffered_loop(self, st: Stage, iv: IterVar, body: Stmt) -> Stmt:
+        """Loop iv of st with its double-buffered attached stages: each gets a buffer of two slots; the slot of
+        iteration 0 is filled before the loop, and iteration v fills slot (v+1)%2 for iteration v+1 (when there
+        is one) before it computes from slot v%2. The other attached stages are computed in the loop as usual."""
+        v, n = self.loops[st].var[iv], self.loops[st].extent[iv]
+        attached = self.attached.get((st, iv), [])
+        for p in reversed([p for p in attached if not p.double_buffered]):
+            body = Allocate(self.buffers[p], seq(self.nest(p), body))
+        pro, pre = [], []
+        slots = []
+        for p in [p for p in attached if p.double_buffered]:
+            buf = self.buffers[p]
+            two = Buffer(buf.name, (2, *buf.shape), buf.dtype, buf.scope)
+            slots.append(two)
+            fill = self.nest(p)
+            body = _to_slot(body, buf, two, v % 2)
+            zero = const(0, self.index_dtype)
+            nxt = _to_slot(_fresh_loops(substitute(fill, {v: v + 1})), buf, two, (v + 1) % 2)
+            pre.append(IfThenElse(v + 1 < n, nxt) if n > 1 else None)
+            pro.append(_to_slot(_fresh_loops(substitute(fill, {v: zero})), buf, two, zero))
+        body = seq(*[x for x in pre if x is not None], body)
+        stmt = seq(*pro, self.loop(st, iv, v, body))
+        for two in reversed(slots):
+            stmt = Allocate(two, stmt)
+        return stmt
+
     def run(self) -> PrimFunc:
         self.inline()
         self.check()
@@ -394,6 +423,25 @@ class Lowering:
             if st not in arg_set:
                 body = Allocate(self.buffers[st], body)
         return PrimFunc(self.name, tuple(params), body)
+
+
+def _fresh_loops(stmt: Stmt) -> Stmt:
+    """A copy of stmt whose loops bind new variables (of the same names): a nest emitted twice stays unique."""
+    loop_vars = [n.var for n in walk(stmt) if isinstance(n, For)]
+    return substitute(stmt, {x: Var(x.name, x.dtype) for x in loop_vars})  # type: ignore[return-value]
+
+
+def _to_slot(stmt: Stmt, buf: Buffer, two: Buffer, slot: Expr) -> Stmt:
+    """stmt with its loads and stores of buf going to slot `slot` of the two-slot buffer `two`."""
+
+    def post(n):
+        if isinstance(n, E.Load) and n.buffer is buf:
+            return E.Load(two, (slot, *n.indices))
+        if isinstance(n, Store) and n.buffer is buf:
+            return Store(two, n.value, (slot, *n.indices))
+        return None
+
+    return transform(stmt, post)  # type: ignore[return-value]
 
 
 def _uses_reduce(p: Expr, st: Stage, L: Loops) -> bool:

@@ -12,9 +12,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tir.functor import transform, walk
+from ..tir.expr import Const
+from ..tir.functor import substitute, transform, walk
 from ..tir.stmt import ForKind
-from .tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Reduce, Tensor, TensorLoad
+from .tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Reduce, Tensor, TensorLoad, const
 
 SCOPES = ("global", "local", "shared")
 THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z", "vthread")
@@ -89,6 +90,7 @@ class Stage:
         self.attach: str = "root"  # "root" | "inline" | "at"
         self.attach_stage: Stage | None = None
         self.attach_axis: IterVar | None = None
+        self.double_buffered = False  # two copies of the buffer: the next iteration's filled during this one
         self.leaf_iter_vars: list[IterVar] = self.root_iter_vars
 
     @property
@@ -172,6 +174,12 @@ class Stage:
         """Where the stage's buffer lives when it is computed inside a loop: "global", "local" (per thread)
         or "shared" (per GPU block: filled cooperatively by the threads that bind its loops)."""
         self.sch._apply(Step("set_scope", self.name, (scope,)))
+
+    def double_buffer(self) -> None:
+        """Keep two copies of this stage's buffer (it must be computed at a loop of a consumer): before the loop,
+        the first iteration's part is filled; in each iteration, the next iteration's part is filled into the
+        other copy before this iteration computes from its own (prefetch while computing)."""
+        self.sch._apply(Step("double_buffer", self.name))
 
     # -- helpers ---------------------------------------------------------------------------
     def _err(self, msg: str) -> ScheduleError:
@@ -288,6 +296,13 @@ class Schedule:
     def cache_write(self, tensor: Tensor, scope: str) -> Tensor:
         """Compute `tensor` into a buffer in `scope`, then copy it out; returns the cache tensor."""
         st = self._apply(Step("cache_write", self[tensor].name, (scope,)))
+        return st.op.output()
+
+    def rfactor(self, tensor: Tensor, axis: IterVar | str, factor: int) -> Tensor:
+        """Split reduction `axis` of `tensor` by `factor` and make the inner part data-parallel: a new stage
+        `<name>.rf` reduces the outer part into `factor` partial results per output element (its last axis,
+        which can be vectorized or bound to threads), and `tensor` reduces those. Returns the partial tensor."""
+        st = self._apply(Step("rfactor", self[tensor].name, (_name(axis), factor)))
         return st.op.output()
 
     # -- steps -------------------------------------------------------------------------------
@@ -425,6 +440,11 @@ class Schedule:
     def _do_compute_root(self, st: Stage) -> None:
         st.attach, st.attach_stage, st.attach_axis = "root", None, None
 
+    def _do_double_buffer(self, st: Stage) -> None:
+        if st.is_output:
+            raise st._err("an output cannot be double-buffered: it is computed at root")
+        st.double_buffered = True
+
     def _do_set_scope(self, st: Stage, scope: str) -> None:
         if scope not in SCOPES:
             raise st._err(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
@@ -466,6 +486,44 @@ class Schedule:
         st.iter_attrs = {}
         self._by_op[id(new_op)] = st
         return cache
+
+    def _do_rfactor(self, st: Stage, axis_name: str, factor: int) -> Stage:
+        op = st.op
+        if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce):
+            raise st._err("rfactor needs a reduction")
+        if st.relations or any(a.kind is not ForKind.SERIAL or a.pragmas for a in st.iter_attrs.values()):
+            raise st._err("rfactor must come before other primitives on this stage (it replaces its loops)")
+        k = next((iv for iv in op.reduce_axis if iv.name == axis_name), None)
+        if k is None:
+            names = ", ".join(iv.name for iv in op.reduce_axis)
+            raise st._err(f"rfactor: no reduction axis '{axis_name}' among [{names}]")
+        if not isinstance(factor, int) or isinstance(factor, bool) or factor < 1:
+            raise st._err(f"rfactor of '{axis_name}': factor must be a positive integer, got {factor!r}")
+        body = op.body
+        lo, n = k.dom  # type: ignore[misc]
+        kr = IterVar(f"{axis_name}.r", (0, factor), "data")
+        ko = IterVar(f"{axis_name}.o", (0, -(-n // factor)), "reduce")
+        flat = ko.var * factor + kr.var
+        sub = {k.var: flat + lo}
+        cond = substitute(body.condition, sub)
+        if (-(-n // factor)) * factor != n:
+            cond = (flat < n) & cond if not (isinstance(cond, Const) and cond.value) else flat < n
+        axes = [ko if iv is k else iv for iv in body.axis]
+        rf_axis = [IterVar(iv.name, iv.dom, "data") for iv in op.axis] + [kr]
+        rf_sub = {**sub, **{a.var: b.var for a, b in zip(op.axis, rf_axis)}}
+        rf_body = Reduce(body.reducer, substitute(body.source, rf_sub), tuple(axes), substitute(cond, rf_sub))
+        rf_op = ComputeOp(f"{st.name}.rf", rf_axis, rf_body, op.tag, {})
+        idx = self.stages.index(st)
+        rf = self._add_stage(rf_op, after=self.stages[idx - 1] if idx else None)
+        kk = IterVar(f"{axis_name}.v", (0, factor), "reduce")
+        axis = [IterVar(iv.name, iv.dom, "data") for iv in op.axis]
+        red = Reduce(body.reducer, rf_op.output()[tuple(iv.var for iv in axis) + (kk.var,)], (kk,), const(True))
+        new_op = ComputeOp(op.name, axis, red, op.tag, op.attrs)
+        st.op = new_op
+        st.leaf_iter_vars = st.root_iter_vars
+        st.iter_attrs = {}
+        self._by_op[id(new_op)] = st  # readers keep reading the old op's tensor: it maps to this stage too
+        return rf
 
     def _add_stage(self, op: ComputeOp, after: Stage | None) -> Stage:
         if any(s.name == op.name for s in self.stages):

@@ -23,6 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tasks", type=int, default=None, help="tune only the N heaviest workloads")
     p.add_argument("--plot", metavar="PNG", help="plot best GFLOP/s so far vs trials (needs matplotlib)")
     p.add_argument("--run-timeout", type=float, default=20.0, help="seconds before a candidate run is killed")
+    p.add_argument("--auto", action="store_true",
+                   help="template-free auto-scheduling of every kernel (--trials per kernel on average)")
+    p.add_argument("--template-trials", type=int, default=0, metavar="N",
+                   help="with --auto: also tune the templated workloads N trials each (the log keeps the faster)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="S", help="with --auto: stop after S seconds")
     r = p.add_argument_group("measuring on remote devices (device servers: `ember rpc server`)")
     r.add_argument("--rpc", metavar="HOST:PORT[,...]", help="measure on these device servers (a device pool)")
     r.add_argument("--key", help="with --rpc: the device key to measure on")

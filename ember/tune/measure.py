@@ -136,15 +136,35 @@ def build_candidate(task: Any, knobs: dict) -> dict:
         target = Target.parse(task.target)
         cfg = task.space.entity(knobs)
         sch, args = task.instantiate(cfg)
-        func = lower(sch, args, "candidate")
+        gpu = target.kind in ("opencl", "cuda")
+        func = lower(sch, args, "candidate", gpu=gpu)
         written = {n.buffer for n in walk(func.body) if isinstance(n, Store)}
         specs = [(b.name, list(b.shape), b.dtype.name, b in written) for b in func.params]
+        if gpu:  # the target's own code generator; the device program is built where it runs (the runner)
+            gpu_source(func, target)
+            return {"gpu": str(target), "task": task, "knobs": knobs, "symbol": c_symbol(func.name), "specs": specs,
+                    "build_s": time.perf_counter() - t0, "schedule": sch.record()}  # fmt: skip
         lib = compile_c(codegen_c(func, target), target.cflags(), cc=compiler_for(target))
     except Exception as e:  # any failure to build is the candidate's error, not the tuner's
         detail = f"{type(e).__name__}: {e}"[:2000]
         return {"error": "compile", "detail": detail, "trace": traceback.format_exc(limit=4)[-2000:]}
     return {"lib": str(lib), "symbol": c_symbol(func.name), "specs": specs, "build_s": time.perf_counter() - t0,
             "schedule": sch.record()}
+
+
+def gpu_source(func: Any, target: Any) -> str:
+    """The device source of a lowered function for a GPU target (OpenCL C or CUDA): code generation errors
+    surface in the build worker, as a compile error of the candidate."""
+    from ember.codegen.gpu import split_host_device
+
+    prog = split_host_device(func)
+    if target.kind == "opencl":
+        from ember.codegen.opencl import codegen_opencl
+
+        return codegen_opencl(prog, target)
+    from ember.codegen.cuda import codegen_cuda
+
+    return codegen_cuda(prog, target)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -385,7 +405,8 @@ class Measurer:
         return self._data[key]
 
     def _msg(self, built: dict, inputs: str, ref: str | None, save: str | None = None) -> dict:
-        return {"lib": built["lib"], "symbol": built["symbol"], "specs": built["specs"], "inputs": inputs,
+        gpu = {"gpu": built["gpu"], "task": built["task"], "knobs": built["knobs"]} if built.get("gpu") else {}
+        return {**gpu, "lib": built.get("lib"), "symbol": built["symbol"], "specs": built["specs"], "inputs": inputs,
                 "ref": ref, "save": save, "rtol": self.rtol, "repeat": self.repeat if save is None else 0,
                 "min_time": self.min_time, "warmup": self.warmup}  # fmt: skip
 

@@ -41,6 +41,32 @@ def mismatch(y: np.ndarray, r: np.ndarray, rtol: float) -> str:
     return f"max abs error {err:.3g} > {rtol * scale:.3g}" if err > rtol * scale else ""
 
 
+class _GPUFunction:
+    """A GPU candidate built in this process with its target's runtime (OpenCL, CUDA), called like a
+    `Function`: the device's own timing (kernels finished) is what `benchmark` returns."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        self.module(*arrays)
+
+    def call_unchecked(self, arrays: list) -> None:
+        self.module(*arrays)
+
+    def benchmark(self, *arrays: np.ndarray, repeat: int, min_time: float, warmup: int = 1) -> dict:
+        return self.module.benchmark(*arrays, repeat=repeat, min_time=min_time)
+
+
+def _gpu_function(msg: dict, cache: dict) -> _GPUFunction:
+    """Build a GPU candidate (its task and knobs) for its target here, where the device is."""
+    from ember.build import build
+
+    task = msg["task"]
+    sch, args = task.instantiate(task.space.entity(msg["knobs"]))
+    return _GPUFunction(build(sch, args, target=msg["gpu"]))
+
+
 def run_one(msg: dict, cache: dict) -> dict:
     from ember.runtime.module import ArgSpec, Function
 
@@ -48,7 +74,10 @@ def run_one(msg: dict, cache: dict) -> dict:
     inputs = _load_arrays(msg["inputs"], cache)
     outputs = [np.zeros(s.shape, dtype=np.dtype(s.dtype)) for s in specs[len(inputs) :]]
     arrays = [*inputs, *outputs]
-    fn = Function(ctypes.CDLL(msg["lib"]), msg["symbol"], specs)
+    if msg.get("gpu"):
+        fn = _gpu_function(msg, cache)
+    else:
+        fn = Function(ctypes.CDLL(msg["lib"]), msg["symbol"], specs)
     fn(*arrays)
     if msg.get("save"):
         np.savez(msg["save"], **{f"a{i}": y for i, y in enumerate(outputs)})

@@ -116,7 +116,7 @@ class Task:
         anchor = anchor_member(node)
         if anchor is None:
             raise ValueError(f"node {node.name} ({node.op}) has no scheduled operator to tune")
-        node = _portable(node)
+        node = portable_node(node)
         ins = ", ".join(f"{v.dtype}{list(v.shape)}" for v in anchor.inputs if v is not None)
         name = f"{anchor.op}({ins})"
         return Task(name, workload_key(anchor), str(Target.parse(target)), node=node, weight=weight,
@@ -126,15 +126,7 @@ class Task:
     def from_op(op: str, inputs: Sequence[tuple[Sequence[int], str] | Sequence[int]], attrs: dict | None = None,
                 target: str | Target = "c") -> Task:  # fmt: skip
         """A task for one operator on inputs given as shapes (float32) or (shape, dtype) pairs."""
-        opdef = get_op(op)
-        a = opdef.check_attrs(dict(attrs or {}))
-        vals = []
-        for i, spec in enumerate(inputs):
-            shape, dt = (spec, "float32") if spec and isinstance(spec[0], int) else spec
-            vals.append(Value(f"x{i}", TensorType(tuple(shape), dt)))
-        outs = opdef.infer(a, *[v.type for v in vals])
-        node = Node(op, vals, [Value(f"y{i}", t) for i, t in enumerate(outs)], a, name=op.lower())
-        return Task.from_node(node, target)
+        return Task.from_node(op_node(op, inputs, attrs), target)
 
     @staticmethod
     def from_template(name: str, template_fn: TemplateFn, target: str | Target = "c",
@@ -145,7 +137,19 @@ class Task:
                     reference_fn=reference_fn, n_outputs=n_outputs)  # fmt: skip
 
 
-def _portable(node: Node) -> Node:
+def op_node(op: str, inputs: Sequence[tuple[Sequence[int], str] | Sequence[int]], attrs: dict | None = None) -> Node:
+    """A graph node of one operator on inputs given as shapes (float32) or (shape, dtype) pairs."""
+    opdef = get_op(op)
+    a = opdef.check_attrs(dict(attrs or {}))
+    vals = []
+    for i, spec in enumerate(inputs):
+        shape, dt = (spec, "float32") if spec and isinstance(spec[0], int) else spec
+        vals.append(Value(f"x{i}", TensorType(tuple(shape), dt)))
+    outs = opdef.infer(a, *[v.type for v in vals])
+    return Node(op, vals, [Value(f"y{i}", t) for i, t in enumerate(outs)], a, name=op.lower())
+
+
+def portable_node(node: Node) -> Node:
     """A copy of a node whose inputs keep shapes and one-element constants only (kernel_te bakes
     those in); large constants (weights) become plain arguments, so the task pickles small."""
 

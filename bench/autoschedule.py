@@ -1,0 +1,156 @@
+"""Template-free auto-scheduling against the template tuner and against today's default schedules.
+
+    python bench/autoschedule.py [--trials 32] [--target "c -threads=1"] [--seed 0] [--only NAMES] [--json]
+
+1. parity: on the tuning bench's workloads (a 512^3 dense and ResNet-18's 3x3 conv at 64 channels in the
+   blocked layout), the template tuner (xgb) and the auto-scheduler each get `--trials` measurements; parity is
+   the worst over the workloads of (template best time / auto best time): 1.0 = as fast, >= 0.95 is the bar.
+2. kernels without a template today (softmax rows, layer norm, pooling, a depthwise 3x3, an attention score
+   matmul + softmax group): the default schedule (what `ember.compile` runs) against the auto-scheduler's best
+   after `--trials` measurements: speedup = default time / auto time; bar 1.5x, or within 10% of the memory-
+   bandwidth bound (bytes read and written / the bandwidth of a large numpy copy measured in the same run).
+
+Single-threaded by default, fixed seeds. The last line of `--json` is one JSON object with "parity" and
+"untemplated_speedup" (per kernel) and the details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ember.autoschedule.search import EvolutionarySearch  # noqa: E402
+from ember.autoschedule.task import AutoTask, extract_auto_tasks  # noqa: E402
+from ember.templates import nn as T  # noqa: E402
+from ember.tune import Measurer, Task, tune_task  # noqa: E402
+
+_CB = T.lanes_of("float32", T.host_target())
+PARITY = {
+    "dense 512x512x512": ("MatMul", [(512, 512), (512, 512)], {}),
+    "conv3x3 64ch 56x56": ("ConvNCHWc", [(1, 64 // _CB, 56, 56, _CB), (64 // _CB, 64 // _CB, 3, 3, _CB, _CB)],
+                           {"pads": (1, 1, 1, 1), "strides": (1, 1), "dilations": (1, 1)}),
+}  # fmt: skip
+POOL = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1]}
+UNTEMPLATED = {
+    "softmax 128x128": ("Softmax", [(128, 128)], {"axis": -1}),
+    "softmax 12x197x197": ("Softmax", [(12, 197, 197)], {"axis": -1}),
+    "layernorm 128x768": ("LayerNormalization", [(128, 768), (768,), (768,)], {"axis": -1}),
+    "avgpool 64ch 56x56": ("AveragePool", [(1, 64, 56, 56)], {**POOL, "count_include_pad": 0}),
+    "maxpool 64ch 56x56": ("MaxPool", [(1, 64, 56, 56)], POOL),
+    "depthwise3x3 96ch 112x112": ("Conv", [(1, 96, 112, 112), (96, 1, 3, 3)],
+                                  {"pads": [1, 1, 1, 1], "strides": [1, 1], "dilations": [1, 1], "group": 96}),
+    "attention scores+softmax": None,  # a fused group: from a model
+}  # fmt: skip
+
+
+def attention_task(target: str) -> AutoTask:
+    """The fused MatMul(12x197x64, 12x64x197) -> Mul -> Softmax kernel of a tiny model, as the compiler groups it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    q = helper.make_tensor_value_info("q", TensorProto.FLOAT, [12, 197, 64])
+    k = helper.make_tensor_value_info("k", TensorProto.FLOAT, [12, 64, 197])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [12, 197, 197])
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [0.125])
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["t"]),
+             helper.make_node("Softmax", ["t"], ["y"], axis=-1)]  # fmt: skip
+    g = helper.make_graph(nodes, "attn", [q, k], [y], [scale])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    tasks = extract_auto_tasks(model, target)
+    return max(tasks, key=lambda t: t.flops)
+
+
+def bandwidth() -> float:
+    """Bytes per second of a large numpy copy (read + write), the fastest of 7 (the least disturbed)."""
+    a = np.ones(16 << 20, dtype=np.float32)
+    b = np.empty_like(a)
+    runs = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        runs.append(time.perf_counter() - t0)
+    return 2 * a.nbytes / min(runs)
+
+
+def auto_search(task: AutoTask, m: Measurer, trials: int, seed: int, batch: int) -> EvolutionarySearch:
+    s = EvolutionarySearch(task, m, seed=seed)
+    while s.trials < trials:
+        s.round(min(batch, max(1, trials - s.trials)))
+    return s
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--trials", type=int, default=32)
+    p.add_argument("--target", default="c -threads=1")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--only", default="", help="comma-separated workload names (default: all)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    only = [x.strip() for x in args.only.split(",") if x.strip()]
+
+    def wanted(name: str) -> bool:
+        return not only or any(o in name for o in only)
+
+    out: dict = {"target": args.target, "trials": args.trials, "seed": args.seed, "parity_detail": {},
+                 "untemplated": {}}  # fmt: skip
+    t0 = time.perf_counter()
+    with Measurer(n_parallel=2, repeat=3, min_time=0.02, warmup=0.05, seed=args.seed) as m:
+        print(f"{'workload':<28} {'template best':>14} {'auto best':>12} {'auto/template perf':>19}  sketch")
+        for name, (op, ins, attrs) in PARITY.items():
+            if not wanted(name):
+                continue
+            tt = Task.from_op(op, ins, attrs, target=args.target)
+            tr = tune_task(tt, "xgb", args.trials, m, batch_size=args.batch_size, seed=args.seed)
+            t_best = tt.flops / (tr.best_gflops * 1e9) if tr.best_gflops else math.inf
+            at = AutoTask.from_op(op, ins, attrs, target=args.target)
+            s = auto_search(at, m, args.trials, args.seed, args.batch_size)
+            a_best = s.best_cost
+            ratio = t_best / a_best
+            best = s.best
+            print(f"{name:<28} {t_best * 1e3:11.3f} ms {a_best * 1e3:9.3f} ms {ratio:18.2f}x  "
+                  f"{best[0].sketch if best else '-'}", flush=True)  # fmt: skip
+            out["parity_detail"][name] = {"template_s": t_best, "auto_s": a_best, "ratio": ratio,
+                                          "template_errors": tr.n_errors, "auto_errors": s.errors}  # fmt: skip
+        bw = bandwidth()
+        out["bandwidth_GBps"] = bw / 1e9
+        print(f"\nmemory bandwidth (numpy copy): {bw / 1e9:.1f} GB/s")
+        print(f"{'kernel':<28} {'default':>11} {'auto':>11} {'speedup':>8} {'bound':>10} {'auto/bound':>10}  verdict")
+        for name, spec in UNTEMPLATED.items():
+            if not wanted(name):
+                continue
+            task = attention_task(args.target) if spec is None else AutoTask.from_op(*spec, target=args.target)
+            s = auto_search(task, m, args.trials, args.seed, args.batch_size)
+            nbytes = sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in task.arg_types())
+            bound = nbytes / bw
+            d, a = s.default_cost, s.best_cost
+            speed = d / a
+            near = bound / a >= 0.9
+            verdict = "1.5x" if speed >= 1.5 else ("near bound" if near else "below bar")
+            print(f"{name:<28} {d * 1e3:8.3f} ms {a * 1e3:8.3f} ms {speed:7.2f}x {bound * 1e3:7.3f} ms "
+                  f"{bound / a:9.2f}   {verdict}", flush=True)  # fmt: skip
+            out["untemplated"][name] = {"default_s": d, "auto_s": a, "speedup": speed, "bound_s": bound,
+                                        "bound_fraction": bound / a, "verdict": verdict, "errors": s.errors,
+                                        "sketch": s.best[0].sketch if s.best and a < d else "default"}  # fmt: skip
+    ratios = [v["ratio"] for v in out["parity_detail"].values()]
+    out["parity"] = min(ratios) if ratios else None
+    out["untemplated_speedup"] = {k: v["speedup"] for k, v in out["untemplated"].items()}
+    out["seconds"] = time.perf_counter() - t0
+    print(f"\nparity (worst auto/template perf): {out['parity']}; {out['seconds']:.0f} s")
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

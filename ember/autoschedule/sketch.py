@@ -1,0 +1,478 @@
+"""Sketches by rules, and their random annotation: template-free schedules for any kernel's compute DAG.
+
+A *sketch* is the structure of a schedule, decided by rules over the stages of a kernel (as Ansor does):
+
+- every elementwise/injective stage that is not an output is inlined into its readers;
+- a reduction with data reuse (an input not indexed by every output axis: matmul, conv, depthwise conv) gets
+  multi-level tiling: on CPUs "SSRSRS" (spatial loops in four levels, reduction loops in two), on GPUs
+  "SSSRRSRS" (block, thread and register levels of the spatial loops; the reduction split twice inside the
+  thread, the operands cached in shared memory per block, maybe double-buffered);
+- such a reduction that is the kernel's output gets a write cache ("local"), and one read by an elementwise
+  output of its shape (a fused epilogue: bias, activation) is computed inside that output's tile instead of a
+  loop nest of its own (a consumer fused into the tiled producer);
+- a long reduction without reuse (a row sum) may be split by `rfactor` into vectorized partial sums;
+- every other stage (row reductions of softmax and normalizations, pooling) is computed at root or at a loop of
+  the output, its spatial loop innermost so it vectorizes.
+
+A sketch's free parameters (tile sizes, compute locations, which outer loops run parallel, which inner loops
+are vectorized or unrolled, rfactor widths) are *decisions*, sampled by `Decider.pick` and stored by name:
+`apply(sketch, outs, target, decisions)` replays them exactly, and a decision that is missing (or no longer
+one of the choices) is sampled afresh. A candidate is therefore the pair (sketch name, decisions), and its
+schedule is a plain `ember.te` step list that prints, logs and replays like any other.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ember import te
+from ember.target import Target
+from ember.te.lower import lower_schedule
+from ember.te.schedule import Schedule, ScheduleError, Stage
+from ember.te.tensor import ComputeOp, IterVar, Reduce, Tensor, TensorLoad
+from ember.templates.gpu import INLINE_TAGS, is_gpu
+from ember.tir.expr import Var
+from ember.tir.functor import walk
+from ember.tir.stmt import Allocate, For, PrimFunc
+
+MAX_THREADS = 1024  # threads per GPU block
+MAX_LOCAL = 256  # elements of a per-thread buffer
+MAX_SHARED = 48 * 1024  # bytes of shared memory per block
+MAX_UNROLL = 64  # iterations one unrolled nest may expand to
+RFACTOR_MIN = 32  # shortest reduction that rfactor splits
+
+
+@dataclass(frozen=True)
+class Sketch:
+    """One schedule structure for a kernel: the rules that made it, by name (`tile`, `tile.cache`,
+    `rows`, `rows.rfactor`, `gpu.tile.shared`, ...)."""
+
+    name: str
+    gpu: bool = False
+    cache_write: bool = False  # a write cache for a reuse reduction that is the output
+    rfactor: bool = False  # split long reductions without reuse into vectorized partial sums
+    shared: bool = False  # GPU: the reuse reduction's operands cached in shared memory per block
+
+
+@dataclass
+class Decider:
+    """Answers a sketch's questions: the fixed decision where it is one of the choices, else a random one."""
+
+    fixed: dict[str, Any] = field(default_factory=dict)
+    rng: random.Random | None = None
+    taken: dict[str, Any] = field(default_factory=dict)
+
+    def pick(self, name: str, choices: Sequence[Any]) -> Any:
+        choices = list(choices)
+        v = self.fixed.get(name)
+        if v is None or v not in choices:
+            v = self.rng.choice(choices) if self.rng is not None else choices[0]
+        self.taken[name] = v
+        return v
+
+
+class SketchError(ValueError):
+    """A sketch that does not apply to this compute, or an annotation that does not fit the target."""
+
+
+# -- analysis of the compute DAG ------------------------------------------------------------------------
+def is_reduce(st: Stage) -> bool:
+    return isinstance(st.op, ComputeOp) and isinstance(st.op.body, Reduce)
+
+
+def inlinable(st: Stage) -> bool:
+    op = st.op
+    if st.is_placeholder or st.is_output or not isinstance(op, ComputeOp) or isinstance(op.body, Reduce):
+        return False
+    return not op.attrs.get("materialize") or op.tag in INLINE_TAGS
+
+
+def has_reuse(st: Stage) -> bool:
+    """A reduction with an input not indexed by every output axis: each of its elements serves many outputs."""
+    if not is_reduce(st):
+        return False
+    spatial = {iv.var for iv in st.op.axis if iv.dom[1] > 1}  # type: ignore[index]
+    for n in walk(st.op.body):
+        if isinstance(n, TensorLoad):
+            used = {v for i in n.indices for v in walk(i) if isinstance(v, Var)}
+            if spatial - used:
+                return True
+    return False
+
+
+def _readers(s: Schedule) -> dict[Stage, list[Stage]]:
+    """Stages that read each stage once inlined stages are looked through (the loops that do the reading)."""
+    direct: dict[Stage, list[Stage]] = {}
+    for st in s.stages:
+        if isinstance(st.op, ComputeOp):
+            for t in st.op.inputs:
+                direct.setdefault(s[t], []).append(st)
+
+    def effective(st: Stage, seen: frozenset = frozenset()) -> list[Stage]:
+        out: list[Stage] = []
+        for r in direct.get(st, []):
+            if r in seen:
+                continue
+            for x in effective(r, seen | {r}) if r.attach == "inline" else [r]:
+                if x not in out:
+                    out.append(x)
+        return out
+
+    return {st: effective(st) for st in s.stages}
+
+
+def sketches(outs: Sequence[Tensor], target: Target) -> list[Sketch]:
+    """The sketches that apply to a kernel computing `outs`, by the rules of the module doc."""
+    s = te.create_schedule(list(outs))
+    stages = [st for st in s.stages if not st.is_placeholder and not inlinable(st)]
+    reuse = any(has_reuse(st) for st in stages)
+    long_rows = any(is_reduce(st) and not has_reuse(st) and _reduce_extent(st) >= RFACTOR_MIN for st in stages)
+    if is_gpu(target):
+        out = [Sketch("gpu.flat", gpu=True)]
+        if reuse:
+            out += [Sketch("gpu.tile", gpu=True), Sketch("gpu.tile.shared", gpu=True, shared=True)]
+        return out
+    out = [Sketch("tile" if reuse else "rows")]
+    if reuse and any(st.is_output and has_reuse(st) for st in stages):
+        out.append(Sketch("tile.cache", cache_write=True))
+    if long_rows:
+        out.append(Sketch("rows.rfactor" if not reuse else "tile.rfactor", rfactor=True))
+    return out
+
+
+def _reduce_extent(st: Stage) -> int:
+    return math.prod(iv.dom[1] for iv in st.op.reduce_axis)  # type: ignore[index]
+
+
+# -- annotation helpers ------------------------------------------------------------------------------
+def tile_choices(n: int, limit: int = 64) -> list[int]:
+    """Inner tile sizes for a loop of extent n: its divisors and the powers of two, up to `limit`."""
+    out = {d for d in range(1, min(n, limit) + 1) if n % d == 0}
+    out |= {1 << p for p in range(7) if (1 << p) <= min(n, limit)}
+    return sorted(out)
+
+
+def split_levels(st: Stage, iv: IterVar, levels: int, d: Decider, key: str, limit: int = 64) -> list[IterVar]:
+    """Split loop iv into `levels` loops, outermost first; the inner levels' sizes are decisions."""
+    n = iv.dom[1] if iv.dom is not None else 1
+    parts: list[IterVar] = []
+    cur = iv
+    for lvl in range(levels - 1, 0, -1):
+        f = d.pick(f"{key}.{lvl}", tile_choices(max(1, n), limit))
+        cur, inner = st.split(cur, f)
+        parts.insert(0, inner)
+        n = -(-n // f)
+    return [cur, *parts]
+
+
+def _unroll(st: Stage, loops: list[IterVar], extents: dict[IterVar, int]) -> None:
+    """Unroll the given loops (innermost first) while the expansion stays within MAX_UNROLL."""
+    total = 1
+    for iv in reversed(loops):
+        e = extents.get(iv, 1)
+        if total * e > MAX_UNROLL:
+            break
+        st.unroll(iv)
+        total *= e
+
+
+# -- applying a sketch ------------------------------------------------------------------------------
+def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dict | None = None,
+          rng: random.Random | None = None) -> tuple[Schedule, dict]:  # fmt: skip
+    """The schedule of `sketch` for `outs` under `decisions` (missing ones drawn from `rng`, or the first
+    choice); returns it with the decisions taken (all of them: `apply` with those gives the same steps)."""
+    d = Decider(dict(decisions or {}), rng)
+    s = te.create_schedule(list(outs))
+    for st in s.stages:
+        if inlinable(st):
+            st.compute_inline()
+    if sketch.gpu:
+        _apply_gpu(sketch, s, d)
+    else:
+        _apply_cpu(sketch, s, d, target)
+    return s, d.taken
+
+
+def _roots(s: Schedule) -> list[Stage]:
+    return [st for st in s.stages if not st.is_placeholder and st.attach != "inline"]
+
+
+def _fused_producer(s: Schedule, O: Stage) -> Stage | None:
+    """A reuse reduction read only by output O (elementwise, same shape): computed inside O's tiles."""
+    if is_reduce(O):
+        return None
+    readers = _readers(s)
+    for st in _roots(s):
+        if st is not O and has_reuse(st) and readers.get(st) == [O] and tuple(st.op.shape) == tuple(O.op.shape):
+            return st
+    return None
+
+
+def _apply_cpu(sketch: Sketch, s: Schedule, d: Decider, target: Target) -> None:
+    outputs = [st for st in _roots(s) if st.is_output]
+    O = outputs[0]
+    if sketch.cache_write and has_reuse(O):
+        s.cache_write(O.op.output(), "local")
+    if sketch.rfactor and is_reduce(O) and not has_reuse(O) and O.op.reduce_axis[-1].dom[1] >= RFACTOR_MIN:
+        f = d.pick(f"{O.name}.rfactor", [0, 4, 8, 16])  # the partial sums: a producer of O, scheduled below
+        if f:
+            s.rfactor(O.op.output(), O.op.reduce_axis[-1].name, f)
+    P = _fused_producer(s, O)
+    threads = target.threads or 1
+    # the output's loops
+    spatial = list(O.op.axis)
+    if is_reduce(O) and has_reuse(O):  # SSRSRS
+        levels = [split_levels(O, iv, 4, d, f"{O.name}.{iv.name}") for iv in spatial]
+        red = [split_levels(O, iv, 2, d, f"{O.name}.{iv.name}") for iv in O.op.reduce_axis]
+        order = ([lv[0] for lv in levels] + [lv[1] for lv in levels] + [r[0] for r in red] + [lv[2] for lv in levels]
+                 + [r[1] for r in red] + [lv[3] for lv in levels])  # fmt: skip
+        O.reorder(*order)
+        inner = [lv[3] for lv in levels]
+        _vectorize_unroll(O, inner, [r[1] for r in red], d, levels)
+        outer = [lv[0] for lv in levels]
+        at_loops = [lv[0] for lv in levels] + [lv[1] for lv in levels]
+    else:
+        levels = [split_levels(O, iv, 3, d, f"{O.name}.{iv.name}") for iv in spatial]
+        red = list(O.op.reduce_axis)
+        order = [lv[0] for lv in levels] + [lv[1] for lv in levels] + red + [lv[2] for lv in levels]
+        if order:
+            O.reorder(*order)
+        _vectorize_unroll(O, [lv[2] for lv in levels], [], d, levels)
+        outer = [lv[0] for lv in levels]
+        at_loops = [lv[0] for lv in levels] + [lv[1] for lv in levels]
+    par = O.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
+    if par is not None:
+        at_loops = [par] + at_loops[len(outer):]
+        if d.pick(f"{O.name}.parallel", [True, False] if threads > 1 else [False]):
+            O.parallel(par)
+    # producers: innermost consumer first
+    attached: set[Stage] = set()
+    readers = _readers(s)
+    for st in reversed(_roots(s)):
+        if st is O or st.is_output:
+            continue
+        if st is P:
+            loc = d.pick(f"{st.name}.at", list(range(len(at_loops)))) if at_loops else None
+            if loc is None:
+                _tile_root(st, d, threads, sketch)
+                continue
+            st.compute_at(O, at_loops[loc])
+            st.set_scope("local")
+            attached.add(st)
+            _tile_reuse_inner(st, d)
+            continue
+        rs = readers.get(st, [])
+        # inside every reader: O itself, or a stage computed at O's loop `at_loops[i]` (then only loops up to i)
+        limit = len(at_loops) - 1
+        for r in rs:
+            if r is not O:
+                limit = min(limit, at_loops.index(r.attach_axis)) if r in attached else -1
+        loc = d.pick(f"{st.name}.at", ["root"] + list(range(limit + 1)))
+        if loc != "root":
+            st.compute_at(O, at_loops[loc])
+            attached.add(st)
+            _tile_rows(s, st, d, sketch, root=False, threads=threads)
+        else:
+            _tile_rows(s, st, d, sketch, root=True, threads=threads)
+    for extra in outputs[1:]:
+        _tile_rows(s, extra, d, sketch, root=True, threads=threads)
+
+
+def _vectorize_unroll(st: Stage, inner: list[IterVar], red_inner: list[IterVar], d: Decider, levels) -> None:
+    extents = {lv[-1]: d.taken.get(f"{st.name}.{iv.name}.{len(lv) - 1}", 1) for lv, iv in zip(levels, st.op.axis)}
+    if inner and d.pick(f"{st.name}.vectorize", [True, False]) and extents.get(inner[-1], 1) > 1:
+        st.vectorize(inner[-1])
+        rest = inner[:-1]
+    else:
+        rest = inner
+    if d.pick(f"{st.name}.unroll", [True, False]):
+        ext = dict(extents)
+        for r, iv in zip(red_inner, st.op.reduce_axis):  # their sizes are the decisions of the 2-level splits
+            ext[r] = d.taken.get(f"{st.name}.{iv.name}.1", MAX_UNROLL)
+        _unroll(st, red_inner + rest, ext)
+
+
+def _tile_reuse_inner(st: Stage, d: Decider) -> None:
+    """A reuse reduction computed inside its consumer's tile: R S R S (reduction outer, register tile inner)."""
+    spatial = list(st.op.axis)
+    lv = [split_levels(st, iv, 2, d, f"{st.name}.{iv.name}") for iv in spatial]
+    red = [split_levels(st, iv, 2, d, f"{st.name}.{iv.name}") for iv in st.op.reduce_axis]
+    st.reorder(*([r[0] for r in red] + [x[0] for x in lv] + [r[1] for r in red] + [x[1] for x in lv]))
+    _vectorize_unroll(st, [x[1] for x in lv], [r[1] for r in red], d, lv)
+
+
+def _tile_root(st: Stage, d: Decider, threads: int, sketch: Sketch) -> None:
+    lv = [split_levels(st, iv, 2, d, f"{st.name}.{iv.name}") for iv in st.op.axis]
+    red = list(st.op.reduce_axis)
+    order = [x[0] for x in lv] + red + [x[1] for x in lv]
+    if order:
+        st.reorder(*order)
+    _vectorize_unroll(st, [x[1] for x in lv], [], d, lv)
+    outer = [x[0] for x in lv]
+    if outer:
+        par = st.fuse(*outer) if len(outer) > 1 else outer[0]
+        if d.pick(f"{st.name}.parallel", [True, False] if threads > 1 else [False]):
+            st.parallel(par)
+
+
+def _tile_rows(s: Schedule, st: Stage, d: Decider, sketch: Sketch, root: bool, threads: int) -> None:
+    """A stage without reuse: optionally rfactor its (last) long reduction into vectorized partial sums; its
+    innermost spatial loop moved inside the reduction (S R S) so it vectorizes."""
+    long = is_reduce(st) and st.op.reduce_axis and st.op.reduce_axis[-1].dom[1] >= RFACTOR_MIN
+    if sketch.rfactor and long and not st.name.endswith(".rf"):
+        k = st.op.reduce_axis[-1]
+        f = d.pick(f"{st.name}.rfactor", [0, 4, 8, 16])
+        if f:
+            rf = s[s.rfactor(st.op.output(), k.name, f)]
+            if root:
+                _tile_root(st, d, threads, sketch)
+            leaf_spatial = [iv for iv in st.leaf_iter_vars if iv.kind == "data"]
+            if leaf_spatial:
+                rf.compute_at(st, leaf_spatial[-1])
+                rf.set_scope("local")
+            else:
+                rf.compute_root()
+            *sp, lane = rf.op.axis
+            rf.reorder(*sp, *rf.op.reduce_axis, lane)
+            rf.vectorize(lane)
+            return
+    if root:
+        _tile_root(st, d, threads, sketch)
+        return
+    if st.op.axis and st.op.reduce_axis and st.op.axis[-1].dom[1] > 1:
+        last = st.op.axis[-1]
+        st.reorder(*st.op.reduce_axis, last)
+        if d.pick(f"{st.name}.vectorize", [True, False]):
+            st.vectorize(last)
+
+
+# -- GPU ---------------------------------------------------------------------------------------------
+def _bind_flat(st: Stage, d: Decider) -> IterVar | None:
+    """Fuse a root stage's spatial loops into blockIdx.x x threadIdx.x (x an unrolled per-thread part)."""
+    axes = list(st.op.axis)
+    size = math.prod(st.op.shape)
+    if not axes or size == 0:
+        return None
+    fused = st.fuse(*axes) if len(axes) > 1 else axes[0]
+    per = d.pick(f"{st.name}.per_thread", [1, 2, 4] if size >= 4096 else [1])
+    nt = d.pick(f"{st.name}.threads", [t for t in (32, 64, 128, 256, 512) if t <= max(32, size)])
+    if per > 1:
+        fused, ii = st.split(fused, per)
+    bx, tx = st.split(fused, nt)
+    st.bind(bx, "blockIdx.x")
+    st.bind(tx, "threadIdx.x")
+    if per > 1:
+        st.reorder(bx, tx, ii)
+        st.unroll(ii)
+    return tx
+
+
+def _apply_gpu(sketch: Sketch, s: Schedule, d: Decider) -> None:
+    outputs = [st for st in _roots(s) if st.is_output]
+    O = outputs[0]
+    tiled = sketch.name.startswith("gpu.tile")
+    if tiled and is_reduce(O) and has_reuse(O):
+        s.cache_write(O.op.output(), "local")
+    P = _fused_producer(s, O) if tiled else None
+    thread = None
+    if P is not None:
+        thread, nthreads = _gpu_tile_output(O, d)
+        P.compute_at(O, thread)
+        P.set_scope("local")
+        red = [split_levels(P, iv, 2, d, f"{P.name}.{iv.name}", limit=16) for iv in P.op.reduce_axis]
+        P.reorder(*([r[0] for r in red] + [r[1] for r in red] + list(P.op.axis)))
+        for iv in P.op.axis:
+            P.unroll(iv)
+        if sketch.shared and red:
+            operands = [t for t in dict.fromkeys(P.op.inputs) if t.ndim >= 2]
+            double = d.pick(f"{P.name}.double_buffer", [False, True])  # prefetch the next operand tiles
+            for t in operands:
+                C = s[s.cache_read(t, "shared", [P])]
+                C.compute_at(P, red[-1][0])
+                f = C.fuse(*C.op.axis) if len(C.op.axis) > 1 else C.op.axis[0]
+                _, tx = C.split(f, nthreads)
+                C.bind(tx, "threadIdx.x")
+                if double:
+                    C.double_buffer()
+    else:
+        thread = _bind_flat(O, d)
+    readers = _readers(s)
+    for st in reversed(_roots(s)):
+        if st is O or st is P or st.attach == "at":
+            continue
+        rs = readers.get(st, [])
+        fold = not st.is_output and thread is not None and rs == [O]
+        fold = fold and math.prod(st.op.shape) >= math.prod(O.op.shape)
+        if fold and d.pick(f"{st.name}.at", ["thread", "root"]) == "thread":
+            st.compute_at(O, thread)
+            st.set_scope("local")
+        else:
+            _bind_flat(st, d)
+
+
+def _gpu_tile_output(O: Stage, d: Decider) -> tuple[IterVar, int]:
+    """SSS: each spatial loop of O split into block, thread and register levels; blocks and threads fused."""
+    blocks, threads, regs, nthreads = [], [], [], 1
+    for iv in O.op.axis:
+        n = iv.dom[1]  # type: ignore[index]
+        r = d.pick(f"{O.name}.{iv.name}.reg", [f for f in tile_choices(n, 8)])
+        cap = max(1, MAX_THREADS // nthreads)
+        t = d.pick(f"{O.name}.{iv.name}.thr", [f for f in tile_choices(-(-n // r), 32) if f <= cap])
+        rest, ri = O.split(iv, r)
+        bo, ti = O.split(rest, t)
+        blocks.append(bo)
+        threads.append(ti)
+        regs.append(ri)
+        nthreads *= min(t, -(-n // r))
+    O.reorder(*blocks, *threads, *regs)
+    b = O.fuse(*blocks) if len(blocks) > 1 else blocks[0]
+    t = O.fuse(*threads) if len(threads) > 1 else threads[0]
+    O.bind(b, "blockIdx.x")
+    O.bind(t, "threadIdx.x")
+    for r in regs:
+        O.unroll(r)
+    return t, nthreads
+
+
+# -- checking and sampling -----------------------------------------------------------------------------
+def check(sch: Schedule, args: Sequence[Tensor], target: Target) -> PrimFunc:
+    """The schedule's loop nest (before loop passes); SketchError unless it lowers, and on GPUs fits a block
+    (threads, local and shared memory)."""
+    try:
+        func = lower_schedule(sch, args, "candidate")
+    except ScheduleError as e:
+        raise SketchError(str(e)) from e
+    if not is_gpu(target):
+        return func
+    shared = 0
+    for n in walk(func.body):
+        if isinstance(n, Allocate):
+            if n.buffer.scope == "local" and n.buffer.size > MAX_LOCAL:
+                raise SketchError(f"per-thread buffer {n.buffer.name} has {n.buffer.size} elements")
+            if n.buffer.scope == "shared":
+                shared += n.buffer.nbytes
+        if isinstance(n, For) and (n.thread_tag or "").startswith("threadIdx"):
+            ext = n.extent.value if hasattr(n.extent, "value") else MAX_THREADS + 1
+            if ext > MAX_THREADS:
+                raise SketchError(f"{ext} threads per block")
+    if shared > MAX_SHARED:
+        raise SketchError(f"{shared} bytes of shared memory per block")
+    return func
+
+
+def sample(sketch: Sketch, outs: Sequence[Tensor], args: Sequence[Tensor], target: Target, rng: random.Random,
+           tries: int = 20) -> tuple[Schedule, dict]:  # fmt: skip
+    """A random valid annotation of `sketch`: (schedule, decisions); SketchError if none of `tries` fits."""
+    last = ""
+    for _ in range(tries):
+        try:
+            sch, dec = apply(sketch, outs, target, None, rng)
+            check(sch, args, target)
+            return sch, dec
+        except (SketchError, ScheduleError) as e:
+            last = str(e)
+    raise SketchError(f"sketch {sketch.name}: no valid annotation in {tries} tries ({last})")

@@ -1,0 +1,137 @@
+"""Property tests: any sketch of a kernel with any random annotation computes the numpy reference.
+
+Kernels: a matmul, a padded convolution, a softmax, a layer norm and a fused elementwise group (the compiler's
+own computes, through `AutoTask`), on C, LLVM and OpenCL. Hypothesis draws the sketch and the seed of its
+annotation; inputs are fresh random arrays per example. Few, small examples: each compiles one kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+import ember
+from ember import te
+from ember.autoschedule import sketch as S
+from ember.autoschedule.task import AutoTask
+from ember.graph.ir import Graph, Node, Value
+from ember.graph.types import TensorType
+from ember.target import Target
+
+pytestmark = pytest.mark.property
+
+EXAMPLES = int(os.environ.get("EMBER_PROPERTY_EXAMPLES", "4"))
+PROPERTY = settings(max_examples=EXAMPLES, deadline=None,
+                    derandomize=os.environ.get("EMBER_PROPERTY_RANDOM", "") in ("", "0"),
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+
+
+def fused_elementwise(target: str) -> AutoTask:
+    """Fused(Add -> Mul -> Sigmoid) over (5, 13) and a broadcast (13,)."""
+    x, b = Value("x", TensorType((5, 13), "float32")), Value("b", TensorType((13,), "float32"))
+    t1, t2, y = (Value(n, TensorType((5, 13), "float32")) for n in ("t1", "t2", "y"))
+    nodes = [Node("Add", [x, b], [t1], {}, "add"), Node("Mul", [t1, x], [t2], {}, "mul"),
+             Node("Sigmoid", [t2], [y], {}, "sig")]  # fmt: skip
+    body = Graph("fused_add_mul_sigmoid", [x, b], [y], nodes)
+    ox, ob, oy = Value("ox", x.type), Value("ob", b.type), Value("oy", y.type)
+    return AutoTask.from_node(Node("Fused", [ox, ob], [oy], {"body": body}, "fused"), target)
+
+
+KERNELS = {
+    "matmul": lambda t: AutoTask.from_op("MatMul", [(13, 10), (10, 17)], target=t),
+    "conv": lambda t: AutoTask.from_op("Conv", [(1, 3, 7, 7), (5, 3, 3, 3)], {"pads": [1, 1, 1, 1], "strides": [1, 1],
+                                       "dilations": [1, 1], "group": 1}, target=t),  # fmt: skip
+    "softmax": lambda t: AutoTask.from_op("Softmax", [(6, 45)], {"axis": -1}, target=t),
+    "layernorm": lambda t: AutoTask.from_op("LayerNormalization", [(5, 40), (40,), (40,)], {"axis": -1}, target=t),
+    "fused": fused_elementwise,
+}
+
+
+def _check(kernel: str, target: str, data) -> None:
+    task = KERNELS[kernel](target)
+    sketches = task.sketches()
+    sk = data.draw(st.sampled_from(sketches), label="sketch")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    outs, args = task.computes()
+    sch, dec = S.sample(sk, outs, args, Target.parse(target), random.Random(seed))
+    note(f"{sk.name} {dec}\n{sch}")
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal(a.shape).astype(a.dtype.name) for a in args[: len(args) - len(outs)]]
+    ref = task.reference(xs)
+    f = ember.build(sch, args, target=target)
+    ys = [np.zeros(o.shape, o.dtype.name) for o in outs]
+    f(*xs, *ys)
+    for y, r in zip(ys, ref):
+        np.testing.assert_allclose(y, r, rtol=1e-4, atol=1e-4)
+    again, _ = S.apply(sk, *task.computes()[:1], Target.parse(target), dec)  # the decisions replay exactly
+    assert [s.to_json() for s in again.steps] == [s.to_json() for s in sch.steps]
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("target", ["c", "llvm"])
+@PROPERTY
+@given(data=st.data())
+def test_any_sketch_any_annotation_cpu(kernel, target, data):
+    _check(kernel, target, data)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@PROPERTY
+@given(data=st.data())
+def test_any_sketch_any_annotation_opencl(kernel, data):
+    from tests.conftest import opencl_missing
+
+    why = opencl_missing()
+    if why:
+        pytest.skip(f"OpenCL: {why}")
+    _check(kernel, "opencl", data)
+
+
+def row_sum(n: int = 300):
+    A = te.placeholder((4, n), "float32", name="A")
+    k = te.reduce_axis((0, n), name="k")
+    return A, te.compute((4,), lambda i: te.sum(A[i, k], axis=k), name="S")
+
+
+def test_sketches_follow_the_rules():
+    def names(task):
+        return [s.name for s in task.sketches()]
+
+    assert names(KERNELS["matmul"]("c")) == ["tile"]  # the compute has its own write cache: no second one
+    assert names(KERNELS["fused"]("c")) == ["rows"]
+    assert names(KERNELS["conv"]("opencl")) == ["gpu.flat", "gpu.tile", "gpu.tile.shared"]
+    _, S_ = row_sum()
+    assert [s.name for s in S.sketches([S_], Target.parse("c"))] == ["rows", "rows.rfactor"]
+    assert [s.name for s in S.sketches([row_sum(20)[1]], Target.parse("c"))] == ["rows"]  # short: no rfactor
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_rfactor_sketch_vectorizes_partial_sums(target):
+    A, S_ = row_sum()
+    decisions = {"S.rfactor": 8, "S.rf.at": 0}
+    sch, _ = S.apply(S.Sketch("rows.rfactor", rfactor=True), [S_], Target.parse(target), decisions)
+    assert [s.kind for s in sch.steps].count("rfactor") == 1, sch
+    assert "ramp" in str(ember.lower(sch, [A, S_]))  # the partial sums are one vector
+    a = np.random.default_rng(3).standard_normal((4, 300)).astype("float32")
+    out = np.zeros(4, "float32")
+    ember.build(sch, [A, S_], target=target)(a, out)
+    np.testing.assert_allclose(out, a.sum(1), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+@PROPERTY
+@given(seed=st.integers(0, 2**16))
+def test_row_sum_any_annotation(target, seed):
+    A, S_ = row_sum(70)
+    for sk in S.sketches([S_], Target.parse(target)):
+        sch, dec = S.sample(sk, [S_], [A, S_], Target.parse(target), random.Random(seed))
+        note(f"{sk.name} {dec}")
+        a = np.random.default_rng(seed).standard_normal((4, 70)).astype("float32")
+        out = np.zeros(4, "float32")
+        ember.build(sch, [A, S_], target=target)(a, out)
+        np.testing.assert_allclose(out, a.sum(1), rtol=1e-4, atol=1e-4)
