@@ -274,7 +274,7 @@ def _reshape(ctx: NodeContext) -> None:
     if ctx.version < 5:
         shape = ctx.attrs["shape"]
     else:
-        shape = _ints(ctx.need(1, "target shape"))
+        shape = ctx.need_dims(1, "target shape")
     try:
         target = resolve_reshape(ctx.type(0).shape, shape, bool(ctx.attrs.get("allowzero", 0)))
     except ValueError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember import te
+from ember.graph.dims import dim_product, dims_equal, divide_dims, is_static, is_static_dim, shape_str
 from ember.graph.types import TensorType, np_dtype
 from ember.ops.common import ShapeError, broadcast_shapes, check_same_dtype, norm_axes, norm_axis
 from ember.ops.opdef import Attr, Pattern, ShapeDependsOnData, one_of, op
@@ -53,12 +54,16 @@ def _with(idx: tuple, axis: int, value: Expr) -> tuple:
 # -- reshaping ---------------------------------------------------------------------------------
 def _reshape_infer(a: dict, x: TensorType) -> TensorType:
     shape = a["shape"]
+    if not (x.is_static and is_static(shape)):
+        if not dims_equal(dim_product(shape), dim_product(x.shape)):
+            raise ShapeError(f"cannot reshape {x} to {shape_str(shape)}: the element counts are not provably equal")
+        return x.with_shape(shape)
     if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != x.size:
         raise ShapeError(f"cannot reshape {x} ({x.size} elements) to {list(shape)}")
     return x.with_shape(shape)
 
 
-@op("Reshape", INJ, infer=_reshape_infer, attrs=[Attr("shape", "ints")])
+@op("Reshape", INJ, infer=_reshape_infer, attrs=[Attr("shape", "dims")])
 def reshape(a: dict, x: np.ndarray) -> np.ndarray:
     """Reshape to an explicit shape (the frontend resolves ONNX's 0 and -1 entries)."""
     return x.reshape(a["shape"])
@@ -89,9 +94,19 @@ def _reshape_te(a: dict, x: te.Tensor) -> te.Tensor:
 
 def resolve_reshape(in_shape: tuple[int, ...], shape: tuple[int, ...], allowzero: bool) -> tuple[int, ...]:
     """ONNX Reshape target: 0 copies the input dim (unless allowzero), -1 is inferred."""
-    out = [in_shape[i] if d == 0 and not allowzero and i < len(in_shape) else d for i, d in enumerate(shape)]
-    if out.count(-1) > 1:
-        raise ShapeError(f"reshape target {list(shape)} has more than one -1")
+    out = [in_shape[i] if is_static_dim(d) and d == 0 and not allowzero and i < len(in_shape) else d
+           for i, d in enumerate(shape)]  # fmt: skip
+    minus = [i for i, d in enumerate(out) if is_static_dim(d) and d == -1]
+    if len(minus) > 1:
+        raise ShapeError(f"reshape target {shape_str(shape)} has more than one -1")
+    if not (is_static(in_shape) and is_static(out)):
+        if minus:
+            d = divide_dims(in_shape, [d for i, d in enumerate(out) if i != minus[0]])
+            if d is None:
+                raise ShapeError(f"cannot reshape {shape_str(in_shape)} to {shape_str(shape)}: the -1 is not a "
+                                 "whole dim for every value of the sizes")  # fmt: skip
+            out[minus[0]] = d
+        return tuple(out)
     if -1 in out:
         known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
         total = int(np.prod(in_shape, dtype=np.int64))
@@ -105,8 +120,7 @@ def _flatten_infer(a: dict, x: TensorType) -> TensorType:
     if not -x.rank <= a["axis"] <= x.rank:
         raise ShapeError(f"Flatten axis {a['axis']} is out of range for {x}")
     axis = a["axis"] + x.rank if a["axis"] < 0 else a["axis"]
-    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-    return x.with_shape((outer, int(np.prod(x.shape[axis:], dtype=np.int64))))
+    return x.with_shape((dim_product(x.shape[:axis]), dim_product(x.shape[axis:])))
 
 
 @op("Flatten", INJ, infer=_flatten_infer, attrs=[Attr("axis", "int", 1)])
