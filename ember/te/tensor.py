@@ -228,12 +228,19 @@ class Tensor:
 # user API
 
 
-def _check_shape(shape: Sequence[Any], what: str) -> tuple[int, ...]:
+def _check_shape(shape: Sequence[Any], what: str) -> tuple[int | Expr, ...]:
+    """Non-negative ints, or integer expressions of size variables (`te.var("n")`): a kernel of any size,
+    which takes each size variable as an argument."""
     shape = tuple(shape) if isinstance(shape, list | tuple) else (shape,)
-    out = []
+    out: list[int | Expr] = []
     for s in shape:
+        if isinstance(s, IterVar):
+            raise TypeError(f"{what}: shape entry {s.name} is a loop axis, not a size; use te.var for a size")
         if isinstance(s, Expr):
-            raise TypeError(f"{what}: symbolic sizes ({s}) are not supported yet; use static integer shapes")
+            if not (s.dtype.is_int and s.dtype.lanes == 1):
+                raise TypeError(f"{what}: symbolic size {s} must be an integer expression, got {s.dtype}")
+            out.append(s)
+            continue
         if int(s) != s or int(s) < 0:
             raise ValueError(f"{what}: shape entries must be non-negative integers, got {shape}")
         out.append(int(s))
@@ -247,7 +254,12 @@ def placeholder(shape: Sequence[int] | int, dtype_: str | DType = "float32", nam
 
 def reduce_axis(dom: tuple[int, int] | int, name: str = "rv") -> IterVar:
     """A reduction axis over range(lo, hi) (or range(n))."""
-    lo, hi = (0, dom) if isinstance(dom, int) else dom
+    lo, hi = (0, dom) if isinstance(dom, int | Expr) else dom
+    if isinstance(hi, Expr) or isinstance(lo, Expr):  # a symbolic extent (a size variable)
+        if isinstance(lo, Expr) and not isinstance(lo, E.Const):
+            raise ValueError(f"reduce_axis {name}: a symbolic range must start at a constant, got {lo}")
+        lo = int(lo.value) if isinstance(lo, E.Const) else int(lo)
+        return IterVar(name, (lo, hi - lo if lo else hi), "reduce")
     if int(hi) < int(lo):
         raise ValueError(f"reduce_axis {name}: empty range ({lo}, {hi})")
     return IterVar(name, (int(lo), int(hi) - int(lo)), "reduce")
