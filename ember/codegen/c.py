@@ -522,7 +522,9 @@ class CCodegen:
         elif s.kind is ForKind.PARALLEL:
             self.emit("// parallel loop nested in a parallel loop: runs serially")
         elif s.kind is ForKind.UNROLLED:
-            self.emit(f"#pragma GCC unroll {self.expr(s.extent)}")
+            n = s.extent.value if isinstance(s.extent, Const) else self.ana.const_upper_bound(s.extent)
+            if n is not None and 0 <= n < 65535:  # a symbolic extent unrolls by its bound (min(N, 12): 12)
+                self.emit(f"#pragma GCC unroll {n}")
         self.emit(f"for ({t} {v} = {lo}; {v} < {end}; ++{v}) {{")
         lb, hb = self.ana.bind_loop(s.var, s.min, s.extent)
         was = self.in_parallel

@@ -328,7 +328,7 @@ def _slice(ctx: NodeContext) -> None:
     else:
         attrs = {
             "starts": _ints(ctx.need(1, "starts")),
-            "ends": _ints(ctx.need(2, "ends")),
+            "ends": ctx.need_dims(2, "ends"),
             "axes": _ints(ctx.need(3, "axes")) if ctx.input(3) is not None else (),
             "steps": _ints(ctx.need(4, "steps")) if ctx.input(4) is not None else (),
         }

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ember import te
-from ember.graph.dims import dim_product, dims_equal, divide_dims, is_static, is_static_dim, shape_str
+from ember.graph.dims import (
+    dim_product,
+    dim_str,
+    dims_equal,
+    divide_dims,
+    is_static,
+    is_static_dim,
+    shape_str,
+    simplify_dim,
+)  # fmt: skip
 from ember.graph.types import TensorType, np_dtype
 from ember.ops.common import ShapeError, broadcast_shapes, check_same_dtype, norm_axes, norm_axis
 from ember.ops.opdef import Attr, Pattern, ShapeDependsOnData, one_of, op
@@ -22,6 +33,7 @@ from ember.ops.te_lib import (
 )
 from ember.target import Target
 from ember.templates.flat import default_schedule, schedule_injective, standalone
+from ember.tir import expr as tx
 from ember.tir.dtype import dtype as tir_dtype
 from ember.tir.expr import Expr
 
@@ -340,6 +352,9 @@ def slice_bounds(shape: tuple[int, ...], a: dict) -> list[tuple[int, int, int]]:
         dim = shape[ax]
         if step == 0:
             raise ShapeError("Slice step cannot be 0")
+        if not (is_static_dim(dim) and is_static_dim(start) and is_static_dim(end)):
+            bounds[ax] = _symbolic_slice(dim, start, end, step)
+            continue
         start = start + dim if start < 0 else start
         end = end + dim if end < 0 else end
         if step > 0:
@@ -350,11 +365,32 @@ def slice_bounds(shape: tuple[int, ...], a: dict) -> list[tuple[int, int, int]]:
     return bounds
 
 
+def _symbolic_slice(dim, start, end, step: int) -> tuple:
+    """(start, stop, 1) of a slice with a symbolic dim or end (from Shape): step 1, a constant start, an end that is
+    a non-negative size expression or a constant (negative: from the end); clamped to the dim with the bounds."""
+    if step != 1 or not is_static_dim(start):
+        raise ShapeError(f"Slice with a symbolic dim or end ({dim_str(dim)}, {dim_str(end)}) takes step 1 and a "
+                         "constant start")  # fmt: skip
+    start = start + dim if start < 0 else start
+    if is_static_dim(end) and end < 0:
+        end = end + dim
+    end = simplify_dim(tx.binop("min", _as_expr(end), _as_expr(dim)))
+    start = simplify_dim(tx.binop("min", _as_expr(start), _as_expr(end))) if not is_static_dim(start) or \
+        not is_static_dim(end) else min(start, end)  # fmt: skip
+    return start, end, 1
+
+
+def _as_expr(d):
+    return d if not is_static_dim(d) else tx.const(int(d), "int64")
+
+
 def _slice_len(start: int, end: int, step: int) -> int:
+    if not (is_static_dim(start) and is_static_dim(end)):
+        return simplify_dim(tx.binop("max", _as_expr(end) - _as_expr(start), tx.const(0, "int64")))
     return max(0, -(-(end - start) // step))
 
 
-SLICE_ATTRS = [Attr("starts", "ints"), Attr("ends", "ints"), Attr("axes", "ints", ()), Attr("steps", "ints", ())]
+SLICE_ATTRS = [Attr("starts", "ints"), Attr("ends", "dims"), Attr("axes", "ints", ()), Attr("steps", "ints", ())]
 
 
 def _slice_infer(a: dict, x: TensorType) -> TensorType:
@@ -778,7 +814,9 @@ def size(a: dict, x: np.ndarray) -> np.ndarray:
 
 @lowering("Size")
 def _size_te(a: dict, x: te.Tensor) -> te.Tensor:
-    return te.compute((), lambda: keep(te.const(numel(x.shape), "int64"), x), name="size")
+    n = math.prod(x.shape) if all(isinstance(d, int) for d in x.shape) else None
+    count = te.const(n, "int64") if n is not None else te.cast(math.prod(x.shape), "int64")  # symbolic: from sizes
+    return te.compute((), lambda: keep(count, x), name="size")
 
 
 def _const_of_shape_infer(a: dict) -> TensorType:

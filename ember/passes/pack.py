@@ -36,6 +36,8 @@ FLOATS = ("float32", "float64")
 def _packable(x: Value, b: np.ndarray, target: Target) -> bool:
     if x.dtype not in FLOATS or b.dtype != np.dtype(x.dtype) or len(x.shape) < 2 or b.ndim != 2:
         return False
+    if not x.type.is_static:  # symbolic rows: the template's packing choice depends on the row count
+        return False
     m, n = math.prod(x.shape[:-1]), b.shape[1]  # batch dims fold into the rows (`_fold_rows`)
     lanes = T.lanes_of(x.dtype, target)
     return m >= MIN_ROWS and not n < lanes <= m // 2  # matmul_te computes few-column products transposed

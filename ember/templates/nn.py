@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from ember import te
 from ember.target import Target, host_cpu_flags
 from ember.te.config import ConfigBase
-from ember.te.tensor import ComputeOp, Reduce, Tensor
+from ember.te.tensor import ComputeOp, Reduce, Tensor, prod_hint, size_hint
 from ember.templates.flat import schedule_flat
 from ember.tir.dtype import DType
 from ember.tir.dtype import dtype as as_dtype
@@ -179,7 +179,8 @@ def gemm_acc(
     (`*b_batch, N / nr, K, nr`, zeros past N; a weight packed at compile time), read in place of
     b_at, with no packing stage in the kernel."""
     dt = as_dtype(dtype)
-    plan = gemm_plan(M, N, K, dt, cfg=cfg, fixed_nr=packed_b.shape[-1] if packed_b is not None else None)
+    plan = gemm_plan(size_hint(M), size_hint(N), size_hint(K), dt, cfg=cfg,  # symbolic sizes: tiles at their hint
+                     fixed_nr=packed_b.shape[-1] if packed_b is not None else None)  # fmt: skip
     k = te.reduce_axis((0, K), name="k")
     nb = len(batch)
     if plan.packed:
@@ -274,7 +275,7 @@ def _schedule_pack(s: te.Schedule, t: Tensor, inner_dims: int, target: Target) -
     axes = P.op.axis
     P.vectorize(axes[-1])
     lead = axes[: len(axes) - inner_dims + 1]
-    if target.num_cores > 1 and math.prod(t.shape) >= 1 << 16:
+    if target.num_cores > 1 and prod_hint(t.shape) >= 1 << 16:
         P.parallel(P.fuse(*lead) if len(lead) > 1 else lead[0])
     return P.name
 
@@ -294,9 +295,9 @@ def work(out: Tensor) -> int:
         if id(t.op) in seen or not isinstance(t.op, ComputeOp):
             continue
         seen.add(id(t.op))
-        n = math.prod(t.shape)
+        n = prod_hint(t.shape)
         if isinstance(t.op.body, Reduce):
-            n *= math.prod(iv.dom[1] for iv in t.op.reduce_axis)
+            n *= prod_hint(iv.dom[1] for iv in t.op.reduce_axis)
         total += n
         todo.extend(t.op.inputs)
     return total
@@ -668,7 +669,7 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
     inner = axes[k:]
     if inner:
         f = O.fuse(*inner) if len(inner) > 1 else inner[0]
-        if math.prod(out.shape[k:]) >= lanes:
+        if prod_hint(out.shape[k:]) >= lanes:
             _, fi = O.split(f, lanes)
             O.vectorize(fi)
     done = {O.name}
@@ -688,10 +689,10 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
             st.vectorize(li)
         elif tag == "row_buffer" and len(st.op.axis) > k:
             f = st.fuse(*st.op.axis[k:]) if len(st.op.axis) > k + 1 else st.op.axis[k]
-            if math.prod(st.op.shape[k:]) >= sl:
+            if prod_hint(st.op.shape[k:]) >= sl:
                 _, fi = st.split(f, sl)
                 st.vectorize(fi)
-    if target.num_cores > 1 and work(out) >= 1 << 16 and math.prod(out.shape[:k]) > 1:
+    if target.num_cores > 1 and work(out) >= 1 << 16 and prod_hint(out.shape[:k]) > 1:
         O.parallel(row)
     return done
 
@@ -749,7 +750,7 @@ def schedule_nn(attrs: dict, outs: Sequence[Tensor], target: Target) -> te.Sched
     for st in list(s.stages):
         op = st.op
         kind = op.attrs.get("template") if isinstance(op, ComputeOp) else None
-        if kind is None or math.prod(op.shape) == 0:
+        if kind is None or prod_hint(op.shape) == 0:
             continue
         anchor = st if st.is_output else elementwise_output(s, st, outs)
         if anchor is None:
@@ -777,7 +778,7 @@ def _schedule_rows(st: te.Stage, t: Tensor, target: Target) -> None:
     """Outer axes fused (parallel when big), the last axis split by the lanes and vectorized: bounds
     checks along the last axis (padding) are then partitioned out of the vector loop."""
     axes = st.op.axis
-    if not axes or math.prod(t.shape) == 0:
+    if not axes or prod_hint(t.shape) == 0:
         return
     lanes = lanes_of(t.dtype, target)
     if t.shape[-1] >= lanes:
@@ -785,7 +786,7 @@ def _schedule_rows(st: te.Stage, t: Tensor, target: Target) -> None:
         st.vectorize(wi)
     if len(axes) > 1:
         outer = st.fuse(*axes[:-1])
-        if target.num_cores > 1 and math.prod(t.shape) >= 1 << 16:
+        if target.num_cores > 1 and prod_hint(t.shape) >= 1 << 16:
             st.parallel(outer)
 
 
