@@ -298,7 +298,7 @@ class Lowering:
                 out.append((const(0, self.index_dtype), n))
                 continue
             ext = max(ext, 1)
-            if isinstance(n, Expr) and not self.ana.can_prove(self.index(n) > ext):
+            if isinstance(n, Expr) and not self.ana.can_prove(self.index(n) >= ext):
                 # a symbolic n that may be smaller than the tile: min(ext, n) rows, from max(0, ...)
                 sym_ext = self.ana.simplify(E.binop("min", self.index(n), const(ext, self.index_dtype)))
                 lo = E.binop("max", E.binop("min", E.binop("max", it[0], 0), self.index(n - ext)), 0)  # type: ignore[index]

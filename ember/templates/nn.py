@@ -185,7 +185,7 @@ def gemm_acc(
     nb = len(batch)
     if plan.packed:
         nr = plan.nr
-        npanels = -(-N // nr)
+        npanels = -(-N // nr) if not isinstance(N, Expr) else (N + (nr - 1)) // nr  # (the analyzer bounds this form)
 
         def pack(*idx):
             bb, (jb, kk, z) = idx[: len(b_batch)], idx[len(b_batch) :]
@@ -225,6 +225,10 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
     ia, ja = attrs.get("i_axis"), attrs.get("j_axis")
     lanes = min(lanes_of(acc.dtype, target), plan.nr)
     vec = plan.nr % lanes == 0 and lanes > 1
+    # symbolic sizes: no unrolling (every unrolled copy would carry its tail guards: C compile times explode)
+    symbolic = any(isinstance(d, Expr) for d in acc.shape) or any(isinstance(iv.dom[1], Expr)
+                                                                  for iv in acc.op.reduce_axis)  # fmt: skip
+    unroll = (lambda st, ax: None) if symbolic else (lambda st, ax: st.unroll(ax))
     accl = s.cache_write(acc, "local")
     s[acc].compute_inline()
     outer = [ax for d, ax in enumerate(axes) if d not in (ia, ja)]
@@ -233,7 +237,7 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
         io, ii = O.split(axes[ia], plan.mr)
         outer.append(io)
         inner.append(ii)
-        O.unroll(ii)
+        unroll(O, ii)
     if ja is not None:
         jo, ji = O.split(axes[ja], plan.nr)
         outer.append(jo)
@@ -243,7 +247,7 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
     O.reorder(*outer, *inner)
     if ja is not None and vec:
         jio, jii = O.split(inner[-1], lanes)
-        O.unroll(jio)
+        unroll(O, jio)
         O.vectorize(jii)
     L = s[accl]
     *lb, li, lj = L.op.axis
@@ -254,12 +258,12 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
         L.reorder(*lb, ko, ki, li, jco, jci)
         L.vectorize(jci)
         if plan.unroll[1] == "unroll":
-            L.unroll(jco)
+            unroll(L, jco)
     else:
         L.reorder(*lb, ko, ki, li, lj)
     if plan.unroll[0] == "unroll":
-        L.unroll(li)
-    L.unroll(ki)
+        unroll(L, li)
+    unroll(L, ki)
     L.compute_at(O, outer[-1])
     _parallel(O, outer, out, target)
     done = {O.name, L.name}
@@ -636,7 +640,7 @@ def row_reduce(rows: tuple[int, ...], length: int, at: Callable[[Index, Expr], E
     across the lanes, then the tail past the last whole vector), so the loop over l vectorizes."""
     lanes = lanes_of(dtype, host_target())
     nr = len(rows)
-    if length < 2 * lanes or lanes == 1:
+    if size_hint(length) < 2 * lanes or lanes == 1:  # a symbolic length: the vector path and a symbolic tail
         l_ = te.reduce_axis((0, length), name="rl")
         whole = te.compute(rows, lambda *r: reducer(at(r, l_), axis=l_), name=name, tag="row_reduce")
         return lambda r: whole[tuple(r)]
