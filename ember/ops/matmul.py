@@ -89,7 +89,8 @@ def matmul_te(x: Tensor, y: Tensor | None, dtype=None, pre_x=None, pre_y=None, p
         return broadcast_indices(bi, bbatch, nb)
 
     # few columns and many rows: compute the transpose (B^T A^T), so that vectors run along the rows
-    swap = packed_b is None and not (a1 or b1) and te.size_hint(N) < T.lanes_of(dtype, T.host_target()) <= te.size_hint(M) // 2
+    lanes = T.lanes_of(dtype, T.host_target())
+    swap = packed_b is None and not (a1 or b1) and te.size_hint(N) < lanes <= te.size_hint(M) // 2
     if packed_b is not None:
         acc = T.gemm_acc(batch, M, N, K, lambda bi, i, k: xa(a_batch(bi), i, k), None, (), lambda bi: (), dtype,
                          name=f"{name}_acc", cfg=cfg, packed_b=packed_b)  # fmt: skip
