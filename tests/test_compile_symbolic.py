@@ -66,3 +66,28 @@ def test_symbolic_compile_is_opt_in_and_checked():
     dyn = ember.compile(m, target="c", dynamic=True)
     rng = np.random.default_rng(1)
     check_sizes(m, dyn, lambda n: {"x": rng.standard_normal((n, 48)).astype(np.float32)}, (1, 5, 64))
+
+
+def test_bert_with_symbolic_batch_and_sequence_compiles_once(monkeypatch):
+    m = zoo.bert_encoder(layers=1, seq=64, d=32, heads=4, ff=64, dynamic=True)
+    cm = ember.compile(m, target="c", dynamic_bounds={"seq": (1, 64), "batch": (1, 4)})
+    assert cm.summary()["input_shapes"] == {"input_ids": "[batch, seq]", "attention_mask": "[batch, seq]"}
+    import ember.codegen.toolchain as toolchain
+    import ember.runtime.executor as executor
+
+    def no_compile(*a, **k):
+        raise AssertionError("a compile after the first")
+
+    for module, name in ((toolchain, "compile_units"), (toolchain, "compile_c"), (executor, "compile_units")):
+        monkeypatch.setattr(module, name, no_compile)
+    rng = np.random.default_rng(2)
+
+    def feeds(bs):
+        b, s = bs
+        mask = np.ones((b, s), np.int64)
+        mask[:, s // 2 + 1 :] = 0  # padding at the end of each row
+        return {"input_ids": rng.integers(0, 1000, (b, s)), "attention_mask": mask}
+
+    check_sizes(m, cm, feeds, [(1, 1), (1, 7), (2, 16), (1, 64), (3, 33)])
+    with pytest.raises(ArgumentError, match=r"wants \[batch, seq\] = \(2, 5\)"):
+        cm.run({"input_ids": np.zeros((2, 5), np.int64), "attention_mask": np.zeros((2, 6), np.int64)})
