@@ -91,3 +91,12 @@ def test_bert_with_symbolic_batch_and_sequence_compiles_once(monkeypatch):
     check_sizes(m, cm, feeds, [(1, 1), (1, 7), (2, 16), (1, 64), (3, 33)])
     with pytest.raises(ArgumentError, match=r"wants \[batch, seq\] = \(2, 5\)"):
         cm.run({"input_ids": np.zeros((2, 5), np.int64), "attention_mask": np.zeros((2, 6), np.int64)})
+
+
+def test_resnet18_with_a_symbolic_batch():
+    m = zoo.resnet18(image=32, width=8)
+    m = symbolic(m, {"x": {0: "N"}, m.graph.output[0].name: {0: "N"}})
+    cm = ember.compile(m, target="c", dynamic_bounds={"N": (1, 8)})
+    assert cm.summary()["fallback_ops"] == []
+    rng = np.random.default_rng(3)
+    check_sizes(m, cm, lambda n: {"x": rng.standard_normal((n, 3, 32, 32)).astype(np.float32)}, (1, 3, 8))

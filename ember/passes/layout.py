@@ -32,6 +32,7 @@ from ember.graph.ir import Graph, Node, Uses, Value, node_reads
 from ember.graph.types import TensorType
 from ember.ops import Pattern, get_op
 from ember.target import Target
+from ember.te.tensor import prod_hint
 from ember.templates.gpu import is_gpu
 
 from .cleanup import dead_code_elimination
@@ -128,7 +129,7 @@ class _Converter:
         depthwise = group > 1
         if kb is None or (depthwise and not group == c == k) or (group > 1 and not depthwise):
             return False
-        if x not in self.blocked and math.prod(y.shape) * math.prod(w.shape[1:]) < MIN_MACS:
+        if x not in self.blocked and prod_hint(y.shape) * math.prod(w.shape[1:]) < MIN_MACS:
             return False  # too small to pay for transforming its input (and likely its output back)
         if depthwise:
             cb = kb
