@@ -87,16 +87,20 @@ class Plan:
     def size_vars(self) -> list[Var]:
         """The size variables of a symbolic plan (bare dims of its inputs first), in the order kernels and
         segment runners receive them; empty for a static plan."""
+        cached = self.__dict__.get("_size_vars")
+        if cached is not None and cached[0] == len(self.values):
+            return cached[1]
         out: dict[Var, None] = {}
         for i in self.inputs + list(range(len(self.values))):
             for d in self.values[i].shape:
                 if isinstance(d, Expr):
                     out.update((n, None) for n in walk(d) if isinstance(n, Var))
+        self.__dict__["_size_vars"] = (len(self.values), list(out))
         return list(out)
 
     @property
     def is_symbolic(self) -> bool:
-        return any(not v.is_static for v in self.values)
+        return bool(self.size_vars)
 
     def bind(self, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
         """The size variables' values (in `size_vars` order) given the input arrays' shapes; ValueError naming
@@ -131,6 +135,7 @@ class Plan:
         half of a symbolic plan; the executors make it once per new size and keep it)."""
         env = dict(zip(self.size_vars, sizes))
         out = copy.copy(self)
+        out.__dict__.pop("_size_vars", None)
         out.values = [ValueInfo(v.name, tuple(int(eval_int(d, env)) if isinstance(d, Expr) else d for d in v.shape),
                                 v.dtype, v.kind, v.offset, v.alias_of) for v in self.values]  # fmt: skip
         out.info = {**self.info, "sizes": {d.name: n for d, n in env.items()}}

@@ -48,6 +48,11 @@ class Lowering:
         self.symbolic = any(isinstance(d, Expr) for st in sch.stages for d in st.op.shape)
         big = self.symbolic or max((math.prod(st.op.shape) for st in sch.stages), default=0) >= 2**31
         self.index_dtype = int64 if big else int32
+        for st in sch.stages:  # size variables with bounds (ember.graph.dims.SizeVar): the analyzer knows them
+            for d in st.op.shape:
+                for v in walk(d) if isinstance(d, Expr) else ():
+                    if isinstance(v, Var) and hasattr(v, "lo"):
+                        self.ana.bind(v, v.lo, v.hi)
         self.bodies: dict[Stage, Expr] = {}
         self.loops: dict[Stage, Loops] = {}
         self.region_min: dict[Stage, list[Expr]] = {}

@@ -446,6 +446,8 @@ class Analyzer:
         if op in ("floordiv", "floormod"):
             return self._simplify_divmod(op, a, b, dt)
         if op in ("min", "max"):
+            if op == "min" and (self._mod_below(a, b) or self._mod_below(b, a)):
+                return a if self._mod_below(a, b) else b
             d_lo, d_hi = self._lin_bounds(*self._diff(a, b))
             if op == "min":
                 if d_hi is not None and d_hi <= 0:
@@ -461,6 +463,15 @@ class Analyzer:
         if op in CMP_OPS:
             return self._simplify_cmp(op, a, b)
         return BinOp(op, a, b, dt)
+
+    def _mod_below(self, m: Expr, other: Expr) -> bool:
+        """Whether m is x % y with y >= 1 and other >= y - 1, so min(m, other) is m: the rule a symbolic divisor
+        needs (min(i % S, S - 1) is i % S; with a constant divisor the bounds already show it)."""
+        if not (isinstance(m, BinOp) and m.op == "floormod") or isinstance(m.b, Const):
+            return False
+        lo_y = self.bounds(m.b)[0]
+        d_lo = self._lin_bounds(*self._diff(other, m.b))[0]
+        return lo_y is not None and lo_y >= 1 and d_lo is not None and d_lo >= -1
 
     def _diff(self, a: Expr, b: Expr) -> Lin:
         ta, ca = self._lin(a)
