@@ -55,6 +55,8 @@ def test_transformer_layer_with_a_symbolic_batch(monkeypatch):
         cm(np.zeros((8, 32), np.float32))
     with pytest.raises(NotImplementedError, match="symbolic sizes"):
         cm.save("unused")
+    with pytest.raises(NotImplementedError, match="symbolic sizes"):
+        cm.export("unused")
 
 
 def test_symbolic_compile_is_opt_in_and_checked():

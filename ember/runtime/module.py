@@ -76,7 +76,7 @@ class Function:
                 raise ArgumentError(f"{where} must be a numpy array, got {type(a).__name__}")
             if a.dtype != numpy_dtype(spec.dtype):
                 raise ArgumentError(f"{where} has dtype {a.dtype}, expected {spec.dtype}")
-            if self.sizes and len(a.shape) == len(spec.shape):
+            if getattr(self, "sizes", None) and len(a.shape) == len(spec.shape):  # (GPU modules reuse this check)
                 env = dict(zip(self.sizes, self.size_values(arrays)))
                 if a.shape != self._shape(spec, env):
                     dims = ", ".join(map(str, spec.shape))
