@@ -402,6 +402,13 @@ class Analyzer:
             return v
         if isinstance(v, Const) and e.dtype.lanes == 1:
             return const(np.asarray(v.value, dtype=v.dtype.numpy).astype(e.dtype.numpy).item(), e.dtype)
+        if isinstance(v, Ramp | Broadcast) and v.dtype.is_int and e.dtype.is_int and e.dtype.bits >= v.dtype.bits \
+                and (e.dtype.kind == v.dtype.kind):  # fmt: skip
+            # widening a ramp lane by lane is a ramp of the widened base (a contiguous vector index stays one)
+            scalar = e.dtype.with_lanes(1)
+            if isinstance(v, Broadcast):
+                return Broadcast(self.simplify(Cast(scalar, v.value)), v.lanes)
+            return Ramp(self.simplify(Cast(scalar, v.base)), self.simplify(Cast(scalar, v.stride)), v.lanes)
         if isinstance(v, Cast) and v.dtype.is_int and v.value.dtype.is_int and e.dtype.is_int:
             lo, hi = self.bounds(v.value)
             if lo is not None and hi is not None and min_value(v.dtype) <= lo and hi <= max_value(v.dtype):
@@ -423,6 +430,9 @@ class Analyzer:
     def _simplify_binop(self, e: BinOp) -> Expr:
         op, a, b, dt = e.op, e.a, e.b, e.dtype
         if dt.lanes > 1 or a.dtype.lanes > 1:
+            if op == "add" and dt.is_int and {type(a), type(b)} == {Ramp, Broadcast}:  # x + ramp: one ramp
+                r, c = (a, b) if isinstance(a, Ramp) else (b, a)
+                return Ramp(self.simplify(r.base + c.value), r.stride, r.lanes)  # type: ignore[union-attr]
             return e
         if op in ("and", "or"):
             return _simplify_logic(op, a, b)
