@@ -17,16 +17,18 @@ __version__ = "0.1.0"
 
 
 def compile(model, target=None, input_shapes=None, fallback=True, opt_level=3, disabled_passes=(),  # noqa: A001
-            tuning_log=None, max_elements=None, max_iterations=None):  # fmt: skip
+            tuning_log=None, max_elements=None, max_iterations=None, dynamic=False, dynamic_bounds=None):  # fmt: skip
     """Compile a model (ONNX file path, onnx.ModelProto or ember Graph); see `ember.compiler.compile`.
     `target`: "c" or "llvm" (default: "c", or "llvm" where no C compiler is installed).
     `tuning_log`: a log written by `ember tune`, whose best config per workload is applied.
     `max_elements` (per tensor, default 2^34 or $EMBER_MAX_ELEMENTS) and `max_iterations` (per kernel's loops,
-    default 2^40 or $EMBER_MAX_ITERATIONS) bound the work: a model beyond them raises WorkLimitError."""
+    default 2^40 or $EMBER_MAX_ITERATIONS) bound the work: a model beyond them raises WorkLimitError.
+    `dynamic=True` (or `dynamic_bounds={"S": (1, 512)}`) keeps the model's symbolic dims symbolic: compiled once,
+    it runs at every size within the bounds (c target)."""
     from .compiler import compile as _compile
 
     return _compile(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, max_elements,
-                    max_iterations)  # fmt: skip
+                    max_iterations, dynamic, dynamic_bounds)  # fmt: skip
 
 
 def load(path):

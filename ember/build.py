@@ -13,7 +13,7 @@ from .te.lower import lower_schedule
 from .te.schedule import Schedule
 from .te.tensor import Tensor
 from .tir.functor import walk
-from .tir.stmt import PrimFunc, Store
+from .tir.stmt import PrimFunc, Store, size_params
 from .tir.transform import optimize
 
 
@@ -55,6 +55,10 @@ def build(
         func = lower(sch, args, name, gpu=target.kind in ("cuda", "opencl"))
     written = {n.buffer for n in walk(func.body) if isinstance(n, Store)}
     specs = [ArgSpec(b.name, b.shape, b.dtype.name, b in written) for b in func.params]
+    sizes = size_params(func.params)
+    if sizes and target.kind != "c":
+        raise NotImplementedError(f"build: kernels with symbolic sizes ({', '.join(v.name for v in sizes)}) are built "
+                                  f"for the c target only so far, not {target.kind!r}")  # fmt: skip
     if target.kind == "llvm":
         return _build_llvm(func, target, specs)
     if target.kind == "opencl":

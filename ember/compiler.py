@@ -51,6 +51,8 @@ def compile(  # noqa: A001
     tuning_log: str | os.PathLike | None = None,
     max_elements: int | None = None,
     max_iterations: int | None = None,
+    dynamic: bool = False,
+    dynamic_bounds: dict[str, tuple[int, int | None]] | None = None,
 ) -> Model:
     """Compile a model (ONNX path or ModelProto, or an ember Graph) for `target` (default: "c", or "llvm"
     where no C compiler is installed, as `ember.build`).
@@ -67,7 +69,12 @@ def compile(  # noqa: A001
     Work bounds, checked before any code is generated (`ember.kernels.Limits`): a tensor of more than
     `max_elements` elements (default 2^34, or the environment variable EMBER_MAX_ELEMENTS) or a kernel whose
     loops run more than `max_iterations` iterations (default 2^40, or EMBER_MAX_ITERATIONS) makes compile
-    raise `WorkLimitError`, naming the node and the tensor."""
+    raise `WorkLimitError`, naming the node and the tensor.
+
+    Symbolic sizes: with `dynamic=True` or `dynamic_bounds` ({"S": (1, 512)}: inclusive, None for unbounded), the
+    model's symbolic dims (ONNX dim_params) stay symbolic: the kernels take the sizes as arguments and the model
+    runs at every size in the bounds, planning its memory once per new size (no recompile). `input_shapes` still
+    fixes an input's dims. C target only so far; `summary()` lists the size variables."""
     t0 = time.perf_counter()
     limits = Limits.resolve(max_elements, max_iterations)
     target = Target.parse(target if target is not None else default_target())
@@ -76,7 +83,12 @@ def compile(  # noqa: A001
         raise NotImplementedError(f"ember.compile: no model backend for target {target.kind!r} yet (have: {have})")
     if not target.runs_here:
         check_toolchain(target)
-    lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits)
+    symbolic = bool(dynamic or dynamic_bounds)
+    if symbolic and target.kind != "c":
+        raise NotImplementedError(f"ember.compile: symbolic sizes (dynamic=True) are compiled for the c target only "
+                                  f"so far, not {target.kind!r}; pass input_shapes= to specialize")  # fmt: skip
+    lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits,
+                          dynamic_bounds if symbolic else None, symbolic)  # fmt: skip
     return build_model(lowered)
 
 
@@ -96,7 +108,8 @@ class LoweredModel:
 
 def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fallback: bool = True,
                 opt_level: int = 3, disabled_passes: Sequence[str] = (), tuning_log: str | os.PathLike | None = None,
-                t0: float | None = None, limits: Limits | None = None) -> LoweredModel:  # fmt: skip
+                t0: float | None = None, limits: Limits | None = None, dynamic_bounds: dict | None = None,
+                symbolic: bool = False) -> LoweredModel:  # fmt: skip
     """The target-independent half of `compile`: import, passes, kernels lowered to loop IR, memory plan.
     `limits` (default: `Limits.resolve()`, the environment's or the default bounds) are checked on the
     imported graph's tensors, the graph's after the passes, and each kernel's loops."""
@@ -107,7 +120,7 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
     else:
         from .frontend.onnx import from_onnx
 
-        graph = from_onnx(model, input_shapes=input_shapes)
+        graph = from_onnx(model, input_shapes=input_shapes, symbolic=symbolic, dynamic_bounds=dynamic_bounds)
     check_tensor_sizes(graph, limits)
     nodes = len(graph.nodes)
     t_import = time.perf_counter()
@@ -119,7 +132,8 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
     gl = GraphLowering(graph, target, allow_fallback=fallback, tuned=tuned, limits=limits)
     gl.run()
     plan = gl.plan()
-    assign_offsets(plan)
+    if not plan.is_symbolic:  # a symbolic plan is planned at each size it runs at (Plan.at)
+        assign_offsets(plan)
     t_lower = time.perf_counter()
     summary = {
         "name": plan.name,

@@ -36,9 +36,10 @@ from .target import Target
 from .te.config import CONFIG_ATTR, ConfigError, Tuned
 from .te.lower import lower_schedule
 from .te.schedule import Schedule, ScheduleError, topo_ops
-from .te.tensor import ComputeOp, Reduce, Tensor, compute, const, placeholder
+from .te.tensor import ComputeOp, Reduce, Tensor, compute, const, placeholder, prod_hint
 from .templates.flat import default_schedule
 from .templates.gpu import is_gpu, schedule_gpu
+from .tir.stmt import size_params
 from .tir.transform import optimize
 
 VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "BitCast"}  # outputs share their input's bytes
@@ -285,7 +286,12 @@ class GraphLowering:
         """The run plan of the lowered graph, its workspace not planned yet (`runtime.plan.assign_offsets`)."""
         inputs = [self.ids[v] for v in self.graph.inputs]
         outputs = [self.ids[v] for v in self.graph.outputs]
-        return Plan(self.graph.name or "model", self.values, inputs, outputs, self.steps, 0, str(self.target))
+        plan = Plan(self.graph.name or "model", self.values, inputs, outputs, self.steps, 0, str(self.target))
+        index = {v: i for i, v in enumerate(plan.size_vars)}
+        for s in plan.steps:
+            for k in s.kernels:
+                k.sizes = [index[v] if not isinstance(v, int) else v for v in k.sizes]
+        return plan
 
     def kernel_funcs(self) -> list[tuple[str, Any]]:
         """(name, loop IR) of each distinct kernel: what a backend generates code for."""
@@ -324,8 +330,10 @@ class GraphLowering:
         ins = distinct_inputs(node)
         args = [self.vid(v) for v, passed in zip(ins, kernel.passed) if passed] + [self.vid(v) for v in node.outputs]
         body = node.attrs["body"].nodes if node.op == "Fused" else [node]
-        arg_bytes = [b.nbytes for b in kernel.func.params]  # what the code reads and writes: checked at load
+        # what the code reads and writes: checked at load (a symbolic kernel's bytes depend on the sizes)
+        arg_bytes = [b.nbytes for b in kernel.func.params] if all(b.is_static for b in kernel.func.params) else []
         info = KernelInfo(kernel.name, args, [m.name for m in body], [m.op for m in body], kernel.flops, arg_bytes)
+        info.sizes = size_params(kernel.func.params)  # its size variables; `plan` turns them into indices
         if self.steps and self.steps[-1].kind == "segment":
             self.steps[-1].kernels.append(info)
         else:
@@ -428,8 +436,8 @@ def flops(outs: list[Tensor]) -> int:
     total = 0
     for op in topo_ops([t.op for t in outs]):
         if isinstance(op, ComputeOp):
-            n = int(np.prod(op.shape, dtype=np.int64))
+            n = prod_hint(op.shape)  # symbolic sizes count at their hint (te.size_hint)
             if isinstance(op.body, Reduce):
-                n *= 2 * int(np.prod([iv.dom[1] for iv in op.reduce_axis], dtype=np.int64))
+                n *= 2 * prod_hint([iv.dom[1] for iv in op.reduce_axis])
             total += n
     return total

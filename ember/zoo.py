@@ -253,21 +253,30 @@ def mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, width: f
 
 
 def bert_encoder(layers: int = 4, seq: int = 128, d: int = 768, heads: int = 12, ff: int = 3072, batch: int = 1,
-                 vocab: int = 1000) -> onnx.ModelProto:  # fmt: skip
+                 vocab: int = 1000, dynamic: bool = False) -> onnx.ModelProto:  # fmt: skip
     """A BERT-base-like encoder: token + position embeddings, LayerNorm, `layers` encoder layers with
-    an attention mask computed from int64 `attention_mask` as Hugging Face exports it."""
+    an attention mask computed from int64 `attention_mask` as Hugging Face exports it. `dynamic`: the inputs
+    are [batch, seq] with symbolic dims and the position embeddings are the first `seq` rows of a table of
+    `seq` rows, sliced to the input's length (Shape -> Slice), as exporters write it."""
     b = Builder(8)
     i64 = lambda *v: b.const(np.array(v, np.int64), "i")  # noqa: E731
     words = b.op("Gather", [b.weight((vocab, d), 0.5), "input_ids"])
-    pos = b.op("Unsqueeze", [b.const(np.arange(seq, dtype=np.int64)), i64(0)])
-    emb = b.op("Add", [words, b.op("Gather", [b.weight((seq, d), 0.5), pos])])
+    if dynamic:
+        length = b.op("Shape", ["input_ids"], start=1, end=2)
+        table = b.weight((seq, d), 0.5)
+        pos = b.op("Unsqueeze", [b.op("Slice", [table, i64(0), length, i64(0)]), i64(0)])
+        emb = b.op("Add", [words, pos])
+    else:
+        pos = b.op("Unsqueeze", [b.const(np.arange(seq, dtype=np.int64)), i64(0)])
+        emb = b.op("Add", [words, b.op("Gather", [b.weight((seq, d), 0.5), pos])])
     h = b.op("LayerNormalization", [emb, b.weight((d,), positive=True), b.weight((d,))], axis=-1, epsilon=1e-12)
     mask = b.op("Cast", [b.op("Unsqueeze", ["attention_mask", i64(1, 2)])], to=TensorProto.FLOAT)
     mask = b.op("Mul", [b.op("Sub", [b.const(np.float32(1)), mask]), b.const(np.float32(-1e4))])
     for _ in range(layers):
         h = _encoder_layer(b, h, batch, seq, d, heads, ff, mask)
     ids = {"input_ids": TensorProto.INT64, "attention_mask": TensorProto.INT64}
-    return b.model({"input_ids": (batch, seq), "attention_mask": (batch, seq)}, h, "bert_encoder", ids)
+    shape = ("batch", "seq") if dynamic else (batch, seq)
+    return b.model({"input_ids": shape, "attention_mask": shape}, h, "bert_encoder", ids)
 
 
 BLOCKS: dict[str, Callable[[], onnx.ModelProto]] = {

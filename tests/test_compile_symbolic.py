@@ -9,6 +9,7 @@ import pytest
 import ember
 from ember import zoo
 from ember.runtime.module import ArgumentError
+from ember.runtime.plan import Plan
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
 
@@ -44,8 +45,8 @@ def test_transformer_layer_with_a_symbolic_batch(monkeypatch):
     assert s["fallback_ops"] == []
     rng = np.random.default_rng(0)
     planned = []
-    at = type(cm.plan).at
-    monkeypatch.setattr(type(cm.plan), "at", lambda self, sizes, *a: planned.append(sizes) or at(self, sizes, *a))
+    at = Plan.at
+    monkeypatch.setattr(Plan, "at", lambda self, sizes, *a: planned.append(sizes) or at(self, sizes, *a))
     check_sizes(m, cm, lambda b: {"x": rng.standard_normal((b, 8, 32)).astype(np.float32)}, (1, 3, 16, 3))
     assert planned == [(1,), (3,), (16,)]  # one plan per new size, kept
     with pytest.raises(ArgumentError, match=r"size B = 17 is outside its bounds \[1, 16\]"):
@@ -54,6 +55,8 @@ def test_transformer_layer_with_a_symbolic_batch(monkeypatch):
         cm(np.zeros((8, 32), np.float32))
     with pytest.raises(NotImplementedError, match="symbolic sizes"):
         cm.save("unused")
+    with pytest.raises(NotImplementedError, match="symbolic sizes"):
+        cm.export("unused")
 
 
 def test_symbolic_compile_is_opt_in_and_checked():
@@ -65,3 +68,37 @@ def test_symbolic_compile_is_opt_in_and_checked():
     dyn = ember.compile(m, target="c", dynamic=True)
     rng = np.random.default_rng(1)
     check_sizes(m, dyn, lambda n: {"x": rng.standard_normal((n, 48)).astype(np.float32)}, (1, 5, 64))
+
+
+def test_bert_with_symbolic_batch_and_sequence_compiles_once(monkeypatch):
+    m = zoo.bert_encoder(layers=1, seq=64, d=32, heads=4, ff=64, dynamic=True)
+    cm = ember.compile(m, target="c", dynamic_bounds={"seq": (1, 64), "batch": (1, 4)})
+    assert cm.summary()["input_shapes"] == {"input_ids": "[batch, seq]", "attention_mask": "[batch, seq]"}
+    import ember.codegen.toolchain as toolchain
+    import ember.runtime.executor as executor
+
+    def no_compile(*a, **k):
+        raise AssertionError("a compile after the first")
+
+    for module, name in ((toolchain, "compile_units"), (toolchain, "compile_c"), (executor, "compile_units")):
+        monkeypatch.setattr(module, name, no_compile)
+    rng = np.random.default_rng(2)
+
+    def feeds(bs):
+        b, s = bs
+        mask = np.ones((b, s), np.int64)
+        mask[:, s // 2 + 1 :] = 0  # padding at the end of each row
+        return {"input_ids": rng.integers(0, 1000, (b, s)), "attention_mask": mask}
+
+    check_sizes(m, cm, feeds, [(1, 1), (1, 7), (2, 16), (1, 64), (3, 33)])
+    with pytest.raises(ArgumentError, match=r"wants \[batch, seq\] = \(2, 5\)"):
+        cm.run({"input_ids": np.zeros((2, 5), np.int64), "attention_mask": np.zeros((2, 6), np.int64)})
+
+
+def test_resnet18_with_a_symbolic_batch():
+    m = zoo.resnet18(image=32, width=8)
+    m = symbolic(m, {"x": {0: "N"}, m.graph.output[0].name: {0: "N"}})
+    cm = ember.compile(m, target="c", dynamic_bounds={"N": (1, 8)})
+    assert cm.summary()["fallback_ops"] == []
+    rng = np.random.default_rng(3)
+    check_sizes(m, cm, lambda n: {"x": rng.standard_normal((n, 3, 32, 32)).astype(np.float32)}, (1, 3, 8))

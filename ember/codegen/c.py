@@ -17,10 +17,23 @@ import numpy as np
 
 from ..target import Target
 from ..tir.arith import Analyzer
-from ..tir.dtype import DType
+from ..tir.dtype import DType, int64
 from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
 from ..tir.functor import walk
-from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
+from ..tir.stmt import (
+    Allocate,
+    Buffer,
+    Evaluate,
+    For,
+    ForKind,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+    Store,
+    size_params,
+)  # fmt: skip
 from .vmath import EXP2_TABLE, exp2_table_values, vector_exp, wants_arithmetic_exp
 
 STACK_LIMIT = 32 * 1024  # bytes: larger allocations go to the heap
@@ -509,7 +522,9 @@ class CCodegen:
         elif s.kind is ForKind.PARALLEL:
             self.emit("// parallel loop nested in a parallel loop: runs serially")
         elif s.kind is ForKind.UNROLLED:
-            self.emit(f"#pragma GCC unroll {self.expr(s.extent)}")
+            n = s.extent.value if isinstance(s.extent, Const) else self.ana.const_upper_bound(s.extent)
+            if n is not None and 0 <= n < 65535:  # a symbolic extent unrolls by its bound (min(N, 12): 12)
+                self.emit(f"#pragma GCC unroll {n}")
         self.emit(f"for ({t} {v} = {lo}; {v} < {end}; ++{v}) {{")
         lb, hb = self.ana.bind_loop(s.var, s.min, s.extent)
         was = self.in_parallel
@@ -568,6 +583,17 @@ class CCodegen:
             self.indent -= 1
             self.emit("}")
             return
+        if not b.is_static:  # symbolic size: on the heap, bytes computed from the size arguments
+            nbytes_expr = self.expr(Cast(int64, b.size) if isinstance(b.size, Expr) else Const(b.size, int64))
+            self.emit(f"{t}* restrict {name} = ({t}*)aligned_alloc(64, (({nbytes_expr}) * {b.dtype.itemsize} + 63) "
+                      "/ 64 * 64 + 64);")  # fmt: skip
+            self.emit(f"if ({name} == NULL) {{")
+            self.emit("  ember_status = -1;")
+            self.emit("} else {")
+            self.block(s.body)
+            self.emit(f"  free({name});")
+            self.emit("}")
+            return
         if b.nbytes <= STACK_LIMIT:
             self.emit("{")
             self.indent += 1
@@ -593,12 +619,16 @@ class CCodegen:
     def function(self, f: PrimFunc) -> str:
         for p in f.params:
             self.name(p)
+        sizes = size_params(f.params)  # symbolic sizes: int64 arguments after the buffers
+        for v in sizes:
+            self.name(v)
         self.stmt(f.body)
         body = self.lines
         params = []
         for p in f.params:
             const_ = "" if p in self.written else "const "
             params.append(f"{const_}{p.dtype.c_type}* restrict {self.name(p)}")
+        params += [f"{v.dtype.c_type} {self.name(v)}" for v in sizes]
         sig = f"int32_t {_ident(f.name)}({', '.join(params) or 'void'})"
         self.signature = sig
         doc = [

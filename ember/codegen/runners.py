@@ -16,8 +16,10 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def runner_source(steps: Iterable[Any]) -> str:
-    """C functions that call each segment's kernels in order (plain and timed variants)."""
+def runner_source(steps: Iterable[Any], sized: bool = False) -> str:
+    """C functions that call each segment's kernels in order (plain and timed variants). `sized`: a plan with
+    symbolic sizes, whose runners take the sizes' values (`const int64_t* s`) after the table and pass each kernel
+    its own (`KernelInfo.sizes`: indices into s)."""
     out = [
         "#include <time.h>",
         "static double ember_now(void) {",
@@ -30,10 +32,12 @@ def runner_source(steps: Iterable[Any]) -> str:
         if s.kind != "segment":
             continue
         for timed in (False, True):
-            sig = f"int32_t {s.function}{'_profiled' if timed else ''}(void* const* v{', double* t' if timed else ''})"
+            params = "void* const* v" + (", const int64_t* s" if sized else "") + (", double* t" if timed else "")
+            sig = f"int32_t {s.function}{'_profiled' if timed else ''}({params})"
             out += ["", sig + " {", "  int32_t status;"]
             for j, k in enumerate(s.kernels):
-                call = f"{k.name}({', '.join(f'v[{a}]' for a in k.args)})"
+                args = [f"v[{a}]" for a in k.args] + [f"s[{i}]" for i in getattr(k, "sizes", [])]
+                call = f"{k.name}({', '.join(args)})"
                 out.append(f"  // {', '.join(k.nodes)}")
                 if timed:
                     out.append("  double t0 = ember_now();" if j == 0 else "  t0 = ember_now();")

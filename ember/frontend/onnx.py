@@ -43,6 +43,7 @@ from ember.frontend.onnx_importer import (
     UnsupportedOperatorError,
     first_line,
 )
+from ember.graph.dims import SizeVars
 from ember.graph.ir import Graph
 from ember.ops import OPS
 from ember.ops.verify import verify as verify_graph
@@ -108,12 +109,17 @@ def from_onnx(
     *,
     input_values: Mapping[str, np.ndarray] | None = None,
     verify: bool = True,
+    symbolic: bool = False,
+    dynamic_bounds: Mapping[str, tuple[int, int | None]] | None = None,
 ) -> Graph:
-    """Import an ONNX model (path or ModelProto) as an Ember graph with static shapes.
+    """Import an ONNX model (path or ModelProto) as an Ember graph.
 
-    input_shapes: shapes for inputs whose dims the model leaves symbolic.
+    input_shapes: shapes for inputs whose dims the model leaves symbolic (this specializes them).
     input_values: graph inputs to bind to fixed values; they become constants (this is how
         operands that must be static, such as a Reshape target fed as an input, are given).
+    symbolic: keep the model's symbolic dims as size variables (`ember.graph.dims`), one per dim_param
+        name, bounded by `dynamic_bounds` ({"S": (1, 512)}; default [1, inf)). Without it, a symbolic leading
+        dim is 1 and any other symbolic dim is an error asking for `input_shapes`.
     """
     proto, source = load_model(model)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
@@ -123,11 +129,28 @@ def from_onnx(
     unsupported = onnx_ops.find_unsupported(proto.graph, opsets)
     if unsupported:
         raise UnsupportedOperatorError(source, unsupported)
+    if dynamic_bounds and not symbolic:
+        raise ValueError("from_onnx: dynamic_bounds is given but symbolic=False (the dims would be specialized)")
     importer = Importer(source, opsets, dict(input_values or {}), onnx_ops.convert_node, FOLD_LIMIT)
+    importer.sizes = SizeVars(_check_bounds(dynamic_bounds)) if symbolic else None
     graph = importer.import_graph(proto.graph, dict(input_shapes or {}), top=True)
+    unused = importer.sizes.unused_bounds() if importer.sizes else []
+    if unused:
+        names = ", ".join(sorted(importer.sizes.vars)) or "none"
+        raise ValueError(f"{source}: dynamic_bounds names {', '.join(map(repr, unused))}, which no input dim uses "
+                         f"(the model's symbolic dims: {names})")
     if verify:
         verify_graph(graph)
     return graph
+
+
+def _check_bounds(bounds: Mapping[str, tuple[int, int | None]] | None) -> dict[str, tuple[int, int | None]]:
+    out = {}
+    for name, b in (bounds or {}).items():
+        if not (isinstance(b, tuple | list) and len(b) == 2):
+            raise ValueError(f"dynamic_bounds[{name!r}] = {b!r}: give (lo, hi), hi None for unbounded")
+        out[name] = (int(b[0]), None if b[1] is None else int(b[1]))
+    return out
 
 
 def _default_opset(proto: onnx.ModelProto, source: str) -> int:

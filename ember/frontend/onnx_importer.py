@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ember.graph.dims import Dim, SizeVars, dim_product, is_static_dim, simplify_dim
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops import AttrError, ShapeDependsOnData, get_op
@@ -97,8 +98,11 @@ def onnx_dtype(elem_type: int, what: str) -> str:
     return ONNX_DTYPES[elem_type]
 
 
-def input_type(vi: onnx.ValueInfoProto, given: tuple[int, ...] | None, source: str) -> TensorType | str:
-    """The static type of a graph input, or a message saying which dims are unknown."""
+def input_type(vi: onnx.ValueInfoProto, given: tuple[int, ...] | None, source: str,
+               sizes: SizeVars | None = None) -> TensorType | str:  # fmt: skip
+    """The type of a graph input, or a message saying which dims are unknown. With `sizes`, a symbolic dim
+    becomes that size variable (an unnamed one gets the name `<input>_<axis>`); without, a symbolic leading dim
+    is 1 and any other makes the message."""
     if not vi.type.HasField("tensor_type"):
         raise ModelError(f"{source}: input {vi.name!r} is a {vi.type.WhichOneof('value')}; Ember takes tensors only")
     tt = vi.type.tensor_type
@@ -116,6 +120,9 @@ def input_type(vi: onnx.ValueInfoProto, given: tuple[int, ...] | None, source: s
         return TensorType(given, dtype)
     if dims is None:
         return f"{vi.name!r} (rank unknown)"
+    if sizes is not None:  # symbolic dims stay symbolic: one size variable per dim_param name
+        shape = [d if isinstance(d, int) else sizes(d or f"{vi.name}_{i}") for i, d in enumerate(dims)]
+        return TensorType(tuple(shape), dtype)
     if dims and not isinstance(dims[0], int):
         dims[0] = 1  # documented default: a symbolic leading (batch) dim is 1
     if all(isinstance(d, int) for d in dims):
@@ -152,6 +159,10 @@ class Importer:
     taken: set[str] = field(default_factory=set)  # names given to Values so far
     nested: int = 0  # > 0 while importing a subgraph or inlining a body
     producers: dict[Value, Node] = field(default_factory=dict)  # across all graphs being built
+    sizes: SizeVars | None = None  # symbolic input dims: one size variable per name (None: static import)
+    # int64 values computed from symbolic shapes (Shape -> Gather -> Concat): their elements as dims, so that a
+    # Reshape target built from them is known at import; the nodes stay in the graph for run-time readers
+    shape_values: dict[Value, np.ndarray] = field(default_factory=dict)
 
     # -- names ------------------------------------------------------------------------------------
     def lookup(self, name: str) -> Value:
@@ -246,7 +257,7 @@ class Importer:
                 data = np.asarray(self.input_values[vi.name])
                 self.bind(vi.name, self.constant(vi.name, data))
                 continue
-            t = input_type(vi, input_shapes.get(vi.name), self.source)
+            t = input_type(vi, input_shapes.get(vi.name), self.source, self.sizes)
             if isinstance(t, str):
                 missing.append(t)
                 continue
@@ -301,6 +312,9 @@ class Importer:
             raise ModelError(f"{self.source}: {where}: {type(e).__name__}: {e}") from None
         if len(out_names) > (len(types) if types is not None else len(out_names)):
             raise ModelError(f"{self.source}: {where} has {len(out_names)} outputs, {op} defines {len(types)}")
+        if types is not None and any(not t.is_static for t in types) or any(
+                not v.type.is_static or v in self.shape_values for v in present):  # fmt: skip
+            return self._add_symbolic(opdef, attrs, inputs, out_names, types, name)
         out_size = None if types is None else sum(t.size for t in types[: len(out_names)])
         in_size = sum(v.type.size for v in present if v.is_constant)
         if opdef.foldable and (all_const or not opdef.reads_data) and (
@@ -314,6 +328,59 @@ class Importer:
         for n, v in zip(out_names, outs):
             self.bind(n, v)
         return outs
+
+    def _add_symbolic(self, opdef, attrs: dict, inputs: list[Value | None], out_names: list[str],
+                      types: tuple[TensorType, ...], name: str) -> list[Value]:  # fmt: skip
+        """A node that reads or makes symbolic shapes: a node of the graph, unless it computes an int tensor whose
+        elements are all known ints (a constant); its value in dims is kept in `shape_values` when known."""
+        values = self._shape_value(opdef, attrs, inputs, types) if len(out_names) == 1 else None
+        if values is not None and all(is_static_dim(d) for d in values.flat):
+            outs = [self.constant(out_names[0], values.astype(types[0].np_dtype))]
+        else:
+            outs = [Value(self.name_for(n), t) for n, t in zip(out_names, types)]
+            node = Node(opdef.name, inputs, outs, attrs, name)
+            self.graph.nodes.append(node)
+            self.producers.update(dict.fromkeys(outs, node))
+            if values is not None:
+                self.shape_values[outs[0]] = values
+        for n, v in zip(out_names, outs):
+            self.bind(n, v)
+        return outs
+
+    def _shape_value(self, opdef, attrs: dict, inputs: list[Value | None],
+                     types: tuple[TensorType, ...]) -> np.ndarray | None:  # fmt: skip
+        """The output of a shape computation as an object array of dims, or None when it is not one."""
+        if not types or not types[0].is_static or types[0].dtype not in ("int64", "int32") or not opdef.foldable:
+            return None
+        if opdef.name == "Shape":
+            dims = inputs[0].type.shape[attrs["start"] : attrs["end"]]
+            return _dims_array(dims, (len(dims),))
+        if opdef.name == "Size":
+            return _dims_array([dim_product(inputs[0].type.shape)], ())
+        args = []
+        for v in inputs:
+            if v is not None and not v.is_constant and v not in self.shape_values:
+                return None
+            args.append(None if v is None else self.shape_values.get(v, v.data))
+        if opdef.name == "Cast":
+            out = args[0]
+        else:
+            try:
+                with np.errstate(all="ignore"):
+                    out = np.asarray(opdef.reference(attrs, *[a if a is None else a.astype(object) for a in args])[0])
+            except Exception:
+                return None  # not shape arithmetic this importer can follow: the node computes it at run time
+        try:
+            return _dims_array(list(out.reshape(-1)), types[0].shape)
+        except (TypeError, ValueError):
+            return None
+
+    def dims_of(self, v: Value) -> tuple[Dim, ...] | None:
+        """The elements of an int tensor as dims: a constant's values or a symbolic shape value; None if unknown."""
+        if v.is_constant:
+            return tuple(int(x) for x in v.data.reshape(-1))
+        values = self.shape_values.get(v)
+        return None if values is None else tuple(values.reshape(-1))
 
     def _fold(self, opdef, attrs: dict, inputs: list[Value | None], out_names: list[str], where: str) -> list[Value]:
         args = [None if v is None else (v.data if v.is_constant else _dummy(v.type)) for v in inputs]
@@ -357,6 +424,12 @@ class Importer:
             elif not v.is_constant and v.name not in found:
                 found.append(v.name)
         return sorted(found)
+
+
+def _dims_array(dims: list, shape: tuple) -> np.ndarray:
+    out = np.empty(len(dims), object)
+    out[:] = [simplify_dim(d) if not is_static_dim(d) else int(d) for d in dims]
+    return out.reshape(shape)
 
 
 def _dummy(t: TensorType) -> np.ndarray:
@@ -403,6 +476,12 @@ class NodeContext:
     def need(self, i: int, what: str) -> np.ndarray:
         """The value of input i, which must be a constant (else DynamicShapeError)."""
         return self.importer.require_constant(self, i, what)
+
+    def need_dims(self, i: int, what: str) -> tuple[Dim, ...]:
+        """The elements of int input i as dims: a constant, or computed from symbolic shapes (Shape -> Concat)."""
+        v = self.input(i)
+        dims = None if v is None else self.importer.dims_of(v)
+        return dims if dims is not None else tuple(int(x) for x in self.need(i, what).reshape(-1))
 
     def emit(self, op: str, inputs: list[Value | None], attrs: dict | None = None, n_out: int = 1) -> list[Value]:
         """Add a helper node (for multi-node conversions); returns its outputs."""

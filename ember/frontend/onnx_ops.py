@@ -274,7 +274,7 @@ def _reshape(ctx: NodeContext) -> None:
     if ctx.version < 5:
         shape = ctx.attrs["shape"]
     else:
-        shape = _ints(ctx.need(1, "target shape"))
+        shape = ctx.need_dims(1, "target shape")
     try:
         target = resolve_reshape(ctx.type(0).shape, shape, bool(ctx.attrs.get("allowzero", 0)))
     except ValueError as e:
@@ -328,7 +328,7 @@ def _slice(ctx: NodeContext) -> None:
     else:
         attrs = {
             "starts": _ints(ctx.need(1, "starts")),
-            "ends": _ints(ctx.need(2, "ends")),
+            "ends": ctx.need_dims(2, "ends"),
             "axes": _ints(ctx.need(3, "axes")) if ctx.input(3) is not None else (),
             "steps": _ints(ctx.need(4, "steps")) if ctx.input(4) is not None else (),
         }

@@ -1,7 +1,8 @@
-"""Tensor types of the graph IR: a static shape and a numpy dtype name.
+"""Tensor types of the graph IR: a shape and a numpy dtype name.
 
-This module is the leaf of the graph layer: `ember.ops` imports it for shape rules, so it
-imports nothing else from Ember.
+A dim is an int or a symbolic size (`ember.graph.dims`: an expression of named size variables,
+`float32[B, S, 768]`). `ember.ops` imports this module for shape rules; it imports only `dims`
+(and through it the loop IR's expressions).
 
 Dtypes are numpy names ("float32", "int64", "bool"). The narrow float and integer formats
 that ONNX carries (bfloat16, the float8 family, int4, ...) come from `ml_dtypes`, which
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
+
+from ember.graph.dims import Dim, is_static, shape_str, simplify_dim
 
 # Dtypes numpy knows natively, then the ml_dtypes formats (looked up lazily).
 NUMPY_DTYPES = (
@@ -65,16 +68,24 @@ def is_int(dtype: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class TensorType:
-    """A tensor's static shape and element type, e.g. `float32[1, 3, 224, 224]`."""
+    """A tensor's shape and element type, e.g. `float32[1, 3, 224, 224]` or `float32[B, S, 768]`.
 
-    shape: tuple[int, ...]
+    Dims are non-negative ints or symbolic sizes (`ember.graph.dims`), kept in canonical form."""
+
+    shape: tuple[Dim, ...]
     dtype: str
 
     def __post_init__(self):
         shape = tuple(self.shape)
-        if not all(isinstance(d, int | np.integer) and d >= 0 for d in shape):
-            raise TypeError(f"TensorType shape must be non-negative ints, got {self.shape!r}")
-        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        if all(isinstance(d, int | np.integer) for d in shape):
+            if not all(d >= 0 for d in shape):
+                raise TypeError(f"TensorType shape must be non-negative ints, got {self.shape!r}")
+            object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        else:
+            try:
+                object.__setattr__(self, "shape", tuple(simplify_dim(d) for d in shape))
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"TensorType shape {self.shape!r}: {e}") from None
         if self.dtype not in DTYPES:
             raise TypeError(f"unsupported dtype {self.dtype!r}; Ember dtypes are: {', '.join(DTYPES)}")
 
@@ -88,19 +99,26 @@ class TensorType:
         return len(self.shape)
 
     @property
+    def is_static(self) -> bool:
+        """Whether every dim is an int (no symbolic sizes)."""
+        return is_static(self.shape)
+
+    @property
     def size(self) -> int:
-        """Number of elements."""
+        """Number of elements (of a static shape: a symbolic one has no fixed count)."""
+        if not self.is_static:
+            raise TypeError(f"{self} has symbolic dims: its element count is known only at run time")
         return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def np_dtype(self) -> np.dtype:
         return np_dtype(self.dtype)
 
-    def with_shape(self, shape: tuple[int, ...]) -> TensorType:
+    def with_shape(self, shape: tuple[Dim, ...]) -> TensorType:
         return TensorType(tuple(shape), self.dtype)
 
     def with_dtype(self, dtype: str) -> TensorType:
         return TensorType(self.shape, dtype)
 
     def __str__(self) -> str:
-        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+        return f"{self.dtype}{shape_str(self.shape)}"

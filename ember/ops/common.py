@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember.graph.dims import dim_bounds, dim_str, is_static_dim, shape_str, simplify_dim
 from ember.graph.types import TensorType
 
 
@@ -34,7 +35,7 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
         dims = {s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0}
         dims.discard(1)
         if len(dims) > 1:
-            raise ShapeError(f"shapes {', '.join(map(str, map(list, shapes)))} do not broadcast (axis {i})")
+            raise ShapeError(f"shapes {', '.join(map(shape_str, shapes))} do not broadcast (axis {i})")
         out.append(dims.pop() if dims else 1)
     return tuple(out)
 
@@ -66,6 +67,15 @@ def window_out_dim(
 ) -> int:
     """Output length of a sliding window (conv, pool) along one axis; pads = (begin, end)."""
     span = dilation * (kernel - 1) + 1
+    if not is_static_dim(size):  # symbolic: valid where the window fits, checked again with the run-time size
+        num = size + (pads[0] + pads[1] - span)
+        if dim_bounds(simplify_dim(num + 1))[0] < 1:
+            lo = dim_bounds(size)[0]
+            raise ShapeError(f"window of size {span} does not fit input length {dim_str(size)} (at least {lo}) "
+                             f"padded by {list(pads)}: give it a larger lower bound")  # fmt: skip
+        if ceil:
+            raise ShapeError(f"ceil_mode windows over a symbolic length ({dim_str(size)}) are not supported")
+        return simplify_dim(num // stride + 1)
     num = size + pads[0] + pads[1] - span
     if num < 0:
         raise ShapeError(f"window of size {span} does not fit input length {size} padded by {list(pads)}")

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ember.graph.dims import DimError, SizeVar, bind_attrs, bind_sizes, eval_shape
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops.opdef import get_op
@@ -41,20 +42,35 @@ def check_inputs(graph: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np
         got = x.dtype.name
         if got != v.type.dtype:
             problems.append(f"input {name!r} has dtype {got}, expected {v.type.dtype} (convert with .astype)")
-        elif tuple(x.shape) != v.type.shape:
+        elif v.type.is_static and tuple(x.shape) != v.type.shape:
             problems.append(f"input {name!r} has shape {list(x.shape)}, expected {list(v.type.shape)}")
         arrays[name] = x
+    if not problems:
+        try:
+            input_sizes(graph, arrays)
+        except DimError as e:
+            problems.append(str(e))
     if problems:
         raise InputError(f"graph {graph.name!r}: " + "; ".join(problems))
     return arrays
 
 
-def run_node(node: Node, args: list[np.ndarray | None], check: bool = True) -> list[np.ndarray]:
-    """Evaluate one node with its reference; check the results against the node's outputs."""
+def input_sizes(graph: Graph, arrays: Mapping[str, np.ndarray]) -> dict[SizeVar, int]:
+    """The values of a symbolic graph's size variables, read from its inputs (empty for a static graph)."""
+    pending = [(f"input {v.name!r}", v.type.shape, arrays[v.name].shape) for v in graph.inputs
+               if not v.type.is_static and v.name in arrays]  # fmt: skip
+    return bind_sizes(pending) if pending else {}
+
+
+def run_node(node: Node, args: list[np.ndarray | None], check: bool = True,
+             sizes: Mapping[SizeVar, int] | None = None) -> list[np.ndarray]:  # fmt: skip
+    """Evaluate one node with its reference; check the results against the node's outputs. `sizes` are the
+    values of the size variables in the node's attributes and types (a symbolic graph at one size)."""
     opdef = get_op(node.op)
+    attrs = bind_attrs(node.attrs, sizes) if sizes else node.attrs
     try:
         with np.errstate(all="ignore"):
-            results = opdef.reference(node.attrs, *args)
+            results = opdef.reference(attrs, *args)
     except Exception as e:
         raise EvaluationError(f"node {node.name!r} ({node.op}) failed in its reference: {type(e).__name__}: {e}") from e
     if len(results) < len(node.outputs):
@@ -63,7 +79,8 @@ def run_node(node: Node, args: list[np.ndarray | None], check: bool = True) -> l
     if check:
         for v, r in zip(node.outputs, results):
             got = TensorType.of(r)
-            if got != v.type:
+            want = v.type if v.type.is_static or not sizes else TensorType(eval_shape(v.type.shape, sizes), v.dtype)
+            if got != want:
                 raise EvaluationError(f"node {node.name!r} ({node.op}) produced {got} for %{v.name}, typed {v.type}")
     return results
 
@@ -74,7 +91,7 @@ def evaluate(
     """Run `graph` on named numpy inputs; return its outputs by name (every value if keep_all)."""
     arrays = check_inputs(graph, inputs)
     env: dict[Value, np.ndarray] = {v: arrays[v.name] for v in graph.inputs}
-    _run(graph, env, check)
+    _run(graph, env, check, input_sizes(graph, arrays))
     values = env if keep_all else dict.fromkeys(graph.outputs)
     return {v.name: _read(v, env) for v in values}
 
@@ -91,7 +108,7 @@ def _read(v: Value, env: dict[Value, np.ndarray]) -> np.ndarray:
     return v.data if v.is_constant else env[v]
 
 
-def _run(graph: Graph, env: dict[Value, np.ndarray], check: bool) -> None:
+def _run(graph: Graph, env: dict[Value, np.ndarray], check: bool, sizes: Mapping[SizeVar, int] | None = None) -> None:
     for node in graph.nodes:
         args = [None if v is None else _read(v, env) for v in node.inputs]
-        env.update(zip(node.outputs, run_node(node, args, check)))
+        env.update(zip(node.outputs, run_node(node, args, check, sizes)))

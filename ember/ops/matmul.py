@@ -89,7 +89,8 @@ def matmul_te(x: Tensor, y: Tensor | None, dtype=None, pre_x=None, pre_y=None, p
         return broadcast_indices(bi, bbatch, nb)
 
     # few columns and many rows: compute the transpose (B^T A^T), so that vectors run along the rows
-    swap = packed_b is None and not (a1 or b1) and N < T.lanes_of(dtype, T.host_target()) <= M // 2
+    lanes = T.lanes_of(dtype, T.host_target())
+    swap = packed_b is None and not (a1 or b1) and te.size_hint(N) < lanes <= te.size_hint(M) // 2
     if packed_b is not None:
         acc = T.gemm_acc(batch, M, N, K, lambda bi, i, k: xa(a_batch(bi), i, k), None, (), lambda bi: (), dtype,
                          name=f"{name}_acc", cfg=cfg, packed_b=packed_b)  # fmt: skip
@@ -195,7 +196,7 @@ def _gemm_compute(a: dict, x: Tensor, y: Tensor, c: Tensor | None = None) -> Ten
         return v
 
     m, k = xt.shape
-    if a["transB"] and m < 8 and k >= 2 * T.lanes_of(x.dtype, T.host_target()):
+    if a["transB"] and te.size_hint(m) < 8 and k >= 2 * T.lanes_of(x.dtype, T.host_target()):
         return _dot_rows_te(xt, y, post, "gemm")  # a fully connected layer: rows of W are contiguous
     return matmul_te(xt, yt, post=post, name="gemm", cfg=a.get(CONFIG_ATTR))
 

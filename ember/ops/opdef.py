@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ember.graph.dims import simplify_dim
 from ember.graph.types import DTYPES, TensorType
 
 
@@ -57,6 +58,7 @@ _COERCE: dict[str, Callable[[Any], Any]] = {
     "float": float,
     "str": str,
     "ints": lambda v: tuple(int(x) for x in v),
+    "dims": lambda v: tuple(simplify_dim(x) for x in v),  # ints or symbolic sizes (ember.graph.dims)
     "floats": lambda v: tuple(float(x) for x in v),
     "strs": lambda v: tuple(str(x) for x in v),
     "dtype": lambda v: _check_dtype(str(v)),

@@ -136,7 +136,9 @@ def pad(x: te.Tensor, before: Sequence[int], after: Sequence[int], value: float 
 
 
 def numel(shape: Sequence[int]) -> int:
-    return math.prod(shape)
+    """Elements of a shape; a symbolic one counts at its hint (`te.size_hint`: for heuristics and emptiness
+    checks; its size variables are at least 1 unless bounded at 0, and loops of extent 0 run no iteration)."""
+    return math.prod(shape) if all(isinstance(d, int) for d in shape) else te.prod_hint(shape)
 
 
 # -- data-movement building blocks (injective ops: tensor.py, resize.py, vision.py, signal.py) ----------

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ember import te
+from ember.graph.dims import (
+    dim_product,
+    dim_str,
+    dims_equal,
+    divide_dims,
+    is_static,
+    is_static_dim,
+    shape_str,
+    simplify_dim,
+)  # fmt: skip
 from ember.graph.types import TensorType, np_dtype
 from ember.ops.common import ShapeError, broadcast_shapes, check_same_dtype, norm_axes, norm_axis
 from ember.ops.opdef import Attr, Pattern, ShapeDependsOnData, one_of, op
@@ -21,6 +33,7 @@ from ember.ops.te_lib import (
 )
 from ember.target import Target
 from ember.templates.flat import default_schedule, schedule_injective, standalone
+from ember.tir import expr as tx
 from ember.tir.dtype import dtype as tir_dtype
 from ember.tir.expr import Expr
 
@@ -53,12 +66,16 @@ def _with(idx: tuple, axis: int, value: Expr) -> tuple:
 # -- reshaping ---------------------------------------------------------------------------------
 def _reshape_infer(a: dict, x: TensorType) -> TensorType:
     shape = a["shape"]
+    if not (x.is_static and is_static(shape)):
+        if not dims_equal(dim_product(shape), dim_product(x.shape)):
+            raise ShapeError(f"cannot reshape {x} to {shape_str(shape)}: the element counts are not provably equal")
+        return x.with_shape(shape)
     if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != x.size:
         raise ShapeError(f"cannot reshape {x} ({x.size} elements) to {list(shape)}")
     return x.with_shape(shape)
 
 
-@op("Reshape", INJ, infer=_reshape_infer, attrs=[Attr("shape", "ints")])
+@op("Reshape", INJ, infer=_reshape_infer, attrs=[Attr("shape", "dims")])
 def reshape(a: dict, x: np.ndarray) -> np.ndarray:
     """Reshape to an explicit shape (the frontend resolves ONNX's 0 and -1 entries)."""
     return x.reshape(a["shape"])
@@ -89,9 +106,19 @@ def _reshape_te(a: dict, x: te.Tensor) -> te.Tensor:
 
 def resolve_reshape(in_shape: tuple[int, ...], shape: tuple[int, ...], allowzero: bool) -> tuple[int, ...]:
     """ONNX Reshape target: 0 copies the input dim (unless allowzero), -1 is inferred."""
-    out = [in_shape[i] if d == 0 and not allowzero and i < len(in_shape) else d for i, d in enumerate(shape)]
-    if out.count(-1) > 1:
-        raise ShapeError(f"reshape target {list(shape)} has more than one -1")
+    out = [in_shape[i] if is_static_dim(d) and d == 0 and not allowzero and i < len(in_shape) else d
+           for i, d in enumerate(shape)]  # fmt: skip
+    minus = [i for i, d in enumerate(out) if is_static_dim(d) and d == -1]
+    if len(minus) > 1:
+        raise ShapeError(f"reshape target {shape_str(shape)} has more than one -1")
+    if not (is_static(in_shape) and is_static(out)):
+        if minus:
+            d = divide_dims(in_shape, [d for i, d in enumerate(out) if i != minus[0]])
+            if d is None:
+                raise ShapeError(f"cannot reshape {shape_str(in_shape)} to {shape_str(shape)}: the -1 is not a "
+                                 "whole dim for every value of the sizes")  # fmt: skip
+            out[minus[0]] = d
+        return tuple(out)
     if -1 in out:
         known = int(np.prod([d for d in out if d != -1], dtype=np.int64))
         total = int(np.prod(in_shape, dtype=np.int64))
@@ -105,8 +132,7 @@ def _flatten_infer(a: dict, x: TensorType) -> TensorType:
     if not -x.rank <= a["axis"] <= x.rank:
         raise ShapeError(f"Flatten axis {a['axis']} is out of range for {x}")
     axis = a["axis"] + x.rank if a["axis"] < 0 else a["axis"]
-    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-    return x.with_shape((outer, int(np.prod(x.shape[axis:], dtype=np.int64))))
+    return x.with_shape((dim_product(x.shape[:axis]), dim_product(x.shape[axis:])))
 
 
 @op("Flatten", INJ, infer=_flatten_infer, attrs=[Attr("axis", "int", 1)])
@@ -326,6 +352,9 @@ def slice_bounds(shape: tuple[int, ...], a: dict) -> list[tuple[int, int, int]]:
         dim = shape[ax]
         if step == 0:
             raise ShapeError("Slice step cannot be 0")
+        if not (is_static_dim(dim) and is_static_dim(start) and is_static_dim(end)):
+            bounds[ax] = _symbolic_slice(dim, start, end, step)
+            continue
         start = start + dim if start < 0 else start
         end = end + dim if end < 0 else end
         if step > 0:
@@ -336,11 +365,32 @@ def slice_bounds(shape: tuple[int, ...], a: dict) -> list[tuple[int, int, int]]:
     return bounds
 
 
+def _symbolic_slice(dim, start, end, step: int) -> tuple:
+    """(start, stop, 1) of a slice with a symbolic dim or end (from Shape): step 1, a constant start, an end that is
+    a non-negative size expression or a constant (negative: from the end); clamped to the dim with the bounds."""
+    if step != 1 or not is_static_dim(start):
+        raise ShapeError(f"Slice with a symbolic dim or end ({dim_str(dim)}, {dim_str(end)}) takes step 1 and a "
+                         "constant start")  # fmt: skip
+    start = start + dim if start < 0 else start
+    if is_static_dim(end) and end < 0:
+        end = end + dim
+    end = simplify_dim(tx.binop("min", _as_expr(end), _as_expr(dim)))
+    start = simplify_dim(tx.binop("min", _as_expr(start), _as_expr(end))) if not is_static_dim(start) or \
+        not is_static_dim(end) else min(start, end)  # fmt: skip
+    return start, end, 1
+
+
+def _as_expr(d):
+    return d if not is_static_dim(d) else tx.const(int(d), "int64")
+
+
 def _slice_len(start: int, end: int, step: int) -> int:
+    if not (is_static_dim(start) and is_static_dim(end)):
+        return simplify_dim(tx.binop("max", _as_expr(end) - _as_expr(start), tx.const(0, "int64")))
     return max(0, -(-(end - start) // step))
 
 
-SLICE_ATTRS = [Attr("starts", "ints"), Attr("ends", "ints"), Attr("axes", "ints", ()), Attr("steps", "ints", ())]
+SLICE_ATTRS = [Attr("starts", "ints"), Attr("ends", "dims"), Attr("axes", "ints", ()), Attr("steps", "ints", ())]
 
 
 def _slice_infer(a: dict, x: TensorType) -> TensorType:
@@ -764,7 +814,9 @@ def size(a: dict, x: np.ndarray) -> np.ndarray:
 
 @lowering("Size")
 def _size_te(a: dict, x: te.Tensor) -> te.Tensor:
-    return te.compute((), lambda: keep(te.const(numel(x.shape), "int64"), x), name="size")
+    n = math.prod(x.shape) if all(isinstance(d, int) for d in x.shape) else None
+    count = te.const(n, "int64") if n is not None else te.cast(math.prod(x.shape), "int64")  # symbolic: from sizes
+    return te.compute((), lambda: keep(count, x), name="size")
 
 
 def _const_of_shape_infer(a: dict) -> TensorType:

@@ -21,8 +21,8 @@ def fold_constant(graph: Graph) -> Graph:
         opdef = get_op(node.op)
         present = node.present_inputs
         foldable = opdef.foldable and not node.subgraphs() and all(v.is_constant for v in present)
-        size_ok = sum(v.type.size for v in node.outputs) <= max(FOLD_LIMIT, sum(v.type.size for v in present))
-        if foldable and present and size_ok:
+        if foldable and present and all(v.type.is_static for v in node.outputs) and (
+                sum(v.type.size for v in node.outputs) <= max(FOLD_LIMIT, sum(v.type.size for v in present))):
             with np.errstate(all="ignore"):
                 results = opdef.reference(node.attrs, *[None if v is None else v.data for v in node.inputs])
             for v, r in zip(node.outputs, results):

@@ -32,6 +32,7 @@ from ember.graph.ir import Graph, Node, Uses, Value, node_reads
 from ember.graph.types import TensorType
 from ember.ops import Pattern, get_op
 from ember.target import Target
+from ember.te.tensor import prod_hint
 from ember.templates.gpu import is_gpu
 
 from .cleanup import dead_code_elimination
@@ -128,7 +129,7 @@ class _Converter:
         depthwise = group > 1
         if kb is None or (depthwise and not group == c == k) or (group > 1 and not depthwise):
             return False
-        if x not in self.blocked and math.prod(y.shape) * math.prod(w.shape[1:]) < MIN_MACS:
+        if x not in self.blocked and prod_hint(y.shape) * math.prod(w.shape[1:]) < MIN_MACS:
             return False  # too small to pay for transforming its input (and likely its output back)
         if depthwise:
             cb = kb
@@ -166,7 +167,9 @@ class _Converter:
     def fits(v: Value, shape: tuple[int, ...]) -> bool:
         """Whether operand v broadcasts to NCHW `shape` dim by dim (so it has a blocked form)."""
         full = (1,) * (4 - len(v.shape)) + tuple(v.shape)
-        return v.type.size == 1 or (len(v.shape) <= 4 and all(d in (1, s) for d, s in zip(full, shape)))
+        if v.type.is_static and v.type.size == 1:
+            return True
+        return len(v.shape) <= 4 and all(d in (1, s) for d, s in zip(full, shape))
 
     def costs_transform(self, v: Value) -> bool:
         """Whether operand v of a broadcasting op would need a LayoutTransform kernel to be blocked (a
@@ -178,7 +181,7 @@ class _Converter:
         """Operand v (that `fits`) of a broadcasting op with NCHW output `shape`, in the blocked layout: a
         value of the full channel count re-laid out, a size-1 one as is, one without channels ([N, 1, H,
         W]) reshaped."""
-        if v.type.size == 1:
+        if v.type.is_static and v.type.size == 1:
             return v
         full = (1,) * (4 - len(v.shape)) + tuple(v.shape)
         if full[1] == 1:

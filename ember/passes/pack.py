@@ -17,14 +17,14 @@ CPU targets only (GPU schedules read B as it is).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from ember.graph.dims import dim_product
 from ember.graph.ir import Graph, Node, Value
 from ember.ops import Pattern
 from ember.ops.matmul import pack_b
 from ember.target import Target
+from ember.te.tensor import prod_hint
 from ember.templates import nn as T
 
 from .fuse import pattern
@@ -36,7 +36,7 @@ FLOATS = ("float32", "float64")
 def _packable(x: Value, b: np.ndarray, target: Target) -> bool:
     if x.dtype not in FLOATS or b.dtype != np.dtype(x.dtype) or len(x.shape) < 2 or b.ndim != 2:
         return False
-    m, n = math.prod(x.shape[:-1]), b.shape[1]  # batch dims fold into the rows (`_fold_rows`)
+    m, n = prod_hint(x.shape[:-1]), b.shape[1]  # batch dims fold into the rows (`_fold_rows`); symbolic: hint
     lanes = T.lanes_of(x.dtype, target)
     return m >= MIN_ROWS and not n < lanes <= m // 2  # matmul_te computes few-column products transposed
 
@@ -81,7 +81,7 @@ def _fold_rows(graph: Graph, names: set[str]) -> None:
             continue
         x, wp = node.inputs
         shape = node.outputs[0].shape
-        rows = (math.prod(shape[:-1]), shape[-1])
+        rows = (dim_product(shape[:-1]), shape[-1])
         new: list[Node] = []
         x2 = _view(x, (rows[0], x.shape[-1]), f"{x.name}_rows", names, new)
         cur = node.outputs[0]

@@ -97,22 +97,45 @@ class CompiledModel(ExportsC, Model):
         self._local = threading.local()  # .values: the calling thread's Values
         self._caller: NativeCaller | None = None  # runs the main thread's long calls
         self._segments = {}
+        # symbolic sizes: one plan per size (`Plan.at`), made on the first call at that size and kept; the runners
+        # take the sizes after the table
+        self._sized = plan.is_symbolic
+        self._plans: dict[tuple[int, ...], Plan] = {}
+        sizes = (ctypes.POINTER(ctypes.c_int64),) if self._sized else ()
         for s in plan.steps:
             if s.kind == "segment":
-                fn = self._function(s.function, ctypes.c_void_p)
-                prof = self._function(s.function + "_profiled", ctypes.c_void_p, ctypes.POINTER(ctypes.c_double))
+                fn = self._function(s.function, ctypes.c_void_p, *sizes)
+                prof = self._function(s.function + "_profiled", ctypes.c_void_p, *sizes,
+                                      ctypes.POINTER(ctypes.c_double))  # fmt: skip
                 self._segments[s.function] = (fn, prof, sum(k.flops for k in s.kernels) >= INTERRUPTIBLE_FLOPS)
 
     def _calls(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # each calling thread has its own Values
 
     def _values(self) -> Values:
-        """The calling thread's value table and workspace (made on its first call)."""
+        """The calling thread's value table and workspace (made on its first call, and again at each new size)."""
         values = getattr(self._local, "values", None)
-        if values is None:
-            self._set_threads()
-            values = self._local.values = Values.make(self.plan, self._weights)
+        plan = self._current_plan()
+        if values is None or getattr(self._local, "values_plan", None) is not plan:
+            if values is None:
+                self._set_threads()
+            values = self._local.values = Values.make(plan, self._weights)
+            self._local.values_plan = plan
         return values
+
+    def _current_plan(self) -> Plan:
+        """The plan of the calling thread's current call: the model's, or for symbolic sizes the plan at them."""
+        return getattr(self._local, "plan", None) or self.plan if self._sized else self.plan
+
+    def _bind(self, arrays: list[np.ndarray]) -> None:
+        """For symbolic sizes: the sizes of this call, its plan (made once per new size) and the sizes argument."""
+        sizes = self.plan.bind([a.shape for a in arrays])
+        plan = self._plans.get(sizes)
+        if plan is None:
+            with self._lock:
+                plan = self._plans.setdefault(sizes, self.plan.at(sizes))
+        self._local.plan = plan
+        self._local.sizes = (ctypes.c_int64 * max(len(sizes), 1))(*sizes)
 
     def _set_threads(self) -> None:
         """Give the calling thread's OpenMP the target's thread count (OpenMP keeps it per thread)."""
@@ -135,18 +158,21 @@ class CompiledModel(ExportsC, Model):
     # -- running --------------------------------------------------------------------------------------------
     def _start(self, arrays: list[np.ndarray]) -> None:
         """Point the calling thread's table at the inputs, fresh output arrays and the aliases' sources."""
+        if self._sized:
+            self._bind(arrays)
+        plan = self._current_plan()
         values = self._values()
         views, table = values.views, values.table
-        for vid, x in zip(self.plan.inputs, arrays):
+        for vid, x in zip(plan.inputs, arrays):
             views[vid] = x
             table[vid] = x.ctypes.data
-        for vid in self.plan.outputs:
-            v = self.plan.values[vid]
+        for vid in plan.outputs:
+            v = plan.values[vid]
             if v.kind == "output":
                 a = np.empty(v.shape, dtype=numpy_dtype(v.dtype))
                 views[vid] = a
                 table[vid] = a.ctypes.data
-        for i, v in enumerate(self.plan.values):
+        for i, v in enumerate(plan.values):
             if v.kind == "alias":
                 src = views[v.alias_of]
                 views[i] = None if src is None else src.view(numpy_dtype(v.dtype)).reshape(v.shape)
@@ -155,11 +181,12 @@ class CompiledModel(ExportsC, Model):
     def _execute(self, arrays: list[np.ndarray] | None, times: dict[int, float] | None = None) -> None:
         table = self._values().table
         main = threading.current_thread() is threading.main_thread()
+        sized = (self._local.sizes,) if self._sized else ()
         for s in self.plan.steps:
             if s.kind == "segment":
                 fn, prof, long = self._segments[s.function]
                 buf = (ctypes.c_double * len(s.kernels))()
-                call = (lambda: fn(table)) if times is None else (lambda: prof(table, buf))  # noqa: B023
+                call = (lambda: fn(table, *sized)) if times is None else (lambda: prof(table, *sized, buf))  # noqa: B023
                 if main and long:
                     if self._caller is None:
                         self._caller = NativeCaller(self._set_threads)
@@ -192,9 +219,10 @@ class CompiledModel(ExportsC, Model):
 
     def _results(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         views = self._values().views
+        plan = self._current_plan()
         outs = []
-        for vid in self.plan.outputs:
-            v = self.plan.values[vid]
+        for vid in plan.outputs:
+            v = plan.values[vid]
             view = views[vid]
             assert view is not None
             outs.append(view if v.kind == "output" else np.array(view, copy=True).reshape(v.shape))
@@ -262,7 +290,7 @@ def build_c_model(
     runners): what `save` keeps beside the library and what the standalone export compiles."""
     parts = [codegen_c_parts(func, target) for _, func in kernels]
     protos = [p for part in parts for p in part.protos]
-    runners = runner_source(plan.steps)
+    runners = runner_source(plan.steps, sized=plan.is_symbolic)
     units = [assemble_c([part], threads_api=False) for part in parts]
     units.append(codegen_c([], target) + "\n" + "\n".join(protos) + "\n\n" + runners)
     cc = compiler_for(target)

@@ -81,10 +81,14 @@ def check_feeds(model: str, specs: Sequence[TensorSpec], feeds: Feeds) -> list[n
         x = np.asarray(x)
         if x.dtype != dtype:
             raise ArgumentError(f"model {model}: input '{name}' has dtype {x.dtype}, wants {dtype}{list(shape)}")
-        if x.shape != shape:
+        if shape is not None and x.shape != shape:  # None: symbolic dims, checked by Plan.bind
             raise ArgumentError(f"model {model}: input '{name}' has shape {x.shape}, wants {dtype}{list(shape)}")
         arrays.append(np.ascontiguousarray(x))
     return arrays
+
+
+def _dims_text(shape: tuple) -> str:
+    return "[" + ", ".join(str(d).replace(" ", "") for d in shape) + "]"
 
 
 def profile_table(rows: list[dict], top: int = 20) -> str:
@@ -236,6 +240,9 @@ class Model:
             "fallback_ops": [s.op for s in self.plan.steps if s.kind == "fallback"],
             "native_calls_per_run": sum(1 for s in self.plan.steps if s.kind == "segment"),
             "workspace_bytes": self.plan.workspace,
+            **({"symbolic_dims": {v.name: [getattr(v, "lo", 0), getattr(v, "hi", None)] for v in self.plan.size_vars},
+                "input_shapes": {self.plan.values[i].name: _dims_text(self.plan.values[i].shape)
+                                 for i in self.plan.inputs}} if self.plan.is_symbolic else {}),  # fmt: skip
             "target": self.plan.target,
         }
 
@@ -246,7 +253,15 @@ class Model:
     # -- running --------------------------------------------------------------------------------------------
     def _check(self, feeds: Feeds) -> list[np.ndarray]:
         """The inputs as contiguous arrays in graph order; wrong names, count, dtype or shape raise."""
-        return check_feeds(self.plan.name, input_specs(self.plan), feeds)
+        if not self.plan.is_symbolic:
+            return check_feeds(self.plan.name, input_specs(self.plan), feeds)
+        specs = [(n, dt, None) for n, dt, _ in input_specs(self.plan)]
+        arrays = check_feeds(self.plan.name, specs, feeds)
+        try:
+            self.plan.bind([a.shape for a in arrays])
+        except ValueError as e:
+            raise ArgumentError(f"model {self.plan.name}: {e}") from None
+        return arrays
 
     def _outputs_of(self, feeds: Feeds) -> list[np.ndarray]:
         arrays = self._check(feeds)
@@ -269,8 +284,13 @@ class Model:
             raise RuntimeError(f"node {s.node} ({s.op}) needs the reference fallback, which is not available")
         return list(self._fallback(s.op, s.attrs, [None if i is None else read(i) for i in s.inputs]))
 
-    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        return random_arrays(input_specs(self.plan), seed)
+    def random_inputs(self, seed: int = 0, sizes: Mapping[str, int] | None = None) -> list[np.ndarray]:
+        """Random inputs; a symbolic model's at `sizes` ({"S": 7}; default: each size at its lower bound, >= 1)."""
+        plan = self.plan
+        if plan.is_symbolic:
+            given = dict(sizes or {})
+            plan = plan.at(tuple(given.get(v.name, max(1, getattr(v, "lo", 1))) for v in plan.size_vars))
+        return random_arrays(input_specs(plan), seed)
 
     def benchmark(self, inputs: Feeds | None = None, repeat: int = 20, warmup: int = 3) -> dict:
         """Latency of whole inferences: median, mean, min (seconds) over `repeat` runs."""
@@ -316,6 +336,9 @@ class Model:
         (every file's SHA-256, every weight's dtype and shape), which `ember.load` checks before it runs the model
         again without the compiler. The files are written to a fresh directory first and moved into place whole, so
         a killed save leaves no half-written model."""
+        if self.plan.is_symbolic:
+            raise NotImplementedError(f"model {self.plan.name}: saving a model with symbolic sizes is not supported "
+                                      "yet; compile it with input_shapes= to save it")  # fmt: skip
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
         staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.saving.", dir=out.parent))

@@ -11,7 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from ..tir.arith import eval_int
 from ..tir.dtype import numpy_dtype
+from ..tir.expr import Expr, Var
+from ..tir.stmt import size_params
 
 
 class ArgumentError(ValueError):
@@ -34,14 +37,34 @@ class ArgSpec:
 
 
 class Function:
-    """One native function taking one contiguous numpy array per parameter."""
+    """One native function taking one contiguous numpy array per parameter. Where the shapes hold size
+    variables (a kernel of any size), their values are read from the arrays' shapes and passed after them."""
 
     def __init__(self, lib: ctypes.CDLL, name: str, args: list[ArgSpec]):
         self.name = name
         self.args = list(args)
+        self.sizes: list[Var] = size_params(self.args)
         self._fn = getattr(lib, name)
-        self._fn.argtypes = [ctypes.c_void_p] * len(args)
+        self._fn.argtypes = [ctypes.c_void_p] * len(args) + [ctypes.c_int64] * len(self.sizes)
         self._fn.restype = ctypes.c_int32
+
+    def size_values(self, arrays: tuple[Any, ...] | list[Any]) -> list[int]:
+        """The size variables' values for these arrays (a bare variable dim binds it; every dim is then checked)."""
+        if not self.sizes:
+            return []
+        env: dict[Var, int] = {}
+        for spec, a in zip(self.args, arrays):
+            for d, n in zip(spec.shape, np.shape(a)):
+                if isinstance(d, Var) and d not in env:
+                    env[d] = int(n)
+        missing = [v.name for v in self.sizes if v not in env]
+        if missing:
+            raise ArgumentError(f"{self.name}: size(s) {', '.join(missing)} appear in no argument's shape as a bare "
+                                "dim, so no argument gives their value")  # fmt: skip
+        return [env[v] for v in self.sizes]
+
+    def _shape(self, spec: ArgSpec, env: dict[Var, int]) -> tuple[int, ...]:
+        return tuple(int(eval_int(d, env)) if isinstance(d, Expr) else d for d in spec.shape)  # type: ignore[arg-type]
 
     def check(self, arrays: tuple[Any, ...]) -> None:
         names = ", ".join(a.name for a in self.args)
@@ -53,7 +76,14 @@ class Function:
                 raise ArgumentError(f"{where} must be a numpy array, got {type(a).__name__}")
             if a.dtype != numpy_dtype(spec.dtype):
                 raise ArgumentError(f"{where} has dtype {a.dtype}, expected {spec.dtype}")
-            if a.shape != spec.shape:
+            if getattr(self, "sizes", None) and len(a.shape) == len(spec.shape):  # (GPU modules reuse this check)
+                env = dict(zip(self.sizes, self.size_values(arrays)))
+                if a.shape != self._shape(spec, env):
+                    dims = ", ".join(map(str, spec.shape))
+                    sizes = ", ".join(f"{v.name}={n}" for v, n in env.items())
+                    raise ArgumentError(f"{where} has shape {a.shape}, expected [{dims}] = {self._shape(spec, env)} "
+                                        f"with {sizes}")  # fmt: skip
+            elif a.shape != spec.shape:
                 raise ArgumentError(f"{where} has shape {a.shape}, expected {spec.shape}")
             if not a.flags.c_contiguous:
                 raise ArgumentError(f"{where} is not C-contiguous; pass np.ascontiguousarray(...)")
@@ -69,7 +99,7 @@ class Function:
         self.call_unchecked(arrays)
 
     def call_unchecked(self, arrays: tuple[np.ndarray, ...] | list[np.ndarray]) -> None:
-        status = self._fn(*[a.ctypes.data for a in arrays])
+        status = self._fn(*[a.ctypes.data for a in arrays], *self.size_values(arrays))
         if status != 0:
             raise MemoryError(f"{self.name}: native code failed (status {status}): could not allocate a buffer")
 

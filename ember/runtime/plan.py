@@ -14,12 +14,16 @@ This module imports nothing else from `ember.runtime`.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..target import Target
+from ..tir.arith import eval_int
 from ..tir.dtype import numpy_dtype
+from ..tir.expr import Expr, Var
+from ..tir.functor import walk
 
 ALIGN = 64  # bytes: the CPU backends' workspace alignment
 
@@ -35,7 +39,13 @@ class ValueInfo:
 
     @property
     def nbytes(self) -> int:
+        if not self.is_static:
+            raise TypeError(f"value {self.name} has symbolic dims: its size is known at run time (Plan.at)")
         return int(np.prod(self.shape, dtype=np.int64)) * numpy_dtype(self.dtype).itemsize
+
+    @property
+    def is_static(self) -> bool:
+        return all(not isinstance(d, Expr) for d in self.shape)
 
 
 @dataclass
@@ -46,6 +56,7 @@ class KernelInfo:
     ops: list[str]
     flops: int = 0
     arg_bytes: list[int] = field(default_factory=list)  # bytes the code reads or writes per argument
+    sizes: list[int] = field(default_factory=list)  # a kernel with symbolic sizes: indices into Plan.size_vars
 
 
 @dataclass
@@ -70,6 +81,66 @@ class Plan:
     workspace: int
     target: str
     info: dict = field(default_factory=dict)
+
+    # -- symbolic sizes: one plan per size, made at run time ------------------------------------------------
+    @property
+    def size_vars(self) -> list[Var]:
+        """The size variables of a symbolic plan (bare dims of its inputs first), in the order kernels and
+        segment runners receive them; empty for a static plan."""
+        cached = self.__dict__.get("_size_vars")
+        if cached is not None and cached[0] == len(self.values):
+            return cached[1]
+        out: dict[Var, None] = {}
+        for i in self.inputs + list(range(len(self.values))):
+            for d in self.values[i].shape:
+                if isinstance(d, Expr):
+                    out.update((n, None) for n in walk(d) if isinstance(n, Var))
+        self.__dict__["_size_vars"] = (len(self.values), list(out))
+        return list(out)
+
+    @property
+    def is_symbolic(self) -> bool:
+        return bool(self.size_vars)
+
+    def bind(self, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+        """The size variables' values (in `size_vars` order) given the input arrays' shapes; ValueError naming
+        the input when a dim contradicts another or a size is outside its bounds."""
+        env: dict[Var, int] = {}
+        for i, shape in zip(self.inputs, shapes):
+            v = self.values[i]
+            if len(shape) != len(v.shape):
+                raise ValueError(f"input '{v.name}' has shape {tuple(shape)}, wants rank {len(v.shape)} "
+                                 f"{_dims(v.shape)}")  # fmt: skip
+            for d, n in zip(v.shape, shape):
+                if isinstance(d, Var) and d not in env:
+                    lo, hi = getattr(d, "lo", 0), getattr(d, "hi", None)
+                    if n < lo or (hi is not None and n > hi):
+                        raise ValueError(f"input '{v.name}' has shape {tuple(shape)}: size {d.name} = {n} is outside "
+                                         f"its bounds [{lo}, {'inf' if hi is None else hi}]")  # fmt: skip
+                    env[d] = int(n)
+        for i, shape in zip(self.inputs, shapes):
+            v = self.values[i]
+            want = tuple(eval_int(d, env) if isinstance(d, Expr) else d for d in v.shape)
+            if want != tuple(shape):
+                sizes = ", ".join(f"{k.name}={n}" for k, n in env.items())
+                raise ValueError(f"input '{v.name}' has shape {tuple(shape)}, wants {_dims(v.shape)} = {want} with "
+                                 f"{sizes}")  # fmt: skip
+        missing = [d.name for d in self.size_vars if d not in env]
+        if missing:
+            raise ValueError(f"size(s) {', '.join(missing)} are no input's dim: no input gives their value")
+        return tuple(env[d] for d in self.size_vars)
+
+    def at(self, sizes: tuple[int, ...], align: int = ALIGN) -> Plan:
+        """This plan at one set of sizes: every shape evaluated and the workspace planned for them (the run-time
+        half of a symbolic plan; the executors make it once per new size and keep it)."""
+        env = dict(zip(self.size_vars, sizes))
+        out = copy.copy(self)
+        out.__dict__.pop("_size_vars", None)
+        out.values = [ValueInfo(v.name, tuple(int(eval_int(d, env)) if isinstance(d, Expr) else d for d in v.shape),
+                                v.dtype, v.kind, v.offset, v.alias_of) for v in self.values]  # fmt: skip
+        out.info = {**self.info, "sizes": {d.name: n for d, n in env.items()}}
+        assign_offsets(out, align)
+        return out
 
     @property
     def threads(self) -> int | None:
@@ -134,6 +205,10 @@ def _unjson_attrs(attrs: dict) -> dict:
         else:
             out[k] = v
     return out
+
+
+def _dims(shape: tuple) -> str:
+    return "[" + ", ".join(str(d).replace(" ", "") for d in shape) + "]"
 
 
 class PlanError(ValueError):

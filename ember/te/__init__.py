@@ -29,11 +29,13 @@ from .tensor import (
     minimum,
     placeholder,
     pow,
+    prod_hint,
     reduce_axis,
     round,
     rsqrt,
     sigmoid,
     sin,
+    size_hint,
     sqrt,
     sum,
     tanh,
@@ -41,6 +43,7 @@ from .tensor import (
 )
 
 __all__ = [
+    "prod_hint", "size_hint",
     "ComputeOp", "IterVar", "PlaceholderOp", "Reduce", "Reducer", "Schedule", "ScheduleError", "Stage", "Step",
     "Tensor", "TensorLoad", "abs", "all", "any", "cast", "ceil", "comm_reducer", "compute", "const", "cos",
     "create_schedule", "erf", "exp", "floor", "if_then_else", "log", "max", "maximum", "min", "minimum",

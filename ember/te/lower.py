@@ -30,7 +30,7 @@ class Loops:
     """The loop structure of one stage once its root ranges are known."""
 
     root_min: dict[IterVar, Expr] = field(default_factory=dict)
-    extent: dict[IterVar, int] = field(default_factory=dict)  # of every iter var (zero-based ranges)
+    extent: dict[IterVar, int | Expr] = field(default_factory=dict)  # of every iter var (zero-based ranges)
     var: dict[IterVar, Var] = field(default_factory=dict)  # loop variable of each leaf
     value: dict[IterVar, Expr] = field(default_factory=dict)  # zero-based value of every iter var
     preds: list[Expr] = field(default_factory=list)  # guards of non-dividing splits
@@ -44,8 +44,15 @@ class Lowering:
         self.ana = Analyzer()
         self.stages = [st for st in sch.stages if st.attach != "inline"]
         self.arg_stages = [self.arg_stage(t) for t in self.args]
-        big = max((math.prod(st.op.shape) for st in sch.stages), default=0) >= 2**31
+        # symbolic sizes (size variables in shapes: kernel arguments) index in int64, as do large tensors
+        self.symbolic = any(isinstance(d, Expr) for st in sch.stages for d in st.op.shape)
+        big = self.symbolic or max((math.prod(st.op.shape) for st in sch.stages), default=0) >= 2**31
         self.index_dtype = int64 if big else int32
+        for st in sch.stages:  # size variables with bounds (ember.graph.dims.SizeVar): the analyzer knows them
+            for d in st.op.shape:
+                for v in walk(d) if isinstance(d, Expr) else ():
+                    if isinstance(v, Var) and hasattr(v, "lo"):
+                        self.ana.bind(v, v.lo, v.hi)
         self.bodies: dict[Stage, Expr] = {}
         self.loops: dict[Stage, Loops] = {}
         self.region_min: dict[Stage, list[Expr]] = {}
@@ -165,6 +172,8 @@ class Lowering:
                 loops.root_min[iv], loops.extent[iv] = lo, ext
             for iv in op.reduce_axis:
                 loops.root_min[iv], loops.extent[iv] = const(iv.dom[0], self.index_dtype), iv.dom[1]  # type: ignore[index]
+                if isinstance(iv.dom[1], Expr):  # type: ignore[index]
+                    self.symbolic = True
             self.region_min[st] = [lo for lo, _ in ranges]
             self.make_loops(st, loops)
             self.loops[st] = loops
@@ -173,32 +182,50 @@ class Lowering:
         for r in st.relations:
             if isinstance(r, Split):
                 n = L.extent[r.parent]
+                if isinstance(n, Expr):  # a symbolic extent: the factor as given, a guarded tail
+                    inner = r.factor if r.factor is not None else self.ana.simplify((n + (r.nparts - 1)) // r.nparts)
+                    L.extent[r.inner] = inner
+                    L.extent[r.outer] = self.ana.simplify((n + (inner - 1)) // inner)
+                    continue
                 if r.factor is not None:
                     inner = max(1, min(r.factor, n))
                 else:
                     inner = max(1, -(-n // r.nparts))  # type: ignore[operator]
                 L.extent[r.inner], L.extent[r.outer] = inner, -(-n // inner)
             else:
-                L.extent[r.fused] = L.extent[r.outer] * L.extent[r.inner]
+                ext = L.extent[r.outer] * L.extent[r.inner]
+                L.extent[r.fused] = self.ana.simplify(ext) if isinstance(ext, Expr) else ext
         for iv in st.leaf_iter_vars:
             v = Var(iv.name, self.index_dtype)
             L.var[iv] = L.value[iv] = v
-            self.ana.bind(v, 0, L.extent[iv] - 1)
+            ext = L.extent[iv]
+            self.ana.bind(v, 0, ext - 1 if not isinstance(ext, Expr) else self.ana.const_upper_bound(ext - 1))
         for r in reversed(st.relations):
             if isinstance(r, Split):
                 inner = L.extent[r.inner]
                 L.value[r.parent] = L.value[r.outer] * inner + L.value[r.inner]
-                if L.extent[r.outer] * inner != L.extent[r.parent]:
+                if not self.same_extent(L.extent[r.outer] * inner, L.extent[r.parent]):
                     L.preds.append(L.value[r.parent] < L.extent[r.parent])
             else:
-                inner_ext = const(L.extent[r.inner], self.index_dtype)
+                inner_ext = self.index(L.extent[r.inner])
                 L.value[r.outer] = L.value[r.fused] // inner_ext
                 L.value[r.inner] = L.value[r.fused] % inner_ext
+
+    def index(self, n: int | Expr) -> Expr:
+        """An extent as an index expression."""
+        return const(n, self.index_dtype) if not isinstance(n, Expr) else E.Cast(self.index_dtype, n) \
+            if n.dtype != self.index_dtype else n  # fmt: skip
+
+    def same_extent(self, a: int | Expr, b: int | Expr) -> bool:
+        if not isinstance(a, Expr) and not isinstance(b, Expr):
+            return a == b
+        d = self.ana.simplify(self.index(a) - self.index(b))
+        return isinstance(d, E.Const) and d.value == 0
 
     def relax(self, it: tuple[Expr, Expr], st: Stage, first: int) -> tuple[Expr, Expr] | None:
         """Widen an interval over the loops of `st` from leaf position `first` inward."""
         loops = self.loops[st]
-        env = {loops.var[iv]: (const(0, self.index_dtype), const(loops.extent[iv] - 1, self.index_dtype))
+        env = {loops.var[iv]: (const(0, self.index_dtype), self.index(loops.extent[iv] - 1))
                for iv in st.leaf_iter_vars[first:]}  # fmt: skip
         lo, hi = self.ana.interval(it[0], env), self.ana.interval(it[1], env)
         return None if lo is None or hi is None else (lo[0], hi[1])
@@ -227,7 +254,7 @@ class Lowering:
             for iv in s.leaf_iter_vars:
                 attr = s.iter_attrs.get(iv)
                 if attr is not None and (attr.thread_tag or "").startswith("threadIdx"):
-                    env[loops.var[iv]] = (const(0, self.index_dtype), const(loops.extent[iv] - 1, self.index_dtype))
+                    env[loops.var[iv]] = (const(0, self.index_dtype), self.index(loops.extent[iv] - 1))
             s = s.attach_stage if s.attach == "at" else None
         if not env:
             return it
@@ -262,7 +289,7 @@ class Lowering:
                         unbounded[d] = True
                         continue
                     raw[d] = it if raw[d] is None else self.ana.union(raw[d], it)  # type: ignore[arg-type]
-                    lo, hi = E.binop("max", it[0], 0), E.binop("min", it[1], shape[d] - 1)
+                    lo, hi = E.binop("max", it[0], 0), E.binop("min", it[1], self.index(shape[d] - 1))
                     it = self.ana.simplify(lo), self.ana.simplify(hi)
                     acc[d] = it if acc[d] is None else self.ana.union(acc[d], it)  # type: ignore[arg-type]
         out = []
@@ -272,11 +299,17 @@ class Lowering:
             if not unbounded[d] and it is not None:
                 exts = [self.ana.max_over_loops(b[1] - b[0] + 1) for b in (it, raw[d])]  # type: ignore[index]
                 ext = min((x for x in exts if x is not None), default=None)
-            if ext is None or ext >= n:
+            if ext is None or (not isinstance(n, Expr) and ext >= n):
                 out.append((const(0, self.index_dtype), n))
                 continue
             ext = max(ext, 1)
-            lo = E.binop("min", E.binop("max", it[0], 0), n - ext)  # type: ignore[index]
+            if isinstance(n, Expr) and not self.ana.can_prove(self.index(n) >= ext):
+                # a symbolic n that may be smaller than the tile: min(ext, n) rows, from max(0, ...)
+                sym_ext = self.ana.simplify(E.binop("min", self.index(n), const(ext, self.index_dtype)))
+                lo = E.binop("max", E.binop("min", E.binop("max", it[0], 0), self.index(n - ext)), 0)  # type: ignore[index]
+                out.append((self.ana.simplify(lo), sym_ext))
+                continue
+            lo = E.binop("min", E.binop("max", it[0], 0), self.index(n - ext))  # type: ignore[index]
             out.append((self.ana.simplify(lo), ext))
         return out
 
@@ -292,10 +325,17 @@ class Lowering:
             if st not in self.buffers:
                 if st.is_placeholder:
                     continue
-                shape = tuple(self.loops[st].extent[iv] for iv in st.op.axis)  # type: ignore[attr-defined]
+                shape = tuple(self.buffer_extent(self.loops[st].extent[iv]) for iv in st.op.axis)  # type: ignore[attr-defined]
                 scope = st.scope if st.attach == "at" else "global"
                 self.buffers[st] = Buffer(st.name, shape, st.op.dtype, scope)
         return params
+
+    def buffer_extent(self, ext: int | Expr) -> int | Expr:
+        """A symbolic extent with a constant bound (a tile's min(8, n)) allocates that bound: a static buffer."""
+        if not isinstance(ext, Expr):
+            return ext
+        hi = self.ana.const_upper_bound(ext)
+        return hi if hi is not None and hi < 2**20 else ext
 
     def load(self, n: TensorLoad, env: dict[Var, Expr]) -> Expr:
         st = self.sch[n.tensor]
@@ -352,7 +392,7 @@ class Lowering:
         tag = attr.thread_tag if attr else None
         notes = tuple(attr.pragmas) if attr else ()
         ext = self.loops[st].extent[iv]
-        return For(v, const(0, self.index_dtype), const(ext, self.index_dtype), kind, body, tag, notes)
+        return For(v, const(0, self.index_dtype), self.index(ext), kind, body, tag, notes)
 
     def init_nest(self, st: Stage, body: Reduce, first_reduce: int) -> Stmt:
         """Stores of the reduction identity, over the data-parallel loops inside the first reduction loop."""

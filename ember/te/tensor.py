@@ -7,6 +7,7 @@ C = te.compute((M, N), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
 
 from __future__ import annotations
 
+import builtins
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -228,12 +229,19 @@ class Tensor:
 # user API
 
 
-def _check_shape(shape: Sequence[Any], what: str) -> tuple[int, ...]:
+def _check_shape(shape: Sequence[Any], what: str) -> tuple[int | Expr, ...]:
+    """Non-negative ints, or integer expressions of size variables (`te.var("n")`): a kernel of any size,
+    which takes each size variable as an argument."""
     shape = tuple(shape) if isinstance(shape, list | tuple) else (shape,)
-    out = []
+    out: list[int | Expr] = []
     for s in shape:
+        if isinstance(s, IterVar):
+            raise TypeError(f"{what}: shape entry {s.name} is a loop axis, not a size; use te.var for a size")
         if isinstance(s, Expr):
-            raise TypeError(f"{what}: symbolic sizes ({s}) are not supported yet; use static integer shapes")
+            if not (s.dtype.is_int and s.dtype.lanes == 1):
+                raise TypeError(f"{what}: symbolic size {s} must be an integer expression, got {s.dtype}")
+            out.append(s)
+            continue
         if int(s) != s or int(s) < 0:
             raise ValueError(f"{what}: shape entries must be non-negative integers, got {shape}")
         out.append(int(s))
@@ -247,7 +255,12 @@ def placeholder(shape: Sequence[int] | int, dtype_: str | DType = "float32", nam
 
 def reduce_axis(dom: tuple[int, int] | int, name: str = "rv") -> IterVar:
     """A reduction axis over range(lo, hi) (or range(n))."""
-    lo, hi = (0, dom) if isinstance(dom, int) else dom
+    lo, hi = (0, dom) if isinstance(dom, int | Expr) else dom
+    if isinstance(hi, Expr) or isinstance(lo, Expr):  # a symbolic extent (a size variable)
+        if isinstance(lo, Expr) and not isinstance(lo, E.Const):
+            raise ValueError(f"reduce_axis {name}: a symbolic range must start at a constant, got {lo}")
+        lo = int(lo.value) if isinstance(lo, E.Const) else int(lo)
+        return IterVar(name, (lo, hi - lo if lo else hi), "reduce")
     if int(hi) < int(lo):
         raise ValueError(f"reduce_axis {name}: empty range ({lo}, {hi})")
     return IterVar(name, (int(lo), int(hi) - int(lo)), "reduce")
@@ -285,6 +298,9 @@ def _check_body(name: str, axis: list[IterVar], body: Expr) -> None:
     if dups:
         raise ValueError(f"compute {name}: axis names must be distinct, {sorted(dups)} used twice")
     known = {iv.var for iv in axis + raxes}
+    shapes = [iv.dom[1] for iv in axis + raxes] + [d for n in walk(body) if isinstance(n, TensorLoad)
+                                                   for d in n.tensor.shape]  # fmt: skip
+    known |= {v for d in shapes if isinstance(d, Expr) for v in walk(d) if isinstance(v, Var)}  # size variables
     for n in walk(body):
         if isinstance(n, Var) and n not in known:
             raise ValueError(f"compute {name}: variable {n.name} is not an axis of this compute (missing reduce axis?)")
@@ -380,3 +396,34 @@ def maximum(a: Any, b: Any) -> Expr:
 
 def minimum(a: Any, b: Any) -> Expr:
     return E.binop("min", a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# symbolic sizes in schedule heuristics
+HINT_UNBOUNDED = 256  # the size a heuristic assumes for a size variable without an upper bound
+
+
+def size_hint(x: int | Expr) -> int:
+    """A size for heuristics (parallelize? which tile?): an int as is; a symbolic size evaluated with each size
+    variable at its upper bound (`hi`, where it has one, capped at 4096) or HINT_UNBOUNDED. Never for correctness:
+    the lowering guards every symbolic extent."""
+    if not isinstance(x, Expr):
+        return int(x)
+    from ..tir.arith import eval_int
+
+    env = {}
+    for n in walk(x):
+        if isinstance(n, Var):
+            hi = getattr(n, "hi", None)
+            env[n] = builtins.min(int(hi), 4096) if hi is not None else HINT_UNBOUNDED
+    v = eval_int(x, env)
+    return builtins.max(1, int(v)) if v is not None else HINT_UNBOUNDED
+
+
+def prod_hint(dims: Any) -> int:
+    """The product of sizes (`size_hint` for the symbolic ones)."""
+    out = 1
+    for d in dims:
+        out *= size_hint(d)
+    return out
+

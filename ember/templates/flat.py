@@ -9,13 +9,9 @@ A compute marks the trailing axes that are contiguous in its input too with `att
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from ember import te
 from ember.target import Target
-from ember.te.tensor import ComputeOp, Reduce, Tensor
+from ember.te.tensor import ComputeOp, Reduce, Tensor, prod_hint
 
 
 def default_schedule(outs: list[Tensor], target: Target) -> te.Schedule:
@@ -38,7 +34,7 @@ def schedule_flat(st: te.Stage, target: Target) -> None:
     """Fuse the data-parallel loops of a stage, vectorize by the target's lanes, parallelize the rest."""
     op = st.op
     assert isinstance(op, ComputeOp)
-    size = int(np.prod(op.shape, dtype=np.int64)) if op.shape else 1
+    size = prod_hint(op.shape) if op.shape else 1
     if not op.axis or size == 0:
         return
     fused = st.fuse(*op.axis) if len(op.axis) > 1 else op.axis[0]
@@ -49,7 +45,7 @@ def schedule_flat(st: te.Stage, target: Target) -> None:
         outer, inner = st.split(fused, lanes)
         st.vectorize(inner)
         fused = outer
-    work = size * (int(np.prod([iv.dom[1] for iv in op.reduce_axis])) if is_reduce else 1)
+    work = size * (prod_hint([iv.dom[1] for iv in op.reduce_axis]) if is_reduce else 1)
     if work >= 1 << 15 and target.num_cores > 1:
         st.parallel(fused)
 
@@ -70,13 +66,13 @@ def schedule_rows(st: te.Stage, target: Target) -> None:
     if isinstance(op.body, Reduce):
         schedule_flat(st, target)
         return
-    size = math.prod(op.shape)
+    size = prod_hint(op.shape)
     if not op.axis or size == 0:
         return
     k = min(max(op.attrs.get("row_axes", 1), 1), len(op.axis))
     outer = list(op.axis[:-k])
     row = st.fuse(*op.axis[-k:])
-    n = math.prod(op.shape[-k:])
+    n = prod_hint(op.shape[-k:])
     lanes = target.vector_lanes(max(op.dtype.bits, 8))
     while lanes > 4 and n % lanes:
         lanes //= 2

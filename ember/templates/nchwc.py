@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from ember import te
 from ember.target import Target
 from ember.te.config import ConfigBase
-from ember.te.tensor import Tensor
+from ember.te.tensor import Tensor, size_hint
 from ember.templates.nn import SCHEDULES, Window, host_target, lanes_of, pad_input, vector_regs, work, zero
 from ember.tir.dtype import DType
 from ember.tir.expr import Expr
@@ -204,8 +204,8 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     accl = s.cache_write(acc, "local")
     s[acc].compute_inline()
     kbo, kbi = O.split(kb, plan.kbt)
-    tiles = out.shape[0] * (out.shape[1] // plan.kbt)
-    rows = -(-out.shape[2] // plan.oht)
+    tiles = size_hint(out.shape[0]) * (out.shape[1] // plan.kbt)  # (a symbolic batch: at its hint)
+    rows = -(-size_hint(out.shape[2]) // plan.oht)
     chunks = _row_chunks(tiles, rows, target) if _parallel_ok(out, tiles * rows, target) else 0
     ro, ri = O.split(oh, plan.oht)
     oho, ohi = O.split(ro, nparts=max(chunks, 1))

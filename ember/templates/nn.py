@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from ember import te
 from ember.target import Target, host_cpu_flags
 from ember.te.config import ConfigBase
-from ember.te.tensor import ComputeOp, Reduce, Tensor
+from ember.te.tensor import ComputeOp, Reduce, Tensor, prod_hint, size_hint
 from ember.templates.flat import schedule_flat
 from ember.tir.dtype import DType
 from ember.tir.dtype import dtype as as_dtype
@@ -179,12 +179,13 @@ def gemm_acc(
     (`*b_batch, N / nr, K, nr`, zeros past N; a weight packed at compile time), read in place of
     b_at, with no packing stage in the kernel."""
     dt = as_dtype(dtype)
-    plan = gemm_plan(M, N, K, dt, cfg=cfg, fixed_nr=packed_b.shape[-1] if packed_b is not None else None)
+    plan = gemm_plan(size_hint(M), size_hint(N), size_hint(K), dt, cfg=cfg,  # symbolic sizes: tiles at their hint
+                     fixed_nr=packed_b.shape[-1] if packed_b is not None else None)  # fmt: skip
     k = te.reduce_axis((0, K), name="k")
     nb = len(batch)
     if plan.packed:
         nr = plan.nr
-        npanels = -(-N // nr)
+        npanels = -(-N // nr) if not isinstance(N, Expr) else (N + (nr - 1)) // nr  # (the analyzer bounds this form)
 
         def pack(*idx):
             bb, (jb, kk, z) = idx[: len(b_batch)], idx[len(b_batch) :]
@@ -224,6 +225,10 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
     ia, ja = attrs.get("i_axis"), attrs.get("j_axis")
     lanes = min(lanes_of(acc.dtype, target), plan.nr)
     vec = plan.nr % lanes == 0 and lanes > 1
+    # symbolic sizes: no unrolling (every unrolled copy would carry its tail guards: C compile times explode)
+    symbolic = any(isinstance(d, Expr) for d in acc.shape) or any(isinstance(iv.dom[1], Expr)
+                                                                  for iv in acc.op.reduce_axis)  # fmt: skip
+    unroll = (lambda st, ax: None) if symbolic else (lambda st, ax: st.unroll(ax))
     accl = s.cache_write(acc, "local")
     s[acc].compute_inline()
     outer = [ax for d, ax in enumerate(axes) if d not in (ia, ja)]
@@ -232,7 +237,7 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
         io, ii = O.split(axes[ia], plan.mr)
         outer.append(io)
         inner.append(ii)
-        O.unroll(ii)
+        unroll(O, ii)
     if ja is not None:
         jo, ji = O.split(axes[ja], plan.nr)
         outer.append(jo)
@@ -242,7 +247,7 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
     O.reorder(*outer, *inner)
     if ja is not None and vec:
         jio, jii = O.split(inner[-1], lanes)
-        O.unroll(jio)
+        unroll(O, jio)
         O.vectorize(jii)
     L = s[accl]
     *lb, li, lj = L.op.axis
@@ -253,12 +258,12 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
         L.reorder(*lb, ko, ki, li, jco, jci)
         L.vectorize(jci)
         if plan.unroll[1] == "unroll":
-            L.unroll(jco)
+            unroll(L, jco)
     else:
         L.reorder(*lb, ko, ki, li, lj)
     if plan.unroll[0] == "unroll":
-        L.unroll(li)
-    L.unroll(ki)
+        unroll(L, li)
+    unroll(L, ki)
     L.compute_at(O, outer[-1])
     _parallel(O, outer, out, target)
     done = {O.name, L.name}
@@ -274,7 +279,7 @@ def _schedule_pack(s: te.Schedule, t: Tensor, inner_dims: int, target: Target) -
     axes = P.op.axis
     P.vectorize(axes[-1])
     lead = axes[: len(axes) - inner_dims + 1]
-    if target.num_cores > 1 and math.prod(t.shape) >= 1 << 16:
+    if target.num_cores > 1 and prod_hint(t.shape) >= 1 << 16:
         P.parallel(P.fuse(*lead) if len(lead) > 1 else lead[0])
     return P.name
 
@@ -294,9 +299,9 @@ def work(out: Tensor) -> int:
         if id(t.op) in seen or not isinstance(t.op, ComputeOp):
             continue
         seen.add(id(t.op))
-        n = math.prod(t.shape)
+        n = prod_hint(t.shape)
         if isinstance(t.op.body, Reduce):
-            n *= math.prod(iv.dom[1] for iv in t.op.reduce_axis)
+            n *= prod_hint(iv.dom[1] for iv in t.op.reduce_axis)
         total += n
         todo.extend(t.op.inputs)
     return total
@@ -635,7 +640,7 @@ def row_reduce(rows: tuple[int, ...], length: int, at: Callable[[Index, Expr], E
     across the lanes, then the tail past the last whole vector), so the loop over l vectorizes."""
     lanes = lanes_of(dtype, host_target())
     nr = len(rows)
-    if length < 2 * lanes or lanes == 1:
+    if size_hint(length) < 2 * lanes or lanes == 1:  # a symbolic length: the vector path and a symbolic tail
         l_ = te.reduce_axis((0, length), name="rl")
         whole = te.compute(rows, lambda *r: reducer(at(r, l_), axis=l_), name=name, tag="row_reduce")
         return lambda r: whole[tuple(r)]
@@ -668,7 +673,7 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
     inner = axes[k:]
     if inner:
         f = O.fuse(*inner) if len(inner) > 1 else inner[0]
-        if math.prod(out.shape[k:]) >= lanes:
+        if prod_hint(out.shape[k:]) >= lanes:
             _, fi = O.split(f, lanes)
             O.vectorize(fi)
     done = {O.name}
@@ -688,10 +693,10 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
             st.vectorize(li)
         elif tag == "row_buffer" and len(st.op.axis) > k:
             f = st.fuse(*st.op.axis[k:]) if len(st.op.axis) > k + 1 else st.op.axis[k]
-            if math.prod(st.op.shape[k:]) >= sl:
+            if prod_hint(st.op.shape[k:]) >= sl:
                 _, fi = st.split(f, sl)
                 st.vectorize(fi)
-    if target.num_cores > 1 and work(out) >= 1 << 16 and math.prod(out.shape[:k]) > 1:
+    if target.num_cores > 1 and work(out) >= 1 << 16 and prod_hint(out.shape[:k]) > 1:
         O.parallel(row)
     return done
 
@@ -749,7 +754,7 @@ def schedule_nn(attrs: dict, outs: Sequence[Tensor], target: Target) -> te.Sched
     for st in list(s.stages):
         op = st.op
         kind = op.attrs.get("template") if isinstance(op, ComputeOp) else None
-        if kind is None or math.prod(op.shape) == 0:
+        if kind is None or prod_hint(op.shape) == 0:
             continue
         anchor = st if st.is_output else elementwise_output(s, st, outs)
         if anchor is None:
@@ -777,7 +782,7 @@ def _schedule_rows(st: te.Stage, t: Tensor, target: Target) -> None:
     """Outer axes fused (parallel when big), the last axis split by the lanes and vectorized: bounds
     checks along the last axis (padding) are then partitioned out of the vector loop."""
     axes = st.op.axis
-    if not axes or math.prod(t.shape) == 0:
+    if not axes or prod_hint(t.shape) == 0:
         return
     lanes = lanes_of(t.dtype, target)
     if t.shape[-1] >= lanes:
@@ -785,7 +790,7 @@ def _schedule_rows(st: te.Stage, t: Tensor, target: Target) -> None:
         st.vectorize(wi)
     if len(axes) > 1:
         outer = st.fuse(*axes[:-1])
-        if target.num_cores > 1 and math.prod(t.shape) >= 1 << 16:
+        if target.num_cores > 1 and prod_hint(t.shape) >= 1 << 16:
             st.parallel(outer)
 
 

@@ -402,6 +402,13 @@ class Analyzer:
             return v
         if isinstance(v, Const) and e.dtype.lanes == 1:
             return const(np.asarray(v.value, dtype=v.dtype.numpy).astype(e.dtype.numpy).item(), e.dtype)
+        if isinstance(v, Ramp | Broadcast) and v.dtype.is_int and e.dtype.is_int and e.dtype.bits >= v.dtype.bits \
+                and (e.dtype.kind == v.dtype.kind):  # fmt: skip
+            # widening a ramp lane by lane is a ramp of the widened base (a contiguous vector index stays one)
+            scalar = e.dtype.with_lanes(1)
+            if isinstance(v, Broadcast):
+                return Broadcast(self.simplify(Cast(scalar, v.value)), v.lanes)
+            return Ramp(self.simplify(Cast(scalar, v.base)), self.simplify(Cast(scalar, v.stride)), v.lanes)
         if isinstance(v, Cast) and v.dtype.is_int and v.value.dtype.is_int and e.dtype.is_int:
             lo, hi = self.bounds(v.value)
             if lo is not None and hi is not None and min_value(v.dtype) <= lo and hi <= max_value(v.dtype):
@@ -423,6 +430,9 @@ class Analyzer:
     def _simplify_binop(self, e: BinOp) -> Expr:
         op, a, b, dt = e.op, e.a, e.b, e.dtype
         if dt.lanes > 1 or a.dtype.lanes > 1:
+            if op == "add" and dt.is_int and {type(a), type(b)} == {Ramp, Broadcast}:  # x + ramp: one ramp
+                r, c = (a, b) if isinstance(a, Ramp) else (b, a)
+                return Ramp(self.simplify(r.base + c.value), r.stride, r.lanes)  # type: ignore[union-attr]
             return e
         if op in ("and", "or"):
             return _simplify_logic(op, a, b)
@@ -446,6 +456,8 @@ class Analyzer:
         if op in ("floordiv", "floormod"):
             return self._simplify_divmod(op, a, b, dt)
         if op in ("min", "max"):
+            if op == "min" and (self._mod_below(a, b) or self._mod_below(b, a)):
+                return a if self._mod_below(a, b) else b
             d_lo, d_hi = self._lin_bounds(*self._diff(a, b))
             if op == "min":
                 if d_hi is not None and d_hi <= 0:
@@ -461,6 +473,15 @@ class Analyzer:
         if op in CMP_OPS:
             return self._simplify_cmp(op, a, b)
         return BinOp(op, a, b, dt)
+
+    def _mod_below(self, m: Expr, other: Expr) -> bool:
+        """Whether m is x % y with y >= 1 and other >= y - 1, so min(m, other) is m: the rule a symbolic divisor
+        needs (min(i % S, S - 1) is i % S; with a constant divisor the bounds already show it)."""
+        if not (isinstance(m, BinOp) and m.op == "floormod") or isinstance(m.b, Const):
+            return False
+        lo_y = self.bounds(m.b)[0]
+        d_lo = self._lin_bounds(*self._diff(other, m.b))[0]
+        return lo_y is not None and lo_y >= 1 and d_lo is not None and d_lo >= -1
 
     def _diff(self, a: Expr, b: Expr) -> Lin:
         ta, ca = self._lin(a)

@@ -8,24 +8,49 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .dtype import DType, dtype
-from .expr import Expr, Node, Var, const
+from .expr import Const, Expr, Node, Var, const
+
+
+def _product(dims: tuple) -> Expr:
+    out: Any = 1
+    for d in dims:
+        out = d * out if isinstance(d, Expr) else out * d
+    return out
+
+
+def size_params(buffers: Any) -> list[Var]:
+    """The size variables in the buffers' shapes, in order of first appearance: a kernel's size arguments."""
+    from .functor import walk
+
+    out: dict[Var, None] = {}
+    for b in buffers:
+        for d in b.shape:
+            if isinstance(d, Expr):
+                out.update((n, None) for n in walk(d) if isinstance(n, Var))
+    return list(out)
 
 
 class Buffer:
     """A named n-d array in a memory scope ("global", "local", "shared"). Compared by identity."""
 
-    def __init__(self, name: str, shape: tuple[int, ...], dt: str | DType, scope: str = "global"):
+    def __init__(self, name: str, shape: tuple[int | Expr, ...], dt: str | DType, scope: str = "global"):
         self.name = name
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = tuple(s if isinstance(s, Expr) and not isinstance(s, Const) else int(getattr(s, "value", s))
+                           for s in shape)  # fmt: skip
         self.dtype = dtype(dt)
         self.scope = scope
 
     @property
-    def size(self) -> int:
-        return math.prod(self.shape)
+    def is_static(self) -> bool:
+        """Whether every dim is an int (else some are expressions of size variables, kernel arguments)."""
+        return all(isinstance(s, int) for s in self.shape)
 
     @property
-    def nbytes(self) -> int:
+    def size(self) -> int | Expr:
+        return math.prod(self.shape) if self.is_static else _product(self.shape)
+
+    @property
+    def nbytes(self) -> int | Expr:
         return self.size * self.dtype.itemsize
 
     @property

@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""One BERT encoder compiled once with a symbolic sequence length vs one compiled for each length.
+
+    python bench/dynamic.py                                  # 2 layers, d=128, lengths 1..384
+    python bench/dynamic.py --layers 4 --d 768 --heads 12 --ff 3072 --threads 2
+
+For each length: the median latency of the dynamic model, of a model specialized to that length (the same ONNX
+model with input_shapes= fixing the length), their ratio, onnxruntime's, and the largest difference from
+onnxruntime's output. The dynamic model is compiled once: no compile happens at the lengths it runs at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import ember  # noqa: E402
+from ember import zoo  # noqa: E402
+
+
+def median_ms(fn, repeat: int) -> float:
+    fn()
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(runs)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ff", type=int, default=512)
+    p.add_argument("--lengths", default="1,7,16,64,128,200,384")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=10)
+    args = p.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    model = zoo.bert_encoder(layers=args.layers, seq=max(lengths), d=args.d, heads=args.heads, ff=args.ff,
+                             dynamic=True)  # fmt: skip
+    target = f"c -threads={args.threads}"
+    t0 = time.perf_counter()
+    dyn = ember.compile(model, target=target, dynamic_bounds={"batch": (1, 1), "seq": (1, max(lengths))})
+    print(f"BERT {args.layers} layers, d={args.d}, heads={args.heads}, ff={args.ff}, {target}; dynamic model "
+          f"compiled once in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+    try:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = args.threads
+        sess = ort.InferenceSession(model.SerializeToString(), opts)
+    except ImportError:
+        sess = None
+    rng = np.random.default_rng(0)
+    print(f"{'length':>6} {'dynamic ms':>11} {'specialized ms':>15} {'ratio':>6} {'ort ms':>8} {'max err':>9} "
+          f"{'compile s':>9}")  # fmt: skip
+    ratios = []
+    for n in lengths:
+        feeds = {"input_ids": rng.integers(0, 1000, (1, n)), "attention_mask": np.ones((1, n), np.int64)}
+        t0 = time.perf_counter()
+        spec = ember.compile(model, target=target, input_shapes={k: v.shape for k, v in feeds.items()})
+        t_spec = time.perf_counter() - t0
+        d_ms = median_ms(lambda: dyn.run(feeds), args.repeat)  # noqa: B023
+        s_ms = median_ms(lambda: spec.run(feeds), args.repeat)  # noqa: B023
+        got = next(iter(dyn.run(feeds).values()))
+        o_ms, err = float("nan"), float("nan")
+        if sess is not None:
+            o_ms = median_ms(lambda: sess.run(None, feeds), args.repeat)  # noqa: B023
+            err = float(np.abs(got - sess.run(None, feeds)[0]).max())
+        ratios.append(d_ms / s_ms)
+        print(f"{n:>6} {d_ms:>11.3f} {s_ms:>15.3f} {d_ms / s_ms:>6.2f} {o_ms:>8.3f} {err:>9.1e} {t_spec:>9.1f}")
+    print(f"dynamic / specialized: median {statistics.median(ratios):.2f}, worst {max(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Kernels with symbolic extents: size variables in te shapes become int64 kernel arguments; one build runs at
+every size (split tails guarded, tiles of compute_at stages clamped to the size), checked against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ember
+from ember import te
+from ember.codegen.c import codegen_c
+from ember.runtime.module import ArgumentError
+
+SIZES = (0, 1, 7, 8, 33)
+
+
+def test_elementwise_with_tail_vector_and_parallel_loops():
+    n = te.var("n", "int64")
+    A = te.placeholder((n, 4), "float32", name="A")
+    B = te.compute((n, 4), lambda i, j: A[i, j] * 2 + 1, name="B")
+    s = te.create_schedule(B)
+    xo, _ = s[B].split(B.op.axis[0], 8)
+    s[B].vectorize(B.op.axis[1])
+    s[B].parallel(xo)
+    func = ember.lower(s, [A, B])
+    assert "parallel((n + 7) // 8)" in str(func) and "if " in str(func)  # the tail is guarded
+    assert "int64_t n)" in codegen_c(func)  # the size is an argument after the buffers
+    f = ember.build(s, [A, B], target="c")
+    rng = np.random.default_rng(0)
+    for size in SIZES:
+        a = rng.standard_normal((size, 4)).astype(np.float32)
+        b = np.full_like(a, np.nan)
+        f(a, b)
+        np.testing.assert_allclose(b, a * 2 + 1, rtol=1e-6)
+    with pytest.raises(ArgumentError, match=r"expected \[n, 4\] = \(3, 4\) with n=3"):
+        f(np.zeros((3, 4), np.float32), np.zeros((4, 4), np.float32))
+
+
+def test_tiled_matmul_with_symbolic_rows_and_reduction():
+    M, K = te.var("M", "int64"), te.var("K", "int64")
+    A = te.placeholder((M, K), "float32", name="A")
+    B = te.placeholder((K, 24), "float32", name="B")
+    k = te.reduce_axis((0, K), name="k")
+    C = te.compute((M, 24), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    D = te.compute((M, 24), lambda i, j: te.max(C[i, j], te.const(0, "float32")), name="D")
+    s = te.create_schedule(D)
+    io, jo, _, ji = s[D].tile(D.op.axis[0], D.op.axis[1], 4, 8)
+    s[C].compute_at(s[D], jo)
+    s[D].vectorize(ji)
+    s[D].parallel(io)
+    text = str(ember.lower(s, [A, B, D]))
+    assert "alloc float32[4, 8]" in text and "range(min(M, 4))" in text  # a static tile, clamped to M
+    f = ember.build(s, [A, B, D], target="c")
+    rng = np.random.default_rng(1)
+    for m, kk in ((1, 1), (3, 5), (16, 64), (33, 3)):
+        a = rng.standard_normal((m, kk)).astype(np.float32)
+        b = rng.standard_normal((kk, 24)).astype(np.float32)
+        d = np.full((m, 24), np.nan, np.float32)
+        f(a, b, d)
+        np.testing.assert_allclose(d, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_rows_of_symbolic_length_with_derived_dims():
+    n = te.var("n", "int64")
+    X = te.placeholder((n + 1, n), "float32", name="X")  # a derived dim: n + 1 rows
+    k = te.reduce_axis((0, n), name="k")
+    mx = te.compute((n + 1,), lambda i: te.max(X[i, k], axis=k), name="mx")
+    k2 = te.reduce_axis((0, n), name="k2")
+    e = te.compute((n + 1, n), lambda i, j: te.exp(X[i, j] - mx[i]), name="e")
+    sm = te.compute((n + 1,), lambda i: te.sum(e[i, k2], axis=k2), name="sm")
+    Y = te.compute((n + 1, n), lambda i, j: e[i, j] / sm[i], name="Y")
+    s = te.create_schedule(Y)
+    f = ember.build(s, [X, Y], target="c")
+    rng = np.random.default_rng(2)
+    for size in (1, 5, 16):
+        x = rng.standard_normal((size + 1, size)).astype(np.float32)
+        y = np.zeros_like(x)
+        f(x, y)
+        ref = np.exp(x - x.max(1, keepdims=True))
+        np.testing.assert_allclose(y, ref / ref.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ArgumentError, match="expected"):
+        f(np.zeros((3, 3), np.float32), np.zeros((3, 3), np.float32))  # n = 3 wants 4 rows
+
+
+def test_symbolic_sizes_are_checked():
+    n = te.var("n", "int64")
+    with pytest.raises(TypeError, match="integer expression"):
+        te.placeholder((te.const(1.5, "float32"),), name="bad")
+    A = te.placeholder((n,), "float32", name="A")
+    B = te.compute((n,), lambda i: A[i] + 1, name="B")
+    with pytest.raises(NotImplementedError, match="c target only"):
+        ember.build(te.create_schedule(B), [A, B], target="llvm")
