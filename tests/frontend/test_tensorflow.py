@@ -1,0 +1,65 @@
+"""Keras models with random weights (MobileNetV2 at 32x32, a transformer block) and a SavedModel directory,
+compiled with `ember.compile(model)` through tf2onnx and compared with Keras's own output on random inputs
+(max abs error <= 1e-4 of the output's largest magnitude). Skipped without tensorflow and tf2onnx (ember[tf])."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import ember
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+tf = pytest.importorskip("tensorflow", reason="TensorFlow/Keras models need tensorflow (pip install ember[tf])")
+pytest.importorskip("tf2onnx", reason="TensorFlow/Keras models are converted by tf2onnx (pip install ember[tf])")
+keras = tf.keras
+L = keras.layers
+
+
+def transformer_block() -> keras.Model:
+    x0 = keras.Input((16, 32), batch_size=2)
+    h = L.MultiHeadAttention(num_heads=4, key_dim=8)(x0, x0)
+    x = L.LayerNormalization(epsilon=1e-6)(x0 + h)
+    h = L.Dense(32)(L.Dense(64, activation="gelu")(x))
+    return keras.Model(x0, L.LayerNormalization(epsilon=1e-6)(x + h))
+
+
+def mobilenet_v2() -> keras.Model:
+    return keras.applications.MobileNetV2((32, 32, 3), alpha=0.35, weights=None, classes=10)
+
+
+def check(model, x: np.ndarray, compiled) -> None:
+    ref = np.asarray(model(x, training=False))
+    y = compiled(x)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("make", [transformer_block, mobilenet_v2], ids=["transformer", "mobilenet_v2"])
+def test_keras_models(make):
+    model = make()
+    shape = (2, 16, 32) if make is transformer_block else (1, 32, 32, 3)
+    x = np.random.default_rng(0).uniform(-1, 1, shape).astype("float32")
+    check(model, x, ember.compile(model, fallback=False))
+
+
+def test_saved_model_directory(tmp_path):
+    x0 = keras.Input((8,))
+    model = keras.Model(x0, L.Dense(4, activation="sigmoid")(L.Dense(16, activation="relu")(x0)))
+    model.export(str(tmp_path / "sm"))
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 8)).astype("float32")
+    m = ember.compile(str(tmp_path / "sm"))
+    y = m(x)
+    ref = np.asarray(model(x))
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_unconvertible_tf_op_is_named():
+    from ember.frontend.onnx_importer import UnsupportedOperatorError
+
+    x0 = keras.Input((8,), batch_size=1)
+    y = L.Lambda(lambda t: tf.raw_ops.Betainc(a=t, b=t, x=t))(x0)
+    with pytest.raises(UnsupportedOperatorError, match="Betainc"):
+        ember.compile(keras.Model(x0, y))
