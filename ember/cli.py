@@ -347,6 +347,28 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_debug(args: argparse.Namespace) -> int:
+    """Run a model compiled by Ember beside a reference and print, per graph node, the error of its output, the
+    first node past the tolerance flagged, with the kernel it was fused into."""
+    from ember.debug import REFERENCES, debug
+
+    feeds = {}
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep:
+            return _fail("debug", ValueError(f"--input wants NAME=FILE.npy, got {item!r}"))
+        feeds[name] = np.load(path)
+    if args.reference is not None and args.reference not in REFERENCES:
+        return _fail("debug", ValueError(f"unknown reference {args.reference!r}; use one of {', '.join(REFERENCES)}"))
+    try:
+        report = debug(args.model, feeds, args.reference, args.target, args.tolerance,
+                       input_shapes=_shapes(args.input_shape), opt_level=args.opt_level, seed=args.seed)  # fmt: skip
+    except (ValueError, OSError, ImportError) as e:
+        return _fail("debug", e)
+    print(report.table(only_compared=args.compared_only))
+    return 1 if report.first_bad is not None else 0
+
+
 TARGET_HELP = ('c or llvm, with options ("llvm -threads=2", "c -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"); '
                "default: c, or llvm where no C compiler is installed")
 
@@ -427,6 +449,18 @@ def main(argv: list[str] | None = None) -> int:
     sh.add_argument("--opt-level", type=int, default=3)
     sh.add_argument("--passes", action="store_true", help="list the graph passes")
     sh.set_defaults(fn=cmd_show)
+    db = sub.add_parser("debug", help=cmd_debug.__doc__)
+    db.add_argument("model", help="an .onnx or .tflite file, or a SavedModel directory")
+    db.add_argument("--reference", default=None, help="onnxruntime, tflite, torch or numpy (default: the model's "
+                    "own framework: onnxruntime for ONNX and SavedModels, tflite for .tflite)")
+    db.add_argument("--tolerance", type=float, default=1e-4, help="max relative error of a float output (1e-4)")
+    db.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="else random inputs")
+    db.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
+    db.add_argument("--target", default=None, help=TARGET_HELP)
+    db.add_argument("--opt-level", type=int, default=3)
+    db.add_argument("--seed", type=int, default=0)
+    db.add_argument("--compared-only", action="store_true", help="leave out the nodes the reference has no value for")
+    db.set_defaults(fn=cmd_debug)
     args = p.parse_args(argv)
     if args.version:
         import ember

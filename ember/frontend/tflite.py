@@ -31,7 +31,7 @@ from ember.graph.ir import Graph, Value
 from ember.graph.types import TensorType
 from ember.ops.verify import verify as verify_graph
 
-__all__ = ["CONVERTERS", "from_tflite", "is_tflite"]
+__all__ = ["CONVERTERS", "from_tflite", "import_tflite", "is_tflite"]
 
 # TFLite TensorType -> Ember dtype
 DTYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool", 7: "int16", 9: "int8",
@@ -91,6 +91,10 @@ class TFLiteImporter:
     def name(self, i: int) -> str:
         return self.tensor(i).Name().decode() or f"t{i}"
 
+    def short(self, i: int) -> str:
+        """A readable name for Ember values: the first of the layers TFLite lists (a fused op names each)."""
+        return self.name(i).split(";")[0]
+
     def shape(self, i: int) -> tuple[int, ...]:
         t = self.tensor(i)
         return tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
@@ -127,7 +131,7 @@ class TFLiteImporter:
             data = self.array(i)
             if data is None:
                 raise ModelError(f"{self.source}: tensor {self.name(i)!r} is read before any operator writes it")
-            self.tensors[i] = Tensor(self.imp.constant(self.name(i), data))
+            self.tensors[i] = Tensor(self.imp.constant(self.short(i), data))
         return self.tensors[i]
 
     def const(self, i: int, what: str) -> np.ndarray:
@@ -152,7 +156,7 @@ class TFLiteImporter:
              n_out: int = 1) -> list[Value]:  # fmt: skip
         base = name or op.lower()
         outs = [self.imp.unique(base) for _ in range(n_out)]
-        return self.imp.add_node(op, inputs, dict(attrs or {}), outs, base)
+        return self.imp.add_node(op, inputs, dict(attrs or {}), outs, outs[0])
 
     def emit1(self, op: str, inputs: list[Value | None], attrs: dict | None = None) -> Value:
         return self.emit(op, inputs, attrs)[0]
@@ -174,7 +178,7 @@ class TFLiteImporter:
         if data is not None and self.quant(i) is not None:
             if nchw and data.ndim == 4:
                 data = data.transpose(TO_NCHW)
-            return self.imp.constant(self.name(i) + "_f", data)
+            return self.imp.constant(self.short(i) + "_f", data)
         v = self.layout(i, nchw)
         q = self.quant(i)
         if q is None:
@@ -207,6 +211,9 @@ class TFLiteImporter:
         elif want and got != want:
             raise ModelError(f"{self.source}: tensor {self.name(i)!r}: Ember computed shape {list(got)}, the "
                              f"model declares {list(want)}")  # fmt: skip
+        if v in self.imp.producers and all(t.value is not v for t in self.tensors.values()):
+            v.name = self.imp.name_for(self.short(i))  # the TFLite tensor's name (ember debug)
+            self.imp.producers[v].name = v.name
         self.tensors[i] = Tensor(v, nchw and len(v.shape) == 4)
 
     def activation(self, v: Value, act: int) -> Value:
@@ -345,8 +352,8 @@ def _conv(ti: TFLiteImporter, op: Op) -> None:
         group = cin
     attrs = _window_attrs(x, w.shape[2], w.shape[3], op.opts) | {"group": group}
     b = ti.float_const(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
-    wv = ti.imp.constant(ti.name(op.inputs[1]) + "_oihw", np.ascontiguousarray(w, np.float32))
-    bv = None if b is None else ti.imp.constant(ti.name(op.inputs[2]) + "_f", b.astype(np.float32))
+    wv = ti.imp.constant(ti.short(op.inputs[1]) + "_oihw", np.ascontiguousarray(w, np.float32))
+    bv = None if b is None else ti.imp.constant(ti.short(op.inputs[2]) + "_f", b.astype(np.float32))
     y = ti.emit1("Conv", [x, wv, bv], attrs)
     ti.output(op.outputs[0], y, nchw=True, act=op.opts.FusedActivationFunction())
 
@@ -368,12 +375,12 @@ def _pool(ti: TFLiteImporter, op: Op) -> None:
 def _fully_connected(ti: TFLiteImporter, op: Op) -> None:
     x = ti.fval(op.inputs[0])
     w = ti.float_const(op.inputs[1])
-    wv = ti.imp.constant(ti.name(op.inputs[1]) + "_f", w) if w is not None else ti.fval(op.inputs[1])
+    wv = ti.imp.constant(ti.short(op.inputs[1]) + "_f", w) if w is not None else ti.fval(op.inputs[1])
     k = wv.shape[1]
     if len(x.shape) != 2 or x.shape[1] != k:
         x = ti.emit1("Reshape", [x], {"shape": (x.type.size // k, k)})
     b = ti.float_const(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
-    bv = None if b is None else ti.imp.constant(ti.name(op.inputs[2]) + "_f", b.astype(np.float32))
+    bv = None if b is None else ti.imp.constant(ti.short(op.inputs[2]) + "_f", b.astype(np.float32))
     y = ti.emit1("Gemm", [x, wv, bv], {"transB": 1})
     ti.output(op.outputs[0], y, act=op.opts.FusedActivationFunction())
 
@@ -395,7 +402,7 @@ def _broadcast_nchw(ti: TFLiteImporter, i: int) -> Value:
     NCHW (a per-channel (C,) becomes (C, 1, 1))."""
     data = ti.float_const(i)
     data = data.reshape((1,) * (4 - data.ndim) + data.shape).transpose(TO_NCHW)
-    return ti.imp.constant(ti.name(i) + "_nchw", np.ascontiguousarray(data))
+    return ti.imp.constant(ti.short(i) + "_nchw", np.ascontiguousarray(data))
 
 
 def _elementwise_inputs(ti: TFLiteImporter, ins: list[int]) -> tuple[list[Value], bool]:
@@ -630,7 +637,7 @@ def _tile(ti: TFLiteImporter, op: Op) -> None:
 @converter("SHAPE")
 def _shape(ti: TFLiteImporter, op: Op) -> None:
     data = np.array(ti.shape(op.inputs[0]), ti.dtype(op.outputs[0]))
-    ti.tensors[op.outputs[0]] = Tensor(ti.imp.constant(ti.name(op.outputs[0]), data))
+    ti.tensors[op.outputs[0]] = Tensor(ti.imp.constant(ti.short(op.outputs[0]), data))
 
 
 @converter("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")
@@ -662,6 +669,13 @@ def _argmax(ti: TFLiteImporter, op: Op) -> None:
 # -- entry point --------------------------------------------------------------------------------------
 def from_tflite(model: str | os.PathLike | bytes, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Graph:
     """Import a TFLite flatbuffer (a path or its bytes) as an Ember graph (float32 or int8/uint8 quantized)."""
+    return import_tflite(model, input_shapes)[0]
+
+
+def import_tflite(model: str | os.PathLike | bytes, input_shapes: dict[str, tuple[int, ...]] | None = None
+                  ) -> tuple[Graph, dict[str, tuple[str, bool]]]:  # fmt: skip
+    """`from_tflite`, and where each TFLite activation tensor went: its name -> (the Ember value's name, whether
+    that value is its NCHW transpose)."""
     if isinstance(model, bytes | bytearray):
         data, source = bytes(model), "<tflite bytes>"
     else:
@@ -672,4 +686,8 @@ def from_tflite(model: str | os.PathLike | bytes, input_shapes: dict[str, tuple[
             data = f.read()
     if len(data) < 8 or data[4:8] != b"TFL3":
         raise ModelError(f"{source}: not a TFLite model (no 'TFL3' file identifier; corrupt or truncated?)")
-    return TFLiteImporter(data, source).run(input_shapes)
+    ti = TFLiteImporter(data, source)
+    graph = ti.run(input_shapes)
+    graph.name = os.path.splitext(os.path.basename(source))[0].strip("<>") or "tflite"
+    where = {ti.name(i): (t.value.name, t.nchw) for i, t in ti.tensors.items() if not t.value.is_constant}
+    return graph, where
