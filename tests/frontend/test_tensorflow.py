@@ -63,3 +63,11 @@ def test_unconvertible_tf_op_is_named():
     y = L.Lambda(lambda t: tf.raw_ops.Betainc(a=t, b=t, x=t))(x0)
     with pytest.raises(UnsupportedOperatorError, match="Betainc"):
         ember.compile(keras.Model(x0, y))
+
+
+def test_debug_through_onnxruntime():
+    from ember.debug import debug
+
+    report = debug(transformer_block(), reference="onnxruntime")
+    assert sum(r.error is not None for r in report.rows) >= 20
+    assert report.first_bad is None, report.table()
