@@ -320,8 +320,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """Import a model and print Ember's graph (optionally after a graph pass)."""
-    from ember.frontend.onnx import ModelError, from_onnx
+    """Import a model (ONNX, TFLite, a SavedModel directory) and print Ember's graph (optionally after a pass)."""
+    from ember.compiler import import_model
+    from ember.frontend.onnx import ModelError
     from ember.frontend.show import summary
     from ember.passes import PASSES, pass_names, run_passes
 
@@ -332,7 +333,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if not args.model:
         return _fail("show", ValueError("a model path is required (or --passes)"))
     try:
-        graph = from_onnx(args.model, _shapes(args.input_shape))
+        graph = import_model(args.model, _shapes(args.input_shape))
     except ModelError as e:
         return _fail("show", e)
     if args.after:
@@ -349,24 +350,31 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_debug(args: argparse.Namespace) -> int:
     """Run a model compiled by Ember beside a reference and print, per graph node, the error of its output, the
-    first node past the tolerance flagged, with the kernel it was fused into."""
+    first node past the tolerance flagged, with the kernel it was fused into. Exit status: 0 all within the
+    tolerance, 1 a node past it, 2 an error."""
     from ember.debug import REFERENCES, debug
 
     feeds = {}
     for item in args.input:
         name, sep, path = item.partition("=")
         if not sep:
-            return _fail("debug", ValueError(f"--input wants NAME=FILE.npy, got {item!r}"))
+            return _usage("debug", ValueError(f"--input wants NAME=FILE.npy, got {item!r}"))
         feeds[name] = np.load(path)
     if args.reference is not None and args.reference not in REFERENCES:
-        return _fail("debug", ValueError(f"unknown reference {args.reference!r}; use one of {', '.join(REFERENCES)}"))
+        return _usage("debug", ValueError(f"unknown reference {args.reference!r}; use one of {', '.join(REFERENCES)}"))
     try:
         report = debug(args.model, feeds, args.reference, args.target, args.tolerance,
                        input_shapes=_shapes(args.input_shape), opt_level=args.opt_level, seed=args.seed)  # fmt: skip
     except (ValueError, OSError, ImportError) as e:
-        return _fail("debug", e)
+        return _usage("debug", e)
     print(report.table(only_compared=args.compared_only))
     return 1 if report.first_bad is not None else 0
+
+
+def _usage(cmd: str, e: BaseException) -> int:
+    """`_fail` with exit status 2, for commands whose status 1 means a result (ember debug: a node past tolerance)."""
+    _fail(cmd, e)
+    return 2
 
 
 TARGET_HELP = ('c or llvm, with options ("llvm -threads=2", "c -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"); '
@@ -442,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     _tune_arguments(tu)
     tu.set_defaults(fn=cmd_tune)
     sh = sub.add_parser("show", help=cmd_show.__doc__)
-    sh.add_argument("model", nargs="?", help="path to an .onnx file")
+    sh.add_argument("model", nargs="?", help="path to an .onnx or .tflite file, or a SavedModel directory")
     sh.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
     sh.add_argument("--summary", action="store_true", help="op counts and sizes instead of the graph")
     sh.add_argument("--after", metavar="PASS", help="print the graph after this pass (see --passes)")

@@ -64,3 +64,13 @@ def test_perturbed_kernel_is_flagged_at_its_node(reference, perturbed_sigmoid):
     assert ok["conv"].error < 1e-4 and ok["relu"].error < 1e-4  # the nodes before it agree
     assert bad.kernel.startswith(("fused", "conv")), bad.kernel  # Sigmoid fuses into the conv's epilogue
     assert "first past tolerance: node #2 'sig' (Sigmoid)" in report.table()
+
+
+def test_command_line(tmp_path, capsys, perturbed_sigmoid):
+    from ember.cli import main
+
+    onnx.save(small_model(), tmp_path / "small.onnx")
+    assert main(["debug", str(tmp_path / "small.onnx"), "--reference", "numpy"]) == 1  # a node is flagged
+    out = capsys.readouterr().out
+    assert "first past tolerance: node #2 'sig' (Sigmoid)" in out and "<-- first past tolerance" in out
+    assert main(["debug", str(tmp_path / "small.onnx"), "--reference", "tvm"]) == 2
