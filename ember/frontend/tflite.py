@@ -70,7 +70,7 @@ class TFLiteImporter:
         try:
             self.model = tfl.Model.GetRootAsModel(data, 0)
             self.sub = self.model.Subgraphs(0)
-            ntensors = self.sub.TensorsLength()
+            self.sub.TensorsLength()  # reads the subgraph's table: a truncated file fails here
         except Exception as e:
             raise ModelError(f"{source}: not a readable TFLite model (corrupt or truncated?): {e}") from None
         if self.model.SubgraphsLength() != 1:
@@ -82,7 +82,7 @@ class TFLiteImporter:
         self.imp.graph = Graph("tflite", [], [])
         self.tensors: dict[int, Tensor] = {}
         self.views: dict[tuple[int, str], Value] = {}  # (tensor, "nchw"/"nhwc"/"float") -> a converted value
-        self.ntensors = ntensors
+        self.bound: set[Value] = set()  # values that are some TFLite tensor's
 
     # -- tensors ------------------------------------------------------------------------------------
     def tensor(self, i: int):
@@ -211,9 +211,10 @@ class TFLiteImporter:
         elif want and got != want:
             raise ModelError(f"{self.source}: tensor {self.name(i)!r}: Ember computed shape {list(got)}, the "
                              f"model declares {list(want)}")  # fmt: skip
-        if v in self.imp.producers and all(t.value is not v for t in self.tensors.values()):
+        if v in self.imp.producers and v not in self.bound:
             v.name = self.imp.name_for(self.short(i))  # the TFLite tensor's name (ember debug)
             self.imp.producers[v].name = v.name
+        self.bound.add(v)
         self.tensors[i] = Tensor(v, nchw and len(v.shape) == 4)
 
     def activation(self, v: Value, act: int) -> Value:
