@@ -4,6 +4,8 @@ compiled with `ember.compile(model)` through tf2onnx and compared with Keras's o
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 
 import numpy as np
@@ -12,10 +14,26 @@ import pytest
 import ember
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-tf = pytest.importorskip("tensorflow", reason="TensorFlow/Keras models need tensorflow (pip install ember[tf])")
-pytest.importorskip("tf2onnx", reason="TensorFlow/Keras models are converted by tf2onnx (pip install ember[tf])")
-keras = tf.keras
-L = keras.layers
+pytestmark = pytest.mark.tensorflow  # run apart from the OpenCL tests (tests/conftest.py)
+for _module in ("tensorflow", "tf2onnx"):
+    if importlib.util.find_spec(_module) is None:
+        pytest.skip(f"TensorFlow/Keras models need {_module} (pip install ember[tf])", allow_module_level=True)
+class Lazy:
+    """A module imported on first use: TensorFlow must not load in a process that only collects these tests (it
+    breaks PoCL's OpenCL compiler there), so nothing here imports it before a test runs."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith(("_", "pytest")):  # what pytest asks of module attributes while collecting
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self.name), attr)
+
+
+tf = Lazy("tensorflow")
+keras = Lazy("keras")
+L = Lazy("keras.layers")
 
 
 def transformer_block() -> keras.Model:

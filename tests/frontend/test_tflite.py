@@ -9,6 +9,8 @@ Skipped without tensorflow (the converter and the interpreter) and tflite (the f
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 
 import numpy as np
@@ -17,9 +19,26 @@ import pytest
 import ember
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-pytest.importorskip("tflite", reason="reading .tflite files needs the tflite package (pip install ember[tflite])")
-tf = pytest.importorskip("tensorflow", reason="the TFLite converter and interpreter come with tensorflow (ember[tf])")
-keras = tf.keras
+pytestmark = pytest.mark.tensorflow  # run apart from the OpenCL tests (tests/conftest.py)
+if importlib.util.find_spec("tflite") is None:
+    pytest.skip("reading .tflite files needs the tflite package (pip install ember[tflite])", allow_module_level=True)
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("the TFLite converter and interpreter come with tensorflow (ember[tf])", allow_module_level=True)
+class Lazy:
+    """A module imported on first use: TensorFlow must not load in a process that only collects these tests (it
+    breaks PoCL's OpenCL compiler there), so nothing here imports it before a test runs."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith(("_", "pytest")):  # what pytest asks of module attributes while collecting
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self.name), attr)
+
+
+tf = Lazy("tensorflow")
+keras = Lazy("keras")
 
 
 def _randomize(model: keras.Model, seed: int = 0) -> keras.Model:
