@@ -440,8 +440,9 @@ def cmd_rpc_pool_status(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """Import a model and print Ember's graph (optionally after a graph pass)."""
-    from ember.frontend.onnx import ModelError, from_onnx
+    """Import a model (ONNX, TFLite, a SavedModel directory) and print Ember's graph (optionally after a pass)."""
+    from ember.compiler import import_model
+    from ember.frontend.onnx import ModelError
     from ember.frontend.show import summary
     from ember.passes import PASSES, pass_names, run_passes
 
@@ -452,7 +453,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if not args.model:
         return _fail("show", ValueError("a model path is required (or --passes)"))
     try:
-        graph = from_onnx(args.model, _shapes(args.input_shape))
+        graph = import_model(args.model, _shapes(args.input_shape))
     except ModelError as e:
         return _fail("show", e)
     if args.after:
@@ -497,6 +498,35 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     print(result.report)
     print(f"wrote {args.output}")
     return 0
+
+
+def cmd_debug(args: argparse.Namespace) -> int:
+    """Run a model compiled by Ember beside a reference and print, per graph node, the error of its output, the
+    first node past the tolerance flagged, with the kernel it was fused into. Exit status: 0 all within the
+    tolerance, 1 a node past it, 2 an error."""
+    from ember.debug import REFERENCES, debug
+
+    feeds = {}
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep:
+            return _usage("debug", ValueError(f"--input wants NAME=FILE.npy, got {item!r}"))
+        feeds[name] = np.load(path)
+    if args.reference is not None and args.reference not in REFERENCES:
+        return _usage("debug", ValueError(f"unknown reference {args.reference!r}; use one of {', '.join(REFERENCES)}"))
+    try:
+        report = debug(args.model, feeds, args.reference, args.target, args.tolerance,
+                       input_shapes=_shapes(args.input_shape), opt_level=args.opt_level, seed=args.seed)  # fmt: skip
+    except (ValueError, OSError, ImportError) as e:
+        return _usage("debug", e)
+    print(report.table(only_compared=args.compared_only))
+    return 1 if report.first_bad is not None else 0
+
+
+def _usage(cmd: str, e: BaseException) -> int:
+    """`_fail` with exit status 2, for commands whose status 1 means a result (ember debug: a node past tolerance)."""
+    _fail(cmd, e)
+    return 2
 
 
 TARGET_HELP = ('c or llvm, with options ("llvm -threads=2", "c -mtriple=aarch64-linux-gnu -mcpu=cortex-a72"); '
@@ -608,13 +638,25 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--target", default=None, help=TARGET_HELP)
     q.set_defaults(fn=cmd_quantize)
     sh = sub.add_parser("show", help=cmd_show.__doc__)
-    sh.add_argument("model", nargs="?", help="path to an .onnx file")
+    sh.add_argument("model", nargs="?", help="path to an .onnx or .tflite file, or a SavedModel directory")
     sh.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
     sh.add_argument("--summary", action="store_true", help="op counts and sizes instead of the graph")
     sh.add_argument("--after", metavar="PASS", help="print the graph after this pass (see --passes)")
     sh.add_argument("--opt-level", type=int, default=3)
     sh.add_argument("--passes", action="store_true", help="list the graph passes")
     sh.set_defaults(fn=cmd_show)
+    db = sub.add_parser("debug", help=cmd_debug.__doc__)
+    db.add_argument("model", help="an .onnx or .tflite file, or a SavedModel directory")
+    db.add_argument("--reference", default=None, help="onnxruntime, tflite, torch or numpy (default: the model's "
+                    "own framework: onnxruntime for ONNX and SavedModels, tflite for .tflite)")
+    db.add_argument("--tolerance", type=float, default=1e-4, help="max relative error of a float output (1e-4)")
+    db.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy", help="else random inputs")
+    db.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
+    db.add_argument("--target", default=None, help=TARGET_HELP)
+    db.add_argument("--opt-level", type=int, default=3)
+    db.add_argument("--seed", type=int, default=0)
+    db.add_argument("--compared-only", action="store_true", help="leave out the nodes the reference has no value for")
+    db.set_defaults(fn=cmd_debug)
     args = p.parse_args(argv)
     if args.version:
         import ember

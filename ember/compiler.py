@@ -33,7 +33,7 @@ from .target import Target
 from .te.config import load_tuned
 
 __all__ = ["BACKENDS", "Limits", "LoweredModel", "LoweringUnsupported", "NotLowerable", "WorkLimitError",
-           "build_model", "compile", "load", "lower_model", "reference_fallback"]  # fmt: skip
+           "build_model", "compile", "import_model", "load", "lower_model", "reference_fallback"]  # fmt: skip
 
 
 def reference_fallback(op: str, attrs: dict, arrays: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -54,7 +54,8 @@ def compile(  # noqa: A001
     dynamic: bool = False,
     dynamic_bounds: dict[str, tuple[int, int | None]] | None = None,
 ) -> Model:
-    """Compile a model (ONNX path or ModelProto, or an ember Graph) for `target` (default: "c", or "llvm"
+    """Compile a model (ONNX path or ModelProto, a .tflite file, a Keras model or SavedModel directory, or an
+    ember Graph: `import_model`) for `target` (default: "c", or "llvm"
     where no C compiler is installed, as `ember.build`).
 
     `opt_level` 0..3 and `disabled_passes` choose the graph passes (`ember.passes.PASSES`); with
@@ -115,12 +116,7 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
     imported graph's tensors, the graph's after the passes, and each kernel's loops."""
     t0 = time.perf_counter() if t0 is None else t0
     limits = Limits.resolve() if limits is None else limits
-    if isinstance(model, Graph):
-        graph = model
-    else:
-        from .frontend.onnx import from_onnx
-
-        graph = from_onnx(model, input_shapes=input_shapes, symbolic=symbolic, dynamic_bounds=dynamic_bounds)
+    graph = import_model(model, input_shapes, symbolic=symbolic, dynamic_bounds=dynamic_bounds)
     check_tensor_sizes(graph, limits)
     nodes = len(graph.nodes)
     t_import = time.perf_counter()
@@ -149,6 +145,25 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
         "replayed_workloads": len(gl.replayed),
     }
     return LoweredModel(graph, target, gl, plan, summary, t0, t_lower)
+
+
+def import_model(model: Any, input_shapes: dict | None = None, symbolic: bool = False,
+                 dynamic_bounds: dict[str, tuple[int, int | None]] | None = None) -> Graph:
+    """The frontend for what `model` is: an ember Graph as it is, a .tflite file (or its bytes), a Keras model
+    or a SavedModel directory (through tf2onnx), else ONNX (a path, bytes or a ModelProto; `symbolic` keeps its
+    symbolic dims, within `dynamic_bounds`)."""
+    if isinstance(model, Graph):
+        return model
+    from .frontend.tensorflow import from_tensorflow, is_tensorflow
+    from .frontend.tflite import from_tflite, is_tflite
+
+    if is_tflite(model):
+        return from_tflite(model, input_shapes)
+    if is_tensorflow(model):
+        return from_tensorflow(model, input_shapes)
+    from .frontend.onnx import from_onnx
+
+    return from_onnx(model, input_shapes=input_shapes, symbolic=symbolic, dynamic_bounds=dynamic_bounds)
 
 
 def build_model(m: LoweredModel) -> Model:

@@ -109,3 +109,17 @@ def check_build() -> Callable[..., ember.runtime.module.Module]:
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "property: hypothesis property tests that compile many random schedules")
+    config.addinivalue_line("markers", "tensorflow: tests that load TensorFlow (run apart: `pytest -m tensorflow`)")
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected
+def pytest_collection_modifyitems(config, items) -> None:
+    """TensorFlow loaded in a process breaks PoCL's OpenCL compiler there (a crash, or 'unknown target CPU'): a
+    session that runs other tests too skips the TensorFlow ones, which run in a session of their own
+    (`pytest -m tensorflow tests`, as .ci/run does)."""
+    marked = [item for item in items if item.get_closest_marker("tensorflow")]
+    if marked and len(marked) < len(items):
+        skip = pytest.mark.skip(reason="TensorFlow breaks OpenCL (PoCL) in the same process: run these apart, "
+                                       "with `pytest -m tensorflow tests`")  # fmt: skip
+        for item in marked:
+            item.add_marker(skip)

@@ -165,7 +165,8 @@ def _transpose_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Sc
     if not standalone(outs, "transpose"):
         return default_schedule(outs, target)
     (out,) = outs
-    if rank < 2 or perm[-1] == rank - 1 or numel(out.shape) < 1024:
+    # len(out.shape) != rank: two transposes fused into one group, `out` being the other one's
+    if rank < 2 or len(out.shape) != rank or perm[-1] == rank - 1 or numel(out.shape) < 1024:
         return schedule_injective("transpose")(a, outs, target)
     s = te.create_schedule(outs)
     st = s[out]

@@ -388,3 +388,19 @@ def test_unlowerable_instances_run_by_reference(op: str, attrs: dict, why: str):
         ember.compile(model, fallback=False)
     compiled = ember.compile(model)
     compare(compiled.run(feeds), expected_outputs(model, feeds, outs, ref=True))
+
+
+def test_two_transposes_fused_with_a_reshape():
+    """Transpose (5-d) -> Reshape -> Transpose (3-d) fuse into one kernel whose output is the second transpose's:
+    the first one's schedule must not index the output's axes with its own perm (an attention head split)."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 2, 4, 1]),
+             helper.make_node("Reshape", ["t", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1])]  # fmt: skip
+    shape = numpy_helper.from_array(np.array([8, 8, 16], np.int64), "shape")
+    x_info = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 16, 1, 4, 8])
+    y_info = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [8, 16, 8])
+    graph = helper.make_graph(nodes, "heads", [x_info], [y_info], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).standard_normal((2, 16, 1, 4, 8)).astype("float32")
+    y = ember.compile(model)(x)
+    np.testing.assert_array_equal(y, x.transpose(0, 3, 2, 4, 1).reshape(8, 8, 16).transpose(0, 2, 1))

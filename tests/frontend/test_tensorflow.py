@@ -1,0 +1,101 @@
+"""Keras models with random weights (MobileNetV2 at 32x32, a transformer block) and a SavedModel directory,
+compiled with `ember.compile(model)` through tf2onnx and compared with Keras's own output on random inputs
+(max abs error <= 1e-4 of the output's largest magnitude). Skipped without tensorflow and tf2onnx (ember[tf])."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+import ember
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+pytestmark = pytest.mark.tensorflow  # run apart from the OpenCL tests (tests/conftest.py)
+for _module in ("tensorflow", "tf2onnx"):
+    if importlib.util.find_spec(_module) is None:
+        pytest.skip(f"TensorFlow/Keras models need {_module} (pip install ember[tf])", allow_module_level=True)
+class Lazy:
+    """A module imported on first use: TensorFlow must not load in a process that only collects these tests (it
+    breaks PoCL's OpenCL compiler there), so nothing here imports it before a test runs."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith(("_", "pytest")):  # what pytest asks of module attributes while collecting
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self.name), attr)
+
+
+tf = Lazy("tensorflow")
+keras = Lazy("keras")
+L = Lazy("keras.layers")
+
+
+def transformer_block() -> keras.Model:
+    x0 = keras.Input((16, 32), batch_size=2)
+    h = L.MultiHeadAttention(num_heads=4, key_dim=8)(x0, x0)
+    x = L.LayerNormalization(epsilon=1e-6)(x0 + h)
+    h = L.Dense(32)(L.Dense(64, activation="gelu")(x))
+    return keras.Model(x0, L.LayerNormalization(epsilon=1e-6)(x + h))
+
+
+def mobilenet_v2() -> keras.Model:
+    """Random batch-norm statistics too: with keras's (0 and 1) every activation dies by the last layers and the
+    output is a uniform 0.1, which any port gets right."""
+    model = keras.applications.MobileNetV2((32, 32, 3), alpha=0.35, weights=None, classes=10)
+    rng = np.random.default_rng(0)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            g, b, m, v = layer.get_weights()
+            layer.set_weights([rng.uniform(0.5, 1.5, g.shape), rng.normal(0, 0.1, b.shape),
+                               rng.normal(0, 0.1, m.shape), rng.uniform(0.5, 1.5, v.shape)])  # fmt: skip
+    return model
+
+
+def check(model, x: np.ndarray, compiled) -> None:
+    ref = np.asarray(model(x, training=False))
+    assert ref.std() > 1e-3, "a degenerate test model: its outputs are all alike"
+    y = compiled(x)
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("make", [transformer_block, mobilenet_v2], ids=["transformer", "mobilenet_v2"])
+def test_keras_models(make):
+    model = make()
+    shape = (2, 16, 32) if make is transformer_block else (1, 32, 32, 3)
+    x = np.random.default_rng(0).uniform(-1, 1, shape).astype("float32")
+    check(model, x, ember.compile(model, fallback=False))
+
+
+def test_saved_model_directory(tmp_path):
+    x0 = keras.Input((8,))
+    model = keras.Model(x0, L.Dense(4, activation="sigmoid")(L.Dense(16, activation="relu")(x0)))
+    model.export(str(tmp_path / "sm"))
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 8)).astype("float32")
+    m = ember.compile(str(tmp_path / "sm"))
+    y = m(x)
+    ref = np.asarray(model(x))
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_unconvertible_tf_op_is_named():
+    from ember.frontend.onnx_importer import UnsupportedOperatorError
+
+    x0 = keras.Input((8,), batch_size=1)
+    y = L.Lambda(lambda t: tf.raw_ops.Betainc(a=t, b=t, x=t))(x0)
+    with pytest.raises(UnsupportedOperatorError, match="Betainc"):
+        ember.compile(keras.Model(x0, y))
+
+
+def test_debug_through_onnxruntime():
+    from ember.debug import debug
+
+    report = debug(transformer_block(), reference="onnxruntime")
+    assert sum(r.error is not None for r in report.rows) >= 20
+    assert report.first_bad is None, report.table()
