@@ -11,6 +11,7 @@ passed to every backend and to `load` for the nodes without a native kernel.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,8 +52,10 @@ def compile(  # noqa: A001
     tuning_log: str | os.PathLike | None = None,
     max_elements: int | None = None,
     max_iterations: int | None = None,
+    example_inputs: Any = None,
 ) -> Model:
-    """Compile a model (ONNX path or ModelProto, or an ember Graph) for `target` (default: "c", or "llvm"
+    """Compile a model (ONNX path or ModelProto, a torch `nn.Module` with `example_inputs` or an
+    `ExportedProgram` (ember.frontend.torch), or an ember Graph) for `target` (default: "c", or "llvm"
     where no C compiler is installed, as `ember.build`).
 
     `opt_level` 0..3 and `disabled_passes` choose the graph passes (`ember.passes.PASSES`); with
@@ -69,6 +72,8 @@ def compile(  # noqa: A001
     loops run more than `max_iterations` iterations (default 2^40, or EMBER_MAX_ITERATIONS) makes compile
     raise `WorkLimitError`, naming the node and the tensor."""
     t0 = time.perf_counter()
+    if target is not None and not isinstance(target, str | Target):  # ember.compile(module, example_inputs)
+        target, example_inputs = None, target
     limits = Limits.resolve(max_elements, max_iterations)
     target = Target.parse(target if target is not None else default_target())
     if target.kind not in BACKENDS:
@@ -76,7 +81,8 @@ def compile(  # noqa: A001
         raise NotImplementedError(f"ember.compile: no model backend for target {target.kind!r} yet (have: {have})")
     if not target.runs_here:
         check_toolchain(target)
-    lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits)
+    lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits,
+                          example_inputs)  # fmt: skip
     return build_model(lowered)
 
 
@@ -96,18 +102,13 @@ class LoweredModel:
 
 def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fallback: bool = True,
                 opt_level: int = 3, disabled_passes: Sequence[str] = (), tuning_log: str | os.PathLike | None = None,
-                t0: float | None = None, limits: Limits | None = None) -> LoweredModel:  # fmt: skip
+                t0: float | None = None, limits: Limits | None = None, example_inputs: Any = None) -> LoweredModel:  # fmt: skip
     """The target-independent half of `compile`: import, passes, kernels lowered to loop IR, memory plan.
     `limits` (default: `Limits.resolve()`, the environment's or the default bounds) are checked on the
     imported graph's tensors, the graph's after the passes, and each kernel's loops."""
     t0 = time.perf_counter() if t0 is None else t0
     limits = Limits.resolve() if limits is None else limits
-    if isinstance(model, Graph):
-        graph = model
-    else:
-        from .frontend.onnx import from_onnx
-
-        graph = from_onnx(model, input_shapes=input_shapes)
+    graph = import_model(model, input_shapes, example_inputs)
     check_tensor_sizes(graph, limits)
     nodes = len(graph.nodes)
     t_import = time.perf_counter()
@@ -135,6 +136,23 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
         "replayed_workloads": len(gl.replayed),
     }
     return LoweredModel(graph, target, gl, plan, summary, t0, t_lower)
+
+
+def import_model(model: Any, input_shapes: dict | None = None, example_inputs: Any = None) -> Graph:
+    """The frontend for a model, by its type: a Graph as is, torch modules and programs through
+    `ember.frontend.torch`, anything else (a path, bytes, a ModelProto) through the ONNX frontend."""
+    if isinstance(model, Graph):
+        return model
+    torch = sys.modules.get("torch")  # a torch object exists only where torch was imported
+    if torch is not None and isinstance(model, torch.nn.Module | torch.export.ExportedProgram):
+        from .frontend.torch import from_exported_program, from_torch
+
+        if isinstance(model, torch.nn.Module):
+            return from_torch(model, example_inputs, input_shapes=input_shapes)
+        return from_exported_program(model, input_shapes)
+    from .frontend.onnx import from_onnx
+
+    return from_onnx(model, input_shapes=input_shapes)
 
 
 def build_model(m: LoweredModel) -> Model:
