@@ -219,12 +219,16 @@ class TorchImporter:
         self.env[node] = v
 
     def outputs(self, node: fx.Node) -> None:
-        for spec, arg in zip(self.ep.graph_signature.output_specs, node.args[0]):
-            if spec.kind.name != "USER_OUTPUT":
-                continue
+        user = [arg for spec, arg in zip(self.ep.graph_signature.output_specs, node.args[0])
+                if spec.kind.name == "USER_OUTPUT"]  # fmt: skip
+        names = output_names(self.ep, len(user))
+        for arg, name in zip(user, names):
             v = self.value(arg)
             if v.is_constant or v in self.graph.inputs or v in self.graph.outputs:
                 v = self.add1("Identity", [v], name=f"{v.name}_out")
+            if name is not None and name not in self.taken:
+                self.taken.discard(v.name)
+                v.name = self.fresh(name)
             self.graph.outputs.append(v)
 
     def check_supported(self, graph: fx.Graph) -> None:
@@ -254,6 +258,23 @@ class TorchImporter:
             raise ModelError(f"{self.name}: converting {node.name!r} ({node.target}) at {module_path(node)}: "
                              f"{type(e).__name__}: {e}") from e  # fmt: skip
         self.env[node] = result
+
+
+def output_names(ep: torch.export.ExportedProgram, count: int) -> list[str | None]:
+    """Names for the flat outputs from the structure `forward` returns: 'logits', 'last_hidden_state',
+    'output_0'... (None where the structure cannot be rebuilt)."""
+    from torch.utils import _pytree as pytree
+
+    try:
+        tree = pytree.tree_unflatten(list(range(count)), ep.call_spec.out_spec)
+        paths = [path for path, _ in pytree.tree_flatten_with_path(tree)[0]]
+    except Exception:
+        return [None] * count
+    names = []
+    for path in paths:
+        keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", "")))) for k in path]
+        names.append("_".join(keys) if keys and not keys[0].isdigit() else "output_" + "_".join(keys or ["0"]))
+    return names if len(names) == count else [None] * count
 
 
 def module_path(node: fx.Node) -> str:
@@ -366,6 +387,13 @@ for _names, _op in [(("add",), "Add"), (("sub",), "Sub"), (("mul",), "Mul"), (("
                     (("bitwise_or", "logical_or"), "Or"), (("logical_xor", "bitwise_xor"), "Xor"),
                     (("fmod",), "Mod")]:  # fmt: skip
     converter(*_names)(_binary(_op))
+@converter("ne")
+def _ne(c: Ctx) -> Value:
+    dtype = torch_dtype_name(torch.result_type(_fake(c, c.node.args[0]), _fake(c, c.node.args[1])))
+    eq = c.imp.add1("Equal", [c.v(0, dtype), c.v(1, dtype)], name=f"{c.name}_eq")
+    return c.add("Not", [eq])
+
+
 for _names, _op in [(("eq",), "Equal"), (("lt",), "Less"), (("le",), "LessOrEqual"), (("gt",), "Greater"),
                     (("ge",), "GreaterOrEqual")]:  # fmt: skip
     converter(*_names)(_binary(_op, compare=True))
