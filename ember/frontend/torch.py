@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import sympy
 import torch
 from torch import fx
 
@@ -117,9 +118,9 @@ class TorchImporter:
         if isinstance(x, list | tuple):
             return type(x)(self.static(v) for v in x)
         if isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
-            value = x.node.expr.xreplace(self.bindings)
+            value = sympy.sympify(x.node.expr).xreplace(self.bindings)
             if not value.is_number:
-                value = x.node.hint
+                raise ModelError(f"{self.name}: the size {x.node.expr} depends on dims that no input binds")
             return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(x)](value)
         if isinstance(x, fx.Node):
             return self.static(self.env[x])
@@ -209,7 +210,7 @@ class TorchImporter:
             if isinstance(d, torch.SymInt):
                 size = int(given[i]) if given is not None else int(d.node.hint)
                 if d.node.expr.is_Symbol and d.node.expr not in self.bindings:
-                    self.bindings[d.node.expr] = size
+                    self.bindings[d.node.expr] = sympy.Integer(size)
                     warnings.warn(f"ember: dim {i} of input {node.name!r} is dynamic ({d.node.expr}); Ember graphs "
                                   f"have static shapes, so it is bound to {size} (input_shapes= picks another size)",
                                   stacklevel=4)  # fmt: skip
@@ -739,7 +740,7 @@ def _window(c: Ctx, nd: int, kernel: Any, stride: Any, padding: Any) -> dict:
     kernel = _expand_ints(kernel, nd)
     stride = _expand_ints(stride or kernel, nd)
     padding = _expand_ints(padding, nd)
-    return {"kernel_shape": kernel, "strides": stride, "pads": padding + padding}
+    return {"kernel_shape": kernel, "strides": stride, "pads": padding + padding, "dilations": (1,) * nd}
 
 
 @converter("max_pool2d_with_indices", "max_pool2d", "max_pool1d", "max_pool3d", "max_pool3d_with_indices")
@@ -776,7 +777,8 @@ def _adaptive_avg_pool(c: Ctx) -> Value:
     spatial = shape[-nd:]
     if all(n % o == 0 for n, o in zip(spatial, out)):
         kernel = tuple(n // o for n, o in zip(spatial, out))
-        return c.add("AveragePool", [x], {"kernel_shape": kernel, "strides": kernel, "pads": (0,) * 2 * nd})
+        return c.add("AveragePool", [x], {"kernel_shape": kernel, "strides": kernel, "pads": (0,) * 2 * nd,
+                                          "dilations": (1,) * nd})  # fmt: skip
     for d, (n, o) in enumerate(zip(spatial, out)):  # one spatial axis at a time: means of its windows
         axis = len(shape) - nd + d
         parts = []
