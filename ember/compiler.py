@@ -102,7 +102,8 @@ class LoweredModel:
 
 def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fallback: bool = True,
                 opt_level: int = 3, disabled_passes: Sequence[str] = (), tuning_log: str | os.PathLike | None = None,
-                t0: float | None = None, limits: Limits | None = None, example_inputs: Any = None) -> LoweredModel:  # fmt: skip
+                t0: float | None = None, limits: Limits | None = None,
+                example_inputs: Any = None) -> LoweredModel:  # fmt: skip
     """The target-independent half of `compile`: import, passes, kernels lowered to loop IR, memory plan.
     `limits` (default: `Limits.resolve()`, the environment's or the default bounds) are checked on the
     imported graph's tensors, the graph's after the passes, and each kernel's loops."""

@@ -133,7 +133,7 @@ class TorchImporter:
             if isinstance(v, Value):
                 return v if dtype is None or v.dtype == dtype else self.cast(v, dtype)
             arg = v
-        if isinstance(arg, bool | int | float) or isinstance(arg, torch.SymInt | torch.SymFloat):
+        if isinstance(arg, bool | int | float | torch.SymInt | torch.SymFloat):
             arg = self.static(arg)
             return self.const(arg, dtype or ("bool" if isinstance(arg, bool) else
                                              "int64" if isinstance(arg, int) else "float32"))  # fmt: skip

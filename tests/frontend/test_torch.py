@@ -94,7 +94,7 @@ MODELS = ["resnet18", "mobilenet_v3", "efficientnet_b0", "vit_b16", "bert", "gpt
 @pytest.mark.parametrize("name", MODELS)
 def test_compile_module(name):
     module, args = make_model(name)
-    m = ember.compile(module, args, target="c")
+    m = ember.compile(module, example_inputs=args, target="c")
     with torch.no_grad():
         ref = module(*args)
     fresh = tuple(torch.randn_like(a) if a.is_floating_point() else a for a in args)
