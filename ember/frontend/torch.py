@@ -378,6 +378,8 @@ def _binary(op: str, compare: bool = False) -> Converter:
         alpha = c.arg(2, "alpha", 1)
         if op in ("Add", "Sub") and alpha != 1:
             y = c.imp.add1("Mul", [y, c.const(alpha, dtype)], name=f"{c.name}_alpha")
+        if op in ("And", "Or", "Xor") and dtype != "bool":  # bitwise_and & co. on integers
+            return c.add("Bitwise" + op, [x, y])
         return c.add(op, [x, y])
 
     return convert
@@ -402,7 +404,7 @@ for _names, _op in [(("eq",), "Equal"), (("lt",), "Less"), (("le",), "LessOrEqua
 _UNARY = {"neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh", "sigmoid": "Sigmoid",
           "relu": "Relu", "abs": "Abs", "erf": "Erf", "sin": "Sin", "cos": "Cos", "reciprocal": "Reciprocal",
           "floor": "Floor", "ceil": "Ceil", "round": "Round", "sign": "Sign", "logical_not": "Not",
-          "bitwise_not": "Not", "hardswish": "HardSwish", "softplus": "Softplus", "mish": "Mish", "tan": "Tan",
+          "hardswish": "HardSwish", "softplus": "Softplus", "mish": "Mish", "tan": "Tan",
           "asin": "Asin", "acos": "Acos", "atan": "Atan", "sinh": "Sinh", "cosh": "Cosh", "isnan": "IsNaN"}  # fmt: skip
 
 
@@ -427,6 +429,11 @@ def _div(c: Ctx) -> Value:
                            c.imp.add1("Floor", [c.imp.add1("Abs", [q], name=f"{c.name}_a")], name=f"{c.name}_f")],
                    name=f"{c.name}_t"))  # fmt: skip
     return c.add("Cast", [q], {"to": c.out_dtype})
+
+
+@converter("bitwise_not")
+def _bitwise_not(c: Ctx) -> Value:
+    return c.add("Not" if c.out_dtype == "bool" else "BitwiseNot", [c.v(0)])
 
 
 @converter("rsqrt")
