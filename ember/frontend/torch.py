@@ -367,7 +367,7 @@ def _fake(c: Ctx, arg: Any) -> Any:
     return arg.meta["val"] if isinstance(arg, fx.Node) else c.imp.static(arg)
 
 
-def _binary(op: str, compare: bool = False) -> Converter:
+def _binary(op: str, compare: bool = False, attrs: dict | None = None) -> Converter:
     """A broadcasting binary op: operands cast to the dtype torch computes in (the result's, for comparisons
     the promoted operands')."""
 
@@ -380,16 +380,17 @@ def _binary(op: str, compare: bool = False) -> Converter:
             y = c.imp.add1("Mul", [y, c.const(alpha, dtype)], name=f"{c.name}_alpha")
         if op in ("And", "Or", "Xor") and dtype != "bool":  # bitwise_and & co. on integers
             return c.add("Bitwise" + op, [x, y])
-        return c.add(op, [x, y])
+        return c.add(op, [x, y], attrs)
 
     return convert
 
 
 for _names, _op in [(("add",), "Add"), (("sub",), "Sub"), (("mul",), "Mul"), (("pow",), "Pow"),
                     (("maximum",), "Max"), (("minimum",), "Min"), (("bitwise_and", "logical_and"), "And"),
-                    (("bitwise_or", "logical_or"), "Or"), (("logical_xor", "bitwise_xor"), "Xor"),
-                    (("fmod",), "Mod")]:  # fmt: skip
+                    (("bitwise_or", "logical_or"), "Or"), (("logical_xor", "bitwise_xor"), "Xor")]:  # fmt: skip
     converter(*_names)(_binary(_op))
+converter("fmod")(_binary("Mod", attrs={"fmod": 1}))  # the sign of the dividend (C fmod)
+converter("remainder")(_binary("Mod", attrs={"fmod": 0}))  # the sign of the divisor (Python %)
 @converter("ne")
 def _ne(c: Ctx) -> Value:
     dtype = torch_dtype_name(torch.result_type(_fake(c, c.node.args[0]), _fake(c, c.node.args[1])))
@@ -439,6 +440,16 @@ def _bitwise_not(c: Ctx) -> Value:
 @converter("rsqrt")
 def _rsqrt(c: Ctx) -> Value:
     return c.add("Reciprocal", [c.imp.add1("Sqrt", [c.v(0, c.out_dtype)], name=f"{c.name}_sqrt")])
+
+
+@converter("log1p")
+def _log1p(c: Ctx) -> Value:
+    return c.add("Log", [c.imp.add1("Add", [c.v(0, c.out_dtype), c.const(1, c.out_dtype)], name=f"{c.name}_1p")])
+
+
+@converter("expm1")
+def _expm1(c: Ctx) -> Value:
+    return c.add("Sub", [c.imp.add1("Exp", [c.v(0, c.out_dtype)], name=f"{c.name}_exp"), c.const(1, c.out_dtype)])
 
 
 @converter("silu")
@@ -611,6 +622,46 @@ def _pad(c: Ctx) -> Value:
     return c.add("Pad", [c.v(0)], {"pads": tuple(begins + ends), "mode": "constant", "value": c.arg(2, "value", 0)})
 
 
+@converter("repeat")
+def _repeat(c: Ctx) -> Value:
+    repeats, x = tuple(c.arg(1, "repeats")), c.v(0)
+    if len(repeats) > len(x.shape):  # torch prepends dims of size 1
+        x = c.imp.add1("Reshape", [x], {"shape": (1,) * (len(repeats) - len(x.shape)) + x.shape}, f"{c.name}_r")
+    return c.add("Tile", [x], {"repeats": repeats})
+
+
+@converter("flip")
+def _flip(c: Ctx) -> Value:
+    shape = c.in_shape()
+    axes = tuple(_norm_axis(d, len(shape)) for d in c.arg(1, "dims"))
+    return c.add("Slice", [c.v(0)], {"starts": (-1,) * len(axes), "ends": tuple(-shape[a] - 1 for a in axes),
+                                     "axes": axes, "steps": (-1,) * len(axes)})  # fmt: skip
+
+
+@converter("index_select")
+def _index_select(c: Ctx) -> Value:
+    return c.add("Gather", [c.v(0), c.v(2, "int64")], {"axis": _norm_axis(c.arg(1, "dim"), len(c.in_shape()))})
+
+
+@converter("upsample_nearest2d", "upsample_bilinear2d", "upsample_nearest1d", "upsample_linear1d",
+           "upsample_nearest3d", "upsample_trilinear3d")  # fmt: skip
+def _upsample(c: Ctx) -> Value:
+    """torch's interpolate as Resize: scales from scale_factor if given (torch computes coordinates from it),
+    else from the sizes; nearest is 'asymmetric' + floor, linear 'pytorch_half_pixel' or 'align_corners'."""
+    shape, out = c.in_shape(), c.out_shape
+    nearest = "nearest" in c.node.target.overloadpacket.__name__
+    align = False if nearest else bool(c.arg(2, "align_corners"))
+    factors = c.node.kwargs.get("scale_factors", c.node.args[2 if nearest else 3] if len(c.node.args) > (
+        2 if nearest else 3) else None)  # fmt: skip
+    nd = len(shape) - 2
+    scales = (1.0, 1.0) + (tuple(float(f) for f in factors) if factors else
+                           tuple(o / i for o, i in zip(out[2:], shape[2:])))  # fmt: skip
+    attrs = {"sizes": out, "scales": scales[: 2 + nd], "mode": "nearest" if nearest else "linear",
+             "coordinate_transformation_mode": "asymmetric" if nearest else "align_corners" if align else
+             "pytorch_half_pixel", "nearest_mode": "floor"}  # fmt: skip
+    return c.add("Resize", [c.v(0)], attrs)
+
+
 @converter("embedding")
 def _embedding(c: Ctx) -> Value:
     return c.add("Gather", [c.v(0), c.v(1, "int64")], {"axis": 0})
@@ -689,6 +740,31 @@ def _var(c: Ctx) -> Value:
 @converter("cumsum")
 def _cumsum(c: Ctx) -> Value:
     return c.add("CumSum", [c.v(0, c.out_dtype)], {"axis": _norm_axis(c.arg(1, "dim"), len(c.in_shape()))})
+
+
+@converter("max", "min")
+def _max_dim(c: Ctx) -> Any:
+    """max.dim / min.dim: (values, indices); max.default / min.default: the reduction over everything."""
+    packet = c.node.target.overloadpacket.__name__
+    x = c.v(0)
+    if len(c.node.args) == 1 or isinstance(c.node.args[1], fx.Node):
+        if len(c.node.args) > 1:  # max.other: elementwise
+            return _binary("Max" if packet == "max" else "Min")(c)
+        return c.add("ReduceMax" if packet == "max" else "ReduceMin", [x],
+                     {"axes": tuple(range(len(x.shape))), "keepdims": 0})  # fmt: skip
+    axis, keep = _norm_axis(c.arg(1, "dim"), len(x.shape)), int(bool(c.arg(2, "keepdim", False)))
+    values = c.add("ReduceMax" if packet == "max" else "ReduceMin", [x], {"axes": (axis,), "keepdims": keep})
+    indices = c.imp.add1("ArgMax" if packet == "max" else "ArgMin", [x], {"axis": axis, "keepdims": keep},
+                         f"{c.name}_indices")  # fmt: skip
+    return [values, indices]
+
+
+@converter("topk")
+def _topk(c: Ctx) -> list[Value]:
+    x = c.v(0)
+    attrs = {"k": c.arg(1, "k"), "axis": _norm_axis(c.arg(2, "dim", -1), len(x.shape)),
+             "largest": int(bool(c.arg(3, "largest", True))), "sorted": int(bool(c.arg(4, "sorted", True)))}
+    return c.imp.add("TopK", [x], attrs, c.name, outputs=2)
 
 
 @converter("argmax", "argmin")

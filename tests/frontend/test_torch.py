@@ -167,6 +167,36 @@ def test_operator_table():
         assert_close(ours, ref)
 
 
+class Resampling(nn.Module):
+    """Interpolation, repeats, flips, index_select, max/topk with indices, remainder and fmod."""
+
+    def __init__(self):
+        super().__init__()
+        self.prelu = nn.PReLU(4)
+
+    def forward(self, x):
+        up = nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+        lin = nn.functional.interpolate(x, size=(7, 9), mode="bilinear", align_corners=False)
+        ac = nn.functional.interpolate(x, scale_factor=1.5, mode="bilinear", align_corners=True)
+        values, indices = x.max(dim=1)
+        top = torch.topk(x.flatten(1), 3)
+        mixed = torch.remainder(x, 0.7) + torch.fmod(x, 0.7) + torch.log1p(x.abs()) + torch.expm1(x) + x.max()
+        picked = x.index_select(2, torch.tensor([0, 2])).flip(3).repeat(1, 2, 1, 1)
+        return (up, lin, ac, values, indices, top.values, top.indices, mixed, picked, torch.roll(x, 1, 2),
+                nn.functional.pixel_shuffle(self.prelu(x), 2), torch.tril(x[0, 0]))  # fmt: skip
+
+
+def test_resampling_and_selection():
+    torch.manual_seed(4)
+    module = Resampling().eval()
+    x = torch.randn(2, 4, 6, 6)
+    m = ember.compile(module, (x,))
+    with torch.no_grad():
+        refs = module(x)
+    for ours, ref in zip(m(x.numpy()), refs, strict=True):
+        assert_close(ours, ref)
+
+
 class Unsupported(nn.Module):
     def __init__(self):
         super().__init__()
