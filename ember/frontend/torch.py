@@ -78,8 +78,18 @@ def from_exported_program(ep: torch.export.ExportedProgram, input_shapes: Mappin
     input_shapes: sizes for the dims declared dynamic (`torch.export.Dim`), by input name.
     frozen_inputs: user inputs (by position) to import as constants of these values (the weights that
         torch.compile passes as graph inputs)."""
-    ep = ep.run_decompositions()
+    ep = ep.run_decompositions(decompositions())
     return TorchImporter(ep, name, dict(input_shapes or {}), dict(frozen_inputs or {})).run(verify)
+
+
+def decompositions() -> dict:
+    """torch.export's table to the core ATen opset, less scaled_dot_product_attention: `torch_ops` decomposes
+    that one itself (torch's decomposition of it breaks models that `view` its output, such as GPT-2)."""
+    table = torch.export.default_decompositions()
+    for op in list(table):
+        if "scaled_dot_product" in str(op):
+            del table[op]
+    return table
 
 
 # -- the importer ----------------------------------------------------------------------------------------

@@ -667,3 +667,37 @@ def _group_norm(c: Ctx) -> Any:
     b = b if b is not None else c.const(np.zeros(channels, x.dtype))
     y = c.add("GroupNormalization", [x, w, b], {"num_groups": groups, "epsilon": eps})
     return [y, None, None] if packet == "native_group_norm" else y
+
+
+# -- attention ---------------------------------------------------------------------------------------------
+@converter("scaled_dot_product_attention")
+def _sdpa(c: Ctx) -> Value:
+    """softmax(q @ k^T * scale + mask) @ v, decomposed here (torch's own decomposition leaves a strided result
+    that some models' `view` then rejects): a boolean mask (or is_causal) keeps the True positions, a float
+    mask is added to the scores."""
+    q, k, v = c.v(0), c.v(1), c.v(2)
+    mask, dropout, causal = c.node.args[3] if len(c.node.args) > 3 else c.node.kwargs.get("attn_mask"), \
+        c.arg(4, "dropout_p", 0.0), c.arg(5, "is_causal", False)  # fmt: skip
+    if dropout:
+        raise ModelError(f"{c.node.name} at {module_path(c.node)}: attention dropout {dropout} (compile in eval mode)")
+    if q.shape[-3:-2] != k.shape[-3:-2] and len(q.shape) >= 3:
+        raise ModelError(f"{c.node.name} at {module_path(c.node)}: grouped-query attention (enable_gqa) with "
+                         f"{q.shape[-3]} query and {k.shape[-3]} key heads is not supported")  # fmt: skip
+    scale = c.node.kwargs.get("scale")
+    scale = 1.0 / float(np.sqrt(q.shape[-1])) if scale is None else float(scale)
+    rank, name = len(k.shape), c.name
+    kt = c.imp.add1("Transpose", [k], {"perm": (*range(rank - 2), rank - 1, rank - 2)}, f"{name}_kt")
+    scores = c.imp.add1("MatMul", [q, kt], name=f"{name}_qk")
+    scores = c.imp.add1("Mul", [scores, c.const(scale, q.dtype)], name=f"{name}_scaled")
+    masks = [c.imp.value(mask)] if mask is not None else []
+    if causal:
+        lq, lk = q.shape[-2], k.shape[-2]
+        masks.append(c.const(np.tril(np.ones((lq, lk), bool))))
+    for i, m in enumerate(masks):
+        if m.dtype == "bool":
+            scores = c.imp.add1("Where", [m, scores, c.const(-np.inf, q.dtype)], name=f"{name}_masked{i}")
+        else:
+            scores = c.imp.add1("Add", [scores, c.imp.cast(m, q.dtype)], name=f"{name}_masked{i}")
+    probs = c.imp.add1("Softmax", [scores], {"axis": -1}, f"{name}_probs")
+    return c.add("MatMul", [probs, v])
+

@@ -62,10 +62,9 @@ def hugging_face(arch: str, g: torch.Generator) -> tuple[nn.Module, tuple]:
         cfg = tf.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
                             vocab_size=120, max_position_embeddings=32)  # fmt: skip
         model = tf.BertModel(cfg)
-    else:  # eager attention: the sdpa path of GPT-2 fails inside torch's own run_decompositions (a view of a
-        # non-contiguous tensor in the decomposed attention), before Ember sees the program
+    else:
         cfg = tf.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=120, n_positions=32, bos_token_id=0,
-                            eos_token_id=0, attn_implementation="eager")  # fmt: skip
+                            eos_token_id=0)  # fmt: skip
         model = tf.GPT2Model(cfg)
     ids = torch.randint(0, 120, (2, 12), generator=g)
     mask = torch.ones(2, 12, dtype=torch.int64)
