@@ -33,7 +33,7 @@ from .compiler import compile as ember_compile
 from .frontend.torch import from_exported_program
 from .runtime.model import Model
 
-__all__ = ["CompiledRegion", "ember_backend"]
+__all__ = ["CompiledRegion", "ember_backend", "numpy_view"]
 
 
 def ember_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **options: Any) -> Callable:
@@ -89,13 +89,13 @@ class CompiledRegion:
 
     def __call__(self, *args: Any) -> Any:
         model, out_spec = self.model_for(args)
-        feeds = [_as_array(a) for i, a in enumerate(args) if i not in self.weights and isinstance(a, torch.Tensor)]
+        feeds = [numpy_view(a) for i, a in enumerate(args) if i not in self.weights and isinstance(a, torch.Tensor)]
         outs = model(*feeds)
         outs = outs if isinstance(outs, tuple) else (outs,)
         return pytree.tree_unflatten([torch.from_numpy(o) for o in outs], out_spec)
 
 
-def _as_array(t: torch.Tensor) -> np.ndarray:
+def numpy_view(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor's memory (no copy); other devices are an error naming the fix."""
     if t.device.type != "cpu":
         raise ValueError(f"ember backend: input on {t.device}; Ember's torch.compile backend runs CPU tensors")

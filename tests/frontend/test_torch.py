@@ -18,7 +18,7 @@ import pytest
 import ember
 
 torch = pytest.importorskip("torch", reason="the PyTorch frontend needs torch (pip install -e '.[torch]')")
-zoo_torch = pytest.importorskip("ember.zoo_torch")
+zoo_torch = pytest.importorskip("ember.zoo_torch", reason="the model zoo in PyTorch needs torch")
 from ember.dynamo import CompiledRegion, ember_backend  # noqa: E402
 from ember.frontend.torch import UnsupportedOperatorError  # noqa: E402
 from ember.runtime.model import input_specs  # noqa: E402
@@ -271,10 +271,10 @@ def test_graph_break_and_new_shape():
 
 
 def test_inputs_and_outputs_share_memory():
-    from ember.dynamo import _as_array
+    from ember.dynamo import numpy_view
 
     t = torch.randn(3, 4)
-    view = _as_array(t)
+    view = numpy_view(t)
     assert np.shares_memory(view, t.numpy())
     region = ember_backend(torch.fx.symbolic_trace(lambda x: (torch.relu(x) * 2,)), [t])
     (out,) = region(t)
