@@ -17,8 +17,11 @@ __version__ = "0.1.0"
 
 
 def compile(model, target=None, input_shapes=None, fallback=True, opt_level=3, disabled_passes=(),  # noqa: A001
-            tuning_log=None, max_elements=None, max_iterations=None, dynamic=False, dynamic_bounds=None):  # fmt: skip
-    """Compile a model (ONNX file path, onnx.ModelProto or ember Graph); see `ember.compiler.compile`.
+            tuning_log=None, max_elements=None, max_iterations=None, dynamic=False, dynamic_bounds=None,
+            example_inputs=None):  # fmt: skip
+    """Compile a model (ONNX file path, onnx.ModelProto, ember Graph, torch nn.Module with its example inputs,
+    torch.export.ExportedProgram, .tflite file, Keras model or SavedModel directory); see `ember.compiler.compile`.
+    A module's example inputs come second (`ember.compile(module, (x,))`) or as `example_inputs=` (`ember.compile(module, example_inputs=(x,), target="c")`).
     `target`: "c" or "llvm" (default: "c", or "llvm" where no C compiler is installed).
     `tuning_log`: a log written by `ember tune`, whose best config per workload is applied.
     `max_elements` (per tensor, default 2^34 or $EMBER_MAX_ELEMENTS) and `max_iterations` (per kernel's loops,
@@ -28,7 +31,7 @@ def compile(model, target=None, input_shapes=None, fallback=True, opt_level=3, d
     from .compiler import compile as _compile
 
     return _compile(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, max_elements,
-                    max_iterations, dynamic, dynamic_bounds)  # fmt: skip
+                    max_iterations, dynamic, dynamic_bounds, example_inputs)  # fmt: skip
 
 
 def load(path):

@@ -11,6 +11,7 @@ passed to every backend and to `load` for the nodes without a native kernel.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,9 +54,11 @@ def compile(  # noqa: A001
     max_iterations: int | None = None,
     dynamic: bool = False,
     dynamic_bounds: dict[str, tuple[int, int | None]] | None = None,
+    example_inputs: Any = None,
 ) -> Model:
-    """Compile a model (ONNX path or ModelProto, a .tflite file, a Keras model or SavedModel directory, or an
-    ember Graph: `import_model`) for `target` (default: "c", or "llvm"
+    """Compile a model (ONNX path or ModelProto, a .tflite file, a Keras model or SavedModel directory, a torch
+    `nn.Module` with `example_inputs` or an `ExportedProgram`, or an ember Graph: `import_model`) for `target`
+    (default: "c", or "llvm"
     where no C compiler is installed, as `ember.build`).
 
     `opt_level` 0..3 and `disabled_passes` choose the graph passes (`ember.passes.PASSES`); with
@@ -77,6 +80,8 @@ def compile(  # noqa: A001
     runs at every size in the bounds, planning its memory once per new size (no recompile). `input_shapes` still
     fixes an input's dims. C target only so far; `summary()` lists the size variables."""
     t0 = time.perf_counter()
+    if target is not None and not isinstance(target, str | Target):  # ember.compile(module, example_inputs)
+        target, example_inputs = None, target
     limits = Limits.resolve(max_elements, max_iterations)
     target = Target.parse(target if target is not None else default_target())
     if target.kind not in BACKENDS:
@@ -89,7 +94,7 @@ def compile(  # noqa: A001
         raise NotImplementedError(f"ember.compile: symbolic sizes (dynamic=True) are compiled for the c target only "
                                   f"so far, not {target.kind!r}; pass input_shapes= to specialize")  # fmt: skip
     lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits,
-                          dynamic_bounds if symbolic else None, symbolic)  # fmt: skip
+                          dynamic_bounds if symbolic else None, symbolic, example_inputs)  # fmt: skip
     return build_model(lowered)
 
 
@@ -110,13 +115,13 @@ class LoweredModel:
 def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fallback: bool = True,
                 opt_level: int = 3, disabled_passes: Sequence[str] = (), tuning_log: str | os.PathLike | None = None,
                 t0: float | None = None, limits: Limits | None = None, dynamic_bounds: dict | None = None,
-                symbolic: bool = False) -> LoweredModel:  # fmt: skip
+                symbolic: bool = False, example_inputs: Any = None) -> LoweredModel:  # fmt: skip
     """The target-independent half of `compile`: import, passes, kernels lowered to loop IR, memory plan.
     `limits` (default: `Limits.resolve()`, the environment's or the default bounds) are checked on the
     imported graph's tensors, the graph's after the passes, and each kernel's loops."""
     t0 = time.perf_counter() if t0 is None else t0
     limits = Limits.resolve() if limits is None else limits
-    graph = import_model(model, input_shapes, symbolic=symbolic, dynamic_bounds=dynamic_bounds)
+    graph = import_model(model, input_shapes, example_inputs, symbolic=symbolic, dynamic_bounds=dynamic_bounds)
     check_tensor_sizes(graph, limits)
     nodes = len(graph.nodes)
     t_import = time.perf_counter()
@@ -147,13 +152,21 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
     return LoweredModel(graph, target, gl, plan, summary, t0, t_lower)
 
 
-def import_model(model: Any, input_shapes: dict | None = None, symbolic: bool = False,
+def import_model(model: Any, input_shapes: dict | None = None, example_inputs: Any = None, symbolic: bool = False,
                  dynamic_bounds: dict[str, tuple[int, int | None]] | None = None) -> Graph:
-    """The frontend for what `model` is: an ember Graph as it is, a .tflite file (or its bytes), a Keras model
-    or a SavedModel directory (through tf2onnx), else ONNX (a path, bytes or a ModelProto; `symbolic` keeps its
-    symbolic dims, within `dynamic_bounds`)."""
+    """The frontend for what `model` is: an ember Graph as it is; a torch `nn.Module` (run on `example_inputs`) or
+    `ExportedProgram` through `ember.frontend.torch`; a .tflite file (or its bytes); a Keras model or a SavedModel
+    directory (through tf2onnx); else ONNX (a path, bytes or a ModelProto; `symbolic` keeps its symbolic dims,
+    within `dynamic_bounds`)."""
     if isinstance(model, Graph):
         return model
+    torch = sys.modules.get("torch")  # a torch object exists only where torch was imported
+    if torch is not None and isinstance(model, torch.nn.Module | torch.export.ExportedProgram):
+        from .frontend.torch import from_exported_program, from_torch
+
+        if isinstance(model, torch.nn.Module):
+            return from_torch(model, example_inputs, input_shapes=input_shapes)
+        return from_exported_program(model, input_shapes)
     from .frontend.tensorflow import from_tensorflow, is_tensorflow
     from .frontend.tflite import from_tflite, is_tflite
 

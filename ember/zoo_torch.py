@@ -136,6 +136,130 @@ class MLP(nn.Module):
         return self.body(x)
 
 
+def _divisible(v: float, d: int = 8) -> int:
+    """torchvision's channel rounding: the nearest multiple of `d`, never 10% below `v`."""
+    n = max(d, int(v + d / 2) // d * d)
+    return n + d if n < 0.9 * v else n
+
+
+class SqueezeExcite(nn.Module):
+    """Channel attention: global average pool, a bottleneck of two 1x1 convolutions, a gate."""
+
+    def __init__(self, channels: int, squeeze: int, act: type[nn.Module], gate: type[nn.Module]):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Conv2d(channels, squeeze, 1), nn.Conv2d(squeeze, channels, 1)
+        self.act, self.gate = act(), gate()
+
+    def forward(self, x):
+        return x * self.gate(self.fc2(self.act(self.fc1(nn.functional.adaptive_avg_pool2d(x, 1)))))
+
+
+def _conv_bn(cin: int, cout: int, k: int, stride: int, groups: int, act: type[nn.Module] | None) -> list[nn.Module]:
+    layers = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+    return layers + ([act()] if act is not None else [])
+
+
+class MBConv(nn.Module):
+    """The inverted residual of MobileNetV3 and EfficientNet: expand, depthwise, squeeze-excite, project."""
+
+    def __init__(self, cin: int, k: int, expanded: int, cout: int, se: int, act: type[nn.Module], stride: int,
+                 gate: type[nn.Module] = nn.Hardsigmoid):  # fmt: skip
+        super().__init__()
+        layers = _conv_bn(cin, expanded, 1, 1, 1, act) if expanded != cin else []
+        layers += _conv_bn(expanded, expanded, k, stride, expanded, act)
+        if se:
+            layers.append(SqueezeExcite(expanded, se, nn.ReLU if act is nn.Hardswish else act, gate))
+        layers += _conv_bn(expanded, cout, 1, 1, 1, None)
+        self.block = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.block(x) if self.residual else self.block(x)
+
+
+class MobileNetV3(nn.Module):
+    """torchvision's mobilenet_v3_large (hardswish, hardsigmoid squeeze-excite), channels scaled by `width`."""
+
+    def __init__(self, classes: int = 1000, width: float = 1.0):
+        super().__init__()
+        RE, HS = nn.ReLU, nn.Hardswish
+        rows = [(3, 16, 16, False, RE, 1), (3, 64, 24, False, RE, 2), (3, 72, 24, False, RE, 1),
+                (5, 72, 40, True, RE, 2), (5, 120, 40, True, RE, 1), (5, 120, 40, True, RE, 1),
+                (3, 240, 80, False, HS, 2), (3, 200, 80, False, HS, 1), (3, 184, 80, False, HS, 1),
+                (3, 184, 80, False, HS, 1), (3, 480, 112, True, HS, 1), (3, 672, 112, True, HS, 1),
+                (5, 672, 160, True, HS, 2), (5, 960, 160, True, HS, 1), (5, 960, 160, True, HS, 1)]  # fmt: skip
+        cin = _divisible(16 * width)
+        layers = _conv_bn(3, cin, 3, 2, 1, HS)
+        for k, exp, out, se, act, stride in rows:
+            exp, out = _divisible(exp * width), _divisible(out * width)
+            layers.append(MBConv(cin, k, exp, out, _divisible(exp // 4) if se else 0, act, stride))
+            cin = out
+        layers += _conv_bn(cin, 6 * cin, 1, 1, 1, HS)
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Linear(6 * cin, 1280), nn.Hardswish(), nn.Dropout(0.2),
+                                        nn.Linear(1280, classes))  # fmt: skip
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+class EfficientNetB0(nn.Module):
+    """torchvision's efficientnet_b0 (SiLU, sigmoid squeeze-excite, 5x5 depthwise), channels scaled by `width`."""
+
+    def __init__(self, classes: int = 1000, width: float = 1.0):
+        super().__init__()
+        stages = [(1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3),
+                  (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1)]  # fmt: skip
+        layers = _conv_bn(3, _divisible(32 * width), 3, 2, 1, nn.SiLU)
+        for ratio, k, stride, cin, cout, n in stages:
+            cin, cout = _divisible(cin * width), _divisible(cout * width)
+            for i in range(n):
+                c = cin if i == 0 else cout
+                layers.append(MBConv(c, k, c * ratio, cout, max(1, c // 4), nn.SiLU, stride if i == 0 else 1,
+                                     gate=nn.Sigmoid))  # fmt: skip
+        last = _divisible(320 * width)
+        layers += _conv_bn(last, 4 * last, 1, 1, 1, nn.SiLU)
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(4 * last, classes))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+class ViTBlock(nn.Module):
+    def __init__(self, d: int, heads: int, mlp: int):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(d, eps=1e-6), nn.LayerNorm(d, eps=1e-6)
+        self.self_attention = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, mlp), nn.GELU(), nn.Linear(mlp, d))
+
+    def forward(self, x):
+        h = self.ln_1(x)
+        x = x + self.self_attention(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.ln_2(x))
+
+
+class ViT(nn.Module):
+    """torchvision's vit_b_16 (patch embedding by a strided convolution, class token, learned positions, pre-norm
+    encoder blocks of nn.MultiheadAttention); the defaults are ViT-B/16 at 224x224."""
+
+    def __init__(self, classes: int = 1000, image: int = 224, patch: int = 16, d: int = 768, layers: int = 12,
+                 heads: int = 12, mlp: int = 3072):  # fmt: skip
+        super().__init__()
+        self.patch = patch
+        self.conv_proj = nn.Conv2d(3, d, patch, patch)
+        self.class_token = nn.Parameter(torch.randn(1, 1, d) * 0.02)
+        self.pos_embedding = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, d) * 0.02)
+        self.layers = nn.Sequential(*[ViTBlock(d, heads, mlp) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d, eps=1e-6)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = self.conv_proj(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embedding
+        return self.head(self.ln(self.layers(x))[:, 0])
+
+
 def example(name: str, image: int = 224) -> tuple[nn.Module, tuple[torch.Tensor, ...], list[str]]:
     """(module in eval mode with non-trivial batch-norm statistics, example inputs, input names)."""
     g = torch.Generator().manual_seed(0)

@@ -2,7 +2,7 @@
 Hugging Face transformers (BERT, ViT) with random weights, exported with torch.onnx, compiled natively,
 compared with onnxruntime (rtol 1e-4 of the output's scale: long conv/attention chains in float32).
 
-Skipped where torch (or transformers) is not installed; CI does not install them (torch is a large download)."""
+Skipped where torch (or transformers) is not installed (CI installs them: the `torch` extra)."""
 
 from __future__ import annotations
 

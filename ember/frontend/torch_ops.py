@@ -1,0 +1,703 @@
+"""PyTorch frontend, the converters: one row per core ATen op (`CONVERTERS`: the op's name, every overload)
+onto the existing Ember ops. A converter gets a `Ctx` (the FX node's arguments as Values or static Python values,
+the node's recorded result `meta["val"]`, and the importer to add nodes) and returns the node's Value, or a list
+for ops with several results. `ember.frontend.torch` is the entry point and the importer.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import fx
+
+from ember.frontend.onnx_importer import ModelError
+from ember.graph.ir import Value
+from ember.graph.types import TensorType
+
+if TYPE_CHECKING:
+    from ember.frontend.torch import TorchImporter
+
+INT64_MAX = 2**63 - 1
+
+
+def torch_dtype_name(dtype: torch.dtype) -> str:
+    """The Ember dtype name of a torch dtype ("float32", "int64", "bool", "bfloat16", ...)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def module_path(node: fx.Node) -> str:
+    """Where an FX node came from: the innermost module of its `nn_module_stack` ('layers.0.conv1 (Conv2d)')."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return f"{node.name} (top level)"
+    path, cls = list(stack.values())[-1]
+    cls = cls if isinstance(cls, str) else getattr(cls, "__name__", str(cls))
+    return f"{path or '<root>'} ({cls.rsplit('.', 1)[-1]})"
+
+
+class Ctx:
+    """What a converter sees: the node's arguments as Values or Python values, and the importer to add nodes."""
+
+    def __init__(self, imp: TorchImporter, node: fx.Node):
+        self.imp, self.node = imp, node
+        self.name = imp.fresh(node.name)
+        imp.taken.discard(self.name)  # the first output takes the name
+
+    def arg(self, i: int, key: str | None = None, default: Any = None) -> Any:
+        """Argument `i` (or keyword `key`) as a Python value (sizes made static); fx nodes stay nodes."""
+        args, kwargs = self.node.args, self.node.kwargs
+        raw = args[i] if i < len(args) else kwargs.get(key, default) if key else default
+        return self.imp.static(raw) if not isinstance(raw, fx.Node) else raw
+
+    def v(self, i: int, dtype: str | None = None, key: str | None = None) -> Value | None:
+        raw = self.node.args[i] if i < len(self.node.args) else self.node.kwargs.get(key) if key else None
+        return None if raw is None else self.imp.value(raw, dtype)
+
+    @property
+    def out(self) -> torch.Tensor:
+        return self.node.meta["val"]
+
+    @property
+    def out_dtype(self) -> str:
+        return torch_dtype_name(self.out.dtype)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return tuple(self.imp.static(list(self.out.shape)))
+
+    def in_shape(self, i: int = 0) -> tuple[int, ...]:
+        return self.v(i).shape
+
+    def add(self, op: str, inputs: list[Value | None], attrs: dict | None = None) -> Value:
+        return self.imp.add1(op, inputs, attrs, self.name)
+
+    def const(self, data: Any, dtype: str | None = None) -> Value:
+        return self.imp.const(data, dtype, f"{self.name}_c")
+
+
+Converter = Callable[[Ctx], Any]
+CONVERTERS: dict[str, Converter] = {}
+
+
+def converter(*names: str) -> Callable[[Converter], Converter]:
+    """Register a converter for ATen ops by name ("convolution", "add", ...): every overload of each."""
+
+    def wrap(fn: Converter) -> Converter:
+        for n in names:
+            CONVERTERS[n] = fn
+        return fn
+
+    return wrap
+
+
+def converter_of(node: fx.Node) -> Converter | None:
+    target = node.target
+    if target is operator.getitem:
+        return _getitem
+    if not isinstance(node.meta.get("val"), torch.Tensor | list | tuple):
+        return _getitem  # size arithmetic on SymInts and scalar results: evaluated statically by the importer
+    if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten":
+        return CONVERTERS.get(target.overloadpacket.__name__)
+    return None
+
+
+def _getitem(c: Ctx) -> Any:
+    return c.imp.env[c.node.args[0]][c.node.args[1]]
+
+
+def _norm_axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+# -- elementwise -------------------------------------------------------------------------------------------
+def _fake(c: Ctx, arg: Any) -> Any:
+    return arg.meta["val"] if isinstance(arg, fx.Node) else c.imp.static(arg)
+
+
+def _binary(op: str, compare: bool = False, attrs: dict | None = None) -> Converter:
+    """A broadcasting binary op: operands cast to the dtype torch computes in (the result's, for comparisons
+    the promoted operands')."""
+
+    def convert(c: Ctx) -> Value:
+        a, b = c.node.args[:2]
+        dtype = torch_dtype_name(torch.result_type(_fake(c, a), _fake(c, b))) if compare else c.out_dtype
+        x, y = c.imp.value(a, dtype), c.imp.value(b, dtype)
+        alpha = c.arg(2, "alpha", 1)
+        if op in ("Add", "Sub") and alpha != 1:
+            y = c.imp.add1("Mul", [y, c.const(alpha, dtype)], name=f"{c.name}_alpha")
+        if op in ("And", "Or", "Xor") and dtype != "bool":  # bitwise_and & co. on integers
+            return c.add("Bitwise" + op, [x, y])
+        return c.add(op, [x, y], attrs)
+
+    return convert
+
+
+for _names, _op in [(("add",), "Add"), (("sub",), "Sub"), (("mul",), "Mul"), (("pow",), "Pow"),
+                    (("maximum",), "Max"), (("minimum",), "Min"), (("bitwise_and", "logical_and"), "And"),
+                    (("bitwise_or", "logical_or"), "Or"), (("logical_xor", "bitwise_xor"), "Xor")]:  # fmt: skip
+    converter(*_names)(_binary(_op))
+converter("fmod")(_binary("Mod", attrs={"fmod": 1}))  # the sign of the dividend (C fmod)
+converter("remainder")(_binary("Mod", attrs={"fmod": 0}))  # the sign of the divisor (Python %)
+@converter("ne")
+def _ne(c: Ctx) -> Value:
+    dtype = torch_dtype_name(torch.result_type(_fake(c, c.node.args[0]), _fake(c, c.node.args[1])))
+    eq = c.imp.add1("Equal", [c.v(0, dtype), c.v(1, dtype)], name=f"{c.name}_eq")
+    return c.add("Not", [eq])
+
+
+for _names, _op in [(("eq",), "Equal"), (("lt",), "Less"), (("le",), "LessOrEqual"), (("gt",), "Greater"),
+                    (("ge",), "GreaterOrEqual")]:  # fmt: skip
+    converter(*_names)(_binary(_op, compare=True))
+
+_UNARY = {"neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh", "sigmoid": "Sigmoid",
+          "relu": "Relu", "abs": "Abs", "erf": "Erf", "sin": "Sin", "cos": "Cos", "reciprocal": "Reciprocal",
+          "floor": "Floor", "ceil": "Ceil", "round": "Round", "sign": "Sign", "logical_not": "Not",
+          "hardswish": "HardSwish", "softplus": "Softplus", "mish": "Mish", "tan": "Tan",
+          "asin": "Asin", "acos": "Acos", "atan": "Atan", "sinh": "Sinh", "cosh": "Cosh", "isnan": "IsNaN"}  # fmt: skip
+
+
+def _unary(op: str) -> Converter:
+    return lambda c: c.add(op, [c.v(0, c.out_dtype if op not in ("IsNaN",) else None)])
+
+
+for _name, _op in _UNARY.items():
+    converter(_name)(_unary(_op))
+
+
+@converter("div")
+def _div(c: Ctx) -> Value:
+    mode = c.arg(2, "rounding_mode")
+    dtype = c.out_dtype if mode is None else "float64" if c.out_dtype in ("int32", "int64") else c.out_dtype
+    q = c.imp.add1("Div", [c.imp.value(c.node.args[0], dtype), c.imp.value(c.node.args[1], dtype)],
+                   name=c.name if mode is None else f"{c.name}_q")  # fmt: skip
+    if mode is None:
+        return q
+    q = c.imp.add1("Floor" if mode == "floor" else "Sign", [q], name=f"{c.name}_r") if mode == "floor" else (
+        c.imp.add1("Mul", [c.imp.add1("Sign", [q], name=f"{c.name}_s"),
+                           c.imp.add1("Floor", [c.imp.add1("Abs", [q], name=f"{c.name}_a")], name=f"{c.name}_f")],
+                   name=f"{c.name}_t"))  # fmt: skip
+    return c.add("Cast", [q], {"to": c.out_dtype})
+
+
+@converter("bitwise_not")
+def _bitwise_not(c: Ctx) -> Value:
+    return c.add("Not" if c.out_dtype == "bool" else "BitwiseNot", [c.v(0)])
+
+
+@converter("rsqrt")
+def _rsqrt(c: Ctx) -> Value:
+    return c.add("Reciprocal", [c.imp.add1("Sqrt", [c.v(0, c.out_dtype)], name=f"{c.name}_sqrt")])
+
+
+@converter("log1p")
+def _log1p(c: Ctx) -> Value:
+    return c.add("Log", [c.imp.add1("Add", [c.v(0, c.out_dtype), c.const(1, c.out_dtype)], name=f"{c.name}_1p")])
+
+
+@converter("expm1")
+def _expm1(c: Ctx) -> Value:
+    return c.add("Sub", [c.imp.add1("Exp", [c.v(0, c.out_dtype)], name=f"{c.name}_exp"), c.const(1, c.out_dtype)])
+
+
+@converter("silu")
+def _silu(c: Ctx) -> Value:
+    return c.add("Swish", [c.v(0)])
+
+
+@converter("hardsigmoid")
+def _hardsigmoid(c: Ctx) -> Value:
+    return c.add("HardSigmoid", [c.v(0)], {"alpha": 1 / 6, "beta": 0.5})
+
+
+@converter("gelu")
+def _gelu(c: Ctx) -> Value:
+    return c.add("Gelu", [c.v(0)], {"approximate": c.arg(1, "approximate", "none")})
+
+
+@converter("leaky_relu")
+def _leaky_relu(c: Ctx) -> Value:
+    return c.add("LeakyRelu", [c.v(0)], {"alpha": c.arg(1, "negative_slope", 0.01)})
+
+
+@converter("elu")
+def _elu(c: Ctx) -> Value:
+    if c.arg(2, "scale", 1) != 1 or c.arg(3, "input_scale", 1) != 1:
+        raise ModelError(f"elu with scale or input_scale is not supported ({c.node.name})")
+    return c.add("Elu", [c.v(0)], {"alpha": c.arg(1, "alpha", 1.0)})
+
+
+@converter("clamp", "clamp_min", "clamp_max", "hardtanh")
+def _clamp(c: Ctx) -> Value:
+    packet = c.node.target.overloadpacket.__name__
+    lo, hi = {"clamp_min": (c.arg(1, "min"), None), "clamp_max": (None, c.arg(1, "max")),
+              "hardtanh": (c.arg(1, "min_val", -1.0), c.arg(2, "max_val", 1.0))}.get(
+        packet, (c.arg(1, "min"), c.arg(2, "max")))  # fmt: skip
+    x = c.v(0, c.out_dtype)
+    if isinstance(lo, fx.Node) or isinstance(hi, fx.Node) or c.out_dtype not in ("float32", "float64", "float16"):
+        for bound, op in ((lo, "Max"), (hi, "Min")):  # tensor bounds, or integer data: Max/Min
+            if bound is not None:
+                x = c.imp.add1(op, [x, c.imp.value(bound, c.out_dtype)], name=f"{c.name}_{op.lower()}")
+        return c.add("Identity", [x])
+    return c.add("Clip", [x], {"min": lo, "max": hi})
+
+
+@converter("where")
+def _where(c: Ctx) -> Value:
+    return c.add("Where", [c.v(0, "bool"), c.v(1, c.out_dtype), c.v(2, c.out_dtype)])
+
+
+@converter("masked_fill")
+def _masked_fill(c: Ctx) -> Value:
+    return c.add("Where", [c.v(1, "bool"), c.v(2, c.out_dtype), c.v(0, c.out_dtype)])
+
+
+@converter("_to_copy", "to", "type_as")
+def _to_copy(c: Ctx) -> Value:
+    return c.add("Cast", [c.v(0)], {"to": c.out_dtype})
+
+
+@converter("clone", "alias", "lift_fresh_copy", "contiguous", "detach", "dropout", "_assert_tensor_metadata")
+def _identity(c: Ctx) -> Value | None:
+    if c.node.target.overloadpacket.__name__ == "_assert_tensor_metadata":
+        return None
+    return c.add("Identity", [c.v(0)])
+
+
+# -- constants made from sizes -----------------------------------------------------------------------------
+@converter("arange")
+def _arange(c: Ctx) -> Value:
+    args = [a for a in c.node.args]
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) > 2 else 1)
+    start, end, step = c.imp.static([start, end, c.node.kwargs.get("step", step)])
+    return c.const(np.arange(start, end, step).astype(TensorType((), c.out_dtype).np_dtype))
+
+
+@converter("full", "full_like", "zeros", "zeros_like", "ones", "ones_like", "scalar_tensor", "empty", "empty_like",
+           "new_zeros", "new_ones", "new_full")  # fmt: skip
+def _full(c: Ctx) -> Value:
+    packet = c.node.target.overloadpacket.__name__
+    fill = {"full": lambda: c.arg(1, "fill_value"), "full_like": lambda: c.arg(1, "fill_value"),
+            "scalar_tensor": lambda: c.arg(0, "s"), "new_full": lambda: c.arg(2, "fill_value")}.get(
+        packet, lambda: 1 if "ones" in packet else 0)()  # fmt: skip
+    return c.const(np.full(c.out_shape, fill, dtype=TensorType((), c.out_dtype).np_dtype))
+
+
+# -- shapes and data movement ------------------------------------------------------------------------------
+@converter("view", "reshape", "_unsafe_view", "flatten", "unflatten")
+def _view(c: Ctx) -> Value:
+    return c.add("Reshape", [c.v(0)], {"shape": c.out_shape})
+
+
+@converter("permute")
+def _permute(c: Ctx) -> Value:
+    rank = len(c.in_shape())
+    return c.add("Transpose", [c.v(0)], {"perm": tuple(_norm_axis(d, rank) for d in c.arg(1, "dims"))})
+
+
+@converter("t", "transpose")
+def _transpose(c: Ctx) -> Value:
+    rank = len(c.in_shape())
+    a, b = (0, 1) if c.node.target.overloadpacket.__name__ == "t" else (c.arg(1), c.arg(2))
+    perm = list(range(rank))
+    if rank >= 2:
+        a, b = _norm_axis(a, rank), _norm_axis(b, rank)
+        perm[a], perm[b] = perm[b], perm[a]
+    return c.add("Transpose", [c.v(0)], {"perm": tuple(perm)})
+
+
+@converter("expand", "expand_as", "broadcast_to")
+def _expand(c: Ctx) -> Value:
+    return c.add("Expand", [c.v(0)], {"shape": c.out_shape})
+
+
+@converter("unsqueeze")
+def _unsqueeze(c: Ctx) -> Value:
+    return c.add("Unsqueeze", [c.v(0)], {"axes": (_norm_axis(c.arg(1, "dim"), len(c.in_shape()) + 1),)})
+
+
+@converter("squeeze")
+def _squeeze(c: Ctx) -> Value:
+    shape = c.in_shape()
+    dims = c.arg(1, "dim")
+    dims = range(len(shape)) if dims is None else [dims] if isinstance(dims, int) else dims
+    axes = tuple(a for a in (_norm_axis(d, len(shape)) for d in dims) if shape[a] == 1)
+    return c.add("Squeeze", [c.v(0)], {"axes": axes}) if axes else c.add("Identity", [c.v(0)])
+
+
+@converter("slice")
+def _slice(c: Ctx) -> Value:
+    shape = c.in_shape()
+    dim = _norm_axis(c.arg(1, "dim", 0), len(shape))
+    start, end, step = c.arg(2, "start"), c.arg(3, "end"), c.arg(4, "step", 1)
+    size = shape[dim]
+    start = 0 if start is None else max(0, min(size, start + size if start < 0 else start))
+    end = size if end is None or end >= INT64_MAX else max(0, min(size, end + size if end < 0 else end))
+    return c.add("Slice", [c.v(0)], {"starts": (start,), "ends": (end,), "axes": (dim,), "steps": (step,)})
+
+
+@converter("select")
+def _select(c: Ctx) -> Value:
+    shape = c.in_shape()
+    dim = _norm_axis(c.arg(1, "dim"), len(shape))
+    index = c.arg(2, "index")
+    return c.add("Gather", [c.v(0), c.const(index + shape[dim] if index < 0 else index, "int64")], {"axis": dim})
+
+
+@converter("cat", "concat")
+def _cat(c: Ctx) -> Value:
+    values = [c.imp.value(a, c.out_dtype) for a in c.node.args[0]]
+    values = [v for v in values if v.type.size > 0 or len(v.shape) > 1] or values[:1]  # torch skips empty 1-d
+    rank = len(values[0].shape)
+    return c.add("Concat", values, {"axis": _norm_axis(c.arg(1, "dim", 0), rank)})
+
+
+@converter("split_with_sizes", "split")
+def _split(c: Ctx) -> list[Value]:
+    shape = c.in_shape()
+    dim = _norm_axis(c.arg(2, "dim", 0), len(shape))
+    sizes = [c.imp.static(t.shape[dim]) for t in c.out]
+    return c.imp.add("Split", [c.v(0)], {"axis": dim, "split": tuple(sizes)}, c.name, outputs=len(sizes))
+
+
+@converter("constant_pad_nd")
+def _pad(c: Ctx) -> Value:
+    rank = len(c.in_shape())
+    pad = list(c.arg(1, "pad"))  # (last dim begin, last dim end, previous dim begin, ...)
+    begins, ends = [0] * rank, [0] * rank
+    for i in range(len(pad) // 2):
+        begins[rank - 1 - i], ends[rank - 1 - i] = pad[2 * i], pad[2 * i + 1]
+    return c.add("Pad", [c.v(0)], {"pads": tuple(begins + ends), "mode": "constant", "value": c.arg(2, "value", 0)})
+
+
+@converter("repeat")
+def _repeat(c: Ctx) -> Value:
+    repeats, x = tuple(c.arg(1, "repeats")), c.v(0)
+    if len(repeats) > len(x.shape):  # torch prepends dims of size 1
+        x = c.imp.add1("Reshape", [x], {"shape": (1,) * (len(repeats) - len(x.shape)) + x.shape}, f"{c.name}_r")
+    return c.add("Tile", [x], {"repeats": repeats})
+
+
+@converter("flip")
+def _flip(c: Ctx) -> Value:
+    shape = c.in_shape()
+    axes = tuple(_norm_axis(d, len(shape)) for d in c.arg(1, "dims"))
+    return c.add("Slice", [c.v(0)], {"starts": (-1,) * len(axes), "ends": tuple(-shape[a] - 1 for a in axes),
+                                     "axes": axes, "steps": (-1,) * len(axes)})  # fmt: skip
+
+
+@converter("index_select")
+def _index_select(c: Ctx) -> Value:
+    return c.add("Gather", [c.v(0), c.v(2, "int64")], {"axis": _norm_axis(c.arg(1, "dim"), len(c.in_shape()))})
+
+
+@converter("upsample_nearest2d", "upsample_bilinear2d", "upsample_nearest1d", "upsample_linear1d",
+           "upsample_nearest3d", "upsample_trilinear3d")  # fmt: skip
+def _upsample(c: Ctx) -> Value:
+    """torch's interpolate as Resize: scales from scale_factor if given (torch computes coordinates from it),
+    else from the sizes; nearest is 'asymmetric' + floor, linear 'pytorch_half_pixel' or 'align_corners'."""
+    shape, out = c.in_shape(), c.out_shape
+    nearest = "nearest" in c.node.target.overloadpacket.__name__
+    align = False if nearest else bool(c.arg(2, "align_corners"))
+    factors = c.node.kwargs.get("scale_factors", c.node.args[2 if nearest else 3] if len(c.node.args) > (
+        2 if nearest else 3) else None)  # fmt: skip
+    nd = len(shape) - 2
+    scales = (1.0, 1.0) + (tuple(float(f) for f in factors) if factors else
+                           tuple(o / i for o, i in zip(out[2:], shape[2:])))  # fmt: skip
+    attrs = {"sizes": out, "scales": scales[: 2 + nd], "mode": "nearest" if nearest else "linear",
+             "coordinate_transformation_mode": "asymmetric" if nearest else "align_corners" if align else
+             "pytorch_half_pixel", "nearest_mode": "floor"}  # fmt: skip
+    return c.add("Resize", [c.v(0)], attrs)
+
+
+@converter("embedding")
+def _embedding(c: Ctx) -> Value:
+    return c.add("Gather", [c.v(0), c.v(1, "int64")], {"axis": 0})
+
+
+@converter("gather")
+def _gather(c: Ctx) -> Value:
+    return c.add("GatherElements", [c.v(0), c.v(2, "int64")], {"axis": _norm_axis(c.arg(1), len(c.in_shape()))})
+
+
+@converter("index")
+def _index(c: Ctx) -> Value:
+    """x[i0, i1, ...] with index tensors: one index (at any dim) is a Gather; several leading ones, broadcast
+    together, a GatherND."""
+    x, indices = c.v(0), list(c.node.args[1])
+    while indices and indices[-1] is None:
+        indices.pop()
+    present = [i for i, t in enumerate(indices) if t is not None]
+    if len(present) == 1:
+        (d,) = present
+        return c.add("Gather", [x, c.imp.value(indices[d], "int64")], {"axis": d})
+    if present != list(range(len(indices))):
+        raise ModelError(f"{c.imp.name}: {c.node.name} at {module_path(c.node)}: advanced indexing with index "
+                         "tensors after a ':' is not supported (index tensors must lead)")  # fmt: skip
+    if any(c.imp.value(t).dtype == "bool" for t in indices):
+        raise ModelError(f"{c.imp.name}: {c.node.name}: boolean mask indexing has a data-dependent shape")
+    shape = tuple(np.broadcast_shapes(*[c.imp.value(t).shape for t in indices]))
+    parts = []
+    for k, t in enumerate(indices):
+        v = c.imp.value(t, "int64")
+        if v.shape != shape:
+            v = c.imp.add1("Expand", [v], {"shape": shape}, f"{c.name}_i{k}")
+        parts.append(c.imp.add1("Unsqueeze", [v], {"axes": (len(shape),)}, f"{c.name}_u{k}"))
+    stacked = c.imp.add1("Concat", parts, {"axis": len(shape)}, f"{c.name}_idx")
+    return c.add("GatherND", [x, stacked])
+
+
+# -- reductions --------------------------------------------------------------------------------------------
+def _axes(c: Ctx, i: int, key: str = "dim") -> tuple[int, ...]:
+    rank = len(c.in_shape())
+    dims = c.arg(i, key)
+    dims = range(rank) if dims is None or dims == [] else [dims] if isinstance(dims, int) else dims
+    return tuple(sorted(_norm_axis(d, rank) for d in dims))
+
+
+def _reduce(op: str) -> Converter:
+    def convert(c: Ctx) -> Value:
+        keep = int(bool(c.arg(2, "keepdim", False)))
+        dtype = c.out_dtype if c.out_dtype != "bool" else "int32"
+        y = c.imp.add1(op, [c.v(0, dtype)], {"axes": _axes(c, 1), "keepdims": keep}, f"{c.name}_r")
+        return c.add("Cast", [y], {"to": c.out_dtype}) if c.out_dtype != dtype else c.add("Identity", [y])
+
+    return convert
+
+
+for _name, _op in [("mean", "ReduceMean"), ("sum", "ReduceSum"), ("amax", "ReduceMax"), ("amin", "ReduceMin"),
+                   ("any", "ReduceMax"), ("all", "ReduceMin"), ("prod", "ReduceProd")]:  # fmt: skip
+    converter(_name)(_reduce(_op))
+
+
+@converter("var")
+def _var(c: Ctx) -> Value:
+    axes = _axes(c, 1)
+    keep = int(bool(c.node.kwargs.get("keepdim", False)))
+    correction = c.node.kwargs.get("correction", 1)
+    correction = 1 if correction is None else correction
+    x = c.v(0)
+    mean = c.imp.add1("ReduceMean", [x], {"axes": axes, "keepdims": 1}, f"{c.name}_mean")
+    d = c.imp.add1("Sub", [x, mean], name=f"{c.name}_d")
+    ss = c.imp.add1("ReduceSum", [c.imp.add1("Mul", [d, d], name=f"{c.name}_sq")], {"axes": axes, "keepdims": keep},
+                    f"{c.name}_ss")  # fmt: skip
+    n = int(np.prod([x.shape[a] for a in axes]))
+    return c.add("Div", [ss, c.const(max(n - correction, 0), c.out_dtype)])
+
+
+@converter("cumsum")
+def _cumsum(c: Ctx) -> Value:
+    return c.add("CumSum", [c.v(0, c.out_dtype)], {"axis": _norm_axis(c.arg(1, "dim"), len(c.in_shape()))})
+
+
+@converter("max", "min")
+def _max_dim(c: Ctx) -> Any:
+    """max.dim / min.dim: (values, indices); max.default / min.default: the reduction over everything."""
+    packet = c.node.target.overloadpacket.__name__
+    x = c.v(0)
+    if len(c.node.args) == 1 or isinstance(c.node.args[1], fx.Node):
+        if len(c.node.args) > 1:  # max.other: elementwise
+            return _binary("Max" if packet == "max" else "Min")(c)
+        return c.add("ReduceMax" if packet == "max" else "ReduceMin", [x],
+                     {"axes": tuple(range(len(x.shape))), "keepdims": 0})  # fmt: skip
+    axis, keep = _norm_axis(c.arg(1, "dim"), len(x.shape)), int(bool(c.arg(2, "keepdim", False)))
+    values = c.add("ReduceMax" if packet == "max" else "ReduceMin", [x], {"axes": (axis,), "keepdims": keep})
+    indices = c.imp.add1("ArgMax" if packet == "max" else "ArgMin", [x], {"axis": axis, "keepdims": keep},
+                         f"{c.name}_indices")  # fmt: skip
+    return [values, indices]
+
+
+@converter("topk")
+def _topk(c: Ctx) -> list[Value]:
+    x = c.v(0)
+    attrs = {"k": c.arg(1, "k"), "axis": _norm_axis(c.arg(2, "dim", -1), len(x.shape)),
+             "largest": int(bool(c.arg(3, "largest", True))), "sorted": int(bool(c.arg(4, "sorted", True)))}
+    return c.imp.add("TopK", [x], attrs, c.name, outputs=2)
+
+
+@converter("argmax", "argmin")
+def _argmax(c: Ctx) -> Value:
+    op = "ArgMax" if c.node.target.overloadpacket.__name__ == "argmax" else "ArgMin"
+    dim, keep = c.arg(1, "dim"), int(bool(c.arg(2, "keepdim", False)))
+    x = c.v(0)
+    if dim is None:
+        x = c.imp.add1("Reshape", [x], {"shape": (-1,)}, f"{c.name}_flat")
+        dim = 0
+    return c.add(op, [x], {"axis": _norm_axis(dim, len(x.shape)), "keepdims": keep})
+
+
+@converter("_softmax", "softmax", "_log_softmax", "log_softmax")
+def _softmax(c: Ctx) -> Value:
+    op = "LogSoftmax" if "log" in c.node.target.overloadpacket.__name__ else "Softmax"
+    return c.add(op, [c.v(0, c.out_dtype)], {"axis": _norm_axis(c.arg(1, "dim"), len(c.in_shape()))})
+
+
+# -- linear algebra ----------------------------------------------------------------------------------------
+@converter("mm", "bmm", "matmul")
+def _matmul(c: Ctx) -> Value:
+    return c.add("MatMul", [c.v(0), c.v(1)])
+
+
+@converter("addmm")
+def _addmm(c: Ctx) -> Value:
+    return c.add("Gemm", [c.v(1), c.v(2), c.v(0)], {"beta": c.arg(3, "beta", 1), "alpha": c.arg(4, "alpha", 1)})
+
+
+@converter("linear")
+def _linear(c: Ctx) -> Value:
+    return c.add("Gemm" if len(c.in_shape()) == 2 else "MatMul", [c.v(0), c.v(1), c.v(2)] if len(c.in_shape()) == 2
+                 else [c.v(0), c.imp.add1("Transpose", [c.v(1)], {"perm": (1, 0)}, f"{c.name}_wt")],
+                 {"transB": 1} if len(c.in_shape()) == 2 else {})  # fmt: skip
+
+
+# -- convolution, pooling, normalization -------------------------------------------------------------------
+def _expand_ints(x: Any, n: int) -> tuple[int, ...]:
+    x = [x] if isinstance(x, int) else list(x)
+    return tuple(x * n if len(x) == 1 else x)
+
+
+@converter("convolution")
+def _convolution(c: Ctx) -> Value:
+    nd = len(c.in_shape()) - 2
+    stride, padding, dilation = (_expand_ints(c.arg(i), nd) for i in (3, 4, 5))
+    transposed, output_padding, groups = c.arg(6), _expand_ints(c.arg(7), nd), c.arg(8)
+    attrs = {"strides": stride, "pads": padding + padding, "dilations": dilation, "group": groups}
+    if transposed:
+        return c.add("ConvTranspose", [c.v(0), c.v(1), c.v(2)], dict(attrs, output_padding=output_padding))
+    return c.add("Conv", [c.v(0), c.v(1), c.v(2)], attrs)
+
+
+def _window(c: Ctx, nd: int, kernel: Any, stride: Any, padding: Any) -> dict:
+    kernel = _expand_ints(kernel, nd)
+    stride = _expand_ints(stride or kernel, nd)
+    padding = _expand_ints(padding, nd)
+    return {"kernel_shape": kernel, "strides": stride, "pads": padding + padding, "dilations": (1,) * nd}
+
+
+@converter("max_pool2d_with_indices", "max_pool2d", "max_pool1d", "max_pool3d", "max_pool3d_with_indices")
+def _max_pool(c: Ctx) -> Any:
+    nd = len(c.in_shape()) - 2
+    attrs = _window(c, nd, c.arg(1), c.arg(2, "stride"), c.arg(3, "padding", 0))
+    attrs.update(dilations=_expand_ints(c.arg(4, "dilation", 1), nd), ceil_mode=int(bool(c.arg(5, "ceil_mode"))))
+    y = c.add("MaxPool", [c.v(0)], attrs)
+    return [y, None] if "indices" in c.node.target.overloadpacket.__name__ else y
+
+
+@converter("avg_pool2d", "avg_pool1d", "avg_pool3d")
+def _avg_pool(c: Ctx) -> Value:
+    nd = len(c.in_shape()) - 2
+    if c.arg(6, "divisor_override") is not None:
+        raise ModelError(f"{c.imp.name}: {c.node.name} at {module_path(c.node)}: avg_pool with divisor_override "
+                         "is not supported")  # fmt: skip
+    attrs = _window(c, nd, c.arg(1), c.arg(2, "stride"), c.arg(3, "padding", 0))
+    attrs.update(ceil_mode=int(bool(c.arg(4, "ceil_mode"))), count_include_pad=int(bool(c.arg(5, "count_include_pad",
+                                                                                                True))))  # fmt: skip
+    return c.add("AveragePool", [c.v(0)], attrs)
+
+
+@converter("_adaptive_avg_pool2d", "adaptive_avg_pool2d", "_adaptive_avg_pool1d", "adaptive_avg_pool1d",
+           "_adaptive_avg_pool3d")  # fmt: skip
+def _adaptive_avg_pool(c: Ctx) -> Value:
+    """Output 1: a global pool; sizes dividing the input: a plain average pool; else one mean per output
+    window (torch's windows: [floor(i*n/o), ceil((i+1)*n/o))), concatenated."""
+    x, shape = c.v(0), c.in_shape()
+    nd = len(shape) - 2
+    out = c.out_shape[-nd:]
+    if all(o == 1 for o in out):
+        return c.add("GlobalAveragePool", [x])
+    spatial = shape[-nd:]
+    if all(n % o == 0 for n, o in zip(spatial, out)):
+        kernel = tuple(n // o for n, o in zip(spatial, out))
+        return c.add("AveragePool", [x], {"kernel_shape": kernel, "strides": kernel, "pads": (0,) * 2 * nd,
+                                          "dilations": (1,) * nd})  # fmt: skip
+    for d, (n, o) in enumerate(zip(spatial, out)):  # one spatial axis at a time: means of its windows
+        axis = len(shape) - nd + d
+        parts = []
+        for i in range(o):
+            lo, hi = (i * n) // o, -(-((i + 1) * n) // o)
+            piece = c.imp.add1("Slice", [x], {"starts": (lo,), "ends": (hi,), "axes": (axis,), "steps": (1,)},
+                               f"{c.name}_s{d}_{i}")  # fmt: skip
+            parts.append(c.imp.add1("ReduceMean", [piece], {"axes": (axis,), "keepdims": 1}, f"{c.name}_m{d}_{i}"))
+        x = c.imp.add1("Concat", parts, {"axis": axis}, f"{c.name}_{d}")
+    return c.add("Identity", [x])
+
+
+@converter("_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "native_batch_norm",
+           "batch_norm")  # fmt: skip
+def _batch_norm(c: Ctx) -> list:
+    packet = c.node.target.overloadpacket.__name__
+    if packet == "_native_batch_norm_legit_no_training":
+        x, w, b, mean, var, eps = c.v(0), c.v(1), c.v(2), c.v(3), c.v(4), c.arg(6)
+    else:
+        if c.arg(5):  # training
+            raise ModelError(f"{c.imp.name}: {c.node.name} at {module_path(c.node)}: batch norm in training mode "
+                             "(compile the module in eval mode)")  # fmt: skip
+        x, w, b, mean, var, eps = c.v(0), c.v(1), c.v(2), c.v(3), c.v(4), c.arg(7)
+    channels = c.in_shape()[1]
+    w = w if w is not None else c.const(np.ones(channels, x.dtype))
+    b = b if b is not None else c.const(np.zeros(channels, x.dtype))
+    y = c.add("BatchNormalization", [x, w, b, mean, var], {"epsilon": eps})
+    return [y, None, None] if packet != "batch_norm" else y
+
+
+@converter("native_layer_norm", "layer_norm")
+def _layer_norm(c: Ctx) -> Any:
+    x, shape = c.v(0), c.arg(1, "normalized_shape")
+    w, b = c.v(2), c.v(3)
+    eps = c.arg(4, "eps", 1e-5)
+    norm = tuple(c.imp.static(list(shape)))
+    w = w if w is not None else c.const(np.ones(norm, x.dtype))
+    b = b if b is not None else c.const(np.zeros(norm, x.dtype))
+    y = c.add("LayerNormalization", [x, w, b], {"axis": -len(norm), "epsilon": eps})
+    return [y, None, None] if c.node.target.overloadpacket.__name__ == "native_layer_norm" else y
+
+
+@converter("native_group_norm", "group_norm")
+def _group_norm(c: Ctx) -> Any:
+    packet = c.node.target.overloadpacket.__name__
+    x, w, b = c.v(0), c.v(1), c.v(2)
+    groups, eps = (c.arg(6), c.arg(7)) if packet == "native_group_norm" else (c.arg(1), c.arg(4, "eps", 1e-5))
+    if packet == "group_norm":
+        w, b = c.v(2), c.v(3)
+    channels = c.in_shape()[1]
+    w = w if w is not None else c.const(np.ones(channels, x.dtype))
+    b = b if b is not None else c.const(np.zeros(channels, x.dtype))
+    y = c.add("GroupNormalization", [x, w, b], {"num_groups": groups, "epsilon": eps})
+    return [y, None, None] if packet == "native_group_norm" else y
+
+
+# -- attention ---------------------------------------------------------------------------------------------
+@converter("scaled_dot_product_attention")
+def _sdpa(c: Ctx) -> Value:
+    """softmax(q @ k^T * scale + mask) @ v, decomposed here (torch's own decomposition leaves a strided result
+    that some models' `view` then rejects): a boolean mask (or is_causal) keeps the True positions, a float
+    mask is added to the scores."""
+    q, k, v = c.v(0), c.v(1), c.v(2)
+    mask, dropout, causal = c.node.args[3] if len(c.node.args) > 3 else c.node.kwargs.get("attn_mask"), \
+        c.arg(4, "dropout_p", 0.0), c.arg(5, "is_causal", False)  # fmt: skip
+    if dropout:
+        raise ModelError(f"{c.node.name} at {module_path(c.node)}: attention dropout {dropout} (compile in eval mode)")
+    if q.shape[-3:-2] != k.shape[-3:-2] and len(q.shape) >= 3:
+        raise ModelError(f"{c.node.name} at {module_path(c.node)}: grouped-query attention (enable_gqa) with "
+                         f"{q.shape[-3]} query and {k.shape[-3]} key heads is not supported")  # fmt: skip
+    scale = c.node.kwargs.get("scale")
+    scale = 1.0 / float(np.sqrt(q.shape[-1])) if scale is None else float(scale)
+    rank, name = len(k.shape), c.name
+    kt = c.imp.add1("Transpose", [k], {"perm": (*range(rank - 2), rank - 1, rank - 2)}, f"{name}_kt")
+    scores = c.imp.add1("MatMul", [q, kt], name=f"{name}_qk")
+    scores = c.imp.add1("Mul", [scores, c.const(scale, q.dtype)], name=f"{name}_scaled")
+    masks = [c.imp.value(mask)] if mask is not None else []
+    if causal:
+        lq, lk = q.shape[-2], k.shape[-2]
+        masks.append(c.const(np.tril(np.ones((lq, lk), bool))))
+    for i, m in enumerate(masks):
+        if m.dtype == "bool":
+            scores = c.imp.add1("Where", [m, scores, c.const(-np.inf, q.dtype)], name=f"{name}_masked{i}")
+        else:
+            scores = c.imp.add1("Add", [scores, c.imp.cast(m, q.dtype)], name=f"{name}_masked{i}")
+    probs = c.imp.add1("Softmax", [scores], {"axis": -1}, f"{name}_probs")
+    return c.add("MatMul", [probs, v])
+
