@@ -21,7 +21,8 @@ def compile(model, target=None, input_shapes=None, fallback=True, opt_level=3, d
             example_inputs=None):  # fmt: skip
     """Compile a model (ONNX file path, onnx.ModelProto, ember Graph, torch nn.Module with its example inputs,
     torch.export.ExportedProgram, .tflite file, Keras model or SavedModel directory); see `ember.compiler.compile`.
-    A module's example inputs come second (`ember.compile(module, (x,))`) or as `example_inputs=` (`ember.compile(module, example_inputs=(x,), target="c")`).
+    A module's example inputs come second (`ember.compile(module, (x,))`) or as `example_inputs=`
+    (`ember.compile(module, example_inputs=(x,), target="c")`).
     `target`: "c" or "llvm" (default: "c", or "llvm" where no C compiler is installed).
     `tuning_log`: a log written by `ember tune`, whose best config per workload is applied.
     `max_elements` (per tensor, default 2^34 or $EMBER_MAX_ELEMENTS) and `max_iterations` (per kernel's loops,
