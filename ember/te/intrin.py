@@ -232,6 +232,23 @@ def _coefs(off: E.Expr, loops: list[For], ana: Analyzer, what: str, loop: For) -
     return out
 
 
+def _reduction(ks: list[tuple[int, For]], ac: list[int], bc: list[int], loop: For) -> tuple[int, int]:
+    """(k4, ldb) of the reduction loops: one `kk` of extent 4 (stride 1 in A and B), the others one run of
+    groups of 4 (A strides 4, 4 * e0, ...; B strides ldb, ldb * e0, ...: loops that collapse into one)."""
+    inner = [(i, f) for i, f in ks if f.extent.value == 4 and ac[i] == 1 and bc[i] == 1]
+    if not inner:
+        raise TensorizeError(f"loop '{loop.var.name}': no reduction loop of extent 4 with stride 1 in A and B")
+    rest = sorted((x for x in ks if x[0] != inner[0][0]), key=lambda x: ac[x[0]])
+    k4, a_next, ldb = 1, 4, bc[rest[0][0]] if rest else 0
+    for i, f in rest:
+        if ac[i] != a_next or bc[i] != ldb * k4:
+            raise TensorizeError(f"loop '{loop.var.name}': reduction loop '{f.var.name}' does not continue the "
+                                 f"groups of 4 (A stride {ac[i]}, wants {a_next}; B stride {bc[i]}, wants {ldb * k4})")
+        k4 *= int(f.extent.value)
+        a_next = 4 * k4
+    return k4, ldb
+
+
 def _match_dot(loop: For, ana: Analyzer) -> Stmt:
     loops, store = _nest(loop)
     for f in loops:
@@ -253,17 +270,10 @@ def _match_dot(loop: For, ana: Analyzer) -> Stmt:
                                  f"{used}: each loop must be a row (C, A), a column (C, B) or a reduction (A, B) "
                                  "loop")
         role[kind].append((i, f))
-    if len(role["m"]) > 1 or len(role["n"]) > 1 or len(role["k"]) != 2:
-        raise TensorizeError(f"loop '{loop.var.name}': dot_u8s8 wants at most one row loop, one column loop and two "
-                             f"reduction loops (k4, kk) under it, found {[f.var.name for f in loops]}")  # fmt: skip
-    (i1, f1), (i2, f2) = role["k"]
-    if f1.extent.value == 4 and ac[i1] == 1 and bc[i1] == 1:
-        (ik, fk), (iq, fq) = (i2, f2), (i1, f1)
-    else:
-        (ik, fk), (iq, fq) = (i1, f1), (i2, f2)
-    if not (fq.extent.value == 4 and ac[iq] == 1 and bc[iq] == 1 and ac[ik] == 4):
-        raise TensorizeError(f"loop '{loop.var.name}': the reduction must be k4 (A stride 4) and kk (extent 4, "
-                             "stride 1 in A and B)")  # fmt: skip
+    if len(role["m"]) > 1 or len(role["n"]) > 1:
+        raise TensorizeError(f"loop '{loop.var.name}': dot_u8s8 wants at most one row loop and one column loop "
+                             f"under it, found {[f.var.name for f in loops]}")  # fmt: skip
+    k4, ldb = _reduction(role["k"], ac, bc, loop)
     m, ldc, lda = 1, 0, 0
     if role["m"]:
         im, fm = role["m"][0]
@@ -278,8 +288,8 @@ def _match_dot(loop: For, ana: Analyzer) -> Stmt:
     args = (
         address_of(_at_zero(store, loops)), E.const(ldc, int64),
         address_of(_at_zero(a, loops)), E.const(lda, int64),
-        address_of(_at_zero(b, loops)), E.const(bc[ik], int64),
-        E.const(m, int64), E.const(n, int64), E.const(int(fk.extent.value), int64),
+        address_of(_at_zero(b, loops)), E.const(ldb, int64),
+        E.const(m, int64), E.const(n, int64), E.const(k4, int64),
     )  # fmt: skip
     return Evaluate(E.Call("dot_u8s8", args, int32))
 
