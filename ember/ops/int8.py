@@ -137,10 +137,10 @@ def _qconv_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) 
         return te.if_then_else(inside, _u8(x[b, ch, ih, iw], signed), zero)
 
     A = I8.rows_stage((n_ * oh * ow, kh, kw, cp), patch, "im2col")
-    acc = I8.int8_acc(A, wp, name="qconv_acc", rows=oh * ow)
+    acc = I8.int8_acc(A, wp, name="qconv_acc", rows=ow)  # row tiles within one output row: contiguous in acc
     epi = _epilogue(lambda idx: acc[idx[0] * (oh * ow) + idx[2] * ow + idx[3], idx[1]], bias, scale, a)
     return te.compute((n_, a["n"], oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv",
-                      attrs={"template": "int8_gemm", "acc": acc, "row_axes": (2, 3), "col_axis": 1})  # fmt: skip
+                      attrs={"template": "int8_gemm", "acc": acc, "row_axes": (3,), "col_axis": 1})  # fmt: skip
 
 
 @lowering("QMatMulPacked", schedule=T.schedule_nn)

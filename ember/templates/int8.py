@@ -113,7 +113,7 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
     rows = O.fuse(*row_axes) if len(row_axes) > 1 else row_axes[0]
     ro, ri = O.split(rows, plan.mr)
     co, ci = O.split(col, plan.nb)
-    outer = [*others, co, ro] if plan.order == "ji" else [*others, ro, co]
+    outer = [co, *others, ro] if plan.order == "ji" else [*others, ro, co]
     inner = [ri, ci] if attrs["col_axis"] == len(axes) - 1 else [ci, ri]
     O.reorder(*outer, *inner)
     lanes = target.vector_lanes(32)
