@@ -82,24 +82,18 @@ def _dot_u8s8_c(m: int, n: int, features: frozenset[str]) -> tuple[str, str]:
     head = f"static inline void {name}{_SIGNATURE} {{\n"
     if isa == "avx512_vnni":
         nv = n // 16
-        body = (
-            f"  /* C[{m}x{n}] += A[{m}x4k] . B[k][{n}][4] with vpdpbusd: one 512-bit accumulator per 16 columns */\n"
-            f"  __m512i acc[{m}][{nv}];\n"
-            f"  for (int r = 0; r < {m}; ++r)\n"
-            f"    for (int v = 0; v < {nv}; ++v) acc[r][v] = _mm512_loadu_si512(c + r * ldc + 16 * v);\n"
-            "  for (long p = 0; p < k4; ++p) {\n"
-            f"    __m512i bv[{nv}];\n"
-            f"    for (int v = 0; v < {nv}; ++v) bv[v] = _mm512_loadu_si512(b + p * ldb + 64 * v);\n"
-            f"    for (int r = 0; r < {m}; ++r) {{\n"
-            "      int32_t a4;\n"
-            "      memcpy(&a4, a + r * lda + 4 * p, 4);\n"
-            "      const __m512i av = _mm512_set1_epi32(a4);\n"
-            f"      for (int v = 0; v < {nv}; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, bv[v]);\n"
-            "    }\n"
-            "  }\n"
-            f"  for (int r = 0; r < {m}; ++r)\n"
-            f"    for (int v = 0; v < {nv}; ++v) _mm512_storeu_si512(c + r * ldc + 16 * v, acc[r][v]);\n"
-        )
+        cs = [[f"c{r}_{v}" for v in range(nv)] for r in range(m)]
+        lines = [f"  /* C[{m}x{n}] += A[{m}x4k] . B[k][{n}][4] with vpdpbusd: {m * nv} accumulators of 16 columns */"]
+        lines += [f"  __m512i {cs[r][v]} = _mm512_loadu_si512(c + {r} * ldc + {16 * v});" for r in range(m)
+                  for v in range(nv)]  # fmt: skip
+        lines.append("  for (long p = 0; p < k4; ++p) {")
+        lines += [f"    const __m512i b{v} = _mm512_loadu_si512(b + p * ldb + {64 * v});" for v in range(nv)]
+        for r in range(m):
+            lines.append(f"    const __m512i a{r} = _mm512_set1_epi32(ember_load4(a + {r} * lda + 4 * p));")
+            lines += [f"    EMBER_DPBUSD({cs[r][v]}, a{r}, b{v});" for v in range(nv)]
+        lines.append("  }")
+        lines += [f"  _mm512_storeu_si512(c + {r} * ldc + {16 * v}, {cs[r][v]});" for r in range(m) for v in range(nv)]
+        body = "\n".join(lines) + "\n"
     elif isa == "avx2":
         nv = n // 8
         body = (
@@ -144,6 +138,11 @@ def _dot_u8s8_c(m: int, n: int, features: frozenset[str]) -> tuple[str, str]:
             "    }\n"
         )
     include = "" if isa == "c" else "#include <immintrin.h>\n"
+    if isa == "avx512_vnni":  # in place: GCC copies the accumulator around _mm512_dpbusd_epi32 (a move per call)
+        include += ("#ifndef EMBER_DPBUSD\n#define EMBER_DPBUSD(acc, a, b) "
+                    "__asm__(\"vpdpbusd %2, %1, %0\" : \"+v\"(acc) : \"v\"(a), \"v\"(b))\n"
+                    "static inline int32_t ember_load4(const uint8_t* p) { int32_t v; memcpy(&v, p, 4); return v; }\n"
+                    "#endif\n")
     return name, include + head + body + "}"
 
 
