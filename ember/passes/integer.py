@@ -6,7 +6,8 @@ QDQ form (what quantizers emit; runs before constant folding, which would fold t
                                                             DequantizeLinear(W_q int8 const, w_s, 0) [, bias])
         ->  QConvPacked | QMatMulPacked(x_q, pack(W_q), bias', scale)
 
-QOperator form: QLinearConv / QLinearMatMul with constant weights, the same rewrite.
+QOperator form: QLinearConv / QLinearMatMul with constant weights, the same rewrite. And
+QuantizeLinear(MaxPool(DequantizeLinear(x))) with one scale and zero point is MaxPool on the integers.
 
 The weights are packed once for the `dot_u8s8` intrinsic; bias' = the int32 bias (DequantizeLinear(b_q,
 x_s * w_s, 0), or a float bias rounded to that scale) minus u(x_z) times W's column sums, so the kernel
@@ -35,7 +36,8 @@ def integer_ops(graph: Graph) -> Graph:
     for node in graph.nodes:
         new = None
         if node.op == "QuantizeLinear":
-            new = _from_qdq(graph, node, producers, consumers, outputs)
+            new = _from_qdq(graph, node, producers, consumers, outputs) or _max_pool(node, producers, consumers,
+                                                                                        outputs)
         elif node.op in ("QLinearConv", "QLinearMatMul"):
             new = _from_qoperator(graph, node)
         if new is not None:
@@ -47,6 +49,23 @@ def integer_ops(graph: Graph) -> Graph:
 
         dead_code_elimination(graph)
     return graph
+
+
+def _max_pool(q: Node, producers: dict, consumers: dict, outputs: set) -> Node | None:
+    """QuantizeLinear(MaxPool(DequantizeLinear(x))) with the same scale and zero point: MaxPool on x itself
+    (dequantization is monotonic and the maximum is one of the inputs: exact)."""
+    pool = producers.get(q.inputs[0])
+    if pool is None or pool.op != "MaxPool" or len(pool.outputs) != 1:
+        return None
+    if _only_reader(pool.outputs[0], consumers, outputs) is not q:
+        return None
+    dq = producers.get(pool.inputs[0])
+    if dq is None or dq.op != "DequantizeLinear" or len(dq.inputs) < 3 or len(q.inputs) < 3:
+        return None
+    same = all(_scalar(a) is not None and _scalar(a) == _scalar(b) for a, b in zip(dq.inputs[1:3], q.inputs[1:3]))
+    if not same or dq.inputs[0].dtype != q.outputs[0].dtype:
+        return None
+    return Node("MaxPool", [dq.inputs[0]], [q.outputs[0]], dict(pool.attrs), pool.name)
 
 
 def _scalar(v: Value | None) -> float | None:

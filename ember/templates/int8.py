@@ -135,8 +135,14 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
         st = s[t]
         if st.is_placeholder or st.op.tag != "int8_rows":
             continue
-        a0 = st.op.axis[0]
+        i, r, c, ch = st.op.axis  # tiles of 16 rows x 64 channels: a transpose of NCHW that stays in cache
+        io, ii = st.split(i, 16) if t.shape[0] % 16 == 0 else (i, None)
+        if ii is not None and t.shape[3] > 64:
+            cho, chi = st.split(ch, 64)
+            st.reorder(io, r, c, cho, ii, chi)
+        elif ii is not None:
+            st.reorder(io, r, c, ii, ch)
         if target.num_cores > 1 and math.prod(t.shape) >= 1 << 15:
-            st.parallel(a0)
+            st.parallel(io)
         done.add(st.name)
     return done
