@@ -9,8 +9,9 @@ A quantized product or convolution is three stages:
   [Np / nb, KH * KW * Cp / 4, nb, 4] int8: per panel of nb columns, groups of 4 k per column;
 - the output, written by the op (`ember.ops.int8`): requantization of acc as an epilogue.
 
-`schedule_int8` tiles the output by (mr rows, nb columns), computes the accumulation tile in a local buffer
-at that tile with the reduction tensorized (one micro-kernel call per tile keeps the mr x nb/16 accumulators
+`schedule_int8` tiles the output by (mr rows, nb columns) (an NCHW convolution: one row of pixels by nb
+channels, accumulated mr pixels at a time), computes the accumulation tile in a local buffer at that tile
+with the reduction tensorized (one micro-kernel call per tile keeps the mr x nb/16 accumulators
 in registers over all of K), and runs the tile loops in parallel. Knobs: the tile (mr, nb) and the loop order
 (column panels outside: one panel of W stays in cache while the rows stream), as in the float GEMM template.
 """
@@ -99,8 +100,10 @@ def rows_stage(shape: tuple[int, ...], fn: Callable, name: str) -> Tensor:
 
 
 def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
-    """Tile the output by (mr, nb) at axes `attrs["row_axes"]` (the rows, outer first; the last one is split by
-    mr) and `attrs["col_axis"]`; the accumulation tile at the tile loop, its reduction tensorized."""
+    """Tile the output at axes `attrs["row_axes"]` (the rows, outer first) and `attrs["col_axis"]` by panels of nb
+    columns: rows-by-columns outputs (a product) in (mr, nb) tiles, channels-by-pixels outputs (NCHW) by one row
+    of pixels per panel (written contiguously, accumulated mr pixels at a time); the accumulation tile at the
+    tile loop, its reduction tensorized."""
     acc: Tensor = attrs["acc"]
     plan: Int8Plan = acc.op.attrs["plan"]
     O = s[out]
@@ -111,21 +114,29 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
     accl = s.cache_write(acc, "local")
     s[acc].compute_inline()
     rows = O.fuse(*row_axes) if len(row_axes) > 1 else row_axes[0]
-    ro, ri = O.split(rows, plan.mr)
     co, ci = O.split(col, plan.nb)
-    outer = [co, *others, ro] if plan.order == "ji" else [*others, ro, co]
-    inner = [ri, ci] if attrs["col_axis"] == len(axes) - 1 else [ci, ri]
-    O.reorder(*outer, *inner)
-    lanes = target.vector_lanes(32)
-    if inner[-1] is ci and plan.nb % lanes == 0 and lanes > 1:
-        cio, cii = O.split(ci, lanes)
-        O.vectorize(cii)
-    else:
-        O.unroll(inner[-1])
     L = s[accl]
     li, lj = L.op.axis
     kh, kw, c4, kk = L.op.reduce_axis
-    L.reorder(kh, kw, c4, li, lj, kk)
+    lanes = target.vector_lanes(32)
+    if attrs["col_axis"] == len(axes) - 1:  # rows x columns, columns contiguous: tiles of (mr, nb)
+        ro, ri = O.split(rows, plan.mr)
+        outer = [co, *others, ro] if plan.order == "ji" else [*others, ro, co]
+        O.reorder(*outer, ri, ci)
+        if plan.nb % lanes == 0 and lanes > 1:
+            _, cii = O.split(ci, lanes)
+            O.vectorize(cii)
+        L.reorder(kh, kw, c4, li, lj, kk)
+    else:  # channels x pixels (NCHW): a whole row of pixels per panel, written contiguously
+        outer = [co, *others] if plan.order == "ji" else [*others, co]
+        O.reorder(*outer, ci, rows)
+        n_rows = out.shape[attrs["row_axes"][-1]]
+        width = next((w for w in (lanes, lanes // 2) if w > 1 and n_rows % w == 0), 0)
+        if width:
+            _, rii = O.split(rows, width)
+            O.vectorize(rii)
+        lio, lii = L.split(li, plan.mr)
+        L.reorder(lio, kh, kw, c4, lii, lj, kk)
     L.tensorize(kh, "dot_u8s8")
     L.compute_at(O, outer[-1])
     if target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16:
