@@ -26,6 +26,7 @@ from ember.ops.common import ShapeError, spatial_attrs, window_out_dim
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.quant import int_range
 from ember.ops.te_lib import lowering
+from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
 from ember.templates import int8 as I8
 from ember.templates import nn as T
@@ -137,7 +138,7 @@ def _qconv_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) 
         return te.if_then_else(inside, _u8(x[b, ch, ih, iw], signed), zero)
 
     A = I8.rows_stage((n_ * oh * ow, kh, kw, cp), patch, "im2col")
-    acc = I8.int8_acc(A, wp, name="qconv_acc", rows=ow)  # row tiles within one output row: contiguous in acc
+    acc = I8.int8_acc(A, wp, name="qconv_acc", cfg=a.get(CONFIG_ATTR), rows=ow)  # row tiles within one output row
     epi = _epilogue(lambda idx: acc[idx[0] * (oh * ow) + idx[2] * ow + idx[3], idx[1]], bias, scale, a)
     return te.compute((n_, a["n"], oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv",
                       attrs={"template": "int8_gemm", "acc": acc, "row_axes": (3,), "col_axis": 1})  # fmt: skip
@@ -159,7 +160,7 @@ def _qmatmul_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor
         return v if kp == k else te.if_then_else(kk < k, v, te.const(0, "uint8"))
 
     A = I8.rows_stage((rows, 1, 1, kp), row, "rows")
-    acc = I8.int8_acc(A, wp, name="qmatmul_acc", rows=m)
+    acc = I8.int8_acc(A, wp, name="qmatmul_acc", cfg=a.get(CONFIG_ATTR), rows=m)
 
     def flat(idx):
         r = 0
