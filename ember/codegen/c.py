@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..target import Target
-from ..te.intrin import ADDRESS, INTRINSICS
+from ..te.intrin import ADDRESS, INTRINSICS, isa_features
 from ..tir.arith import Analyzer
 from ..tir.dtype import DType
 from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var, const_value
@@ -379,7 +379,7 @@ class CCodegen:
             return f"&{self.name(ld.buffer)}[{self.expr(ld.indices[0])}]"
         if e.name in INTRINSICS:  # a tensorized micro-kernel, specialized on its constant shape
             m, n = (const_value(a) for a in e.args[6:8])
-            fname, code = INTRINSICS[e.name].c_impl(int(m), int(n), self.target.simd_features())
+            fname, code = INTRINSICS[e.name].c_impl(int(m), int(n), isa_features(self.target))
             args = [self.expr(a) for a in e.args[:6]] + [self.expr(e.args[8])]
             return f"{self.helper(fname, code)}({', '.join(args)})"
         text = self.lanewise(e.name, list(e.args), e.dtype)

@@ -24,22 +24,26 @@ from __future__ import annotations
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
+from ember.target import Target
 from ember.templates import int8 as I8
 
 from .util import constant_value, new_constant
 
 
-def integer_ops(graph: Graph) -> Graph:
+def integer_ops(graph: Graph, target: Target | str | None = None) -> Graph:
+    target = Target.parse(target or "c")
+    if target.kind != "c":  # the intrinsics are C (the llvm and GPU targets run the float path of a QDQ graph)
+        return graph
     producers, consumers = graph.producers(), graph.consumers()
     outputs = set(graph.outputs)
     replaced: dict[Node, Node] = {}  # the node whose output the new node writes -> the new node
     for node in graph.nodes:
         new = None
         if node.op == "QuantizeLinear":
-            new = _from_qdq(graph, node, producers, consumers, outputs) or _max_pool(node, producers, consumers,
-                                                                                        outputs)
+            new = _from_qdq(graph, node, producers, consumers, outputs, target) or _max_pool(node, producers,
+                                                                                                consumers, outputs)
         elif node.op in ("QLinearConv", "QLinearMatMul"):
-            new = _from_qoperator(graph, node)
+            new = _from_qoperator(graph, node, target)
         if new is not None:
             replaced[node] = new
     if replaced:
@@ -90,7 +94,7 @@ def _only_reader(v: Value, consumers: dict, outputs: set) -> Node | None:
     return users[0] if len(users) == 1 and v not in outputs else None
 
 
-def _from_qdq(graph: Graph, q: Node, producers: dict, consumers: dict, outputs: set) -> Node | None:
+def _from_qdq(graph: Graph, q: Node, producers: dict, consumers: dict, outputs: set, target: Target) -> Node | None:
     ys, yz = _scalar(q.inputs[1]), constant_value(q.inputs[2]) if len(q.inputs) > 2 else None
     if ys is None or yz is None or yz.size != 1 or q.attrs.get("block_size", 0):
         return None
@@ -123,7 +127,7 @@ def _from_qdq(graph: Graph, q: Node, producers: dict, consumers: dict, outputs: 
     if core.op != "Conv" and (w.ndim != 2 or (ws.size > 1 and waxis % 2 != 1)):
         return None
     return _make(graph, core, xq, float(xs.reshape(())), int(xz.reshape(())), w, ws, float(ys),
-                 yz.reshape(()), b_int, relu, q.outputs[0])  # fmt: skip
+                 yz.reshape(()), b_int, relu, q.outputs[0], target)  # fmt: skip
 
 
 def _bias(bias: Value | None, producers: dict, bscale: np.ndarray) -> np.ndarray | None:
@@ -140,7 +144,7 @@ def _bias(bias: Value | None, producers: dict, bscale: np.ndarray) -> np.ndarray
     return None if b is None else np.rint(b.astype(np.float64) / bscale).astype(np.int64)
 
 
-def _from_qoperator(graph: Graph, node: Node) -> Node | None:
+def _from_qoperator(graph: Graph, node: Node, target: Target) -> Node | None:
     x, xs, xz, w, ws, wz, ys, yz = node.inputs[:8]
     params = [_scalar(xs), _scalar(xz), _scalar(ys)]
     wv, wsv, wzv, yzv = (constant_value(v) for v in (w, ws, wz, yz))
@@ -153,11 +157,11 @@ def _from_qoperator(graph: Graph, node: Node) -> Node | None:
     if b_int is None:
         return None
     return _make(graph, node, x, float(params[0]), int(params[1]), wv, wsv, float(params[2]), yzv.reshape(()),
-                 b_int.astype(np.int64), False, node.outputs[0])  # fmt: skip
+                 b_int.astype(np.int64), False, node.outputs[0], target)  # fmt: skip
 
 
 def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray, ws: np.ndarray, ys: float,
-          yz: np.ndarray, b_int: np.ndarray, relu: bool, out: Value) -> Node | None:  # fmt: skip
+          yz: np.ndarray, b_int: np.ndarray, relu: bool, out: Value, target: Target) -> Node | None:  # fmt: skip
     if xq.dtype not in ("uint8", "int8") or yz.dtype not in (np.uint8, np.int8):
         return None
     conv = core.op in ("Conv", "QLinearConv")
@@ -173,7 +177,7 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
         k, co = w.shape
         w_kn = np.zeros((-(-k // 4) * 4, co), np.int8)
         w_kn[:k] = w
-    nb = I8.choose_nb(co)
+    nb = I8.choose_nb(co, target)
     xzu = xz + (128 if xq.dtype == "int8" else 0)
     colsum = w_kn.astype(np.int64).sum(axis=0)
     bias = np.broadcast_to(b_int, (co,)) - xzu * colsum

@@ -15,7 +15,9 @@ A is row-major (4 consecutive k of a row are broadcast), B is packed by groups o
 layout `vpdpbusd` reads: 16 columns x 4 bytes per 512-bit vector). Implementations: AVX-512 VNNI
 (`_mm512_dpbusd_epi32`), AVX2 (u8/s8 widened to s16 and `_mm256_madd_epi16`: `vpmaddubsw` would saturate
 the sum of two u8*s8 products at 32767, so the pairs are formed in 16 bits from exact products), and
-portable C for any other target (and for column counts the vectors do not divide).
+NEON `sdot` on aarch64 CPUs with the dot-product extension (int8 x int8: the uint8 operand is shifted to int8
+and 128 times B's column sums added back), and portable C for any other target (and for column counts the
+vectors do not divide).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..target import Target
 from ..tir import expr as E
 from ..tir.arith import Analyzer
 from ..tir.dtype import int32, int64
@@ -64,15 +67,32 @@ def _i32(v):
     return cast(v, "int32")
 
 
+DOTPROD_CPUS = {"cortex-a55", "cortex-a76", "cortex-a78", "cortex-x1", "neoverse-n1", "neoverse-n2", "neoverse-v1",
+                "apple-m1"}  # aarch64 CPUs with the dot-product extension (sdot/udot)
+
+
+def isa_features(target: Target) -> frozenset[str]:
+    """The instruction-set features the intrinsics' implementations choose by: x86 SIMD features, or "dotprod"
+    for an aarch64 target whose CPU (or -mattr=+dotprod) has sdot."""
+    arch = target.arch
+    if arch is not None and arch.name == "aarch64":
+        dot = "+dotprod" in target.mattr or (target.mcpu in DOTPROD_CPUS and "-dotprod" not in target.mattr)
+        return frozenset({"dotprod"} if dot else ())
+    return target.simd_features()
+
+
 _SIGNATURE = "(int32_t* c, long ldc, const uint8_t* a, long lda, const int8_t* b, long ldb, long k4)"
 
 
 def dot_u8s8_isa(features: frozenset[str], n: int) -> str:
-    """The implementation used for n columns on a target with these x86 features: avx512_vnni, avx2, or c."""
+    """The implementation used for n columns on a target with these features (`isa_features`): avx512_vnni,
+    avx2, neon_dotprod, or c."""
     if n % 16 == 0 and ("avx512_vnni" in features or "avx512vnni" in features):
         return "avx512_vnni"
     if n % 8 == 0 and "avx2" in features:
         return "avx2"
+    if n % 4 == 0 and "dotprod" in features:
+        return "neon_dotprod"
     return "c"
 
 
@@ -126,6 +146,25 @@ def _dot_u8s8_c(m: int, n: int, features: frozenset[str]) -> tuple[str, str]:
             "      _mm256_storeu_si256(cp, _mm256_add_epi32(_mm256_loadu_si256(cp), s));\n"
             "    }\n"
         )
+    elif isa == "neon_dotprod":
+        nv = n // 4
+        lines = [f"  /* C[{m}x{n}] += A[{m}x4k] . B[k][{n}][4] with sdot (int8 x int8): a ^ 0x80 = a - 128 as int8,",
+                 "     so C += sdot(a ^ 0x80, B) + 128 * (B's column sums, one more sdot against ones) */"]
+        lines += [f"  int32x4_t c{r}_{v} = vld1q_s32(c + {r} * ldc + {4 * v});" for r in range(m) for v in range(nv)]
+        lines += [f"  int32x4_t s{v} = vdupq_n_s32(0);" for v in range(nv)]
+        lines += ["  const int8x16_t ones = vdupq_n_s8(1);", "  const uint8x16_t flip = vdupq_n_u8(0x80);"]
+        lines.append("  for (long p = 0; p < k4; ++p) {")
+        for v in range(nv):
+            lines.append(f"    const int8x16_t b{v} = vld1q_s8(b + p * ldb + {16 * v});")
+            lines.append(f"    s{v} = vdotq_s32(s{v}, ones, b{v});")
+        for r in range(m):
+            lines.append(f"    const int8x16_t a{r} = vreinterpretq_s8_u8(veorq_u8(vreinterpretq_u8_u32("
+                         f"vdupq_n_u32((uint32_t)ember_load4(a + {r} * lda + 4 * p))), flip));")  # fmt: skip
+            lines += [f"    c{r}_{v} = vdotq_s32(c{r}_{v}, a{r}, b{v});" for v in range(nv)]
+        lines.append("  }")
+        lines += [f"  vst1q_s32(c + {r} * ldc + {4 * v}, vaddq_s32(c{r}_{v}, vshlq_n_s32(s{v}, 7)));" for r in range(m)
+                  for v in range(nv)]  # fmt: skip
+        body = "\n".join(lines) + "\n"
     else:
         body = (
             f"  for (int r = 0; r < {m}; ++r)\n"
@@ -137,10 +176,15 @@ def _dot_u8s8_c(m: int, n: int, features: frozenset[str]) -> tuple[str, str]:
             "      c[r * ldc + j] = s;\n"
             "    }\n"
         )
-    include = "" if isa == "c" else "#include <immintrin.h>\n"
+    include = {"c": "", "neon_dotprod": "#include <arm_neon.h>\n"}.get(isa, "#include <immintrin.h>\n")
+    if isa == "neon_dotprod":
+        include += ("#ifndef EMBER_LOAD4\n#define EMBER_LOAD4\n"
+                    "static inline int32_t ember_load4(const uint8_t* p) { int32_t v; memcpy(&v, p, 4); return v; }\n"
+                    "#endif\n")
     if isa == "avx512_vnni":  # in place: GCC copies the accumulator around _mm512_dpbusd_epi32 (a move per call)
         include += ("#ifndef EMBER_DPBUSD\n#define EMBER_DPBUSD(acc, a, b) "
-                    "__asm__(\"vpdpbusd %2, %1, %0\" : \"+v\"(acc) : \"v\"(a), \"v\"(b))\n"
+                    "__asm__(\"vpdpbusd %2, %1, %0\" : \"+v\"(acc) : \"v\"(a), \"v\"(b))\n#endif\n"
+                    "#ifndef EMBER_LOAD4\n#define EMBER_LOAD4\n"
                     "static inline int32_t ember_load4(const uint8_t* p) { int32_t v; memcpy(&v, p, 4); return v; }\n"
                     "#endif\n")
     return name, include + head + body + "}"
@@ -312,4 +356,4 @@ def tensorize_loops(func: PrimFunc) -> PrimFunc:
 
 
 __all__ = ["ADDRESS", "INTRINSICS", "TENSORIZE", "Intrinsic", "TensorizeError", "address_of", "dot_u8s8_isa",
-           "get_intrinsic", "tensorize_loops"]  # fmt: skip
+           "get_intrinsic", "isa_features", "tensorize_loops"]  # fmt: skip

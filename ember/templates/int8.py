@@ -41,8 +41,11 @@ class Int8Plan:
     order: str = "ji"  # "ji": column panels outside the row tiles
 
 
-def choose_nb(n: int) -> int:
-    """The panel width for n output columns (the packed weight's layout, fixed at compile time)."""
+def choose_nb(n: int, target: Target | None = None) -> int:
+    """The panel width for n output columns (the packed weight's layout, fixed at compile time): up to 4 vectors
+    of 16 int32 (AVX-512), 16 columns where vectors hold 4 (NEON: 4 x 4 accumulators per row)."""
+    if target is not None and target.vector_bits and target.vector_bits < 256:
+        return 16
     return 16 if n <= 16 else 32 if n <= 32 or n % 64 else 64
 
 

@@ -138,3 +138,22 @@ def test_not_rewritten_stays_correct():
     feeds = zoo.random_feeds(zoo.mobilenet_v2_inverted_residual(channels=8, expand=2, size=6), seed=3)
     want = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     assert np.abs(np.asarray(m(*feeds.values())) - want).max() / output_step(q) <= 1 + 1e-3
+
+
+def test_aarch64_dotprod_under_emulation(tmp_path):
+    """Built for an aarch64 CPU with sdot (the NEON implementation of dot_u8s8), run under qemu: the same integers
+    as this machine's build."""
+    import shutil
+
+    from ember.runtime.standalone import emulator, run_exported
+
+    if shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None:
+        pytest.skip("no aarch64 cross compiler or qemu-aarch64 (apt-get install gcc-aarch64-linux-gnu qemu-user)")
+    model = zoo.resnet_basic_block(channels=16, size=6)
+    q = quantize(model, True)
+    feeds = zoo.random_feeds(model, seed=4)
+    want = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    m = ember.compile(q, "c -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1")
+    assert "x16_neon_dotprod(" in m.source  # sdot micro-kernels on 16-column panels
+    outputs, _ = run_exported(m.export(tmp_path / "board"), feeds, launcher=emulator(m.plan.target))
+    np.testing.assert_array_equal(next(iter(outputs.values())), want)
