@@ -23,6 +23,7 @@ import numpy as np
 from ember import te
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError, spatial_attrs, window_out_dim
+from ember.ops.conv import conv_nd
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.quant import int_range
 from ember.ops.te_lib import lowering
@@ -83,8 +84,6 @@ def qconv_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale
     xu[:, : x.shape[1]] = _as_u8(x)
     w = I8.unpack_weight(wp, a["n"]).astype(np.int64).reshape(kh, kw, cp, a["n"]).transpose(3, 2, 0, 1)
     zp = float(a["x_zero"] + (128 if x.dtype == np.int8 else 0))
-    from ember.ops.conv import conv_nd
-
     pads = a["pads"]
     xp = np.pad(xu.astype(np.float64), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])], constant_values=zp)
     acc = conv_nd(xp, w.astype(np.float64), {**a, "pads": (0, 0, 0, 0), "group": 1})
