@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..target import Target
+from ..te.intrin import ADDRESS, INTRINSICS, isa_features
 from ..tir.arith import Analyzer
 from ..tir.dtype import DType, int64
-from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
+from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var, const_value
 from ..tir.functor import walk
 from ..tir.stmt import (
     Allocate,
@@ -386,6 +387,14 @@ class CCodegen:
         raise CodegenError(f"C codegen: no {fn} for {dt}")
 
     def call(self, e: Call) -> str:
+        if e.name == ADDRESS:  # an intrinsic's operand: &buf[offset]
+            (ld,) = e.args
+            return f"&{self.name(ld.buffer)}[{self.expr(ld.indices[0])}]"
+        if e.name in INTRINSICS:  # a tensorized micro-kernel, specialized on its constant shape
+            m, n = (const_value(a) for a in e.args[6:8])
+            fname, code = INTRINSICS[e.name].c_impl(int(m), int(n), isa_features(self.target))
+            args = [self.expr(a) for a in e.args[:6]] + [self.expr(e.args[8])]
+            return f"{self.helper(fname, code)}({', '.join(args)})"
         text = self.lanewise(e.name, list(e.args), e.dtype)
         return f"{self.half_helper(e.dtype, 'round')}({text})" if e.dtype.is_half else text
 
@@ -710,6 +719,8 @@ def register_slots(s: Allocate, max_slots: int = 64) -> dict[int, int] | None:
     and slots do not overlap; None otherwise."""
     slots: dict[int, int] = {}
     for n in walk(s.body):
+        if isinstance(n, Call) and n.name == ADDRESS and n.args[0].buffer is s.buffer:
+            return None  # an intrinsic reads and writes it through a pointer
         if isinstance(n, Load | Store) and n.buffer is s.buffer:
             idx = n.indices[0] if len(n.indices) == 1 else None
             off = None if idx is None else const_offset(idx)

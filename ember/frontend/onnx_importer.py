@@ -317,7 +317,8 @@ class Importer:
             return self._add_symbolic(opdef, attrs, inputs, out_names, types, name)
         out_size = None if types is None else sum(t.size for t in types[: len(out_names)])
         in_size = sum(v.type.size for v in present if v.is_constant)
-        if opdef.foldable and (all_const or not opdef.reads_data) and (
+        keep = op == "DequantizeLinear"  # quantized weights stay integer for `passes.integer` (fold_constant: the rest)
+        if opdef.foldable and not keep and (all_const or not opdef.reads_data) and (
                 out_size is None or out_size <= max(self.fold_limit, in_size)):  # fmt: skip
             outs = self._fold(opdef, attrs, inputs, out_names, where)
         else:

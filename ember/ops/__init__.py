@@ -14,6 +14,7 @@ from ember.ops import (  # noqa: F401  (registers operators)
     conv,
     elemwise,
     fused,
+    int8,
     layout,
     matmul,
     ml,

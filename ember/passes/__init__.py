@@ -22,6 +22,7 @@ from .batchnorm import fold_batchnorm
 from .cleanup import dead_code_elimination, eliminate_common_subexpr, fold_constant
 from .control import unroll_scan
 from .fuse import fuse_ops
+from .integer import integer_ops
 from .layout import convert_layout
 from .pack import pack_weights
 from .simplify import simplify
@@ -38,6 +39,8 @@ class Pass:
 
 PASSES: list[Pass] = [
     Pass("unroll_scan", unroll_scan, 0, "inline the body of a Scan with a static length once per step"),
+    Pass("integer_ops", integer_ops, 1, "quantized conv/matmul (QDQ, QLinear*) to integer kernels on packed weights",
+         takes_target=True),
     Pass("fold_constant", fold_constant, 1, "evaluate subgraphs whose inputs are all constants"),
     Pass("simplify", simplify, 1, "algebraic identities, no-op removal, Gelu/LayerNorm recognition"),
     Pass("fold_batchnorm", fold_batchnorm, 1, "fold BatchNormalization and constant scale/shift into conv/gemm"),

@@ -59,7 +59,7 @@ def fuse_ops(graph: Graph) -> Graph:
 
     # 1. epilogues
     absorbed: set[Node] = set()
-    for n in graph.nodes:
+    for n in sorted(graph.nodes, key=lambda n: pattern(n) is not Pattern.OUT_ELEMWISE_FUSABLE):  # conv/matmul first
         if n in absorbed or pattern(n) not in ANCHORS or len(n.outputs) != 1:
             continue
         members, tail = [n], n
@@ -91,7 +91,7 @@ def fuse_ops(graph: Graph) -> Graph:
         if len(users) != 1 or v in outputs:
             continue
         target = group[users[0]]
-        if target is members or Pattern.OUT_ELEMWISE_FUSABLE in (pattern(target[0]), pattern(users[0])):
+        if target is members or pattern(users[0]) is Pattern.OUT_ELEMWISE_FUSABLE:
             continue
         if pattern(users[0]) is Pattern.OPAQUE or len(members) + len(target) > MAX_GROUP:
             continue

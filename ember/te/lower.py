@@ -21,6 +21,7 @@ from ..tir.dtype import int32, int64
 from ..tir.expr import Expr, Var, const
 from ..tir.functor import substitute, transform, walk
 from ..tir.stmt import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, seq
+from .intrin import tensorize_loops
 from .schedule import Fuse, Schedule, ScheduleError, Split, Stage
 from .tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
 
@@ -494,4 +495,4 @@ def lower_schedule(sch: Schedule, args: Sequence[Tensor], name: str = "default_f
     for a in args:
         if not isinstance(a, Tensor):
             raise TypeError(f"arguments must be tensors, got {a!r}")
-    return Lowering(sch, args, name).run()
+    return tensorize_loops(Lowering(sch, args, name).run())

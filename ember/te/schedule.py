@@ -159,6 +159,11 @@ class Stage:
     def pragma(self, axis: IterVar | str, key: str, value: Any = True) -> None:
         self.sch._apply(Step("pragma", self.name, (_name(axis), key, value)))
 
+    def tensorize(self, axis: IterVar | str, intrin: str) -> None:
+        """Replace the loop nest under `axis` by one call to intrinsic `intrin` (`ember.te.intrin`), matched
+        after lowering; the loops inside must be exactly the intrinsic's."""
+        self.sch._apply(Step("tensorize", self.name, (_name(axis), intrin)))
+
     def compute_at(self, parent: Stage | Tensor | str, axis: IterVar | str) -> None:
         """Compute this stage inside loop `axis` of consumer stage `parent`, only the part it needs."""
         self.sch._apply(Step("compute_at", self.name, (self.sch[parent].name, _name(axis))))
@@ -407,6 +412,15 @@ class Schedule:
 
     def _do_pragma(self, st: Stage, name: str, key: str, value: Any) -> None:
         st._attr(st._leaf(name, "pragma")).pragmas.append((key, value))
+
+    def _do_tensorize(self, st: Stage, name: str, intrin: str) -> None:
+        from .intrin import TENSORIZE, get_intrinsic
+
+        try:
+            get_intrinsic(intrin)
+        except ValueError as e:
+            raise st._err(str(e)) from None
+        st._attr(st._leaf(name, "tensorize")).pragmas.append((TENSORIZE, intrin))
 
     def _do_compute_at(self, st: Stage, parent_name: str, axis_name: str) -> None:
         parent = self[parent_name]

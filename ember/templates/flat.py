@@ -12,6 +12,8 @@ from __future__ import annotations
 from ember import te
 from ember.target import Target
 from ember.te.tensor import ComputeOp, Reduce, Tensor, prod_hint
+from ember.tir.expr import Expr
+from ember.tir.functor import walk
 
 
 def default_schedule(outs: list[Tensor], target: Target) -> te.Schedule:
@@ -30,6 +32,13 @@ def default_schedule(outs: list[Tensor], target: Target) -> te.Schedule:
     return s
 
 
+def lane_bits(op: ComputeOp) -> int:
+    """Element bits that set a stage's vector lanes: its output's, or up to 32 when it computes in wider types
+    (a uint8 QuantizeLinear computes in float32/float64: 64 lanes of those would be 8 to 16 registers each)."""
+    widest = max((n.dtype.bits for n in walk(op.body) if isinstance(n, Expr) and not n.dtype.is_bool), default=8)
+    return max(op.dtype.bits, min(widest, 32), 8)
+
+
 def schedule_flat(st: te.Stage, target: Target) -> None:
     """Fuse the data-parallel loops of a stage, vectorize by the target's lanes, parallelize the rest."""
     op = st.op
@@ -38,7 +47,7 @@ def schedule_flat(st: te.Stage, target: Target) -> None:
     if not op.axis or size == 0:
         return
     fused = st.fuse(*op.axis) if len(op.axis) > 1 else op.axis[0]
-    lanes = target.vector_lanes(max(op.dtype.bits, 8))
+    lanes = target.vector_lanes(lane_bits(op))
     is_reduce = isinstance(op.body, Reduce)
     inner_len = op.shape[-1]
     if not is_reduce and size >= lanes * 2 and (inner_len % lanes == 0 or size >= 4 * lanes):
@@ -73,7 +82,7 @@ def schedule_rows(st: te.Stage, target: Target) -> None:
     outer = list(op.axis[:-k])
     row = st.fuse(*op.axis[-k:])
     n = prod_hint(op.shape[-k:])
-    lanes = target.vector_lanes(max(op.dtype.bits, 8))
+    lanes = target.vector_lanes(lane_bits(op))
     while lanes > 4 and n % lanes:
         lanes //= 2
     if lanes >= 4 and n % lanes == 0:

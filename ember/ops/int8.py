@@ -1,0 +1,173 @@
+"""Integer convolution and matrix product on weights packed at compile time: QConvPacked, QMatMulPacked.
+
+`ember.passes.integer` rewrites quantized graphs (QDQ and QOperator) into these. Both compute
+
+    y = saturate(rint(float32(sum u(x) * W + bias) * scale[j]) + y_zero)  clamped to [y_min, y_max of y's dtype]
+
+with W int8 packed as [Np / nb, K / 4, nb, 4] (`ember.templates.int8.pack_weight`), K in the order
+(kh, kw, channel) with the channels padded to 4, u(x) the activation as uint8 (x + 128 for int8 x; the
+convolution's padding is u(x_zero), a real zero), int32 accumulation, and bias the int32 bias minus
+u(x_zero) times W's column sums (folded by the pass: the product then needs no zero-point terms), rounding
+half to even. `y_min` above the dtype's minimum is a fused Relu (max(q, y_zero) is exactly Relu then
+QuantizeLinear). ONNX's QLinearConv divides the real value by y's scale; the pass's `scale` is
+x_scale * w_scale / y_scale rounded to float32 once, as onnxruntime's kernels do: the two can differ by one
+step where the quotient is within float32 rounding of a tie.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ember import te
+from ember.graph.types import TensorType
+from ember.ops.common import ShapeError, spatial_attrs, window_out_dim
+from ember.ops.conv import conv_nd
+from ember.ops.opdef import Attr, Pattern, op
+from ember.ops.quant import int_range
+from ember.ops.te_lib import lowering
+from ember.te.config import CONFIG_ATTR
+from ember.te.tensor import Tensor
+from ember.templates import int8 as I8
+from ember.templates import nn as T
+
+OUT = Pattern.OUT_ELEMWISE_FUSABLE
+COMMON = [Attr("n", "int"), Attr("x_zero", "int", 0), Attr("y_zero", "int", 0), Attr("y_dtype", "dtype", "uint8"),
+          Attr("y_min", "int", -(2**31))]  # fmt: skip
+CONV = [Attr("kernel_shape", "ints"), Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints")]
+
+
+def _check(name: str, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType, a: dict, k: int) -> None:
+    if x.dtype not in ("uint8", "int8") or wp.dtype != "int8" or wp.rank != 4 or wp.shape[3] != 4:
+        raise ShapeError(f"{name} needs uint8/int8 x and int8 packed weights [Np/nb, K/4, nb, 4], got {x} and {wp}")
+    if wp.shape[1] * 4 != k or not (wp.shape[0] - 1) * wp.shape[2] < a["n"] <= wp.shape[0] * wp.shape[2]:
+        raise ShapeError(f"{name}: packed weights {wp} do not make a [{k}, {a['n']}] matrix")
+    if bias.dtype != "int32" or scale.dtype != "float32" or bias.shape != (a["n"],) or scale.shape != (a["n"],):
+        raise ShapeError(f"{name}: bias must be int32[{a['n']}] and scale float32[{a['n']}], got {bias} and {scale}")
+
+
+def _conv_geometry(a: dict, x: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """(output spatial shape, padded channels) of a QConvPacked."""
+    strides, pads, dil = spatial_attrs(a, 2)
+    out = tuple(window_out_dim(x[2 + i], a["kernel_shape"][i], strides[i], (pads[i], pads[i + 2]), dil[i])
+                for i in range(2))  # fmt: skip
+    return out, -(-x[1] // 4) * 4
+
+
+def _conv_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType) -> TensorType:
+    if x.rank != 4:
+        raise ShapeError(f"QConvPacked needs a 4-d x [N, C, H, W], got {x}")
+    out, cp = _conv_geometry(a, x.shape)
+    _check("QConvPacked", x, wp, bias, scale, a, math.prod(a["kernel_shape"]) * cp)
+    return TensorType((x.shape[0], a["n"], *out), a["y_dtype"])
+
+
+def _requant_np(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, a: dict, axis: int) -> np.ndarray:
+    shape = [1] * acc.ndim
+    shape[axis] = -1
+    v = (acc + bias.reshape(shape).astype(np.int64)).astype(np.float32) * scale.reshape(shape)
+    lo, hi = int_range(a["y_dtype"])
+    return np.clip(np.rint(v).astype(np.float64) + a["y_zero"], max(lo, a["y_min"]), hi).astype(a["y_dtype"])
+
+
+def _as_u8(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.int64) + (128 if x.dtype == np.int8 else 0)
+
+
+@op("QConvPacked", OUT, infer=_conv_infer, inputs=(4, 4), attrs=COMMON + CONV)
+def qconv_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Quantized 2-d convolution (group 1) on packed int8 weights, requantized (see the module doc)."""
+    (oh, ow), cp = _conv_geometry(a, x.shape)
+    kh, kw = a["kernel_shape"]
+    xu = np.full((x.shape[0], cp, *x.shape[2:]), a["x_zero"] + (128 if x.dtype == np.int8 else 0), np.int64)
+    xu[:, : x.shape[1]] = _as_u8(x)
+    w = I8.unpack_weight(wp, a["n"]).astype(np.int64).reshape(kh, kw, cp, a["n"]).transpose(3, 2, 0, 1)
+    zp = float(a["x_zero"] + (128 if x.dtype == np.int8 else 0))
+    pads = a["pads"]
+    xp = np.pad(xu.astype(np.float64), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])], constant_values=zp)
+    acc = conv_nd(xp, w.astype(np.float64), {**a, "pads": (0, 0, 0, 0), "group": 1})
+    return _requant_np(np.rint(acc).astype(np.int64), bias, scale, a, 1)
+
+
+def _mm_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType) -> TensorType:
+    if x.rank < 2:
+        raise ShapeError(f"QMatMulPacked needs x [..., M, K], got {x}")
+    _check("QMatMulPacked", x, wp, bias, scale, a, -(-x.shape[-1] // 4) * 4)
+    return TensorType((*x.shape[:-1], a["n"]), a["y_dtype"])
+
+
+@op("QMatMulPacked", OUT, infer=_mm_infer, inputs=(4, 4), attrs=COMMON)
+def qmatmul_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Quantized x [..., M, K] times packed int8 weights [K, n], requantized (see the module doc)."""
+    w = I8.unpack_weight(wp, a["n"])[: x.shape[-1]].astype(np.int64)
+    return _requant_np(_as_u8(x) @ w, bias, scale, a, -1)
+
+
+# -- TE computes: A stage, int32 accumulation (template `ember.templates.int8`), requantizing epilogue -------
+def _u8(v, signed: bool):
+    return te.cast(te.cast(v, "int32") + 128, "uint8") if signed else v
+
+
+def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
+    lo, hi = int_range(a["y_dtype"])
+    lo = max(lo, a["y_min"])
+
+    def f(idx, j):
+        v = te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
+        q = te.round(v) + float(a["y_zero"])
+        return te.cast(te.minimum(te.maximum(q, float(lo)), float(hi)), a["y_dtype"])
+
+    return f
+
+
+@lowering("QConvPacked", schedule=T.schedule_nn)
+def _qconv_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+    n_, c, h, w = x.shape
+    (oh, ow), cp = _conv_geometry(a, x.shape)
+    kh, kw = a["kernel_shape"]
+    (sh, sw), pads, (dh, dw) = spatial_attrs(a, 2)
+    signed = x.dtype.name == "int8"
+    zero = te.const(a["x_zero"] + (128 if signed else 0), "uint8")
+
+    def patch(i, r, s, ch):
+        b, p = i // (oh * ow), i % (oh * ow)
+        ih, iw = (p // ow) * sh - pads[0] + r * dh, (p % ow) * sw - pads[1] + s * dw
+        inside = te.all(ch < c, ih >= 0, ih < h, iw >= 0, iw < w)
+        return te.if_then_else(inside, _u8(x[b, ch, ih, iw], signed), zero)
+
+    A = I8.rows_stage((n_ * oh * ow, kh, kw, cp), patch, "im2col")
+    acc = I8.int8_acc(A, wp, name="qconv_acc", cfg=a.get(CONFIG_ATTR), rows=ow)  # row tiles within one output row
+    epi = _epilogue(lambda idx: acc[idx[0] * (oh * ow) + idx[2] * ow + idx[3], idx[1]], bias, scale, a)
+    return te.compute((n_, a["n"], oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv",
+                      attrs={"template": "int8_gemm", "acc": acc, "row_axes": (3,), "col_axis": 1})  # fmt: skip
+
+
+@lowering("QMatMulPacked", schedule=T.schedule_nn)
+def _qmatmul_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+    *batch, m, k = x.shape
+    kp = wp.shape[1] * 4
+    rows = math.prod(batch) * m
+    signed = x.dtype.name == "int8"
+
+    def row(i, _r, _s, kk):
+        idx, rest = [], i
+        for d in reversed((*batch, m)):
+            idx.append(rest % d)
+            rest = rest // d
+        v = _u8(x[(*reversed(idx), kk)], signed)
+        return v if kp == k else te.if_then_else(kk < k, v, te.const(0, "uint8"))
+
+    A = I8.rows_stage((rows, 1, 1, kp), row, "rows")
+    acc = I8.int8_acc(A, wp, name="qmatmul_acc", cfg=a.get(CONFIG_ATTR), rows=m)
+
+    def flat(idx):
+        r = 0
+        for i, d in zip(idx[:-1], (*batch, m)):
+            r = r * d + i
+        return acc[r, idx[-1]]
+
+    epi = _epilogue(flat, bias, scale, a)
+    nd = len(batch) + 2
+    attrs = {"template": "int8_gemm", "acc": acc, "row_axes": (nd - 2,), "col_axis": nd - 1}
+    return te.compute((*batch, m, a["n"]), lambda *idx: epi(idx, idx[-1]), name="qmatmul", attrs=attrs)

@@ -1,0 +1,197 @@
+"""IntegerOps: quantized convolutions and matrix products become integer kernels (`ember.ops.int8`).
+
+QDQ form (what quantizers emit; runs before constant folding, which would fold the weights' DequantizeLinear):
+
+    QuantizeLinear(y_s, y_z) <- [Relu] <- Conv | MatMul | Gemm(DequantizeLinear(x_q, x_s, x_z),
+                                                            DequantizeLinear(W_q int8 const, w_s, 0) [, bias])
+        ->  QConvPacked | QMatMulPacked(x_q, pack(W_q), bias', scale)
+
+QOperator form: QLinearConv / QLinearMatMul with constant weights, the same rewrite. And
+QuantizeLinear(MaxPool(DequantizeLinear(x))) with one scale and zero point is MaxPool on the integers.
+
+The weights are packed once for the `dot_u8s8` intrinsic; bias' = the int32 bias (DequantizeLinear(b_q,
+x_s * w_s, 0), or a float bias rounded to that scale) minus u(x_z) times W's column sums, so the kernel
+multiplies raw activations; scale = x_s * w_s / y_s in float32; a Relu becomes the clamp's lower bound
+y_z. The integer output feeds the next quantized op directly: activations stay 8-bit between them, and the
+DequantizeLinear -> Add -> QuantizeLinear of a residual join fuse into the producer's epilogue (`fuse_ops`).
+
+Left as they were (float convolution between Q/DQ): grouped convolutions, weights with nonzero zero points,
+per-tensor activation parameters that are not constants, non-2-d convolutions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.graph.ir import Graph, Node, Value
+from ember.target import Target
+from ember.templates import int8 as I8
+
+from .util import constant_value, new_constant
+
+
+def integer_ops(graph: Graph, target: Target | str | None = None) -> Graph:
+    target = Target.parse(target or "c")
+    if target.kind != "c":  # the intrinsics are C (the llvm and GPU targets run the float path of a QDQ graph)
+        return graph
+    producers, consumers = graph.producers(), graph.consumers()
+    outputs = set(graph.outputs)
+    replaced: dict[Node, Node] = {}  # the node whose output the new node writes -> the new node
+    for node in graph.nodes:
+        new = None
+        if node.op == "QuantizeLinear":
+            new = _from_qdq(graph, node, producers, consumers, outputs, target) or _max_pool(node, producers,
+                                                                                                consumers, outputs)
+        elif node.op in ("QLinearConv", "QLinearMatMul"):
+            new = _from_qoperator(graph, node, target)
+        if new is not None:
+            replaced[node] = new
+    if replaced:
+        graph.nodes = [replaced.get(n, n) for n in graph.nodes]
+        graph.topo_sort()
+        from .cleanup import dead_code_elimination
+
+        dead_code_elimination(graph)
+    return graph
+
+
+def _max_pool(q: Node, producers: dict, consumers: dict, outputs: set) -> Node | None:
+    """QuantizeLinear(MaxPool(DequantizeLinear(x))) with the same scale and zero point: MaxPool on x itself
+    (dequantization is monotonic and the maximum is one of the inputs: exact)."""
+    pool = producers.get(q.inputs[0])
+    if pool is None or pool.op != "MaxPool" or len(pool.outputs) != 1:
+        return None
+    if _only_reader(pool.outputs[0], consumers, outputs) is not q:
+        return None
+    dq = producers.get(pool.inputs[0])
+    if dq is None or dq.op != "DequantizeLinear" or len(dq.inputs) < 3 or len(q.inputs) < 3:
+        return None
+    same = all(_scalar(a) is not None and _scalar(a) == _scalar(b) for a, b in zip(dq.inputs[1:3], q.inputs[1:3]))
+    if not same or dq.inputs[0].dtype != q.outputs[0].dtype:
+        return None
+    return Node("MaxPool", [dq.inputs[0]], [q.outputs[0]], dict(pool.attrs), pool.name)
+
+
+def _scalar(v: Value | None) -> float | None:
+    d = constant_value(v)
+    return None if d is None or d.size != 1 else d.reshape(()).item()
+
+
+def _dq(v: Value, producers: dict) -> tuple[Value, np.ndarray, np.ndarray, int] | None:
+    """(x_q, scale, zero point, axis) of a DequantizeLinear that produces v with constant parameters."""
+    p = producers.get(v)
+    if p is None or p.op != "DequantizeLinear" or p.attrs.get("block_size", 0):
+        return None
+    s = constant_value(p.inputs[1])
+    z = constant_value(p.inputs[2]) if len(p.inputs) > 2 and p.inputs[2] is not None else np.zeros((), np.int8)
+    if s is None or z is None:
+        return None
+    return p.inputs[0], s, z, int(p.attrs.get("axis", 1))
+
+
+def _only_reader(v: Value, consumers: dict, outputs: set) -> Node | None:
+    users = consumers.get(v, [])
+    return users[0] if len(users) == 1 and v not in outputs else None
+
+
+def _from_qdq(graph: Graph, q: Node, producers: dict, consumers: dict, outputs: set, target: Target) -> Node | None:
+    ys, yz = _scalar(q.inputs[1]), constant_value(q.inputs[2]) if len(q.inputs) > 2 else None
+    if ys is None or yz is None or yz.size != 1 or q.attrs.get("block_size", 0):
+        return None
+    core = producers.get(q.inputs[0])
+    relu = False
+    if core is not None and core.op == "Relu" and _only_reader(core.outputs[0], consumers, outputs) is q:
+        relu, core = True, producers.get(core.inputs[0])
+    if core is None or core.op not in ("Conv", "MatMul", "Gemm") or len(core.outputs) != 1:
+        return None
+    if _only_reader(core.outputs[0], consumers, outputs) is None:
+        return None
+    xd, wd = _dq(core.inputs[0], producers), _dq(core.inputs[1], producers)
+    if xd is None or wd is None or xd[1].size != 1 or xd[2].size != 1:
+        return None
+    xq, xs, xz, _ = xd
+    wq, ws, wz, waxis = wd
+    w = constant_value(wq)
+    if w is None or w.dtype != np.int8 or np.any(wz != 0):
+        return None
+    bias = core.inputs[2] if len(core.inputs) > 2 else None
+    b_int = _bias(bias, producers, float(xs.reshape(())) * ws.astype(np.float64))
+    if bias is not None and b_int is None:
+        return None
+    if core.op == "Gemm":
+        a = core.attrs
+        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0 or w.ndim != 2:
+            return None
+        if a.get("transB", 0):
+            w, waxis = w.T, 1 - waxis
+    if core.op != "Conv" and (w.ndim != 2 or (ws.size > 1 and waxis % 2 != 1)):
+        return None
+    return _make(graph, core, xq, float(xs.reshape(())), int(xz.reshape(())), w, ws, float(ys),
+                 yz.reshape(()), b_int, relu, q.outputs[0], target)  # fmt: skip
+
+
+def _bias(bias: Value | None, producers: dict, bscale: np.ndarray) -> np.ndarray | None:
+    """The int32 bias at scale x_s * w_s: DequantizeLinear(b_q int32, that scale, 0), or a float constant rounded."""
+    if bias is None:
+        return np.zeros(1, np.int64)
+    bd = _dq(bias, producers)
+    if bd is not None:
+        bq = constant_value(bd[0])
+        if bq is not None and bq.dtype == np.int32 and not np.any(bd[2] != 0):
+            return bq.astype(np.int64)
+        return None
+    b = constant_value(bias)
+    return None if b is None else np.rint(b.astype(np.float64) / bscale).astype(np.int64)
+
+
+def _from_qoperator(graph: Graph, node: Node, target: Target) -> Node | None:
+    x, xs, xz, w, ws, wz, ys, yz = node.inputs[:8]
+    params = [_scalar(xs), _scalar(xz), _scalar(ys)]
+    wv, wsv, wzv, yzv = (constant_value(v) for v in (w, ws, wz, yz))
+    if any(p is None for p in params) or wv is None or wsv is None or yzv is None or wv.dtype != np.int8:
+        return None
+    if wzv is not None and np.any(wzv != 0):
+        return None
+    b = node.inputs[8] if len(node.inputs) > 8 else None
+    b_int = np.zeros(1, np.int64) if b is None else constant_value(b)
+    if b_int is None:
+        return None
+    return _make(graph, node, x, float(params[0]), int(params[1]), wv, wsv, float(params[2]), yzv.reshape(()),
+                 b_int.astype(np.int64), False, node.outputs[0], target)  # fmt: skip
+
+
+def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray, ws: np.ndarray, ys: float,
+          yz: np.ndarray, b_int: np.ndarray, relu: bool, out: Value, target: Target) -> Node | None:  # fmt: skip
+    if xq.dtype not in ("uint8", "int8") or yz.dtype not in (np.uint8, np.int8):
+        return None
+    conv = core.op in ("Conv", "QLinearConv")
+    if conv:
+        if w.ndim != 4 or core.attrs.get("group", 1) != 1 or len(xq.shape) != 4:
+            return None
+        co, c, kh, kw = w.shape
+        cp = -(-c // 4) * 4
+        wpad = np.zeros((co, cp, kh, kw), np.int8)
+        wpad[:, :c] = w
+        w_kn = wpad.transpose(2, 3, 1, 0).reshape(kh * kw * cp, co)
+    else:
+        k, co = w.shape
+        w_kn = np.zeros((-(-k // 4) * 4, co), np.int8)
+        w_kn[:k] = w
+    nb = I8.choose_nb(co, target)
+    xzu = xz + (128 if xq.dtype == "int8" else 0)
+    colsum = w_kn.astype(np.int64).sum(axis=0)
+    bias = np.broadcast_to(b_int, (co,)) - xzu * colsum
+    if np.any(np.abs(bias) >= 2**31):
+        return None
+    scale = np.float32(xs) * np.broadcast_to(ws.astype(np.float32).reshape(-1), (co,)) / np.float32(ys)
+    attrs = {"n": co, "x_zero": xz, "y_zero": int(yz), "y_dtype": yz.dtype.name,
+             "y_min": int(yz) if relu else int(np.iinfo(yz.dtype).min)}  # fmt: skip
+    if conv:
+        nd = 2
+        attrs.update(kernel_shape=(kh, kw), strides=tuple(core.attrs.get("strides") or (1,) * nd),
+                     pads=tuple(core.attrs.get("pads") or (0,) * 2 * nd),
+                     dilations=tuple(core.attrs.get("dilations") or (1,) * nd))  # fmt: skip
+    consts = [new_constant(graph, f"{core.name}_{what}", data) for what, data in
+              (("packed_w", I8.pack_weight(w_kn, nb)), ("bias_q", bias.astype(np.int32)),
+               ("requant_scale", scale.astype(np.float32)))]  # fmt: skip
+    return Node("QConvPacked" if conv else "QMatMulPacked", [xq, *consts], [out], attrs, core.name)

@@ -1,0 +1,359 @@
+"""Tensor intrinsics: a loop nest replaced by one call to a target's dot-product micro-kernel.
+
+An `Intrinsic` is declared as a small TE compute (what it computes, for numpy and for reading) plus its
+implementation per target, as C. `Stage.tensorize(axis, "dot_u8s8")` marks a loop; after lowering,
+`tensorize_loops` matches the loop nest under it against the intrinsic (one update statement
+`C[...] += int32(A[...]) * int32(B[...])`, its loops classified by the buffers they index) and replaces it
+by a call `dot_u8s8(&C[..], ldc, &A[..], lda, &B[..], ldb, m, n, k4)`: the strides come from the nest's
+index arithmetic, so any schedule around the marked loop (splits, reorders, parallel loops) keeps working.
+
+`dot_u8s8` (u8 x s8 -> s32, the operands of x86's `vpdpbusd`):
+
+    C[i, j] += sum over k4 < K4, kk < 4 of int32(A[i, 4 * k4 + kk]) * int32(B[k4, j, kk])
+
+A is row-major (4 consecutive k of a row are broadcast), B is packed by groups of 4 k per column (the
+layout `vpdpbusd` reads: 16 columns x 4 bytes per 512-bit vector). Implementations: AVX-512 VNNI
+(`_mm512_dpbusd_epi32`), AVX2 (u8/s8 widened to s16 and `_mm256_madd_epi16`: `vpmaddubsw` would saturate
+the sum of two u8*s8 products at 32767, so the pairs are formed in 16 bits from exact products), and
+NEON `sdot` on aarch64 CPUs with the dot-product extension (int8 x int8: the uint8 operand is shifted to int8
+and 128 times B's column sums added back), and portable C for any other target (and for column counts the
+vectors do not divide).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..target import Target
+from ..tir import expr as E
+from ..tir.arith import Analyzer
+from ..tir.dtype import int32, int64
+from ..tir.functor import substitute, transform, walk
+from ..tir.stmt import Evaluate, For, PrimFunc, Stmt, Store
+from .tensor import Tensor, compute, placeholder, reduce_axis
+from .tensor import sum as te_sum
+
+TENSORIZE = "tensorize"  # the pragma key a tensorize step puts on its loop
+ADDRESS = "address_of"  # Call(ADDRESS, (Load,)): the address of a buffer element (an intrinsic's operand)
+
+
+class TensorizeError(ValueError):
+    """A loop nest that does not match the intrinsic it is tensorized with; names the loop and the reason."""
+
+
+@dataclass(frozen=True)
+class Intrinsic:
+    """A micro-kernel: its semantics as a TE compute (`decl(m, n, k4)` -> (A, B, C)) and its C per target."""
+
+    name: str
+    doc: str
+    decl: Callable[[int, int, int], tuple[Tensor, Tensor, Tensor]]
+    c_impl: Callable[[int, int, frozenset[str]], tuple[str, str]]  # (m, n, isa) -> (function name, code)
+
+
+def _dot_u8s8_decl(m: int, n: int, k4: int) -> tuple[Tensor, Tensor, Tensor]:
+    a = placeholder((m, 4 * k4), "uint8", name="A")
+    b = placeholder((k4, n, 4), "int8", name="B")
+    ko = reduce_axis((0, k4), name="k4")
+    ki = reduce_axis((0, 4), name="kk")
+    c = compute((m, n), lambda i, j: te_sum(_i32(a[i, 4 * ko + ki]) * _i32(b[ko, j, ki]), axis=[ko, ki]), name="C")
+    return a, b, c
+
+
+def _i32(v):
+    from .tensor import cast
+
+    return cast(v, "int32")
+
+
+DOTPROD_CPUS = {"cortex-a55", "cortex-a76", "cortex-a78", "cortex-x1", "neoverse-n1", "neoverse-n2", "neoverse-v1",
+                "apple-m1"}  # aarch64 CPUs with the dot-product extension (sdot/udot)
+
+
+def isa_features(target: Target) -> frozenset[str]:
+    """The instruction-set features the intrinsics' implementations choose by: x86 SIMD features, or "dotprod"
+    for an aarch64 target whose CPU (or -mattr=+dotprod) has sdot."""
+    arch = target.arch
+    if arch is not None and arch.name == "aarch64":
+        dot = "+dotprod" in target.mattr or (target.mcpu in DOTPROD_CPUS and "-dotprod" not in target.mattr)
+        return frozenset({"dotprod"} if dot else ())
+    return target.simd_features()
+
+
+_SIGNATURE = "(int32_t* c, long ldc, const uint8_t* a, long lda, const int8_t* b, long ldb, long k4)"
+
+
+def dot_u8s8_isa(features: frozenset[str], n: int) -> str:
+    """The implementation used for n columns on a target with these features (`isa_features`): avx512_vnni,
+    avx2, neon_dotprod, or c."""
+    if n % 16 == 0 and ("avx512_vnni" in features or "avx512vnni" in features):
+        return "avx512_vnni"
+    if n % 8 == 0 and "avx2" in features:
+        return "avx2"
+    if n % 4 == 0 and "dotprod" in features:
+        return "neon_dotprod"
+    return "c"
+
+
+def _dot_u8s8_c(m: int, n: int, features: frozenset[str]) -> tuple[str, str]:
+    isa = dot_u8s8_isa(features, n)
+    name = f"ember_dot_u8s8_{m}x{n}_{isa}"
+    head = f"static inline void {name}{_SIGNATURE} {{\n"
+    if isa == "avx512_vnni":
+        nv = n // 16
+        cs = [[f"c{r}_{v}" for v in range(nv)] for r in range(m)]
+        lines = [f"  /* C[{m}x{n}] += A[{m}x4k] . B[k][{n}][4] with vpdpbusd: {m * nv} accumulators of 16 columns */"]
+        lines += [f"  __m512i {cs[r][v]} = _mm512_loadu_si512(c + {r} * ldc + {16 * v});" for r in range(m)
+                  for v in range(nv)]  # fmt: skip
+        lines.append("  for (long p = 0; p < k4; ++p) {")
+        lines += [f"    const __m512i b{v} = _mm512_loadu_si512(b + p * ldb + {64 * v});" for v in range(nv)]
+        for r in range(m):
+            lines.append(f"    const __m512i a{r} = _mm512_set1_epi32(ember_load4(a + {r} * lda + 4 * p));")
+            lines += [f"    EMBER_DPBUSD({cs[r][v]}, a{r}, b{v});" for v in range(nv)]
+        lines.append("  }")
+        lines += [f"  _mm512_storeu_si512(c + {r} * ldc + {16 * v}, {cs[r][v]});" for r in range(m) for v in range(nv)]
+        body = "\n".join(lines) + "\n"
+    elif isa == "avx2":
+        nv = n // 8
+        body = (
+            f"  /* C[{m}x{n}] += A[{m}x4k] . B[k][{n}][4]: u8/s8 widened to s16, exact pair sums with vpmaddwd;\n"
+            "     lo/hi hold columns 0-3/4-7 of each group of 8 as pairs, added and reordered once at the end */\n"
+            f"  __m256i lo[{m}][{nv}], hi[{m}][{nv}];\n"
+            f"  for (int r = 0; r < {m}; ++r)\n"
+            f"    for (int v = 0; v < {nv}; ++v) lo[r][v] = hi[r][v] = _mm256_setzero_si256();\n"
+            "  for (long p = 0; p < k4; ++p) {\n"
+            f"    __m256i bl[{nv}], bh[{nv}];\n"
+            f"    for (int v = 0; v < {nv}; ++v) {{\n"
+            "      const __m256i bb = _mm256_loadu_si256((const __m256i*)(b + p * ldb + 32 * v));\n"
+            "      bl[v] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(bb));\n"
+            "      bh[v] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(bb, 1));\n"
+            "    }\n"
+            f"    for (int r = 0; r < {m}; ++r) {{\n"
+            "      int32_t a4;\n"
+            "      memcpy(&a4, a + r * lda + 4 * p, 4);\n"
+            "      const __m256i av = _mm256_cvtepu8_epi16(_mm_set1_epi32(a4));\n"
+            f"      for (int v = 0; v < {nv}; ++v) {{\n"
+            "        lo[r][v] = _mm256_add_epi32(lo[r][v], _mm256_madd_epi16(av, bl[v]));\n"
+            "        hi[r][v] = _mm256_add_epi32(hi[r][v], _mm256_madd_epi16(av, bh[v]));\n"
+            "      }\n"
+            "    }\n"
+            "  }\n"
+            f"  for (int r = 0; r < {m}; ++r)\n"
+            f"    for (int v = 0; v < {nv}; ++v) {{\n"
+            "      const __m256i s = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[r][v], hi[r][v]), 0xD8);\n"
+            "      __m256i* cp = (__m256i*)(c + r * ldc + 8 * v);\n"
+            "      _mm256_storeu_si256(cp, _mm256_add_epi32(_mm256_loadu_si256(cp), s));\n"
+            "    }\n"
+        )
+    elif isa == "neon_dotprod":
+        nv = n // 4
+        lines = [f"  /* C[{m}x{n}] += A[{m}x4k] . B[k][{n}][4] with sdot (int8 x int8): a ^ 0x80 = a - 128 as int8,",
+                 "     so C += sdot(a ^ 0x80, B) + 128 * (B's column sums, one more sdot against ones) */"]
+        lines += [f"  int32x4_t c{r}_{v} = vld1q_s32(c + {r} * ldc + {4 * v});" for r in range(m) for v in range(nv)]
+        lines += [f"  int32x4_t s{v} = vdupq_n_s32(0);" for v in range(nv)]
+        lines += ["  const int8x16_t ones = vdupq_n_s8(1);", "  const uint8x16_t flip = vdupq_n_u8(0x80);"]
+        lines.append("  for (long p = 0; p < k4; ++p) {")
+        for v in range(nv):
+            lines.append(f"    const int8x16_t b{v} = vld1q_s8(b + p * ldb + {16 * v});")
+            lines.append(f"    s{v} = vdotq_s32(s{v}, ones, b{v});")
+        for r in range(m):
+            lines.append(f"    const int8x16_t a{r} = vreinterpretq_s8_u8(veorq_u8(vreinterpretq_u8_u32("
+                         f"vdupq_n_u32((uint32_t)ember_load4(a + {r} * lda + 4 * p))), flip));")  # fmt: skip
+            lines += [f"    c{r}_{v} = vdotq_s32(c{r}_{v}, a{r}, b{v});" for v in range(nv)]
+        lines.append("  }")
+        lines += [f"  vst1q_s32(c + {r} * ldc + {4 * v}, vaddq_s32(c{r}_{v}, vshlq_n_s32(s{v}, 7)));" for r in range(m)
+                  for v in range(nv)]  # fmt: skip
+        body = "\n".join(lines) + "\n"
+    else:
+        body = (
+            f"  for (int r = 0; r < {m}; ++r)\n"
+            f"    for (int j = 0; j < {n}; ++j) {{\n"
+            "      int32_t s = c[r * ldc + j];\n"
+            "      for (long p = 0; p < k4; ++p)\n"
+            "        for (int q = 0; q < 4; ++q)\n"
+            "          s += (int32_t)a[r * lda + 4 * p + q] * (int32_t)b[p * ldb + 4 * j + q];\n"
+            "      c[r * ldc + j] = s;\n"
+            "    }\n"
+        )
+    include = {"c": "", "neon_dotprod": "#include <arm_neon.h>\n"}.get(isa, "#include <immintrin.h>\n")
+    if isa == "neon_dotprod":
+        include += ("#ifndef EMBER_LOAD4\n#define EMBER_LOAD4\n"
+                    "static inline int32_t ember_load4(const uint8_t* p) { int32_t v; memcpy(&v, p, 4); return v; }\n"
+                    "#endif\n")
+    if isa == "avx512_vnni":  # in place: GCC copies the accumulator around _mm512_dpbusd_epi32 (a move per call)
+        include += ("#ifndef EMBER_DPBUSD\n#define EMBER_DPBUSD(acc, a, b) "
+                    "__asm__(\"vpdpbusd %2, %1, %0\" : \"+v\"(acc) : \"v\"(a), \"v\"(b))\n#endif\n"
+                    "#ifndef EMBER_LOAD4\n#define EMBER_LOAD4\n"
+                    "static inline int32_t ember_load4(const uint8_t* p) { int32_t v; memcpy(&v, p, 4); return v; }\n"
+                    "#endif\n")
+    return name, include + head + body + "}"
+
+
+INTRINSICS: dict[str, Intrinsic] = {
+    "dot_u8s8": Intrinsic("dot_u8s8", "C[m, n] += A[m, 4k] (uint8) . B[k, n, 4] (int8), int32 accumulation",
+                          _dot_u8s8_decl, _dot_u8s8_c),
+}  # fmt: skip
+
+
+def get_intrinsic(name: str) -> Intrinsic:
+    if name not in INTRINSICS:
+        raise TensorizeError(f"unknown intrinsic {name!r}; known: {', '.join(INTRINSICS)}")
+    return INTRINSICS[name]
+
+
+def address_of(load: E.Load) -> E.Expr:
+    return E.Call(ADDRESS, (load,), int64)
+
+
+# -- matching a loop nest ------------------------------------------------------------------------------
+def _nest(loop: For) -> tuple[list[For], Store]:
+    loops, s = [loop], loop.body
+    while isinstance(s, For):
+        loops.append(s)
+        s = s.body
+    if not isinstance(s, Store):
+        raise TensorizeError(f"loop '{loop.var.name}': the nest under a tensorized loop must be loops around "
+                             f"one update, found {type(s).__name__} (a split that does not divide adds a guard)")
+    return loops, s
+
+
+def _operands(store: Store, loop: For) -> tuple[E.Load, E.Load]:
+    v = store.value
+    if not (isinstance(v, E.BinOp) and v.op == "add" and isinstance(v.a, E.Load) and v.a.buffer is store.buffer):
+        raise TensorizeError(f"loop '{loop.var.name}': the update is not C[...] = C[...] + ..., got {v}")
+    prod = v.b
+    if not (isinstance(prod, E.BinOp) and prod.op == "mul"):
+        raise TensorizeError(f"loop '{loop.var.name}': the update does not add a product, got {prod}")
+    ops = []
+    for x in (prod.a, prod.b):
+        if isinstance(x, E.Cast) and x.dtype == int32 and isinstance(x.value, E.Load):
+            ops.append(x.value)
+        else:
+            raise TensorizeError(f"loop '{loop.var.name}': operand {x} is not int32(load)")
+    ops.sort(key=lambda ld: ld.buffer.dtype.name != "uint8")
+    a, b = ops
+    if a.buffer.dtype.name != "uint8" or b.buffer.dtype.name != "int8" or store.buffer.dtype != int32:
+        raise TensorizeError(f"loop '{loop.var.name}': dot_u8s8 wants uint8 x int8 -> int32, got "
+                             f"{a.buffer.dtype} x {b.buffer.dtype} -> {store.buffer.dtype}")  # fmt: skip
+    return a, b
+
+
+def _flat(ld: E.Load | Store, ana: Analyzer) -> E.Expr:
+    """The element offset of an access (row-major)."""
+    dt = ld.indices[0].dtype if ld.indices else int32
+    off: E.Expr = E.const(0, dt)
+    for i, st in zip(ld.indices, ld.buffer.strides):
+        off = off + i * st
+    return ana.simplify(off)
+
+
+def _at_zero(ld: E.Load | Store, loops: list[For]) -> E.Load:
+    """The access with the region's loop variables at zero: the operand's first element."""
+    zero = {f.var: E.const(0, f.var.dtype) for f in loops}
+    return E.Load(ld.buffer, tuple(substitute(i, zero) for i in ld.indices))
+
+
+def _coefs(off: E.Expr, loops: list[For], ana: Analyzer, what: str, loop: For) -> list[int]:
+    """Coefficients of the region's loop variables in `off` (checked linear)."""
+    zero = {f.var: E.const(0, f.var.dtype) for f in loops}
+    base = ana.simplify(substitute(off, zero))
+    out = []
+    for f in loops:
+        one = dict(zero)
+        one[f.var] = E.const(1, f.var.dtype)
+        d = ana.simplify(substitute(off, one) - base)
+        if not isinstance(d, E.Const):
+            raise TensorizeError(f"loop '{loop.var.name}': {what} index is not linear in loop '{f.var.name}'")
+        out.append(int(d.value))
+    # linear check: the expression equals base + sum(coef * var) over the whole region (no div/mod left)
+    lin = base
+    for f, c in zip(loops, out):
+        lin = lin + f.var * c
+    if not isinstance(ana.simplify(off - lin), E.Const) or ana.simplify(off - lin).value != 0:
+        raise TensorizeError(f"loop '{loop.var.name}': {what} index {off} is not linear in the tensorized loops")
+    return out
+
+
+def _reduction(ks: list[tuple[int, For]], ac: list[int], bc: list[int], loop: For) -> tuple[int, int]:
+    """(k4, ldb) of the reduction loops: one `kk` of extent 4 (stride 1 in A and B), the others one run of
+    groups of 4 (A strides 4, 4 * e0, ...; B strides ldb, ldb * e0, ...: loops that collapse into one)."""
+    inner = [(i, f) for i, f in ks if f.extent.value == 4 and ac[i] == 1 and bc[i] == 1]
+    if not inner:
+        raise TensorizeError(f"loop '{loop.var.name}': no reduction loop of extent 4 with stride 1 in A and B")
+    rest = sorted((x for x in ks if x[0] != inner[0][0]), key=lambda x: ac[x[0]])
+    k4, a_next, ldb = 1, 4, bc[rest[0][0]] if rest else 0
+    for i, f in rest:
+        if ac[i] != a_next or bc[i] != ldb * k4:
+            raise TensorizeError(f"loop '{loop.var.name}': reduction loop '{f.var.name}' does not continue the "
+                                 f"groups of 4 (A stride {ac[i]}, wants {a_next}; B stride {bc[i]}, wants {ldb * k4})")
+        k4 *= int(f.extent.value)
+        a_next = 4 * k4
+    return k4, ldb
+
+
+def _match_dot(loop: For, ana: Analyzer) -> Stmt:
+    loops, store = _nest(loop)
+    for f in loops:
+        if not (isinstance(f.extent, E.Const) and isinstance(f.min, E.Const) and f.min.value == 0):
+            raise TensorizeError(f"loop '{f.var.name}' under tensorized '{loop.var.name}' has no constant extent")
+        ana.bind(f.var, 0, int(f.extent.value) - 1)
+    a, b = _operands(store, loop)
+    cc = _coefs(_flat(store, ana), loops, ana, "C", loop)
+    ac = _coefs(_flat(a, ana), loops, ana, "A", loop)
+    bc = _coefs(_flat(b, ana), loops, ana, "B", loop)
+    role: dict[str, list[tuple[int, For]]] = {"m": [], "n": [], "k": []}
+    for i, f in enumerate(loops):
+        if f.extent.value == 1:
+            continue
+        used = (cc[i] != 0, ac[i] != 0, bc[i] != 0)
+        kind = {(True, True, False): "m", (True, False, True): "n", (False, True, True): "k"}.get(used)
+        if kind is None:
+            raise TensorizeError(f"loop '{f.var.name}' under tensorized '{loop.var.name}' indexes C/A/B as "
+                                 f"{used}: each loop must be a row (C, A), a column (C, B) or a reduction (A, B) "
+                                 "loop")
+        role[kind].append((i, f))
+    if len(role["m"]) > 1 or len(role["n"]) > 1:
+        raise TensorizeError(f"loop '{loop.var.name}': dot_u8s8 wants at most one row loop and one column loop "
+                             f"under it, found {[f.var.name for f in loops]}")  # fmt: skip
+    k4, ldb = _reduction(role["k"], ac, bc, loop)
+    m, ldc, lda = 1, 0, 0
+    if role["m"]:
+        im, fm = role["m"][0]
+        m, ldc, lda = int(fm.extent.value), cc[im], ac[im]
+    n = 1
+    if role["n"]:
+        jn, fn = role["n"][0]
+        n = int(fn.extent.value)
+        if cc[jn] != 1 or bc[jn] != 4:
+            raise TensorizeError(f"loop '{fn.var.name}': columns must be contiguous in C and 4 apart in B "
+                                 f"(strides {cc[jn]}, {bc[jn]})")  # fmt: skip
+    args = (
+        address_of(_at_zero(store, loops)), E.const(ldc, int64),
+        address_of(_at_zero(a, loops)), E.const(lda, int64),
+        address_of(_at_zero(b, loops)), E.const(ldb, int64),
+        E.const(m, int64), E.const(n, int64), E.const(k4, int64),
+    )  # fmt: skip
+    return Evaluate(E.Call("dot_u8s8", args, int32))
+
+
+MATCHERS: dict[str, Callable[[For, Analyzer], Stmt]] = {"dot_u8s8": _match_dot}
+
+
+def tensorize_loops(func: PrimFunc) -> PrimFunc:
+    """Replace each loop marked by a tensorize step by its intrinsic's call (accesses as flat offsets)."""
+    if not any(isinstance(n, For) and any(k == TENSORIZE for k, _ in n.annotations) for n in walk(func.body)):
+        return func
+
+    def post(n):
+        if isinstance(n, For):
+            for key, name in n.annotations:
+                if key == TENSORIZE:
+                    return MATCHERS[name](n, Analyzer())
+        return None
+
+    return func.with_body(transform(func.body, post))  # type: ignore[arg-type]
+
+
+__all__ = ["ADDRESS", "INTRINSICS", "TENSORIZE", "Intrinsic", "TensorizeError", "address_of", "dot_u8s8_isa",
+           "get_intrinsic", "isa_features", "tensorize_loops"]  # fmt: skip

@@ -1,0 +1,162 @@
+"""The int8 GEMM/convolution template: uint8 x int8 -> int32 on the `dot_u8s8` intrinsic (`ember.te.intrin`).
+
+A quantized product or convolution is three stages:
+
+- `A` [M, KH, KW, Cp] uint8, the activations by output row: the rows of x for a matrix product (KH = KW = 1),
+  the im2col patches of x for a convolution (channels innermost, padded with the zero point; Cp = C rounded up
+  to 4). int8 activations are shifted to uint8 here (x + 128, zero point + 128), the operand `vpdpbusd` takes;
+- `acc` [M, Np] int32 = sum over (kh, kw, c) of A * W, W packed at compile time by `pack_weight` as
+  [Np / nb, KH * KW * Cp / 4, nb, 4] int8: per panel of nb columns, groups of 4 k per column;
+- the output, written by the op (`ember.ops.int8`): requantization of acc as an epilogue.
+
+`schedule_int8` tiles the output by (mr rows, nb columns) (an NCHW convolution: one row of pixels by nb
+channels, accumulated mr pixels at a time), computes the accumulation tile in a local buffer at that tile
+with the reduction tensorized (one micro-kernel call per tile keeps the mr x nb/16 accumulators
+in registers over all of K), and runs the tile loops in parallel. Knobs: the tile (mr, nb) and the loop order
+(column panels outside: one panel of W stays in cache while the rows stream), as in the float GEMM template.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ember import te
+from ember.target import Target
+from ember.te.config import ConfigBase
+from ember.te.tensor import Tensor
+
+# (columns per panel, rows per tile), best first: nb / 16 * mr accumulators stay below 32 zmm registers
+TILES = ((64, 6), (64, 5), (64, 4), (32, 7), (32, 6), (32, 5), (32, 4), (64, 3), (32, 3), (64, 2), (32, 2), (16, 4),
+         (16, 2), (64, 1), (32, 1), (16, 1))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Int8Plan:
+    mr: int  # rows of a tile (divides the rows of one image / matrix: no padded rows)
+    nb: int  # columns of a panel (the packed weight's layout)
+    order: str = "ji"  # "ji": column panels outside the row tiles
+
+
+def choose_nb(n: int, target: Target | None = None) -> int:
+    """The panel width for n output columns (the packed weight's layout, fixed at compile time): up to 4 vectors
+    of 16 int32 (AVX-512), 16 columns where vectors hold 4 (NEON: 4 x 4 accumulators per row)."""
+    if target is not None and target.vector_bits and target.vector_bits < 256:
+        return 16
+    return 16 if n <= 16 else 32 if n <= 32 or n % 64 else 64
+
+
+def int8_plan(rows: int, nb: int, cfg: ConfigBase | None = None) -> Int8Plan:
+    """The tile for a product whose output rows come in blocks of `rows` (an image's pixels, a matrix's rows)."""
+    mrs = [mr for b, mr in TILES if b == nb and rows % mr == 0] or [1]
+    if cfg is None:
+        return Int8Plan(mrs[0], nb)
+    mr = cfg.define_knob("tile_rows", mrs, default=mrs[0])
+    order = cfg.define_knob("order", ["ji", "ij"], default="ji")
+    return Int8Plan(mr, nb, order)
+
+
+def pack_weight(w_kn: np.ndarray, nb: int) -> np.ndarray:
+    """W [K, N] int8 (K a multiple of 4) as panels [Np / nb, K / 4, nb, 4], zeros past N."""
+    k, n = w_kn.shape
+    if k % 4:
+        raise ValueError(f"pack_weight: K={k} must be a multiple of 4 (pad the channels)")
+    np_ = -(-n // nb) * nb
+    w = np.zeros((k, np_), np.int8)
+    w[:, :n] = w_kn
+    return np.ascontiguousarray(w.reshape(k // 4, 4, np_ // nb, nb).transpose(2, 0, 3, 1))
+
+
+def unpack_weight(wp: np.ndarray, n: int) -> np.ndarray:
+    """The W [K, n] of panels [Np / nb, K / 4, nb, 4]."""
+    p, k4, nb, _ = wp.shape
+    return wp.transpose(1, 3, 0, 2).reshape(k4 * 4, p * nb)[:, :n]
+
+
+def int8_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = None, rows: int = 0) -> Tensor:
+    """acc[i, j] = sum of int32(A[i, kh, kw, c]) * int32(W[j, (kh, kw, c)]) for A [M, KH, KW, Cp] uint8 and
+    W packed [Np / nb, KH * KW * Cp / 4, nb, 4] int8; `rows` (dividing M) bounds the row tile."""
+    m, kh_, kw_, cp = a.shape
+    npanel, k4, nb, _ = wp.shape
+    if cp % 4 or k4 != kh_ * kw_ * cp // 4:
+        raise ValueError(f"int8_acc: A {a.shape} and packed W {wp.shape} do not agree on K")
+    kh = te.reduce_axis((0, kh_), name="kh")
+    kw = te.reduce_axis((0, kw_), name="kw")
+    c4 = te.reduce_axis((0, cp // 4), name="c4")
+    kk = te.reduce_axis((0, 4), name="kk")
+
+    def body(i, j):
+        g = (kh * kw_ + kw) * (cp // 4) + c4
+        return te.sum(te.cast(a[i, kh, kw, c4 * 4 + kk], "int32") * te.cast(wp[j // nb, g, j % nb, kk], "int32"),
+                      axis=[kh, kw, c4, kk])  # fmt: skip
+
+    plan = int8_plan(rows or m, nb, cfg)
+    return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan})
+
+
+def rows_stage(shape: tuple[int, ...], fn: Callable, name: str) -> Tensor:
+    """The A stage: materialized once per call (a copy of the activations in the intrinsic's layout)."""
+    return te.compute(shape, fn, name=name, tag="int8_rows", attrs={"materialize": True})
+
+
+def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
+    """Tile the output at axes `attrs["row_axes"]` (the rows, outer first) and `attrs["col_axis"]` by panels of nb
+    columns: rows-by-columns outputs (a product) in (mr, nb) tiles, channels-by-pixels outputs (NCHW) by one row
+    of pixels per panel (written contiguously, accumulated mr pixels at a time); the accumulation tile at the
+    tile loop, its reduction tensorized."""
+    acc: Tensor = attrs["acc"]
+    plan: Int8Plan = acc.op.attrs["plan"]
+    O = s[out]
+    axes = list(O.op.axis)
+    row_axes = [axes[d] for d in attrs["row_axes"]]
+    col = axes[attrs["col_axis"]]
+    others = [ax for d, ax in enumerate(axes) if d not in attrs["row_axes"] and d != attrs["col_axis"]]
+    accl = s.cache_write(acc, "local")
+    s[acc].compute_inline()
+    rows = O.fuse(*row_axes) if len(row_axes) > 1 else row_axes[0]
+    co, ci = O.split(col, plan.nb)
+    L = s[accl]
+    li, lj = L.op.axis
+    kh, kw, c4, kk = L.op.reduce_axis
+    lanes = target.vector_lanes(32)
+    if attrs["col_axis"] == len(axes) - 1:  # rows x columns, columns contiguous: tiles of (mr, nb)
+        ro, ri = O.split(rows, plan.mr)
+        outer = [co, *others, ro] if plan.order == "ji" else [*others, ro, co]
+        O.reorder(*outer, ri, ci)
+        if plan.nb % lanes == 0 and lanes > 1:
+            _, cii = O.split(ci, lanes)
+            O.vectorize(cii)
+        L.reorder(kh, kw, c4, li, lj, kk)
+    else:  # channels x pixels (NCHW): a whole row of pixels per panel, written contiguously
+        outer = [co, *others] if plan.order == "ji" else [*others, co]
+        O.reorder(*outer, ci, rows)
+        n_rows = out.shape[attrs["row_axes"][-1]]
+        width = next((w for w in (lanes, lanes // 2) if w > 1 and n_rows % w == 0), 0)
+        if width:
+            _, rii = O.split(rows, width)
+            O.vectorize(rii)
+        lio, lii = L.split(li, plan.mr)
+        L.reorder(lio, kh, kw, c4, lii, lj, kk)
+    L.tensorize(kh, "dot_u8s8")
+    L.compute_at(O, outer[-1])
+    if target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16:
+        O.parallel(O.fuse(*outer))
+    done = {O.name, L.name}
+    for t in acc.op.inputs:
+        st = s[t]
+        if st.is_placeholder or st.op.tag != "int8_rows":
+            continue
+        i, r, c, ch = st.op.axis  # tiles of 16 rows x 64 channels: a transpose of NCHW that stays in cache
+        io, ii = st.split(i, 16) if t.shape[0] % 16 == 0 else (i, None)
+        if ii is not None and t.shape[3] > 64:
+            cho, chi = st.split(ch, 64)
+            st.reorder(io, r, c, cho, ii, chi)
+        elif ii is not None:
+            st.reorder(io, r, c, ii, ch)
+        if target.num_cores > 1 and math.prod(t.shape) >= 1 << 15:
+            st.parallel(io)
+        done.add(st.name)
+    return done
