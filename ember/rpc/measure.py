@@ -147,14 +147,7 @@ class RemoteMeasurer(Measurer):
         self._refs: dict[str, tuple[list[np.ndarray], list | None]] = {}
 
     def measure(self, task: Any, configs: list[ConfigEntity]) -> list[MeasureResult]:
-        results: dict[int, MeasureResult] = {}
-        todo = []
-        for i, cfg in enumerate(configs):
-            hit = self.cache.get(self._key(task, cfg)) if self.cache is not None else None
-            if hit is not None:
-                results[i] = hit
-            else:
-                todo.append(i)
+        results, todo = self.cached(task, configs)
         built = self._build(task, [configs[i] for i in todo])
         inputs, ref = self._reference(task)
         futs = {}

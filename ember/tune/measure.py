@@ -316,7 +316,8 @@ class Measurer:
             p.join(timeout=5)
 
     # -- measuring ------------------------------------------------------------------------------
-    def measure(self, task: Any, configs: list[ConfigEntity]) -> list[MeasureResult]:
+    def cached(self, task: Any, configs: list[ConfigEntity]) -> tuple[dict[int, MeasureResult], list[int]]:
+        """The results this measurer's cache already holds, by index in `configs`, and the indices still to measure."""
         results: dict[int, MeasureResult] = {}
         todo = []
         for i, cfg in enumerate(configs):
@@ -325,6 +326,10 @@ class Measurer:
                 results[i] = hit
             else:
                 todo.append(i)
+        return results, todo
+
+    def measure(self, task: Any, configs: list[ConfigEntity]) -> list[MeasureResult]:
+        results, todo = self.cached(task, configs)
         built = self._build(task, [configs[i] for i in todo])
         for i, b in zip(todo, built):
             results[i] = self._run(task, configs[i], b)
