@@ -166,13 +166,15 @@ def _tflite_values(model: Any, feeds: dict, where: dict[str, tuple[str, bool]]) 
 
 
 def _torch_values(model: Any, feeds: dict, graph: Graph) -> dict[str, np.ndarray]:
+    """Every tensor of the program the PyTorch frontend imports (exported, then decomposed as it decomposes: the
+    FX node names are the graph's value names), run by torch on `feeds`."""
     import torch
 
-    program = model if isinstance(model, torch.export.ExportedProgram) else None
-    if program is None:
-        args = tuple(torch.from_numpy(feeds[v.name]) for v in graph.inputs)
-        program = torch.export.export(model, args)
-    gm = program.module()
+    from ember.frontend.torch import decompositions, export
+
+    args = tuple(torch.from_numpy(feeds[v.name]) for v in graph.inputs)
+    program = model if isinstance(model, torch.export.ExportedProgram) else export(model, args)
+    gm = program.run_decompositions(decompositions()).module()
     values: dict[str, np.ndarray] = {}
 
     class Recorder(torch.fx.Interpreter):
@@ -219,9 +221,10 @@ def _kernel_of(graph: Graph, target: Target, opt_level: int, disabled: Sequence[
 def debug(model: Any, inputs: Mapping[str, np.ndarray] | None = None, reference: str | None = None,
           target: str | Target | None = None, tolerance: float = 1e-4, int_tolerance: int = 1,
           input_shapes: Mapping[str, tuple] | None = None, opt_level: int = 3,
-          disabled_passes: Sequence[str] = (), seed: int = 0) -> DebugReport:  # fmt: skip
+          disabled_passes: Sequence[str] = (), seed: int = 0, example_inputs: Any = None) -> DebugReport:  # fmt: skip
     """Run `model` compiled by Ember beside `reference` (one of REFERENCES; default `default_reference`) on
-    `inputs` (random ones from `seed` when not given) and compare every graph node's output; see the module doc."""
+    `inputs` (random ones from `seed` when not given) and compare every graph node's output; see the module doc.
+    A torch module is exported on `example_inputs` (as `ember.compile` takes them)."""
     reference = reference or default_reference(model)
     if reference not in REFERENCES:
         raise ValueError(f"unknown reference {reference!r}: use one of {', '.join(REFERENCES)}")
@@ -231,7 +234,7 @@ def debug(model: Any, inputs: Mapping[str, np.ndarray] | None = None, reference:
 
         graph, where_tflite = import_tflite(model, dict(input_shapes or {}))
     else:
-        graph = import_model(model, dict(input_shapes or {}))
+        graph = import_model(model, dict(input_shapes or {}), example_inputs)
     specs = [(v.name, np.dtype(v.dtype), v.shape) for v in graph.inputs]
     feeds = dict(zip([n for n, _, _ in specs], random_arrays(specs, seed)))
     feeds.update({k: np.asarray(v) for k, v in (inputs or {}).items()})

@@ -74,3 +74,30 @@ def test_command_line(tmp_path, capsys, perturbed_sigmoid):
     out = capsys.readouterr().out
     assert "first past tolerance: node #2 'sig' (Sigmoid)" in out and "<-- first past tolerance" in out
     assert main(["debug", str(tmp_path / "small.onnx"), "--reference", "tvm"]) == 2
+
+
+class _SmallTorch:
+    """A conv -> relu -> sigmoid -> pool -> linear module, built when torch is there."""
+
+    @staticmethod
+    def make():
+        torch = pytest.importorskip("torch")
+        torch.manual_seed(0)
+        nn = torch.nn
+        return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Sigmoid(), nn.AdaptiveAvgPool2d(1),
+                             nn.Flatten(), nn.Linear(4, 5)).eval(), (torch.randn(1, 3, 8, 8),)  # fmt: skip
+
+
+def test_torch_reference_clean():
+    module, args = _SmallTorch.make()
+    report = debug(module, reference="torch", example_inputs=args)
+    assert report.first_bad is None, report.table()
+    assert sum(r.error is not None for r in report.rows) >= 4, report.table()
+
+
+def test_torch_reference_flags_the_perturbed_node(perturbed_sigmoid):
+    module, args = _SmallTorch.make()
+    report = debug(module, reference="torch", example_inputs=args)
+    bad = report.first_bad
+    assert bad is not None and bad.op == "Sigmoid", report.table()
+    assert {r.op for r in report.rows if r.error is not None and r.error < 1e-4} >= {"Conv", "Relu"}, report.table()
