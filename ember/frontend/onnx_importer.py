@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ember.graph.dims import Dim, SizeVars, dim_product, is_static_dim, simplify_dim
+from ember.graph.dims import Dim, SizeVars, dim_product, is_static_dim, simplify_dim, value_size_var
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops import AttrError, ShapeDependsOnData, get_op
@@ -49,6 +49,9 @@ class UnsupportedOperatorError(ModelError):
             f"{source}: {len(unsupported)} unsupported operator(s):\n" + "\n".join(lines)
             + "\nNo part of the model was imported."
         )  # fmt: skip
+
+
+MAX_VALUE_SIZES = 8  # elements of an int graph input read as run-time sizes (a shape operand)
 
 
 class DynamicShapeError(ModelError):
@@ -383,6 +386,24 @@ class Importer:
         values = self.shape_values.get(v)
         return None if values is None else tuple(values.reshape(-1))
 
+    def value_sizes(self, v: Value, reshape: tuple | None = None, allowzero: bool = False) -> tuple[Dim, ...] | None:
+        """Size variables read at run time from the elements of `v` when it is an int graph input with a few
+        elements (a shape operand fed as an input); None otherwise. `reshape`: the dims of a Reshape's input,
+        against which the run time resolves the target's 0 and -1 (`ValueSizeVar`)."""
+        t = v.type
+        if self.nested or v.is_constant or v in self.producers or not t.dtype.startswith(("int", "uint")):
+            return None
+        if not all(is_static_dim(d) for d in t.shape) or not 0 < t.size <= MAX_VALUE_SIZES:
+            return None
+        if reshape is None and v in self.shape_values:
+            return tuple(self.shape_values[v].reshape(-1))
+        base = "".join(c if c.isalnum() else "_" for c in v.name).lstrip("0123456789_") or "v"
+        tag = self.unique(f"{base}_r") + "_" if reshape is not None else f"{base}_v"
+        dims = tuple(value_size_var(f"{tag}{i}", v.name, i, reshape, allowzero) for i in range(t.size))
+        if reshape is None:
+            self.shape_values[v] = _dims_array(list(dims), t.shape)
+        return dims
+
     def _fold(self, opdef, attrs: dict, inputs: list[Value | None], out_names: list[str], where: str) -> list[Value]:
         args = [None if v is None else (v.data if v.is_constant else _dummy(v.type)) for v in inputs]
         try:
@@ -482,6 +503,8 @@ class NodeContext:
         """The elements of int input i as dims: a constant, or computed from symbolic shapes (Shape -> Concat)."""
         v = self.input(i)
         dims = None if v is None else self.importer.dims_of(v)
+        if dims is None and v is not None:
+            dims = self.importer.value_sizes(v)
         return dims if dims is not None else tuple(int(x) for x in self.need(i, what).reshape(-1))
 
     def emit(self, op: str, inputs: list[Value | None], attrs: dict | None = None, n_out: int = 1) -> list[Value]:

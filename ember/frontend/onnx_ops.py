@@ -24,6 +24,7 @@ from ember.frontend.onnx_importer import (
     normal_domain,
     onnx_dtype,
 )
+from ember.graph.dims import is_static_dim, reads_values
 from ember.graph.ir import Graph
 from ember.graph.types import TensorType
 from ember.ops import OPS
@@ -274,7 +275,11 @@ def _reshape(ctx: NodeContext) -> None:
     if ctx.version < 5:
         shape = ctx.attrs["shape"]
     else:
-        shape = ctx.need_dims(1, "target shape")
+        v, allowzero = ctx.input(1), bool(ctx.attrs.get("allowzero", 0))
+        known = v is None or v.is_constant or ctx.importer.dims_of(v) is not None
+        # a target fed as an input: its entries are sizes read at run time, 0 and -1 resolved there
+        runtime = None if known else ctx.importer.value_sizes(v, ctx.type(0).shape, allowzero)
+        shape = runtime if runtime is not None else ctx.need_dims(1, "target shape")
     try:
         target = resolve_reshape(ctx.type(0).shape, shape, bool(ctx.attrs.get("allowzero", 0)))
     except ValueError as e:
@@ -337,18 +342,23 @@ def _slice(ctx: NodeContext) -> None:
 
 @converter("Expand")
 def _expand(ctx: NodeContext) -> None:
-    emit(ctx, inputs=ctx.inputs[:1], attrs={"shape": _ints(ctx.need(1, "shape"))})
+    x, shape = ctx.type(0), ctx.need_dims(1, "shape")
+    # a size read at run time broadcasts against a static dim > 1 of the input: that dim (ONNX's broadcasting)
+    lead = len(shape) - x.rank
+    shape = tuple(x.shape[k - lead] if k >= lead and reads_values((d,)) and is_static_dim(x.shape[k - lead])
+                  and x.shape[k - lead] != 1 else d for k, d in enumerate(shape))  # fmt: skip
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"shape": shape})
 
 
 @converter("Tile")
 def _tile(ctx: NodeContext) -> None:
-    emit(ctx, inputs=ctx.inputs[:1], attrs={"repeats": _ints(ctx.need(1, "repeats"))})
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"repeats": ctx.need_dims(1, "repeats")})
 
 
 @converter("ConstantOfShape")
 def _constant_of_shape(ctx: NodeContext) -> None:
     value = ctx.attrs.get("value", np.zeros(1, np.float32))
-    emit(ctx, inputs=[], attrs={"shape": _ints(ctx.need(0, "shape")), "value": value})
+    emit(ctx, inputs=[], attrs={"shape": ctx.need_dims(0, "shape"), "value": value})
 
 
 @converter("OneHot")

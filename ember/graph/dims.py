@@ -53,6 +53,20 @@ class SizeVar(Var):
             raise DimError(f"{where}size {self.name} = {value} is outside its bounds [{self.lo}, {hi}]")
 
 
+@dataclass(frozen=True, eq=False, repr=False)
+class ValueSizeVar(SizeVar):
+    """A size read at run time from the values of an int graph input (a shape operand fed as an input): element
+    `index` of `source` (flattened). `reshape` holds the Reshape input's dims when the element is a Reshape target
+    entry, whose 0 (copy the input's dim, unless `allowzero`) and -1 (infer) are resolved at binding."""
+
+    source: str = ""
+    index: int = 0
+    reshape: tuple | None = None
+    allowzero: bool = False
+
+    __hash__ = Var.__hash__
+
+
 def size_var(name: str, lo: int = 0, hi: int | None = None) -> SizeVar:
     """A size variable named `name` with inclusive bounds [lo, hi] (hi None: unbounded)."""
     if not name.isidentifier():
@@ -60,6 +74,20 @@ def size_var(name: str, lo: int = 0, hi: int | None = None) -> SizeVar:
     if lo < 0 or (hi is not None and hi < lo):
         raise DimError(f"size variable {name}: bounds ({lo}, {hi}) must satisfy 0 <= lo <= hi")
     return SizeVar(name, int64, int(lo), None if hi is None else int(hi))
+
+
+def value_size_var(name: str, source: str, index: int, reshape: tuple | None = None,
+                   allowzero: bool = False) -> ValueSizeVar:
+    """A size (>= 0) read at run time from element `index` of the int graph input `source`."""
+    if not name.isidentifier():
+        raise DimError(f"size variable name {name!r} must be an identifier")
+    return ValueSizeVar(name, int64, 0, None, source, int(index), reshape, bool(allowzero))
+
+
+def reads_values(dims: Sequence[Dim]) -> bool:
+    """Whether a dim is read from input values at run time (a `ValueSizeVar` in it): relations between such dims
+    and others are checked when the run time binds them, not at compile time."""
+    return any(isinstance(n, ValueSizeVar) for d in dims if isinstance(d, Expr) for n in walk(d))
 
 
 class SizeVars:

@@ -14,6 +14,7 @@ from ember.graph.dims import (
     divide_dims,
     is_static,
     is_static_dim,
+    reads_values,
     shape_str,
     simplify_dim,
 )  # fmt: skip
@@ -67,7 +68,7 @@ def _with(idx: tuple, axis: int, value: Expr) -> tuple:
 def _reshape_infer(a: dict, x: TensorType) -> TensorType:
     shape = a["shape"]
     if not (x.is_static and is_static(shape)):
-        if not dims_equal(dim_product(shape), dim_product(x.shape)):
+        if not dims_equal(dim_product(shape), dim_product(x.shape)) and not reads_values(shape):
             raise ShapeError(f"cannot reshape {x} to {shape_str(shape)}: the element counts are not provably equal")
         return x.with_shape(shape)
     if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != x.size:
@@ -650,7 +651,7 @@ def _expand_infer(a: dict, x: TensorType) -> TensorType:
     return x.with_shape(broadcast_shapes(x.shape, a["shape"]))
 
 
-@op("Expand", Pattern.BROADCAST, infer=_expand_infer, attrs=[Attr("shape", "ints")])
+@op("Expand", Pattern.BROADCAST, infer=_expand_infer, attrs=[Attr("shape", "dims")])
 def expand(a: dict, x: np.ndarray) -> np.ndarray:
     return np.broadcast_to(x, broadcast_shapes(x.shape, a["shape"])).copy()
 
@@ -666,17 +667,17 @@ def _expand_te(a: dict, x: te.Tensor) -> te.Tensor:
 def _tile_infer(a: dict, x: TensorType) -> TensorType:
     if len(a["repeats"]) != x.rank:
         raise ShapeError(f"Tile repeats {list(a['repeats'])} must have one entry per axis of {x}")
-    return x.with_shape(tuple(d * r for d, r in zip(x.shape, a["repeats"])))
+    return x.with_shape(tuple(simplify_dim(d * r) for d, r in zip(x.shape, a["repeats"])))
 
 
-@op("Tile", INJ, infer=_tile_infer, attrs=[Attr("repeats", "ints")])
+@op("Tile", INJ, infer=_tile_infer, attrs=[Attr("repeats", "dims")])
 def tile(a: dict, x: np.ndarray) -> np.ndarray:
     return np.tile(x, a["repeats"])
 
 
 @lowering("Tile", schedule=schedule_injective("tile"))
 def _tile_te(a: dict, x: te.Tensor) -> te.Tensor:
-    shape = tuple(d * r for d, r in zip(x.shape, a["repeats"]))
+    shape = tuple(simplify_dim(d * r) for d, r in zip(x.shape, a["repeats"]))
     untiled = next((k for k, r in enumerate(reversed(a["repeats"])) if r != 1), x.ndim)
     return te.compute(shape, lambda *i: x[tuple(j if r == 1 else j % d for j, d, r in zip(i, x.shape, a["repeats"]))],
                       name="tile", tag="tile", attrs=rows(untiled))  # fmt: skip
@@ -825,7 +826,7 @@ def _const_of_shape_infer(a: dict) -> TensorType:
 
 
 @op("ConstantOfShape", INJ, infer=_const_of_shape_infer, inputs=(0, 0),
-    attrs=[Attr("shape", "ints"), Attr("value", "tensor", np.zeros(1, np.float32))])  # fmt: skip
+    attrs=[Attr("shape", "dims"), Attr("value", "tensor", np.zeros(1, np.float32))])  # fmt: skip
 def constant_of_shape(a: dict) -> np.ndarray:
     return np.full(a["shape"], a["value"].reshape(-1)[0], dtype=a["value"].dtype)
 

@@ -258,7 +258,7 @@ class Model:
         specs = [(n, dt, None) for n, dt, _ in input_specs(self.plan)]
         arrays = check_feeds(self.plan.name, specs, feeds)
         try:
-            self.plan.bind([a.shape for a in arrays])
+            self.plan.bind([a.shape for a in arrays], arrays)
         except ValueError as e:
             raise ArgumentError(f"model {self.plan.name}: {e}") from None
         return arrays

@@ -102,9 +102,10 @@ class Plan:
     def is_symbolic(self) -> bool:
         return bool(self.size_vars)
 
-    def bind(self, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
-        """The size variables' values (in `size_vars` order) given the input arrays' shapes; ValueError naming
-        the input when a dim contradicts another or a size is outside its bounds."""
+    def bind(self, shapes: list[tuple[int, ...]], arrays: list[np.ndarray] | None = None) -> tuple[int, ...]:
+        """The size variables' values (in `size_vars` order) given the input arrays' shapes, and for sizes read
+        from input values (a shape operand fed as an input, `ember.graph.dims.ValueSizeVar`) the arrays; ValueError
+        naming the input when a dim contradicts another or a size is outside its bounds."""
         env: dict[Var, int] = {}
         for i, shape in zip(self.inputs, shapes):
             v = self.values[i]
@@ -125,10 +126,29 @@ class Plan:
                 sizes = ", ".join(f"{k.name}={n}" for k, n in env.items())
                 raise ValueError(f"input '{v.name}' has shape {tuple(shape)}, wants {_dims(v.shape)} = {want} with "
                                  f"{sizes}")  # fmt: skip
+        if arrays is not None:
+            self._bind_values(env, arrays)
         missing = [d.name for d in self.size_vars if d not in env]
         if missing:
             raise ValueError(f"size(s) {', '.join(missing)} are no input's dim: no input gives their value")
         return tuple(env[d] for d in self.size_vars)
+
+    def _bind_values(self, env: dict[Var, int], arrays: list[np.ndarray]) -> None:
+        """Binds the sizes read from input values (after those given by shapes, which a Reshape's 0 and -1 need)."""
+        by_name = {self.values[i].name: a for i, a in zip(self.inputs, arrays)}
+        for d in self.size_vars:
+            source = getattr(d, "source", "")
+            if not source or d in env:
+                continue
+            if source not in by_name:
+                raise ValueError(f"size {d.name} is read from input '{source}', which the model does not take")
+            flat = np.asarray(by_name[source]).reshape(-1)
+            n = _value_size(d, flat, env)
+            lo, hi = getattr(d, "lo", 0), getattr(d, "hi", None)
+            if n < lo or (hi is not None and n > hi):
+                raise ValueError(f"input '{source}' = {flat.tolist()} gives size {d.name} = {n}, outside its bounds "
+                                 f"[{lo}, {'inf' if hi is None else hi}]")  # fmt: skip
+            env[d] = n
 
     def at(self, sizes: tuple[int, ...], align: int = ALIGN) -> Plan:
         """This plan at one set of sizes: every shape evaluated and the workspace planned for them (the run-time
@@ -205,6 +225,29 @@ def _unjson_attrs(attrs: dict) -> dict:
         else:
             out[k] = v
     return out
+
+
+def _value_size(d: Var, flat: np.ndarray, env: dict[Var, int]) -> int:
+    """Element `d.index` of an input's values; for a Reshape target entry, with 0 and -1 resolved against the
+    Reshape input's dims `d.reshape` (evaluated in `env`)."""
+    source = d.source
+    if d.index >= flat.size:
+        raise ValueError(f"input '{source}' has {flat.size} element(s); size {d.name} reads element {d.index}")
+    if d.reshape is None:
+        return int(flat[d.index])
+    dims = [int(eval_int(x, env)) if isinstance(x, Expr) else int(x) for x in d.reshape]
+    out = [dims[j] if t == 0 and not d.allowzero and j < len(dims) else int(t) for j, t in enumerate(flat)]
+    if out.count(-1) > 1 or any(t < -1 for t in out):
+        raise ValueError(f"input '{source}' = {flat.tolist()} is no Reshape target: one -1 at most, no other negative")
+    if -1 in out:
+        known = int(np.prod([t for t in out if t != -1], dtype=np.int64))
+        total = int(np.prod(dims, dtype=np.int64))
+        if known == 0 or total % known:
+            raise ValueError(f"input '{source}' = {flat.tolist()}: cannot reshape {dims} to it")
+        out[out.index(-1)] = total // known
+    if int(np.prod(out, dtype=np.int64)) != int(np.prod(dims, dtype=np.int64)):
+        raise ValueError(f"input '{source}' = {flat.tolist()}: cannot reshape {dims} to {out}")
+    return out[d.index]
 
 
 def _dims(shape: tuple) -> str:
