@@ -386,23 +386,25 @@ class Importer:
         values = self.shape_values.get(v)
         return None if values is None else tuple(values.reshape(-1))
 
-    def value_sizes(self, v: Value, reshape: tuple | None = None, allowzero: bool = False) -> tuple[Dim, ...] | None:
-        """Size variables read at run time from the elements of `v` when it is an int graph input with a few
-        elements (a shape operand fed as an input); None otherwise. `reshape`: the dims of a Reshape's input,
-        against which the run time resolves the target's 0 and -1 (`ValueSizeVar`)."""
+    def value_sizes(self, v: Value, rule: str = "element", dims: tuple = (), count: int | None = None,
+                    tag: str = "v") -> tuple[Dim, ...] | None:
+        """Size variables read at run time from the values of `v` when it is an int graph input with a few
+        elements (a shape operand fed as an input), by `ember.graph.dims.VALUE_RULES[rule]` against `dims`
+        (`count` of them; default one per element); None when `v` is no such input."""
         t = v.type
         if self.nested or v.is_constant or v in self.producers or not t.dtype.startswith(("int", "uint")):
             return None
         if not all(is_static_dim(d) for d in t.shape) or not 0 < t.size <= MAX_VALUE_SIZES:
             return None
-        if reshape is None and v in self.shape_values:
+        if rule == "element" and v in self.shape_values:
             return tuple(self.shape_values[v].reshape(-1))
         base = "".join(c if c.isalnum() else "_" for c in v.name).lstrip("0123456789_") or "v"
-        tag = self.unique(f"{base}_r") + "_" if reshape is not None else f"{base}_v"
-        dims = tuple(value_size_var(f"{tag}{i}", v.name, i, reshape, allowzero) for i in range(t.size))
-        if reshape is None:
-            self.shape_values[v] = _dims_array(list(dims), t.shape)
-        return dims
+        name = f"{base}_{tag}" if rule == "element" else self.unique(f"{base}_{tag}") + "_"
+        n = t.size if count is None else count
+        out = tuple(value_size_var(f"{name}{i}", v.name, i, rule, dims) for i in range(n))
+        if rule == "element":
+            self.shape_values[v] = _dims_array(list(out), t.shape)
+        return out
 
     def _fold(self, opdef, attrs: dict, inputs: list[Value | None], out_names: list[str], where: str) -> list[Value]:
         args = [None if v is None else (v.data if v.is_constant else _dummy(v.type)) for v in inputs]

@@ -24,8 +24,8 @@ from ember.frontend.onnx_importer import (
     normal_domain,
     onnx_dtype,
 )
-from ember.graph.dims import is_static_dim, reads_values
-from ember.graph.ir import Graph
+from ember.graph.dims import is_static_dim, reads_values, simplify_dim
+from ember.graph.ir import Graph, Value
 from ember.graph.types import TensorType
 from ember.ops import OPS
 from ember.ops.common import norm_axes
@@ -232,7 +232,10 @@ _AXES_INPUT_SINCE = {"ReduceSum": 13}  # other Reduce* take axes as an input fro
 def _reduce(ctx: NodeContext) -> None:
     a = ctx.attrs
     if ctx.version >= _AXES_INPUT_SINCE.get(ctx.op_type, 18):
-        axes = _ints(ctx.need(1, "axes")) if ctx.input(1) is not None else ()
+        v = ctx.input(1)
+        if v is not None and not v.is_constant and v.type.size and _reduce_runtime_axes(ctx, v):
+            return
+        axes = _ints(ctx.need(1, "axes")) if v is not None and v.type.size else ()
     else:
         axes = tuple(a.get("axes", ()))
     rank = ctx.type(0).rank
@@ -242,6 +245,29 @@ def _reduce(ctx: NodeContext) -> None:
             return
         axes = tuple(range(rank))
     emit(ctx, inputs=ctx.inputs[:1], attrs={"axes": norm_axes(axes, rank), "keepdims": a.get("keepdims", 1)})
+
+
+def _reduce_runtime_axes(ctx: NodeContext, v: Value) -> bool:
+    """A reduction over axes fed as an input: each dim d splits into (out, extent), (d, 1) where it is kept and
+    (1, d) where it is reduced, `out` read from the axes at run time (extent = d + 1 - out); the Reshape to the
+    interleaved dims is a view, a static reduction over the extents gives the keepdims result, a Reshape drops
+    the reduced dims."""
+    dims = ctx.type(0).shape
+    if not dims or v.type.size > len(dims) or not all(is_static_dim(d) for d in dims):
+        return False
+    out = ctx.importer.value_sizes(v, "reduce_out", dims, len(dims), tag="o")
+    if out is None:
+        return False
+    extent = tuple(simplify_dim(d + 1 - o) for d, o in zip(dims, out))  # d where out is 1, 1 where out is d
+    (split,) = ctx.emit("Reshape", ctx.inputs[:1], {"shape": tuple(d for pair in zip(out, extent) for d in pair)})
+    axes = tuple(range(1, 2 * len(dims), 2))
+    if ctx.attrs.get("keepdims", 1):
+        emit(ctx, inputs=[split], attrs={"axes": axes, "keepdims": 0})
+        return True
+    (y,) = ctx.emit(ctx.op_type, [split], {"axes": axes, "keepdims": 0})
+    kept = ctx.importer.value_sizes(v, "reduce_kept", dims, len(dims) - v.type.size, tag="k")
+    emit(ctx, "Reshape", [y], {"shape": kept})
+    return True
 
 
 @converter("CumSum", "CumProd")
@@ -278,7 +304,8 @@ def _reshape(ctx: NodeContext) -> None:
         v, allowzero = ctx.input(1), bool(ctx.attrs.get("allowzero", 0))
         known = v is None or v.is_constant or ctx.importer.dims_of(v) is not None
         # a target fed as an input: its entries are sizes read at run time, 0 and -1 resolved there
-        runtime = None if known else ctx.importer.value_sizes(v, ctx.type(0).shape, allowzero)
+        rule = "reshape_allowzero" if allowzero else "reshape"
+        runtime = None if known else ctx.importer.value_sizes(v, rule, ctx.type(0).shape, tag="r")
         shape = runtime if runtime is not None else ctx.need_dims(1, "target shape")
     try:
         target = resolve_reshape(ctx.type(0).shape, shape, bool(ctx.attrs.get("allowzero", 0)))

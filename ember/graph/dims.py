@@ -53,20 +53,6 @@ class SizeVar(Var):
             raise DimError(f"{where}size {self.name} = {value} is outside its bounds [{self.lo}, {hi}]")
 
 
-@dataclass(frozen=True, eq=False, repr=False)
-class ValueSizeVar(SizeVar):
-    """A size read at run time from the values of an int graph input (a shape operand fed as an input): element
-    `index` of `source` (flattened). `reshape` holds the Reshape input's dims when the element is a Reshape target
-    entry, whose 0 (copy the input's dim, unless `allowzero`) and -1 (infer) are resolved at binding."""
-
-    source: str = ""
-    index: int = 0
-    reshape: tuple | None = None
-    allowzero: bool = False
-
-    __hash__ = Var.__hash__
-
-
 def size_var(name: str, lo: int = 0, hi: int | None = None) -> SizeVar:
     """A size variable named `name` with inclusive bounds [lo, hi] (hi None: unbounded)."""
     if not name.isidentifier():
@@ -76,12 +62,37 @@ def size_var(name: str, lo: int = 0, hi: int | None = None) -> SizeVar:
     return SizeVar(name, int64, int(lo), None if hi is None else int(hi))
 
 
-def value_size_var(name: str, source: str, index: int, reshape: tuple | None = None,
-                   allowzero: bool = False) -> ValueSizeVar:
-    """A size (>= 0) read at run time from element `index` of the int graph input `source`."""
+# how the run time computes a ValueSizeVar from the int input's values v (flattened), its `index`, and its `dims`
+# (dims of another tensor, evaluated at this call's sizes): `ember.runtime.plan.VALUE_RULES` implements each
+VALUE_RULES = {
+    "element": "v[index]",
+    "reshape": "entry index of the Reshape target v of a tensor of shape dims: 0 copies a dim, -1 is inferred",
+    "reshape_allowzero": "the same with 0 meaning 0",
+    "reduce_out": "dims[index] unless index is in the axes v (then 1)",
+    "reduce_kept": "the index-th dim of dims not in the axes v",
+}
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ValueSizeVar(SizeVar):
+    """A size read at run time from the values of an int graph input (a shape operand fed as an input):
+    `VALUE_RULES[rule]` of input `source`'s values, at `index`, against the dims `dims`."""
+
+    source: str = ""
+    index: int = 0
+    rule: str = "element"
+    dims: tuple = ()
+
+    __hash__ = Var.__hash__
+
+
+def value_size_var(name: str, source: str, index: int, rule: str = "element", dims: tuple = ()) -> ValueSizeVar:
+    """A size (>= 0) read at run time from the int graph input `source` by `VALUE_RULES[rule]`."""
     if not name.isidentifier():
         raise DimError(f"size variable name {name!r} must be an identifier")
-    return ValueSizeVar(name, int64, 0, None, source, int(index), reshape, bool(allowzero))
+    if rule not in VALUE_RULES:
+        raise DimError(f"size variable {name}: unknown rule {rule!r}; known: {', '.join(VALUE_RULES)}")
+    return ValueSizeVar(name, int64, 0, None, source, int(index), rule, tuple(dims))
 
 
 def reads_values(dims: Sequence[Dim]) -> bool:

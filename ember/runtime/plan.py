@@ -228,26 +228,46 @@ def _unjson_attrs(attrs: dict) -> dict:
 
 
 def _value_size(d: Var, flat: np.ndarray, env: dict[Var, int]) -> int:
-    """Element `d.index` of an input's values; for a Reshape target entry, with 0 and -1 resolved against the
-    Reshape input's dims `d.reshape` (evaluated in `env`)."""
-    source = d.source
-    if d.index >= flat.size:
-        raise ValueError(f"input '{source}' has {flat.size} element(s); size {d.name} reads element {d.index}")
-    if d.reshape is None:
-        return int(flat[d.index])
-    dims = [int(eval_int(x, env)) if isinstance(x, Expr) else int(x) for x in d.reshape]
-    out = [dims[j] if t == 0 and not d.allowzero and j < len(dims) else int(t) for j, t in enumerate(flat)]
+    """A `ValueSizeVar`'s value from its input's values (flattened) by its rule, its `dims` evaluated in `env`."""
+    if d.rule == "element" and d.index >= flat.size:
+        raise ValueError(f"input '{d.source}' has {flat.size} element(s); size {d.name} reads element {d.index}")
+    dims = [int(eval_int(x, env)) if isinstance(x, Expr) else int(x) for x in d.dims]
+    try:
+        return int(VALUE_RULES[d.rule](flat.astype(np.int64).tolist(), d.index, dims))
+    except ValueError as e:
+        raise ValueError(f"input '{d.source}' = {flat.tolist()}: {e}") from None
+
+
+def _reshape_target(v: list[int], dims: list[int], allowzero: bool) -> list[int]:
+    out = [dims[j] if t == 0 and not allowzero and j < len(dims) else t for j, t in enumerate(v)]
     if out.count(-1) > 1 or any(t < -1 for t in out):
-        raise ValueError(f"input '{source}' = {flat.tolist()} is no Reshape target: one -1 at most, no other negative")
+        raise ValueError("a Reshape target has one -1 at most and no other negative entry")
+    total = int(np.prod(dims, dtype=np.int64))
     if -1 in out:
         known = int(np.prod([t for t in out if t != -1], dtype=np.int64))
-        total = int(np.prod(dims, dtype=np.int64))
         if known == 0 or total % known:
-            raise ValueError(f"input '{source}' = {flat.tolist()}: cannot reshape {dims} to it")
+            raise ValueError(f"cannot reshape {dims} to it")
         out[out.index(-1)] = total // known
-    if int(np.prod(out, dtype=np.int64)) != int(np.prod(dims, dtype=np.int64)):
-        raise ValueError(f"input '{source}' = {flat.tolist()}: cannot reshape {dims} to {out}")
-    return out[d.index]
+    if int(np.prod(out, dtype=np.int64)) != total:
+        raise ValueError(f"cannot reshape {dims} to {out}")
+    return out
+
+
+def _axes(v: list[int], rank: int) -> list[int]:
+    axes = [a + rank if a < 0 else a for a in v]
+    if any(not 0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
+        raise ValueError(f"axes must be distinct, in [{-rank}, {rank - 1}]")
+    return axes
+
+
+# `ember.graph.dims.VALUE_RULES`: rule -> f(values, index, dims)
+VALUE_RULES = {
+    "element": lambda v, i, dims: v[i],
+    "reshape": lambda v, i, dims: _reshape_target(v, dims, False)[i],
+    "reshape_allowzero": lambda v, i, dims: _reshape_target(v, dims, True)[i],
+    "reduce_out": lambda v, i, dims: 1 if i in _axes(v, len(dims)) else dims[i],
+    "reduce_kept": lambda v, i, dims: [n for k, n in enumerate(dims) if k not in _axes(v, len(dims))][i],
+}
 
 
 def _dims(shape: tuple) -> str:
