@@ -387,10 +387,10 @@ class Importer:
         return None if values is None else tuple(values.reshape(-1))
 
     def value_sizes(self, v: Value, rule: str = "element", dims: tuple = (), count: int | None = None,
-                    tag: str = "v") -> tuple[Dim, ...] | None:
+                    tag: str = "v", hi: int | None = None) -> tuple[Dim, ...] | None:
         """Size variables read at run time from the values of `v` when it is an int graph input with a few
         elements (a shape operand fed as an input), by `ember.graph.dims.VALUE_RULES[rule]` against `dims`
-        (`count` of them; default one per element); None when `v` is no such input."""
+        (`count` of them; default one per element; at most `hi`); None when `v` is no such input."""
         t = v.type
         if self.nested or v.is_constant or v in self.producers or not t.dtype.startswith(("int", "uint")):
             return None
@@ -401,7 +401,7 @@ class Importer:
         base = "".join(c if c.isalnum() else "_" for c in v.name).lstrip("0123456789_") or "v"
         name = f"{base}_{tag}" if rule == "element" else self.unique(f"{base}_{tag}") + "_"
         n = t.size if count is None else count
-        out = tuple(value_size_var(f"{name}{i}", v.name, i, rule, dims) for i in range(n))
+        out = tuple(value_size_var(f"{name}{i}", v.name, i, rule, dims, hi) for i in range(n))
         if rule == "element":
             self.shape_values[v] = _dims_array(list(out), t.shape)
         return out

@@ -9,6 +9,7 @@ but ONNX defines as a function are expanded from the function body (`expand_func
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -253,7 +254,7 @@ def _reduce_runtime_axes(ctx: NodeContext, v: Value) -> bool:
     interleaved dims is a view, a static reduction over the extents gives the keepdims result, a Reshape drops
     the reduced dims."""
     dims = ctx.type(0).shape
-    if not dims or v.type.size > len(dims) or not all(is_static_dim(d) for d in dims):
+    if not dims or v.type.size > len(dims) or not all(is_static_dim(d) and d > 0 for d in dims):  # 0: no view
         return False
     out = ctx.importer.value_sizes(v, "reduce_out", dims, len(dims), tag="o")
     if out is None:
@@ -272,6 +273,15 @@ def _reduce_runtime_axes(ctx: NodeContext, v: Value) -> bool:
 
 @converter("CumSum", "CumProd")
 def _cumulative(ctx: NodeContext) -> None:
+    dims, v = ctx.type(0).shape, ctx.input(1)
+    if dims and all(is_static_dim(d) for d in dims) and not v.is_constant and v.type.size == 1:
+        # an axis fed as an input: the input viewed as (before, along, after) the axis, sizes read at run time
+        view = ctx.importer.value_sizes(v, "axis_view", dims, 3, tag="a", hi=max(1, math.prod(dims)))
+        if view is not None:
+            (x3,) = ctx.emit("Reshape", ctx.inputs[:1], {"shape": view})
+            (y3,) = ctx.emit(ctx.op_type, [x3], dict(ctx.attrs, axis=1))
+            emit(ctx, "Reshape", [y3], {"shape": dims})
+            return
     axis = int(ctx.need(1, "axis").reshape(()))
     emit(ctx, inputs=ctx.inputs[:1], attrs=dict(ctx.attrs, axis=axis))
 

@@ -70,6 +70,7 @@ VALUE_RULES = {
     "reshape_allowzero": "the same with 0 meaning 0",
     "reduce_out": "dims[index] unless index is in the axes v (then 1)",
     "reduce_kept": "the index-th dim of dims not in the axes v",
+    "axis_view": "(product of dims before axis v[0], dims[v[0]], product of dims after it)[index]",
 }
 
 
@@ -86,13 +87,14 @@ class ValueSizeVar(SizeVar):
     __hash__ = Var.__hash__
 
 
-def value_size_var(name: str, source: str, index: int, rule: str = "element", dims: tuple = ()) -> ValueSizeVar:
-    """A size (>= 0) read at run time from the int graph input `source` by `VALUE_RULES[rule]`."""
+def value_size_var(name: str, source: str, index: int, rule: str = "element", dims: tuple = (),
+                   hi: int | None = None) -> ValueSizeVar:
+    """A size in [0, hi] read at run time from the int graph input `source` by `VALUE_RULES[rule]`."""
     if not name.isidentifier():
         raise DimError(f"size variable name {name!r} must be an identifier")
     if rule not in VALUE_RULES:
         raise DimError(f"size variable {name}: unknown rule {rule!r}; known: {', '.join(VALUE_RULES)}")
-    return ValueSizeVar(name, int64, 0, None, source, int(index), rule, tuple(dims))
+    return ValueSizeVar(name, int64, 0, hi, source, int(index), rule, tuple(dims))
 
 
 def reads_values(dims: Sequence[Dim]) -> bool:

@@ -441,7 +441,7 @@ def _cum_lowering(name: str, reducer: te.Reducer) -> None:
             raise NotLowerable(f"{name} on bool")
         axis = norm_axis(a["axis"], x.ndim)
         n = x.shape[axis]
-        if int(np.prod(x.shape, dtype=np.int64)) * n > QUADRATIC_LIMIT:
+        if te.prod_hint(x.shape) * te.size_hint(n) > QUADRATIC_LIMIT:
             raise NotLowerable(f"{name} over an axis of {n}: the quadratic compute would be too slow")
         r = te.reduce_axis((0, n), name="r")
 

@@ -68,7 +68,7 @@ def _with(idx: tuple, axis: int, value: Expr) -> tuple:
 def _reshape_infer(a: dict, x: TensorType) -> TensorType:
     shape = a["shape"]
     if not (x.is_static and is_static(shape)):
-        if not dims_equal(dim_product(shape), dim_product(x.shape)) and not reads_values(shape):
+        if not dims_equal(dim_product(shape), dim_product(x.shape)) and not reads_values((*shape, *x.shape)):
             raise ShapeError(f"cannot reshape {x} to {shape_str(shape)}: the element counts are not provably equal")
         return x.with_shape(shape)
     if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != x.size:

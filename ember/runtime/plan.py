@@ -260,6 +260,11 @@ def _axes(v: list[int], rank: int) -> list[int]:
     return axes
 
 
+def _axis_view(axis: int, dims: list[int]) -> tuple[int, int, int]:
+    (a,) = _axes([axis], len(dims))
+    return int(np.prod(dims[:a], dtype=np.int64)), dims[a], int(np.prod(dims[a + 1 :], dtype=np.int64))
+
+
 # `ember.graph.dims.VALUE_RULES`: rule -> f(values, index, dims)
 VALUE_RULES = {
     "element": lambda v, i, dims: v[i],
@@ -267,6 +272,7 @@ VALUE_RULES = {
     "reshape_allowzero": lambda v, i, dims: _reshape_target(v, dims, True)[i],
     "reduce_out": lambda v, i, dims: 1 if i in _axes(v, len(dims)) else dims[i],
     "reduce_kept": lambda v, i, dims: [n for k, n in enumerate(dims) if k not in _axes(v, len(dims))][i],
+    "axis_view": lambda v, i, dims: _axis_view(v[0], dims)[i],
 }
 
 
