@@ -330,9 +330,23 @@ def _transpose(ctx: NodeContext) -> None:
     emit(ctx, attrs={"perm": perm})
 
 
+def _reshape_by_axes(ctx: NodeContext, rule: str, rank: int) -> bool:
+    """Squeeze/Unsqueeze with the axes fed as an input (opset 13): a Reshape to `rank` dims read at run time."""
+    v, dims = ctx.input(1), ctx.type(0).shape
+    if ctx.version < 13 or v is None or v.is_constant or not v.type.size or not all(is_static_dim(d) for d in dims):
+        return False
+    shape = ctx.importer.value_sizes(v, rule, dims, rank, tag="s" if rule == "squeeze" else "u")
+    if shape is None:
+        return False
+    emit(ctx, "Reshape", ctx.inputs[:1], {"shape": shape})
+    return True
+
+
 @converter("Squeeze")
 def _squeeze(ctx: NodeContext) -> None:
     x = ctx.type(0)
+    if _reshape_by_axes(ctx, "squeeze", x.rank - (ctx.input(1).type.size if ctx.input(1) is not None else 0)):
+        return
     if ctx.version >= 13:
         axes = _ints(ctx.need(1, "axes")) if ctx.input(1) is not None else None
     else:
@@ -344,6 +358,8 @@ def _squeeze(ctx: NodeContext) -> None:
 
 @converter("Unsqueeze")
 def _unsqueeze(ctx: NodeContext) -> None:
+    if _reshape_by_axes(ctx, "unsqueeze", ctx.type(0).rank + (ctx.input(1).type.size if ctx.input(1) else 0)):
+        return
     axes = _ints(ctx.need(1, "axes")) if ctx.version >= 13 else ctx.attrs["axes"]
     emit(ctx, inputs=ctx.inputs[:1], attrs={"axes": tuple(axes)})
 

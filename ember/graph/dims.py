@@ -70,6 +70,8 @@ VALUE_RULES = {
     "reshape_allowzero": "the same with 0 meaning 0",
     "reduce_out": "dims[index] unless index is in the axes v (then 1)",
     "reduce_kept": "the index-th dim of dims not in the axes v",
+    "squeeze": "the index-th dim of dims not in the axes v, each of which must be 1",
+    "unsqueeze": "dim index of dims with 1s inserted at the axes v (of the result's rank)",
     "axis_view": "(product of dims before axis v[0], dims[v[0]], product of dims after it)[index]",
 }
 

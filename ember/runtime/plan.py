@@ -265,6 +265,18 @@ def _axis_view(axis: int, dims: list[int]) -> tuple[int, int, int]:
     return int(np.prod(dims[:a], dtype=np.int64)), dims[a], int(np.prod(dims[a + 1 :], dtype=np.int64))
 
 
+def _squeeze(v: list[int], dims: list[int]) -> list[int]:
+    axes = _axes(v, len(dims))
+    if any(dims[a] != 1 for a in axes):
+        raise ValueError(f"Squeeze removes only dims of 1, not those of {dims} at axes {axes}")
+    return [n for k, n in enumerate(dims) if k not in axes]
+
+
+def _unsqueeze(v: list[int], dims: list[int]) -> list[int]:
+    axes, rest = _axes(v, len(dims) + len(v)), iter(dims)
+    return [1 if k in axes else next(rest) for k in range(len(dims) + len(v))]
+
+
 # `ember.graph.dims.VALUE_RULES`: rule -> f(values, index, dims)
 VALUE_RULES = {
     "element": lambda v, i, dims: v[i],
@@ -273,6 +285,8 @@ VALUE_RULES = {
     "reduce_out": lambda v, i, dims: 1 if i in _axes(v, len(dims)) else dims[i],
     "reduce_kept": lambda v, i, dims: [n for k, n in enumerate(dims) if k not in _axes(v, len(dims))][i],
     "axis_view": lambda v, i, dims: _axis_view(v[0], dims)[i],
+    "squeeze": lambda v, i, dims: _squeeze(v, dims)[i],
+    "unsqueeze": lambda v, i, dims: _unsqueeze(v, dims)[i],
 }
 
 
