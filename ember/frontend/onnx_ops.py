@@ -288,7 +288,13 @@ def _cumulative(ctx: NodeContext) -> None:
 
 @converter("TopK")
 def _topk(ctx: NodeContext) -> None:
-    k = int(ctx.need(1, "k").reshape(-1)[0]) if ctx.version >= 10 else ctx.attrs["k"]
+    if ctx.version < 10:
+        k = ctx.attrs["k"]
+    else:  # k fed as an input: a size read at run time, at most the axis length
+        x, v = ctx.type(0), ctx.input(1)
+        n = x.shape[norm_axes((ctx.attrs.get("axis", -1),), x.rank)[0]]
+        k = None if v.is_constant or not is_static_dim(n) else ctx.importer.value_sizes(v, hi=n)
+        k = k[0] if k else int(ctx.need(1, "k").reshape(-1)[0])
     emit(ctx, inputs=ctx.inputs[:1], attrs=dict(_without(ctx.attrs, "k"), k=k))
 
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ember import te
+from ember.graph.dims import is_static_dim
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError, norm_axes, norm_axis, reduced_shape
 from ember.ops.elemwise import astype, fcall, nan_max, nan_min
@@ -342,7 +343,7 @@ _arg_lowering("ArgMin", NAN_MIN, te.min)
 # -- TopK ----------------------------------------------------------------------------------------
 def _topk_infer(a: dict, x: TensorType) -> tuple[TensorType, TensorType]:
     axis = norm_axis(a["axis"], x.rank)
-    if not 0 <= a["k"] <= x.shape[axis]:
+    if is_static_dim(a["k"]) and is_static_dim(x.shape[axis]) and not 0 <= a["k"] <= x.shape[axis]:
         raise ShapeError(f"TopK k={a['k']} is out of range for axis {axis} of length {x.shape[axis]}")
     shape = tuple(a["k"] if i == axis else d for i, d in enumerate(x.shape))
     return TensorType(shape, x.dtype), TensorType(shape, "int64")
@@ -357,7 +358,7 @@ def stable_argsort(x: np.ndarray, axis: int, descending: bool) -> np.ndarray:
 
 
 @op("TopK", Pattern.OPAQUE, infer=_topk_infer,
-    attrs=[Attr("k", "int"), Attr("axis", "int", -1), Attr("largest", "int", 1), Attr("sorted", "int", 1)])  # fmt: skip
+    attrs=[Attr("k", "dim"), Attr("axis", "int", -1), Attr("largest", "int", 1), Attr("sorted", "int", 1)])  # fmt: skip
 def topk(a: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The k largest (or smallest) along axis, sorted; ties keep the lower index first."""
     axis = norm_axis(a["axis"], x.ndim)
@@ -389,7 +390,7 @@ def _(a: dict, x: te.Tensor) -> list[te.Tensor]:
         raise NotLowerable("TopK on bool")
     axis, k, largest = norm_axis(a["axis"], x.ndim), a["k"], bool(a["largest"])
     n = x.shape[axis]
-    if int(np.prod(x.shape, dtype=np.int64)) * n > QUADRATIC_LIMIT:
+    if te.prod_hint(x.shape) * te.size_hint(n) > QUADRATIC_LIMIT:
         raise NotLowerable(f"TopK over an axis of {n}: the quadratic compute would be too slow")
 
     def along(i: tuple, j) -> tuple:
