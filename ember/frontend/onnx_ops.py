@@ -428,7 +428,11 @@ def _one_hot(ctx: NodeContext) -> None:
 
 @converter("Trilu")
 def _trilu(ctx: NodeContext) -> None:
-    k = int(ctx.need(1, "k").reshape(())) if ctx.input(1) is not None else 0
+    v = ctx.input(1)
+    if v is not None and not v.is_constant:  # k fed as an input: the kernel reads it
+        emit(ctx, inputs=ctx.inputs[:2], attrs={"upper": ctx.attrs.get("upper", 1)})
+        return
+    k = int(ctx.need(1, "k").reshape(())) if v is not None else 0
     emit(ctx, inputs=ctx.inputs[:1], attrs={"upper": ctx.attrs.get("upper", 1), "k": k})
 
 

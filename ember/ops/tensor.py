@@ -899,19 +899,30 @@ def _one_hot_te(a: dict, idx: te.Tensor, values: te.Tensor) -> te.Tensor:
     return te.compute(shape, body, name="one_hot", tag="one_hot")
 
 
-@op("Trilu", INJ, infer=lambda a, x: x, attrs=[Attr("upper", "int", 1), Attr("k", "int", 0)])
-def trilu(a: dict, x: np.ndarray) -> np.ndarray:
-    return np.triu(x, a["k"]) if a["upper"] else np.tril(x, a["k"])
+def _trilu_infer(a: dict, x: TensorType, k: TensorType | None = None) -> TensorType:
+    if k is not None and (not k.is_static or k.size != 1 or not k.dtype.startswith("int")):
+        raise ShapeError(f"Trilu's k input must hold one integer, got {k}")
+    return x
+
+
+@op("Trilu", INJ, infer=_trilu_infer, inputs=(1, 2), attrs=[Attr("upper", "int", 1), Attr("k", "int", 0)])
+def trilu(a: dict, x: np.ndarray, k: np.ndarray | None = None) -> np.ndarray:
+    """Keeps the upper (or lower) triangle from diagonal k (the attribute, plus the input k read at run time)."""
+    k = a["k"] + (int(k.reshape(-1)[0]) if k is not None else 0)
+    return np.triu(x, k) if a["upper"] else np.tril(x, k)
 
 
 @lowering("Trilu", schedule=schedule_injective("trilu"))
-def _trilu_te(a: dict, x: te.Tensor) -> te.Tensor:
+def _trilu_te(a: dict, x: te.Tensor, k_in: te.Tensor | None = None) -> te.Tensor:
     if x.ndim < 2:
         raise NotLowerable("Trilu needs a matrix (rank >= 2)")
-    k, zero = a["k"], te.const(0, x.dtype)
+    zero = te.const(0, x.dtype)
+    k = te.const(a["k"], "int64")
+    if k_in is not None:  # the diagonal fed as an input: read by the kernel
+        k = k + te.cast(k_in[(0,) * k_in.ndim], "int64")
 
     def body(*o):
-        diag = o[-1] - o[-2]
+        diag = te.cast(o[-1] - o[-2], "int64")
         return te.if_then_else(diag >= k if a["upper"] else diag <= k, x[o], zero)
 
     return te.compute(x.shape, body, name="trilu", tag="trilu")
