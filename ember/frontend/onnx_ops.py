@@ -253,12 +253,20 @@ def _reduce_runtime_axes(ctx: NodeContext, v: Value) -> bool:
     (1, d) where it is reduced, `out` read from the axes at run time (extent = d + 1 - out); the Reshape to the
     interleaved dims is a view, a static reduction over the extents gives the keepdims result, a Reshape drops
     the reduced dims."""
-    dims = ctx.type(0).shape
-    if not dims or v.type.size > len(dims) or not all(is_static_dim(d) and d > 0 for d in dims):  # 0: no view
+    x = ctx.type(0)
+    dims = x.shape
+    if not dims or v.type.size > len(dims) or not all(is_static_dim(d) for d in dims):
         return False
     out = ctx.importer.value_sizes(v, "reduce_out", dims, len(dims), tag="o")
     if out is None:
         return False
+    if 0 in dims:  # an empty input: every output is the reduction of nothing
+        with np.errstate(all="ignore"):
+            (empty,) = OPS[ctx.op_type].reference({"axes": (0,), "keepdims": 0}, np.zeros(0, x.np_dtype))
+        keep = ctx.attrs.get("keepdims", 1)
+        shape = out if keep else ctx.importer.value_sizes(v, "reduce_kept", dims, len(dims) - v.type.size, tag="k")
+        emit(ctx, "ConstantOfShape", [], {"shape": shape, "value": np.asarray(empty).reshape(1)})
+        return True
     extent = tuple(simplify_dim(d + 1 - o) for d, o in zip(dims, out))  # d where out is 1, 1 where out is d
     (split,) = ctx.emit("Reshape", ctx.inputs[:1], {"shape": tuple(d for pair in zip(out, extent) for d in pair)})
     axes = tuple(range(1, 2 * len(dims), 2))
