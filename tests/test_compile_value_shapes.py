@@ -64,6 +64,22 @@ def test_operand_values_read_at_run_time(name):
     assert compiled.summary()["fallback_ops"] == []
 
 
+def test_one_hot_depth_fed_as_a_float_input():
+    ins = [helper.make_tensor_value_info("i", I64, [2, 3]), helper.make_tensor_value_info("d", F, [1]),
+           helper.make_tensor_value_info("v", F, [2])]  # fmt: skip
+    node = helper.make_node("OneHot", ["i", "d", "v"], ["y"], axis=1)
+    graph = helper.make_graph([node], "one_hot", ins, [helper.make_tensor_value_info("y", F, [2, None, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    compiled = ember.compile(model, target="c", fallback=False)
+    sess = ort.InferenceSession(model.SerializeToString())
+    rng = np.random.default_rng(0)
+    for depth in (4.0, 10.0, 3.0):
+        feeds = {"i": rng.integers(-3, 3, (2, 3)), "d": np.array([depth], np.float32),
+                 "v": np.array([-1.0, 2.0], np.float32)}  # fmt: skip
+        (want,) = sess.run(None, feeds)
+        np.testing.assert_array_equal(compiled.run(feeds)["y"], want)
+
+
 @pytest.mark.parametrize("name, value, message", [
     ("reshape", [5, 5, 1], "cannot reshape"),
     ("reshape", [-1, -1, 2], "one -1 at most"),

@@ -51,7 +51,7 @@ class UnsupportedOperatorError(ModelError):
         )  # fmt: skip
 
 
-MAX_VALUE_SIZES = 8  # elements of an int graph input read as run-time sizes (a shape operand)
+MAX_VALUE_SIZES = 8  # elements of a graph input read as run-time sizes (a shape operand; floats truncate)
 
 
 class DynamicShapeError(ModelError):
@@ -388,11 +388,11 @@ class Importer:
 
     def value_sizes(self, v: Value, rule: str = "element", dims: tuple = (), count: int | None = None,
                     tag: str = "v", hi: int | None = None) -> tuple[Dim, ...] | None:
-        """Size variables read at run time from the values of `v` when it is an int graph input with a few
+        """Size variables read at run time from the values of `v` when it is a numeric graph input with a few
         elements (a shape operand fed as an input), by `ember.graph.dims.VALUE_RULES[rule]` against `dims`
         (`count` of them; default one per element; at most `hi`); None when `v` is no such input."""
         t = v.type
-        if self.nested or v.is_constant or v in self.producers or not t.dtype.startswith(("int", "uint")):
+        if self.nested or v.is_constant or v in self.producers or t.dtype == "bool" or t.dtype.startswith("str"):
             return None
         if not all(is_static_dim(d) for d in t.shape) or not 0 < t.size <= MAX_VALUE_SIZES:
             return None

@@ -430,7 +430,9 @@ def _constant_of_shape(ctx: NodeContext) -> None:
 
 @converter("OneHot")
 def _one_hot(ctx: NodeContext) -> None:
-    depth = int(np.asarray(ctx.need(1, "depth")).reshape(-1)[0])
+    v = ctx.input(1)
+    depth = None if v.is_constant else ctx.importer.value_sizes(v)  # fed as an input: a size read at run time
+    depth = depth[0] if depth else int(np.asarray(ctx.need(1, "depth")).reshape(-1)[0])
     emit(ctx, inputs=[ctx.input(0), ctx.input(2)], attrs={"depth": depth, "axis": ctx.attrs.get("axis", -1)})
 
 

@@ -50,7 +50,7 @@ def data_index(v: Expr, dim: int) -> Expr:
     return index_dtype(te.minimum(te.maximum(v, 0), dim - 1), dim)
 
 
-def wrapped(v: Expr, dim: int) -> Expr:
+def wrapped(v: Expr, dim: int | Expr) -> Expr:
     """v < 0 counts from the end (no clamping: for comparisons, never for addressing)."""
     return te.if_then_else(v < 0, v + dim, v)
 
@@ -875,7 +875,7 @@ def _one_hot_infer(a: dict, idx: TensorType, values: TensorType) -> TensorType:
     return values.with_shape(tuple(shape))
 
 
-@op("OneHot", INJ, infer=_one_hot_infer, inputs=(2, 2), attrs=[Attr("depth", "int"), Attr("axis", "int", -1)])
+@op("OneHot", INJ, infer=_one_hot_infer, inputs=(2, 2), attrs=[Attr("depth", "dim"), Attr("axis", "int", -1)])
 def one_hot(a: dict, idx: np.ndarray, values: np.ndarray) -> np.ndarray:
     """values[1] where the index hits, values[0] elsewhere; depth is an attribute."""
     depth = a["depth"]
