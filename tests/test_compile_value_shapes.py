@@ -43,6 +43,7 @@ CASES = {
     "squeeze": (one_node("Squeeze", [1, 4, 1], [1], [2], opset=13), [1, 4, 1], [[0], [2], [-1]]),
     "topk": (one_node("TopK", [3, 6], [1], [2, 2], opset=11, n_out=2), [3, 6], [[1], [4], [6]]),
     "trilu": (one_node("Trilu", [4, 5], [], [2], opset=14), [4, 5], [0, 2, -1]),
+    "split": (one_node("Split", [6, 2], [2], [2, 2], opset=13, n_out=2), [6, 2], [[2, 4], [0, 6], [5, 1]]),
 }
 
 
@@ -85,6 +86,7 @@ def test_one_hot_depth_fed_as_a_float_input():
     ("reshape", [-1, -1, 2], "one -1 at most"),
     ("squeeze", [1], "removes only dims of 1"),
     ("topk", [7], "outside its bounds"),
+    ("split", [2, 3], "add up to the axis length 6"),
     ("reduce_sum_keepdims", [0, 0], "axes must be distinct"),
 ])  # fmt: skip
 def test_bad_operand_values_name_the_input(name, value, message):

@@ -383,7 +383,12 @@ def _split(ctx: NodeContext) -> None:
     x = ctx.type(0)
     axis = norm_axes((ctx.attrs.get("axis", 0),), x.rank)[0]
     if ctx.version >= 13:
-        split = _ints(ctx.need(1, "split sizes")) if ctx.input(1) is not None else None
+        v, n = ctx.input(1), x.shape[axis]
+        runtime = None if v is None or v.is_constant else ctx.importer.value_sizes(v, "split", (n,), tag="p", hi=n)
+        if runtime is not None:  # sizes fed as an input: read at run time, by the kernel for the offsets
+            emit(ctx, inputs=[ctx.input(0), v], attrs={"axis": axis, "split": runtime})
+            return
+        split = _ints(ctx.need(1, "split sizes")) if v is not None else None
     else:
         split = ctx.attrs.get("split")
     if not split:

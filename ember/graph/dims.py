@@ -72,6 +72,7 @@ VALUE_RULES = {
     "reduce_kept": "the index-th dim of dims not in the axes v",
     "squeeze": "the index-th dim of dims not in the axes v, each of which must be 1",
     "unsqueeze": "dim index of dims with 1s inserted at the axes v (of the result's rank)",
+    "split": "v[index], the sizes v adding up to dims[0]",
     "axis_view": "(product of dims before axis v[0], dims[v[0]], product of dims after it)[index]",
 }
 

@@ -308,31 +308,39 @@ def _concat_te(a: dict, *xs: te.Tensor) -> te.Tensor:
     return te.compute(shape, body, name="concat", tag="concat")
 
 
-def _split_infer(a: dict, x: TensorType) -> tuple[TensorType, ...]:
+def _split_infer(a: dict, x: TensorType, sizes: TensorType | None = None) -> tuple[TensorType, ...]:
     axis = norm_axis(a["axis"], x.rank)
-    if sum(a["split"]) != x.shape[axis] or any(s < 0 for s in a["split"]):
+    static = sizes is None and not reads_values((*a["split"], x.shape[axis]))  # else checked at run time
+    if static and (sum(a["split"]) != x.shape[axis] or any(s < 0 for s in a["split"])):
         raise ShapeError(f"split sizes {list(a['split'])} do not add up to axis {axis} of {x}")
     return tuple(x.with_shape(x.shape[:axis] + (s,) + x.shape[axis + 1 :]) for s in a["split"])
 
 
-@op("Split", INJ, infer=_split_infer, attrs=[Attr("axis", "int", 0), Attr("split", "ints")])
-def split(a: dict, x: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Split into pieces of explicit sizes (the frontend computes sizes for num_outputs)."""
+@op("Split", INJ, infer=_split_infer, inputs=(1, 2), attrs=[Attr("axis", "int", 0), Attr("split", "dims")])
+def split(a: dict, x: np.ndarray, sizes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """Split into pieces of explicit sizes (the frontend computes sizes for num_outputs); with a second input,
+    the sizes are its values (read at run time; `split` then holds them as size variables)."""
     axis = norm_axis(a["axis"], x.ndim)
-    return tuple(np.split(x, np.cumsum(a["split"])[:-1], axis=axis))
+    split = a["split"] if sizes is None else sizes.astype(np.int64).reshape(-1)
+    return tuple(np.split(x, np.cumsum(split)[:-1], axis=axis))
 
 
 @lowering("Split", schedule=schedule_injective("split"))
-def _split_te(a: dict, x: te.Tensor) -> list[te.Tensor]:
+def _split_te(a: dict, x: te.Tensor, sizes: te.Tensor | None = None) -> list[te.Tensor]:
     axis = norm_axis(a["axis"], x.ndim)
 
-    def piece(k: int, start: int) -> te.Tensor:
+    def piece(k: int, start) -> te.Tensor:
         shape = _with(x.shape, axis, a["split"][k])
-        return te.compute(shape, lambda *i: x[_with(i, axis, i[axis] + start)], name=f"split{k}", tag="split",
-                          attrs=rows(x.ndim - axis - 1))  # fmt: skip
+        return te.compute(shape, lambda *i: x[_with(i, axis, i[axis] + start(i[axis]))], name=f"split{k}",
+                          tag="split", attrs=rows(x.ndim - axis - 1))  # fmt: skip
 
+    if sizes is not None:  # the sizes fed as an input: each piece's start is read by the kernel
+        def start_at(k: int):
+            return lambda j: sum((te.cast(sizes[(m,)], j.dtype) for m in range(k)), te.const(0, j.dtype))
+
+        return [piece(k, start_at(k)) for k in range(len(a["split"]))]
     starts = np.concatenate([[0], np.cumsum(a["split"])[:-1]]).astype(int)
-    return [piece(k, int(start)) for k, start in enumerate(starts)]
+    return [piece(k, lambda j, s=int(start): s) for k, start in enumerate(starts)]
 
 
 def split_sizes(length: int, parts: int) -> tuple[int, ...]:

@@ -277,6 +277,12 @@ def _unsqueeze(v: list[int], dims: list[int]) -> list[int]:
     return [1 if k in axes else next(rest) for k in range(len(dims) + len(v))]
 
 
+def _split(v: list[int], n: int) -> list[int]:
+    if sum(v) != n or min(v) < 0:
+        raise ValueError(f"split sizes must be >= 0 and add up to the axis length {n}")
+    return v
+
+
 # `ember.graph.dims.VALUE_RULES`: rule -> f(values, index, dims)
 VALUE_RULES = {
     "element": lambda v, i, dims: v[i],
@@ -285,6 +291,7 @@ VALUE_RULES = {
     "reduce_out": lambda v, i, dims: 1 if i in _axes(v, len(dims)) else dims[i],
     "reduce_kept": lambda v, i, dims: [n for k, n in enumerate(dims) if k not in _axes(v, len(dims))][i],
     "axis_view": lambda v, i, dims: _axis_view(v[0], dims)[i],
+    "split": lambda v, i, dims: _split(v, dims[0])[i],
     "squeeze": lambda v, i, dims: _squeeze(v, dims)[i],
     "unsqueeze": lambda v, i, dims: _unsqueeze(v, dims)[i],
 }
