@@ -81,6 +81,22 @@ def test_one_hot_depth_fed_as_a_float_input():
         np.testing.assert_array_equal(compiled.run(feeds)["y"], want)
 
 
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.BOOL, TensorProto.INT32])
+def test_non_zero_counted_from_the_input_at_run_time(dtype):
+    ins = [helper.make_tensor_value_info("x", dtype, [3, 4])]
+    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["y"])], "non_zero", ins,
+                              [helper.make_tensor_value_info("y", I64, [2, None])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    compiled = ember.compile(model, target="c", fallback=False)
+    sess = ort.InferenceSession(model.SerializeToString())
+    np_dtype = {TensorProto.FLOAT: np.float32, TensorProto.BOOL: np.bool_, TensorProto.INT32: np.int32}[dtype]
+    rng = np.random.default_rng(dtype)
+    for p in (0.0, 0.3, 1.0):
+        x = ((rng.random((3, 4)) < p) * rng.integers(1, 5, (3, 4))).astype(np_dtype)
+        (want,) = sess.run(None, {"x": x})
+        np.testing.assert_array_equal(compiled.run({"x": x})["y"], want)
+
+
 @pytest.mark.parametrize("name, value, message", [
     ("reshape", [5, 5, 1], "cannot reshape"),
     ("reshape", [-1, -1, 2], "one -1 at most"),

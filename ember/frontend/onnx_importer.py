@@ -392,9 +392,12 @@ class Importer:
         elements (a shape operand fed as an input), by `ember.graph.dims.VALUE_RULES[rule]` against `dims`
         (`count` of them; default one per element; at most `hi`); None when `v` is no such input."""
         t = v.type
-        if self.nested or v.is_constant or v in self.producers or t.dtype == "bool" or t.dtype.startswith("str"):
+        count_of = rule == "nonzero"  # a count reads the whole input, of any size and dtype
+        if self.nested or v.is_constant or v in self.producers or t.dtype.startswith("str"):
             return None
-        if not all(is_static_dim(d) for d in t.shape) or not 0 < t.size <= MAX_VALUE_SIZES:
+        if t.dtype == "bool" and not count_of or not all(is_static_dim(d) for d in t.shape):
+            return None
+        if not 0 < t.size <= (t.size if count_of else MAX_VALUE_SIZES):
             return None
         if rule == "element" and v in self.shape_values:
             return tuple(self.shape_values[v].reshape(-1))

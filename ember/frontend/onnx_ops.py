@@ -441,6 +441,14 @@ def _one_hot(ctx: NodeContext) -> None:
     emit(ctx, inputs=[ctx.input(0), ctx.input(2)], attrs={"depth": depth, "axis": ctx.attrs.get("axis", -1)})
 
 
+@converter("NonZero")
+def _non_zero(ctx: NodeContext) -> None:
+    v = ctx.input(0)
+    # an input's non-zero count is computed by the run time from its values before the kernels run
+    count = None if v.is_constant else ctx.importer.value_sizes(v, "nonzero", count=1, tag="nz", hi=v.type.size)
+    emit(ctx, attrs={"count": count[0]} if count else {})
+
+
 @converter("Trilu")
 def _trilu(ctx: NodeContext) -> None:
     v = ctx.input(1)

@@ -73,6 +73,7 @@ VALUE_RULES = {
     "squeeze": "the index-th dim of dims not in the axes v, each of which must be 1",
     "unsqueeze": "dim index of dims with 1s inserted at the axes v (of the result's rank)",
     "split": "v[index], the sizes v adding up to dims[0]",
+    "nonzero": "the number of non-zero elements of v (of any size)",
     "axis_view": "(product of dims before axis v[0], dims[v[0]], product of dims after it)[index]",
 }
 

@@ -944,9 +944,55 @@ def _data_dependent(what: str):
     return infer
 
 
-@op("NonZero", Pattern.OPAQUE, infer=_data_dependent("the number of non-zero elements depends on the data"))
+def _non_zero_infer(a: dict, x: TensorType) -> TensorType:
+    if a["count"] is None:
+        raise ShapeDependsOnData("the number of non-zero elements depends on the data")
+    return TensorType((x.rank, a["count"]), "int64")
+
+
+@op("NonZero", Pattern.OPAQUE, infer=_non_zero_infer, attrs=[Attr("count", "dim", None)])
 def non_zero(a: dict, x: np.ndarray) -> np.ndarray:
+    """The indices of the non-zero elements, one row per axis; `count` is their number when the run time
+    computes it from the input's values (`ember.graph.dims.ValueSizeVar`), None when only the data tells."""
     return np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)
+
+
+NONZERO_LIMIT = 1 << 26  # element pairs the quadratic NonZero compute may visit
+
+
+@lowering("NonZero")
+def _non_zero_te(a: dict, x: te.Tensor) -> te.Tensor:
+    """prefix[m] counts the non-zero elements before flat index m; output column j holds the coordinates of
+    the element that is non-zero with prefix j: quadratic in the element count, for the small tensors
+    NonZero meets."""
+    if a["count"] is None:
+        raise NotLowerable("NonZero without a count computed at run time")
+    n = numel(x.shape)
+    if not isinstance(n, int) or n * n > NONZERO_LIMIT:
+        raise NotLowerable(f"NonZero over {n} elements: the quadratic compute would be too slow")
+
+    def coords(m: Expr) -> tuple:
+        out = []
+        for d in reversed(x.shape):
+            out.append(m % d)
+            m = m // d
+        return tuple(reversed(out))
+
+    def hit(m: Expr) -> Expr:
+        v = x[coords(m)]
+        return v != te.const(0, x.dtype) if not x.dtype.is_bool else v
+
+    q = te.reduce_axis((0, n), name="q")
+    prefix = te.compute((n,), lambda m: te.sum(te.cast(hit(q.var), "int64"), axis=q, where=q.var < m), name="nz_prefix")
+    r = te.reduce_axis((0, n), name="r")
+
+    def body(d, j):
+        at = te.all(hit(r.var), prefix[(r.var,)] == te.cast(j, "int64"))
+        coord = sum((te.if_then_else(d == k, te.cast(c, "int64"), te.const(0, "int64"))
+                     for k, c in enumerate(coords(r.var))), te.const(0, "int64"))  # fmt: skip
+        return te.sum(coord, axis=r, where=at)
+
+    return te.compute((x.ndim, a["count"]), body, name="non_zero", tag="non_zero")
 
 
 @op("Compress", Pattern.OPAQUE, infer=_data_dependent("the output length depends on the condition values"),

@@ -233,7 +233,8 @@ def _value_size(d: Var, flat: np.ndarray, env: dict[Var, int]) -> int:
         raise ValueError(f"input '{d.source}' has {flat.size} element(s); size {d.name} reads element {d.index}")
     dims = [int(eval_int(x, env)) if isinstance(x, Expr) else int(x) for x in d.dims]
     try:
-        return int(VALUE_RULES[d.rule](flat.astype(np.int64).tolist(), d.index, dims))
+        values = flat if d.rule == "nonzero" else flat.astype(np.int64).tolist()  # (a count reads them as they are)
+        return int(VALUE_RULES[d.rule](values, d.index, dims))
     except ValueError as e:
         raise ValueError(f"input '{d.source}' = {flat.tolist()}: {e}") from None
 
@@ -291,6 +292,7 @@ VALUE_RULES = {
     "reduce_out": lambda v, i, dims: 1 if i in _axes(v, len(dims)) else dims[i],
     "reduce_kept": lambda v, i, dims: [n for k, n in enumerate(dims) if k not in _axes(v, len(dims))][i],
     "axis_view": lambda v, i, dims: _axis_view(v[0], dims)[i],
+    "nonzero": lambda v, i, dims: int(np.count_nonzero(v)),
     "split": lambda v, i, dims: _split(v, dims[0])[i],
     "squeeze": lambda v, i, dims: _squeeze(v, dims)[i],
     "unsqueeze": lambda v, i, dims: _unsqueeze(v, dims)[i],
