@@ -504,11 +504,12 @@ class NodeContext:
         """The value of input i, which must be a constant (else DynamicShapeError)."""
         return self.importer.require_constant(self, i, what)
 
-    def need_dims(self, i: int, what: str) -> tuple[Dim, ...]:
-        """The elements of int input i as dims: a constant, or computed from symbolic shapes (Shape -> Concat)."""
+    def need_dims(self, i: int, what: str, runtime: bool = False) -> tuple[Dim, ...]:
+        """The elements of int input i as dims: a constant, or computed from symbolic shapes (Shape -> Concat);
+        with `runtime`, a graph input's elements as sizes read at run time (`Importer.value_sizes`)."""
         v = self.input(i)
         dims = None if v is None else self.importer.dims_of(v)
-        if dims is None and v is not None:
+        if dims is None and v is not None and runtime:
             dims = self.importer.value_sizes(v)
         return dims if dims is not None else tuple(int(x) for x in self.need(i, what).reshape(-1))
 

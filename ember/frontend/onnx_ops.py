@@ -414,7 +414,7 @@ def _slice(ctx: NodeContext) -> None:
 
 @converter("Expand")
 def _expand(ctx: NodeContext) -> None:
-    x, shape = ctx.type(0), ctx.need_dims(1, "shape")
+    x, shape = ctx.type(0), ctx.need_dims(1, "shape", runtime=True)
     # a size read at run time broadcasts against a static dim > 1 of the input: that dim (ONNX's broadcasting)
     lead = len(shape) - x.rank
     shape = tuple(x.shape[k - lead] if k >= lead and reads_values((d,)) and is_static_dim(x.shape[k - lead])
@@ -424,13 +424,13 @@ def _expand(ctx: NodeContext) -> None:
 
 @converter("Tile")
 def _tile(ctx: NodeContext) -> None:
-    emit(ctx, inputs=ctx.inputs[:1], attrs={"repeats": ctx.need_dims(1, "repeats")})
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"repeats": ctx.need_dims(1, "repeats", runtime=True)})
 
 
 @converter("ConstantOfShape")
 def _constant_of_shape(ctx: NodeContext) -> None:
     value = ctx.attrs.get("value", np.zeros(1, np.float32))
-    emit(ctx, inputs=[], attrs={"shape": ctx.need_dims(0, "shape"), "value": value})
+    emit(ctx, inputs=[], attrs={"shape": ctx.need_dims(0, "shape", runtime=True), "value": value})
 
 
 @converter("OneHot")
