@@ -112,3 +112,9 @@ def test_bad_operand_values_name_the_input(name, value, message):
     with pytest.raises(ArgumentError, match=message) as e:
         compiled.run(feeds)
     assert "'s'" in str(e.value)
+
+
+def test_sizes_read_from_values_need_the_c_target():
+    model, _, _ = CASES["reshape"]
+    with pytest.raises(NotImplementedError, match="c target only so far, not 'llvm'"):
+        ember.compile(model, target="llvm")
