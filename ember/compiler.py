@@ -95,6 +95,10 @@ def compile(  # noqa: A001
                                   f"so far, not {target.kind!r}; pass input_shapes= to specialize")  # fmt: skip
     lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits,
                           dynamic_bounds if symbolic else None, symbolic, example_inputs)  # fmt: skip
+    if lowered.plan.is_symbolic and target.kind != "c":  # sizes read from input values (a Reshape target input...)
+        names = ", ".join(v.name for v in lowered.plan.size_vars)
+        raise NotImplementedError(f"ember.compile: sizes known at run time ({names}) are compiled for the c "
+                                  f"target only so far, not {target.kind!r}; bind their inputs as constants")
     return build_model(lowered)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ember.graph.dims import Dim, SizeVars, dim_product, is_static_dim, simplify_dim
+from ember.graph.dims import Dim, SizeVars, dim_product, is_static_dim, simplify_dim, value_size_var
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops import AttrError, ShapeDependsOnData, get_op
@@ -49,6 +49,9 @@ class UnsupportedOperatorError(ModelError):
             f"{source}: {len(unsupported)} unsupported operator(s):\n" + "\n".join(lines)
             + "\nNo part of the model was imported."
         )  # fmt: skip
+
+
+MAX_VALUE_SIZES = 8  # elements of a graph input read as run-time sizes (a shape operand; floats truncate)
 
 
 class DynamicShapeError(ModelError):
@@ -383,6 +386,29 @@ class Importer:
         values = self.shape_values.get(v)
         return None if values is None else tuple(values.reshape(-1))
 
+    def value_sizes(self, v: Value, rule: str = "element", dims: tuple = (), count: int | None = None,
+                    tag: str = "v", hi: int | None = None) -> tuple[Dim, ...] | None:
+        """Size variables read at run time from the values of `v` when it is a numeric graph input with a few
+        elements (a shape operand fed as an input), by `ember.graph.dims.VALUE_RULES[rule]` against `dims`
+        (`count` of them; default one per element; at most `hi`); None when `v` is no such input."""
+        t = v.type
+        count_of = rule == "nonzero"  # a count reads the whole input, of any size and dtype
+        if self.nested or v.is_constant or v in self.producers or t.dtype.startswith("str"):
+            return None
+        if t.dtype == "bool" and not count_of or not all(is_static_dim(d) for d in t.shape):
+            return None
+        if not 0 < t.size <= (t.size if count_of else MAX_VALUE_SIZES):
+            return None
+        if rule == "element" and v in self.shape_values:
+            return tuple(self.shape_values[v].reshape(-1))
+        base = "".join(c if c.isalnum() else "_" for c in v.name).lstrip("0123456789_") or "v"
+        name = f"{base}_{tag}" if rule == "element" else self.unique(f"{base}_{tag}") + "_"
+        n = t.size if count is None else count
+        out = tuple(value_size_var(f"{name}{i}", v.name, i, rule, dims, hi) for i in range(n))
+        if rule == "element":
+            self.shape_values[v] = _dims_array(list(out), t.shape)
+        return out
+
     def _fold(self, opdef, attrs: dict, inputs: list[Value | None], out_names: list[str], where: str) -> list[Value]:
         args = [None if v is None else (v.data if v.is_constant else _dummy(v.type)) for v in inputs]
         try:
@@ -478,10 +504,13 @@ class NodeContext:
         """The value of input i, which must be a constant (else DynamicShapeError)."""
         return self.importer.require_constant(self, i, what)
 
-    def need_dims(self, i: int, what: str) -> tuple[Dim, ...]:
-        """The elements of int input i as dims: a constant, or computed from symbolic shapes (Shape -> Concat)."""
+    def need_dims(self, i: int, what: str, runtime: bool = False) -> tuple[Dim, ...]:
+        """The elements of int input i as dims: a constant, or computed from symbolic shapes (Shape -> Concat);
+        with `runtime`, a graph input's elements as sizes read at run time (`Importer.value_sizes`)."""
         v = self.input(i)
         dims = None if v is None else self.importer.dims_of(v)
+        if dims is None and v is not None and runtime:
+            dims = self.importer.value_sizes(v)
         return dims if dims is not None else tuple(int(x) for x in self.need(i, what).reshape(-1))
 
     def emit(self, op: str, inputs: list[Value | None], attrs: dict | None = None, n_out: int = 1) -> list[Value]:

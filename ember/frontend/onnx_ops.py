@@ -9,6 +9,7 @@ but ONNX defines as a function are expanded from the function body (`expand_func
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -24,7 +25,8 @@ from ember.frontend.onnx_importer import (
     normal_domain,
     onnx_dtype,
 )
-from ember.graph.ir import Graph
+from ember.graph.dims import is_static_dim, reads_values, simplify_dim
+from ember.graph.ir import Graph, Value
 from ember.graph.types import TensorType
 from ember.ops import OPS
 from ember.ops.common import norm_axes
@@ -231,7 +233,10 @@ _AXES_INPUT_SINCE = {"ReduceSum": 13}  # other Reduce* take axes as an input fro
 def _reduce(ctx: NodeContext) -> None:
     a = ctx.attrs
     if ctx.version >= _AXES_INPUT_SINCE.get(ctx.op_type, 18):
-        axes = _ints(ctx.need(1, "axes")) if ctx.input(1) is not None else ()
+        v = ctx.input(1)
+        if v is not None and not v.is_constant and v.type.size and _reduce_runtime_axes(ctx, v):
+            return
+        axes = _ints(ctx.need(1, "axes")) if v is not None and v.type.size else ()
     else:
         axes = tuple(a.get("axes", ()))
     rank = ctx.type(0).rank
@@ -243,15 +248,61 @@ def _reduce(ctx: NodeContext) -> None:
     emit(ctx, inputs=ctx.inputs[:1], attrs={"axes": norm_axes(axes, rank), "keepdims": a.get("keepdims", 1)})
 
 
+def _reduce_runtime_axes(ctx: NodeContext, v: Value) -> bool:
+    """A reduction over axes fed as an input: each dim d splits into (out, extent), (d, 1) where it is kept and
+    (1, d) where it is reduced, `out` read from the axes at run time (extent = d + 1 - out); the Reshape to the
+    interleaved dims is a view, a static reduction over the extents gives the keepdims result, a Reshape drops
+    the reduced dims."""
+    x = ctx.type(0)
+    dims = x.shape
+    if not dims or v.type.size > len(dims) or not all(is_static_dim(d) for d in dims):
+        return False
+    out = ctx.importer.value_sizes(v, "reduce_out", dims, len(dims), tag="o")
+    if out is None:
+        return False
+    if 0 in dims:  # an empty input: every output is the reduction of nothing
+        with np.errstate(all="ignore"):
+            (empty,) = OPS[ctx.op_type].reference({"axes": (0,), "keepdims": 0}, np.zeros(0, x.np_dtype))
+        keep = ctx.attrs.get("keepdims", 1)
+        shape = out if keep else ctx.importer.value_sizes(v, "reduce_kept", dims, len(dims) - v.type.size, tag="k")
+        emit(ctx, "ConstantOfShape", [], {"shape": shape, "value": np.asarray(empty).reshape(1)})
+        return True
+    extent = tuple(simplify_dim(d + 1 - o) for d, o in zip(dims, out))  # d where out is 1, 1 where out is d
+    (split,) = ctx.emit("Reshape", ctx.inputs[:1], {"shape": tuple(d for pair in zip(out, extent) for d in pair)})
+    axes = tuple(range(1, 2 * len(dims), 2))
+    if ctx.attrs.get("keepdims", 1):
+        emit(ctx, inputs=[split], attrs={"axes": axes, "keepdims": 0})
+        return True
+    (y,) = ctx.emit(ctx.op_type, [split], {"axes": axes, "keepdims": 0})
+    kept = ctx.importer.value_sizes(v, "reduce_kept", dims, len(dims) - v.type.size, tag="k")
+    emit(ctx, "Reshape", [y], {"shape": kept})
+    return True
+
+
 @converter("CumSum", "CumProd")
 def _cumulative(ctx: NodeContext) -> None:
+    dims, v = ctx.type(0).shape, ctx.input(1)
+    if dims and all(is_static_dim(d) for d in dims) and not v.is_constant and v.type.size == 1:
+        # an axis fed as an input: the input viewed as (before, along, after) the axis, sizes read at run time
+        view = ctx.importer.value_sizes(v, "axis_view", dims, 3, tag="a", hi=max(1, math.prod(dims)))
+        if view is not None:
+            (x3,) = ctx.emit("Reshape", ctx.inputs[:1], {"shape": view})
+            (y3,) = ctx.emit(ctx.op_type, [x3], dict(ctx.attrs, axis=1))
+            emit(ctx, "Reshape", [y3], {"shape": dims})
+            return
     axis = int(ctx.need(1, "axis").reshape(()))
     emit(ctx, inputs=ctx.inputs[:1], attrs=dict(ctx.attrs, axis=axis))
 
 
 @converter("TopK")
 def _topk(ctx: NodeContext) -> None:
-    k = int(ctx.need(1, "k").reshape(-1)[0]) if ctx.version >= 10 else ctx.attrs["k"]
+    if ctx.version < 10:
+        k = ctx.attrs["k"]
+    else:  # k fed as an input: a size read at run time, at most the axis length
+        x, v = ctx.type(0), ctx.input(1)
+        n = x.shape[norm_axes((ctx.attrs.get("axis", -1),), x.rank)[0]]
+        k = None if v.is_constant or not is_static_dim(n) else ctx.importer.value_sizes(v, hi=n)
+        k = k[0] if k else int(ctx.need(1, "k").reshape(-1)[0])
     emit(ctx, inputs=ctx.inputs[:1], attrs=dict(_without(ctx.attrs, "k"), k=k))
 
 
@@ -274,7 +325,12 @@ def _reshape(ctx: NodeContext) -> None:
     if ctx.version < 5:
         shape = ctx.attrs["shape"]
     else:
-        shape = ctx.need_dims(1, "target shape")
+        v, allowzero = ctx.input(1), bool(ctx.attrs.get("allowzero", 0))
+        known = v is None or v.is_constant or ctx.importer.dims_of(v) is not None
+        # a target fed as an input: its entries are sizes read at run time, 0 and -1 resolved there
+        rule = "reshape_allowzero" if allowzero else "reshape"
+        runtime = None if known else ctx.importer.value_sizes(v, rule, ctx.type(0).shape, tag="r")
+        shape = runtime if runtime is not None else ctx.need_dims(1, "target shape")
     try:
         target = resolve_reshape(ctx.type(0).shape, shape, bool(ctx.attrs.get("allowzero", 0)))
     except ValueError as e:
@@ -288,9 +344,23 @@ def _transpose(ctx: NodeContext) -> None:
     emit(ctx, attrs={"perm": perm})
 
 
+def _reshape_by_axes(ctx: NodeContext, rule: str, rank: int) -> bool:
+    """Squeeze/Unsqueeze with the axes fed as an input (opset 13): a Reshape to `rank` dims read at run time."""
+    v, dims = ctx.input(1), ctx.type(0).shape
+    if ctx.version < 13 or v is None or v.is_constant or not v.type.size or not all(is_static_dim(d) for d in dims):
+        return False
+    shape = ctx.importer.value_sizes(v, rule, dims, rank, tag="s" if rule == "squeeze" else "u")
+    if shape is None:
+        return False
+    emit(ctx, "Reshape", ctx.inputs[:1], {"shape": shape})
+    return True
+
+
 @converter("Squeeze")
 def _squeeze(ctx: NodeContext) -> None:
     x = ctx.type(0)
+    if _reshape_by_axes(ctx, "squeeze", x.rank - (ctx.input(1).type.size if ctx.input(1) is not None else 0)):
+        return
     if ctx.version >= 13:
         axes = _ints(ctx.need(1, "axes")) if ctx.input(1) is not None else None
     else:
@@ -302,6 +372,8 @@ def _squeeze(ctx: NodeContext) -> None:
 
 @converter("Unsqueeze")
 def _unsqueeze(ctx: NodeContext) -> None:
+    if _reshape_by_axes(ctx, "unsqueeze", ctx.type(0).rank + (ctx.input(1).type.size if ctx.input(1) else 0)):
+        return
     axes = _ints(ctx.need(1, "axes")) if ctx.version >= 13 else ctx.attrs["axes"]
     emit(ctx, inputs=ctx.inputs[:1], attrs={"axes": tuple(axes)})
 
@@ -311,7 +383,12 @@ def _split(ctx: NodeContext) -> None:
     x = ctx.type(0)
     axis = norm_axes((ctx.attrs.get("axis", 0),), x.rank)[0]
     if ctx.version >= 13:
-        split = _ints(ctx.need(1, "split sizes")) if ctx.input(1) is not None else None
+        v, n = ctx.input(1), x.shape[axis]
+        runtime = None if v is None or v.is_constant else ctx.importer.value_sizes(v, "split", (n,), tag="p", hi=n)
+        if runtime is not None:  # sizes fed as an input: read at run time, by the kernel for the offsets
+            emit(ctx, inputs=[ctx.input(0), v], attrs={"axis": axis, "split": runtime})
+            return
+        split = _ints(ctx.need(1, "split sizes")) if v is not None else None
     else:
         split = ctx.attrs.get("split")
     if not split:
@@ -337,29 +414,48 @@ def _slice(ctx: NodeContext) -> None:
 
 @converter("Expand")
 def _expand(ctx: NodeContext) -> None:
-    emit(ctx, inputs=ctx.inputs[:1], attrs={"shape": _ints(ctx.need(1, "shape"))})
+    x, shape = ctx.type(0), ctx.need_dims(1, "shape", runtime=True)
+    # a size read at run time broadcasts against a static dim > 1 of the input: that dim (ONNX's broadcasting)
+    lead = len(shape) - x.rank
+    shape = tuple(x.shape[k - lead] if k >= lead and reads_values((d,)) and is_static_dim(x.shape[k - lead])
+                  and x.shape[k - lead] != 1 else d for k, d in enumerate(shape))  # fmt: skip
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"shape": shape})
 
 
 @converter("Tile")
 def _tile(ctx: NodeContext) -> None:
-    emit(ctx, inputs=ctx.inputs[:1], attrs={"repeats": _ints(ctx.need(1, "repeats"))})
+    emit(ctx, inputs=ctx.inputs[:1], attrs={"repeats": ctx.need_dims(1, "repeats", runtime=True)})
 
 
 @converter("ConstantOfShape")
 def _constant_of_shape(ctx: NodeContext) -> None:
     value = ctx.attrs.get("value", np.zeros(1, np.float32))
-    emit(ctx, inputs=[], attrs={"shape": _ints(ctx.need(0, "shape")), "value": value})
+    emit(ctx, inputs=[], attrs={"shape": ctx.need_dims(0, "shape", runtime=True), "value": value})
 
 
 @converter("OneHot")
 def _one_hot(ctx: NodeContext) -> None:
-    depth = int(np.asarray(ctx.need(1, "depth")).reshape(-1)[0])
+    v = ctx.input(1)
+    depth = None if v.is_constant else ctx.importer.value_sizes(v)  # fed as an input: a size read at run time
+    depth = depth[0] if depth else int(np.asarray(ctx.need(1, "depth")).reshape(-1)[0])
     emit(ctx, inputs=[ctx.input(0), ctx.input(2)], attrs={"depth": depth, "axis": ctx.attrs.get("axis", -1)})
+
+
+@converter("NonZero")
+def _non_zero(ctx: NodeContext) -> None:
+    v = ctx.input(0)
+    # an input's non-zero count is computed by the run time from its values before the kernels run
+    count = None if v.is_constant else ctx.importer.value_sizes(v, "nonzero", count=1, tag="nz", hi=v.type.size)
+    emit(ctx, attrs={"count": count[0]} if count else {})
 
 
 @converter("Trilu")
 def _trilu(ctx: NodeContext) -> None:
-    k = int(ctx.need(1, "k").reshape(())) if ctx.input(1) is not None else 0
+    v = ctx.input(1)
+    if v is not None and not v.is_constant:  # k fed as an input: the kernel reads it
+        emit(ctx, inputs=ctx.inputs[:2], attrs={"upper": ctx.attrs.get("upper", 1)})
+        return
+    k = int(ctx.need(1, "k").reshape(())) if v is not None else 0
     emit(ctx, inputs=ctx.inputs[:1], attrs={"upper": ctx.attrs.get("upper", 1), "k": k})
 
 

@@ -62,6 +62,51 @@ def size_var(name: str, lo: int = 0, hi: int | None = None) -> SizeVar:
     return SizeVar(name, int64, int(lo), None if hi is None else int(hi))
 
 
+# how the run time computes a ValueSizeVar from the int input's values v (flattened), its `index`, and its `dims`
+# (dims of another tensor, evaluated at this call's sizes): `ember.runtime.plan.VALUE_RULES` implements each
+VALUE_RULES = {
+    "element": "v[index]",
+    "reshape": "entry index of the Reshape target v of a tensor of shape dims: 0 copies a dim, -1 is inferred",
+    "reshape_allowzero": "the same with 0 meaning 0",
+    "reduce_out": "dims[index] unless index is in the axes v (then 1)",
+    "reduce_kept": "the index-th dim of dims not in the axes v",
+    "squeeze": "the index-th dim of dims not in the axes v, each of which must be 1",
+    "unsqueeze": "dim index of dims with 1s inserted at the axes v (of the result's rank)",
+    "split": "v[index], the sizes v adding up to dims[0]",
+    "nonzero": "the number of non-zero elements of v (of any size)",
+    "axis_view": "(product of dims before axis v[0], dims[v[0]], product of dims after it)[index]",
+}
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ValueSizeVar(SizeVar):
+    """A size read at run time from the values of an int graph input (a shape operand fed as an input):
+    `VALUE_RULES[rule]` of input `source`'s values, at `index`, against the dims `dims`."""
+
+    source: str = ""
+    index: int = 0
+    rule: str = "element"
+    dims: tuple = ()
+
+    __hash__ = Var.__hash__
+
+
+def value_size_var(name: str, source: str, index: int, rule: str = "element", dims: tuple = (),
+                   hi: int | None = None) -> ValueSizeVar:
+    """A size in [0, hi] read at run time from the int graph input `source` by `VALUE_RULES[rule]`."""
+    if not name.isidentifier():
+        raise DimError(f"size variable name {name!r} must be an identifier")
+    if rule not in VALUE_RULES:
+        raise DimError(f"size variable {name}: unknown rule {rule!r}; known: {', '.join(VALUE_RULES)}")
+    return ValueSizeVar(name, int64, 0, hi, source, int(index), rule, tuple(dims))
+
+
+def reads_values(dims: Sequence[Dim]) -> bool:
+    """Whether a dim is read from input values at run time (a `ValueSizeVar` in it): relations between such dims
+    and others are checked when the run time binds them, not at compile time."""
+    return any(isinstance(n, ValueSizeVar) for d in dims if isinstance(d, Expr) for n in walk(d))
+
+
 class SizeVars:
     """One `SizeVar` per name, made on first use with the bounds given for that name (default [1, inf))."""
 

@@ -59,6 +59,7 @@ _COERCE: dict[str, Callable[[Any], Any]] = {
     "str": str,
     "ints": lambda v: tuple(int(x) for x in v),
     "dims": lambda v: tuple(simplify_dim(x) for x in v),  # ints or symbolic sizes (ember.graph.dims)
+    "dim": simplify_dim,  # an int or a symbolic size
     "floats": lambda v: tuple(float(x) for x in v),
     "strs": lambda v: tuple(str(x) for x in v),
     "dtype": lambda v: _check_dtype(str(v)),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ember import te
+from ember.graph.dims import is_static_dim
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError, norm_axes, norm_axis, reduced_shape
 from ember.ops.elemwise import astype, fcall, nan_max, nan_min
@@ -97,7 +100,8 @@ def reduce_source(
     nred = len(axes)
     kept = tuple(shape[d] for d in range(nd) if d not in axes)
     out_shape = tuple(1 if d in axes else shape[d] for d in range(nd)) if keepdims else kept
-    row = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    static = all(isinstance(shape[a], int | np.integer) for a in axes)
+    row = int(np.prod([shape[a] for a in axes], dtype=np.int64)) if static else 0  # symbolic: one stage
     if not axes or axes != tuple(range(nd - nred, nd)) or row < 2 * RF_LANES:
         raxes = {a: te.reduce_axis((0, shape[a]), name=f"r{a}") for a in axes}
 
@@ -151,7 +155,7 @@ def schedule_reduce(attrs: dict, outs: list[te.Tensor], target: Target) -> te.Sc
     reductions = [st for st in s.stages if not st.is_placeholder and st.op.tag == "reduce"]
     rfs = [st for st in s.stages if not st.is_placeholder and st.op.tag == "reduce_rf"]
     roots = [st for st in s.stages if not st.is_placeholder and st.attach == "root"]
-    work = max((int(np.prod(st.op.shape, dtype=np.int64)) for st in s.stages), default=0)
+    work = max((te.prod_hint(st.op.shape) for st in s.stages), default=0)
     parallel = work >= 1 << 15 and target.num_cores > 1
     if len(outs) == 1 and reductions and all(st.op.attrs.get("inner_axes") == 0 for st in reductions):
         out = s[outs[0]]
@@ -192,8 +196,8 @@ def _schedule_columns(st: te.Stage, target: Target, parallel: bool) -> None:
     st.reorder(*outer, *op.reduce_axis, *inner)
     fo = st.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
     fi = st.fuse(*inner) if len(inner) > 1 else (inner[0] if inner else None)
-    n_outer = int(np.prod([iv.dom[1] for iv in outer], dtype=np.int64))
-    n_in = int(np.prod([iv.dom[1] for iv in inner], dtype=np.int64))
+    n_outer = te.prod_hint([iv.dom[1] for iv in outer])
+    n_in = te.prod_hint([iv.dom[1] for iv in inner])
     lanes = target.vector_lanes(max(op.dtype.bits, 8))
     if fi is not None and n_in >= lanes:
         jo, ji = st.split(fi, lanes)
@@ -226,7 +230,7 @@ def _wide(v: tx.Expr) -> tx.Expr:
 # name -> (reducer for floats, reducer for other dtypes, pre(x), post(y, n)) where n is the reduced count
 REDUCERS_TE = {
     "ReduceSum": (te.sum, te.sum, None, None),
-    "ReduceMean": (te.sum, te.sum, _wide, lambda y, n: y / float(n)),
+    "ReduceMean": (te.sum, te.sum, _wide, lambda y, n: y / (float(n) if isinstance(n, int) else te.cast(n, y.dtype))),
     "ReduceMax": (NAN_MAX, te.max, None, None),
     "ReduceMin": (NAN_MIN, te.min, None, None),
     "ReduceProd": (PROD, PROD, None, None),
@@ -245,7 +249,7 @@ def _reduce_lowering(name: str, float_reducer, other_reducer, pre, post) -> None
         y = reduce_te(x, a["axes"], bool(a["keepdims"]), reducer, pre=pre, name=name.lower())
         if post is None:
             return y
-        n = int(np.prod([x.shape[d] for d in a["axes"]], dtype=np.int64))
+        n = math.prod(x.shape[d] for d in a["axes"])
         return te.compute(y.shape, lambda *i: astype(post(y[i], n), x.dtype), name=name.lower() + "_out")
 
     lowering(name, schedule=schedule_reduce)(compute)
@@ -339,7 +343,7 @@ _arg_lowering("ArgMin", NAN_MIN, te.min)
 # -- TopK ----------------------------------------------------------------------------------------
 def _topk_infer(a: dict, x: TensorType) -> tuple[TensorType, TensorType]:
     axis = norm_axis(a["axis"], x.rank)
-    if not 0 <= a["k"] <= x.shape[axis]:
+    if is_static_dim(a["k"]) and is_static_dim(x.shape[axis]) and not 0 <= a["k"] <= x.shape[axis]:
         raise ShapeError(f"TopK k={a['k']} is out of range for axis {axis} of length {x.shape[axis]}")
     shape = tuple(a["k"] if i == axis else d for i, d in enumerate(x.shape))
     return TensorType(shape, x.dtype), TensorType(shape, "int64")
@@ -354,7 +358,7 @@ def stable_argsort(x: np.ndarray, axis: int, descending: bool) -> np.ndarray:
 
 
 @op("TopK", Pattern.OPAQUE, infer=_topk_infer,
-    attrs=[Attr("k", "int"), Attr("axis", "int", -1), Attr("largest", "int", 1), Attr("sorted", "int", 1)])  # fmt: skip
+    attrs=[Attr("k", "dim"), Attr("axis", "int", -1), Attr("largest", "int", 1), Attr("sorted", "int", 1)])  # fmt: skip
 def topk(a: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The k largest (or smallest) along axis, sorted; ties keep the lower index first."""
     axis = norm_axis(a["axis"], x.ndim)
@@ -386,7 +390,7 @@ def _(a: dict, x: te.Tensor) -> list[te.Tensor]:
         raise NotLowerable("TopK on bool")
     axis, k, largest = norm_axis(a["axis"], x.ndim), a["k"], bool(a["largest"])
     n = x.shape[axis]
-    if int(np.prod(x.shape, dtype=np.int64)) * n > QUADRATIC_LIMIT:
+    if te.prod_hint(x.shape) * te.size_hint(n) > QUADRATIC_LIMIT:
         raise NotLowerable(f"TopK over an axis of {n}: the quadratic compute would be too slow")
 
     def along(i: tuple, j) -> tuple:
@@ -438,7 +442,7 @@ def _cum_lowering(name: str, reducer: te.Reducer) -> None:
             raise NotLowerable(f"{name} on bool")
         axis = norm_axis(a["axis"], x.ndim)
         n = x.shape[axis]
-        if int(np.prod(x.shape, dtype=np.int64)) * n > QUADRATIC_LIMIT:
+        if te.prod_hint(x.shape) * te.size_hint(n) > QUADRATIC_LIMIT:
             raise NotLowerable(f"{name} over an axis of {n}: the quadratic compute would be too slow")
         r = te.reduce_axis((0, n), name="r")
 

@@ -14,6 +14,7 @@ from ember.graph.dims import (
     divide_dims,
     is_static,
     is_static_dim,
+    reads_values,
     shape_str,
     simplify_dim,
 )  # fmt: skip
@@ -49,7 +50,7 @@ def data_index(v: Expr, dim: int) -> Expr:
     return index_dtype(te.minimum(te.maximum(v, 0), dim - 1), dim)
 
 
-def wrapped(v: Expr, dim: int) -> Expr:
+def wrapped(v: Expr, dim: int | Expr) -> Expr:
     """v < 0 counts from the end (no clamping: for comparisons, never for addressing)."""
     return te.if_then_else(v < 0, v + dim, v)
 
@@ -67,7 +68,7 @@ def _with(idx: tuple, axis: int, value: Expr) -> tuple:
 def _reshape_infer(a: dict, x: TensorType) -> TensorType:
     shape = a["shape"]
     if not (x.is_static and is_static(shape)):
-        if not dims_equal(dim_product(shape), dim_product(x.shape)):
+        if not dims_equal(dim_product(shape), dim_product(x.shape)) and not reads_values((*shape, *x.shape)):
             raise ShapeError(f"cannot reshape {x} to {shape_str(shape)}: the element counts are not provably equal")
         return x.with_shape(shape)
     if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) != x.size:
@@ -307,31 +308,39 @@ def _concat_te(a: dict, *xs: te.Tensor) -> te.Tensor:
     return te.compute(shape, body, name="concat", tag="concat")
 
 
-def _split_infer(a: dict, x: TensorType) -> tuple[TensorType, ...]:
+def _split_infer(a: dict, x: TensorType, sizes: TensorType | None = None) -> tuple[TensorType, ...]:
     axis = norm_axis(a["axis"], x.rank)
-    if sum(a["split"]) != x.shape[axis] or any(s < 0 for s in a["split"]):
+    static = sizes is None and not reads_values((*a["split"], x.shape[axis]))  # else checked at run time
+    if static and (sum(a["split"]) != x.shape[axis] or any(s < 0 for s in a["split"])):
         raise ShapeError(f"split sizes {list(a['split'])} do not add up to axis {axis} of {x}")
     return tuple(x.with_shape(x.shape[:axis] + (s,) + x.shape[axis + 1 :]) for s in a["split"])
 
 
-@op("Split", INJ, infer=_split_infer, attrs=[Attr("axis", "int", 0), Attr("split", "ints")])
-def split(a: dict, x: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Split into pieces of explicit sizes (the frontend computes sizes for num_outputs)."""
+@op("Split", INJ, infer=_split_infer, inputs=(1, 2), attrs=[Attr("axis", "int", 0), Attr("split", "dims")])
+def split(a: dict, x: np.ndarray, sizes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """Split into pieces of explicit sizes (the frontend computes sizes for num_outputs); with a second input,
+    the sizes are its values (read at run time; `split` then holds them as size variables)."""
     axis = norm_axis(a["axis"], x.ndim)
-    return tuple(np.split(x, np.cumsum(a["split"])[:-1], axis=axis))
+    split = a["split"] if sizes is None else sizes.astype(np.int64).reshape(-1)
+    return tuple(np.split(x, np.cumsum(split)[:-1], axis=axis))
 
 
 @lowering("Split", schedule=schedule_injective("split"))
-def _split_te(a: dict, x: te.Tensor) -> list[te.Tensor]:
+def _split_te(a: dict, x: te.Tensor, sizes: te.Tensor | None = None) -> list[te.Tensor]:
     axis = norm_axis(a["axis"], x.ndim)
 
-    def piece(k: int, start: int) -> te.Tensor:
+    def piece(k: int, start) -> te.Tensor:
         shape = _with(x.shape, axis, a["split"][k])
-        return te.compute(shape, lambda *i: x[_with(i, axis, i[axis] + start)], name=f"split{k}", tag="split",
-                          attrs=rows(x.ndim - axis - 1))  # fmt: skip
+        return te.compute(shape, lambda *i: x[_with(i, axis, i[axis] + start(i[axis]))], name=f"split{k}",
+                          tag="split", attrs=rows(x.ndim - axis - 1))  # fmt: skip
 
+    if sizes is not None:  # the sizes fed as an input: each piece's start is read by the kernel
+        def start_at(k: int):
+            return lambda j: sum((te.cast(sizes[(m,)], j.dtype) for m in range(k)), te.const(0, j.dtype))
+
+        return [piece(k, start_at(k)) for k in range(len(a["split"]))]
     starts = np.concatenate([[0], np.cumsum(a["split"])[:-1]]).astype(int)
-    return [piece(k, int(start)) for k, start in enumerate(starts)]
+    return [piece(k, lambda j, s=int(start): s) for k, start in enumerate(starts)]
 
 
 def split_sizes(length: int, parts: int) -> tuple[int, ...]:
@@ -650,7 +659,7 @@ def _expand_infer(a: dict, x: TensorType) -> TensorType:
     return x.with_shape(broadcast_shapes(x.shape, a["shape"]))
 
 
-@op("Expand", Pattern.BROADCAST, infer=_expand_infer, attrs=[Attr("shape", "ints")])
+@op("Expand", Pattern.BROADCAST, infer=_expand_infer, attrs=[Attr("shape", "dims")])
 def expand(a: dict, x: np.ndarray) -> np.ndarray:
     return np.broadcast_to(x, broadcast_shapes(x.shape, a["shape"])).copy()
 
@@ -666,17 +675,17 @@ def _expand_te(a: dict, x: te.Tensor) -> te.Tensor:
 def _tile_infer(a: dict, x: TensorType) -> TensorType:
     if len(a["repeats"]) != x.rank:
         raise ShapeError(f"Tile repeats {list(a['repeats'])} must have one entry per axis of {x}")
-    return x.with_shape(tuple(d * r for d, r in zip(x.shape, a["repeats"])))
+    return x.with_shape(tuple(simplify_dim(d * r) for d, r in zip(x.shape, a["repeats"])))
 
 
-@op("Tile", INJ, infer=_tile_infer, attrs=[Attr("repeats", "ints")])
+@op("Tile", INJ, infer=_tile_infer, attrs=[Attr("repeats", "dims")])
 def tile(a: dict, x: np.ndarray) -> np.ndarray:
     return np.tile(x, a["repeats"])
 
 
 @lowering("Tile", schedule=schedule_injective("tile"))
 def _tile_te(a: dict, x: te.Tensor) -> te.Tensor:
-    shape = tuple(d * r for d, r in zip(x.shape, a["repeats"]))
+    shape = tuple(simplify_dim(d * r) for d, r in zip(x.shape, a["repeats"]))
     untiled = next((k for k, r in enumerate(reversed(a["repeats"])) if r != 1), x.ndim)
     return te.compute(shape, lambda *i: x[tuple(j if r == 1 else j % d for j, d, r in zip(i, x.shape, a["repeats"]))],
                       name="tile", tag="tile", attrs=rows(untiled))  # fmt: skip
@@ -825,7 +834,7 @@ def _const_of_shape_infer(a: dict) -> TensorType:
 
 
 @op("ConstantOfShape", INJ, infer=_const_of_shape_infer, inputs=(0, 0),
-    attrs=[Attr("shape", "ints"), Attr("value", "tensor", np.zeros(1, np.float32))])  # fmt: skip
+    attrs=[Attr("shape", "dims"), Attr("value", "tensor", np.zeros(1, np.float32))])  # fmt: skip
 def constant_of_shape(a: dict) -> np.ndarray:
     return np.full(a["shape"], a["value"].reshape(-1)[0], dtype=a["value"].dtype)
 
@@ -874,7 +883,7 @@ def _one_hot_infer(a: dict, idx: TensorType, values: TensorType) -> TensorType:
     return values.with_shape(tuple(shape))
 
 
-@op("OneHot", INJ, infer=_one_hot_infer, inputs=(2, 2), attrs=[Attr("depth", "int"), Attr("axis", "int", -1)])
+@op("OneHot", INJ, infer=_one_hot_infer, inputs=(2, 2), attrs=[Attr("depth", "dim"), Attr("axis", "int", -1)])
 def one_hot(a: dict, idx: np.ndarray, values: np.ndarray) -> np.ndarray:
     """values[1] where the index hits, values[0] elsewhere; depth is an attribute."""
     depth = a["depth"]
@@ -898,19 +907,30 @@ def _one_hot_te(a: dict, idx: te.Tensor, values: te.Tensor) -> te.Tensor:
     return te.compute(shape, body, name="one_hot", tag="one_hot")
 
 
-@op("Trilu", INJ, infer=lambda a, x: x, attrs=[Attr("upper", "int", 1), Attr("k", "int", 0)])
-def trilu(a: dict, x: np.ndarray) -> np.ndarray:
-    return np.triu(x, a["k"]) if a["upper"] else np.tril(x, a["k"])
+def _trilu_infer(a: dict, x: TensorType, k: TensorType | None = None) -> TensorType:
+    if k is not None and (not k.is_static or k.size != 1 or not k.dtype.startswith("int")):
+        raise ShapeError(f"Trilu's k input must hold one integer, got {k}")
+    return x
+
+
+@op("Trilu", INJ, infer=_trilu_infer, inputs=(1, 2), attrs=[Attr("upper", "int", 1), Attr("k", "int", 0)])
+def trilu(a: dict, x: np.ndarray, k: np.ndarray | None = None) -> np.ndarray:
+    """Keeps the upper (or lower) triangle from diagonal k (the attribute, plus the input k read at run time)."""
+    k = a["k"] + (int(k.reshape(-1)[0]) if k is not None else 0)
+    return np.triu(x, k) if a["upper"] else np.tril(x, k)
 
 
 @lowering("Trilu", schedule=schedule_injective("trilu"))
-def _trilu_te(a: dict, x: te.Tensor) -> te.Tensor:
+def _trilu_te(a: dict, x: te.Tensor, k_in: te.Tensor | None = None) -> te.Tensor:
     if x.ndim < 2:
         raise NotLowerable("Trilu needs a matrix (rank >= 2)")
-    k, zero = a["k"], te.const(0, x.dtype)
+    zero = te.const(0, x.dtype)
+    k = te.const(a["k"], "int64")
+    if k_in is not None:  # the diagonal fed as an input: read by the kernel
+        k = k + te.cast(k_in[(0,) * k_in.ndim], "int64")
 
     def body(*o):
-        diag = o[-1] - o[-2]
+        diag = te.cast(o[-1] - o[-2], "int64")
         return te.if_then_else(diag >= k if a["upper"] else diag <= k, x[o], zero)
 
     return te.compute(x.shape, body, name="trilu", tag="trilu")
@@ -924,9 +944,55 @@ def _data_dependent(what: str):
     return infer
 
 
-@op("NonZero", Pattern.OPAQUE, infer=_data_dependent("the number of non-zero elements depends on the data"))
+def _non_zero_infer(a: dict, x: TensorType) -> TensorType:
+    if a["count"] is None:
+        raise ShapeDependsOnData("the number of non-zero elements depends on the data")
+    return TensorType((x.rank, a["count"]), "int64")
+
+
+@op("NonZero", Pattern.OPAQUE, infer=_non_zero_infer, attrs=[Attr("count", "dim", None)])
 def non_zero(a: dict, x: np.ndarray) -> np.ndarray:
+    """The indices of the non-zero elements, one row per axis; `count` is their number when the run time
+    computes it from the input's values (`ember.graph.dims.ValueSizeVar`), None when only the data tells."""
     return np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)
+
+
+NONZERO_LIMIT = 1 << 26  # element pairs the quadratic NonZero compute may visit
+
+
+@lowering("NonZero")
+def _non_zero_te(a: dict, x: te.Tensor) -> te.Tensor:
+    """prefix[m] counts the non-zero elements before flat index m; output column j holds the coordinates of
+    the element that is non-zero with prefix j: quadratic in the element count, for the small tensors
+    NonZero meets."""
+    if a["count"] is None:
+        raise NotLowerable("NonZero without a count computed at run time")
+    n = numel(x.shape)
+    if not isinstance(n, int) or n * n > NONZERO_LIMIT:
+        raise NotLowerable(f"NonZero over {n} elements: the quadratic compute would be too slow")
+
+    def coords(m: Expr) -> tuple:
+        out = []
+        for d in reversed(x.shape):
+            out.append(m % d)
+            m = m // d
+        return tuple(reversed(out))
+
+    def hit(m: Expr) -> Expr:
+        v = x[coords(m)]
+        return v != te.const(0, x.dtype) if not x.dtype.is_bool else v
+
+    q = te.reduce_axis((0, n), name="q")
+    prefix = te.compute((n,), lambda m: te.sum(te.cast(hit(q.var), "int64"), axis=q, where=q.var < m), name="nz_prefix")
+    r = te.reduce_axis((0, n), name="r")
+
+    def body(d, j):
+        at = te.all(hit(r.var), prefix[(r.var,)] == te.cast(j, "int64"))
+        coord = sum((te.if_then_else(d == k, te.cast(c, "int64"), te.const(0, "int64"))
+                     for k, c in enumerate(coords(r.var))), te.const(0, "int64"))  # fmt: skip
+        return te.sum(coord, axis=r, where=at)
+
+    return te.compute((x.ndim, a["count"]), body, name="non_zero", tag="non_zero")
 
 
 @op("Compress", Pattern.OPAQUE, infer=_data_dependent("the output length depends on the condition values"),

@@ -129,7 +129,7 @@ class CompiledModel(ExportsC, Model):
 
     def _bind(self, arrays: list[np.ndarray]) -> None:
         """For symbolic sizes: the sizes of this call, its plan (made once per new size) and the sizes argument."""
-        sizes = self.plan.bind([a.shape for a in arrays])
+        sizes = self.plan.bind([a.shape for a in arrays], arrays)
         plan = self._plans.get(sizes)
         if plan is None:
             with self._lock:

@@ -83,7 +83,7 @@ def check_feeds(model: str, specs: Sequence[TensorSpec], feeds: Feeds) -> list[n
             raise ArgumentError(f"model {model}: input '{name}' has dtype {x.dtype}, wants {dtype}{list(shape)}")
         if shape is not None and x.shape != shape:  # None: symbolic dims, checked by Plan.bind
             raise ArgumentError(f"model {model}: input '{name}' has shape {x.shape}, wants {dtype}{list(shape)}")
-        arrays.append(np.ascontiguousarray(x))
+        arrays.append(np.ascontiguousarray(x).reshape(x.shape))  # (ascontiguousarray makes a scalar 1-d)
     return arrays
 
 
@@ -258,7 +258,7 @@ class Model:
         specs = [(n, dt, None) for n, dt, _ in input_specs(self.plan)]
         arrays = check_feeds(self.plan.name, specs, feeds)
         try:
-            self.plan.bind([a.shape for a in arrays])
+            self.plan.bind([a.shape for a in arrays], arrays)
         except ValueError as e:
             raise ArgumentError(f"model {self.plan.name}: {e}") from None
         return arrays

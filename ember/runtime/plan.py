@@ -102,9 +102,10 @@ class Plan:
     def is_symbolic(self) -> bool:
         return bool(self.size_vars)
 
-    def bind(self, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
-        """The size variables' values (in `size_vars` order) given the input arrays' shapes; ValueError naming
-        the input when a dim contradicts another or a size is outside its bounds."""
+    def bind(self, shapes: list[tuple[int, ...]], arrays: list[np.ndarray] | None = None) -> tuple[int, ...]:
+        """The size variables' values (in `size_vars` order) given the input arrays' shapes, and for sizes read
+        from input values (a shape operand fed as an input, `ember.graph.dims.ValueSizeVar`) the arrays; ValueError
+        naming the input when a dim contradicts another or a size is outside its bounds."""
         env: dict[Var, int] = {}
         for i, shape in zip(self.inputs, shapes):
             v = self.values[i]
@@ -125,10 +126,29 @@ class Plan:
                 sizes = ", ".join(f"{k.name}={n}" for k, n in env.items())
                 raise ValueError(f"input '{v.name}' has shape {tuple(shape)}, wants {_dims(v.shape)} = {want} with "
                                  f"{sizes}")  # fmt: skip
+        if arrays is not None:
+            self._bind_values(env, arrays)
         missing = [d.name for d in self.size_vars if d not in env]
         if missing:
             raise ValueError(f"size(s) {', '.join(missing)} are no input's dim: no input gives their value")
         return tuple(env[d] for d in self.size_vars)
+
+    def _bind_values(self, env: dict[Var, int], arrays: list[np.ndarray]) -> None:
+        """Binds the sizes read from input values (after those given by shapes, which a Reshape's 0 and -1 need)."""
+        by_name = {self.values[i].name: a for i, a in zip(self.inputs, arrays)}
+        for d in self.size_vars:
+            source = getattr(d, "source", "")
+            if not source or d in env:
+                continue
+            if source not in by_name:
+                raise ValueError(f"size {d.name} is read from input '{source}', which the model does not take")
+            flat = np.asarray(by_name[source]).reshape(-1)
+            n = _value_size(d, flat, env)
+            lo, hi = getattr(d, "lo", 0), getattr(d, "hi", None)
+            if n < lo or (hi is not None and n > hi):
+                raise ValueError(f"input '{source}' = {flat.tolist()} gives size {d.name} = {n}, outside its bounds "
+                                 f"[{lo}, {'inf' if hi is None else hi}]")  # fmt: skip
+            env[d] = n
 
     def at(self, sizes: tuple[int, ...], align: int = ALIGN) -> Plan:
         """This plan at one set of sizes: every shape evaluated and the workspace planned for them (the run-time
@@ -205,6 +225,78 @@ def _unjson_attrs(attrs: dict) -> dict:
         else:
             out[k] = v
     return out
+
+
+def _value_size(d: Var, flat: np.ndarray, env: dict[Var, int]) -> int:
+    """A `ValueSizeVar`'s value from its input's values (flattened) by its rule, its `dims` evaluated in `env`."""
+    if d.rule == "element" and d.index >= flat.size:
+        raise ValueError(f"input '{d.source}' has {flat.size} element(s); size {d.name} reads element {d.index}")
+    dims = [int(eval_int(x, env)) if isinstance(x, Expr) else int(x) for x in d.dims]
+    try:
+        values = flat if d.rule == "nonzero" else flat.astype(np.int64).tolist()  # (a count reads them as they are)
+        return int(VALUE_RULES[d.rule](values, d.index, dims))
+    except ValueError as e:
+        raise ValueError(f"input '{d.source}' = {flat.tolist()}: {e}") from None
+
+
+def _reshape_target(v: list[int], dims: list[int], allowzero: bool) -> list[int]:
+    out = [dims[j] if t == 0 and not allowzero and j < len(dims) else t for j, t in enumerate(v)]
+    if out.count(-1) > 1 or any(t < -1 for t in out):
+        raise ValueError("a Reshape target has one -1 at most and no other negative entry")
+    total = int(np.prod(dims, dtype=np.int64))
+    if -1 in out:
+        known = int(np.prod([t for t in out if t != -1], dtype=np.int64))
+        if known == 0 or total % known:
+            raise ValueError(f"cannot reshape {dims} to it")
+        out[out.index(-1)] = total // known
+    if int(np.prod(out, dtype=np.int64)) != total:
+        raise ValueError(f"cannot reshape {dims} to {out}")
+    return out
+
+
+def _axes(v: list[int], rank: int) -> list[int]:
+    axes = [a + rank if a < 0 else a for a in v]
+    if any(not 0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
+        raise ValueError(f"axes must be distinct, in [{-rank}, {rank - 1}]")
+    return axes
+
+
+def _axis_view(axis: int, dims: list[int]) -> tuple[int, int, int]:
+    (a,) = _axes([axis], len(dims))
+    return int(np.prod(dims[:a], dtype=np.int64)), dims[a], int(np.prod(dims[a + 1 :], dtype=np.int64))
+
+
+def _squeeze(v: list[int], dims: list[int]) -> list[int]:
+    axes = _axes(v, len(dims))
+    if any(dims[a] != 1 for a in axes):
+        raise ValueError(f"Squeeze removes only dims of 1, not those of {dims} at axes {axes}")
+    return [n for k, n in enumerate(dims) if k not in axes]
+
+
+def _unsqueeze(v: list[int], dims: list[int]) -> list[int]:
+    axes, rest = _axes(v, len(dims) + len(v)), iter(dims)
+    return [1 if k in axes else next(rest) for k in range(len(dims) + len(v))]
+
+
+def _split(v: list[int], n: int) -> list[int]:
+    if sum(v) != n or min(v) < 0:
+        raise ValueError(f"split sizes must be >= 0 and add up to the axis length {n}")
+    return v
+
+
+# `ember.graph.dims.VALUE_RULES`: rule -> f(values, index, dims)
+VALUE_RULES = {
+    "element": lambda v, i, dims: v[i],
+    "reshape": lambda v, i, dims: _reshape_target(v, dims, False)[i],
+    "reshape_allowzero": lambda v, i, dims: _reshape_target(v, dims, True)[i],
+    "reduce_out": lambda v, i, dims: 1 if i in _axes(v, len(dims)) else dims[i],
+    "reduce_kept": lambda v, i, dims: [n for k, n in enumerate(dims) if k not in _axes(v, len(dims))][i],
+    "axis_view": lambda v, i, dims: _axis_view(v[0], dims)[i],
+    "nonzero": lambda v, i, dims: int(np.count_nonzero(v)),
+    "split": lambda v, i, dims: _split(v, dims[0])[i],
+    "squeeze": lambda v, i, dims: _squeeze(v, dims)[i],
+    "unsqueeze": lambda v, i, dims: _unsqueeze(v, dims)[i],
+}
 
 
 def _dims(shape: tuple) -> str:

@@ -106,16 +106,27 @@ def test_input_shapes_must_agree_with_the_model():
 
 def test_shape_operand_from_a_graph_input_names_it_and_can_be_bound():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
+    starts = helper.make_tensor_value_info("starts", TensorProto.INT64, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])
+    ends = helper.make_tensor("ends", TensorProto.INT64, [1], [5])
+    node = helper.make_node("Slice", ["x", "starts", "ends"], ["y"], name="slice")
+    model = helper.make_model(helper.make_graph([node], "g", [x, starts], [y], [ends]))
+    expected = r"'slice' \(Slice\): its starts .* graph input\(s\) 'starts'"
+    with pytest.raises(DynamicShapeError, match=expected) as info:
+        from_onnx(model)
+    assert info.value.inputs == ["starts"]
+    graph = from_onnx(model, input_values={"starts": np.array([1])})
+    assert [v.name for v in graph.inputs] == ["x"] and graph.outputs[0].shape == (1, 6)
+
+
+def test_reshape_target_from_a_graph_input_is_read_at_run_time():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
     shape = helper.make_tensor_value_info("target", TensorProto.INT64, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])
     node = helper.make_node("Reshape", ["x", "target"], ["y"], name="reshape")
-    model = helper.make_model(helper.make_graph([node], "g", [x, shape], [y]))
-    expected = r"'reshape' \(Reshape\): its target shape .* graph input\(s\) 'target'"
-    with pytest.raises(DynamicShapeError, match=expected) as info:
-        from_onnx(model)
-    assert info.value.inputs == ["target"]
-    graph = from_onnx(model, input_values={"target": np.array([3, -1])})
-    assert [v.name for v in graph.inputs] == ["x"] and graph.outputs[0].shape == (3, 4)
+    graph = from_onnx(helper.make_model(helper.make_graph([node], "g", [x, shape], [y])))
+    assert [v.name for v in graph.inputs] == ["x", "target"]
+    assert all(getattr(d, "source", None) == "target" for d in graph.outputs[0].shape)
 
 
 def test_bad_attribute_names_the_node():

@@ -1,0 +1,120 @@
+"""Shape operands fed as graph inputs (a Reshape target, reduction axes, TopK's k, ...): compiled once, their
+values read at run time (`ember.graph.dims.ValueSizeVar`), every call matching onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import ember
+from ember.runtime.module import ArgumentError
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def one_node(op: str, x_shape: list[int] | None, operand: list[int], out_ranks: list[int], opset: int = 18,
+             n_out: int = 1, **attrs) -> object:  # fmt: skip
+    """A model of one node: op(x, operand) with the operand an int64 graph input of shape `operand`."""
+    ins = [helper.make_tensor_value_info("x", F, x_shape)] if x_shape is not None else []
+    ins.append(helper.make_tensor_value_info("s", I64, operand))
+    names = [f"y{i}" for i in range(n_out)]
+    dtypes = [F, I64] if op == "TopK" else [F] * n_out
+    outs = [helper.make_tensor_value_info(n, t, [None] * r) for n, t, r in zip(names, dtypes, out_ranks)]
+    node = helper.make_node(op, [i.name for i in ins], names, **attrs)
+    graph = helper.make_graph([node], op.lower(), ins, outs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+# (model, x's shape, the operand's values at each call)
+CASES = {
+    "reshape": (one_node("Reshape", [2, 3, 4], [3], [3]), [2, 3, 4], [[4, 3, 2], [0, -1, 2], [-1, 1, 1], [6, 2, 2]]),
+    "expand": (one_node("Expand", [3, 1], [3], [3]), [3, 1], [[2, 3, 4], [1, 3, 1], [1, 1, 5]]),
+    "tile": (one_node("Tile", [2, 3], [2], [2]), [2, 3], [[1, 1], [3, 2], [2, 1]]),
+    "constant_of_shape": (one_node("ConstantOfShape", None, [2], [2], value=helper.make_tensor("v", F, [1], [1.5])),
+                          None, [[2, 3], [1, 7]]),  # fmt: skip
+    "reduce_sum_keepdims": (one_node("ReduceSum", [3, 4, 5], [2], [3]), [3, 4, 5], [[0, 2], [1, -1], [2, 1]]),
+    "reduce_mean": (one_node("ReduceMean", [3, 4, 5], [1], [2], keepdims=0), [3, 4, 5], [[0], [-1], [1]]),
+    "reduce_max_empty": (one_node("ReduceMax", [2, 0, 3], [1], [3]), [2, 0, 3], [[1], [0], [2]]),
+    "cumsum": (one_node("CumSum", [2, 3, 4], [], [3], opset=14), [2, 3, 4], [0, 1, -1]),
+    "unsqueeze": (one_node("Unsqueeze", [3, 4], [2], [4], opset=13), [3, 4], [[0, 3], [1, 2], [-1, 0]]),
+    "squeeze": (one_node("Squeeze", [1, 4, 1], [1], [2], opset=13), [1, 4, 1], [[0], [2], [-1]]),
+    "topk": (one_node("TopK", [3, 6], [1], [2, 2], opset=11, n_out=2), [3, 6], [[1], [4], [6]]),
+    "trilu": (one_node("Trilu", [4, 5], [], [2], opset=14), [4, 5], [0, 2, -1]),
+    "split": (one_node("Split", [6, 2], [2], [2, 2], opset=13, n_out=2), [6, 2], [[2, 4], [0, 6], [5, 1]]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_operand_values_read_at_run_time(name):
+    model, x_shape, values = CASES[name]
+    compiled = ember.compile(model, target="c", fallback=False)
+    sess = ort.InferenceSession(model.SerializeToString())
+    rng = np.random.default_rng(len(name))
+    for value in values:
+        feeds = {"s": np.array(value, np.int64)}
+        if x_shape is not None:
+            feeds["x"] = rng.standard_normal(x_shape).astype(np.float32)
+        want = sess.run(None, feeds)
+        got = compiled.run(feeds)
+        for out, w in zip(compiled.output_names, want):
+            assert got[out].shape == w.shape, (name, value, out)
+            np.testing.assert_allclose(got[out], w, rtol=1e-5, atol=1e-6, err_msg=f"{name} at {value}")
+    assert compiled.summary()["fallback_ops"] == []
+
+
+def test_one_hot_depth_fed_as_a_float_input():
+    ins = [helper.make_tensor_value_info("i", I64, [2, 3]), helper.make_tensor_value_info("d", F, [1]),
+           helper.make_tensor_value_info("v", F, [2])]  # fmt: skip
+    node = helper.make_node("OneHot", ["i", "d", "v"], ["y"], axis=1)
+    graph = helper.make_graph([node], "one_hot", ins, [helper.make_tensor_value_info("y", F, [2, None, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    compiled = ember.compile(model, target="c", fallback=False)
+    sess = ort.InferenceSession(model.SerializeToString())
+    rng = np.random.default_rng(0)
+    for depth in (4.0, 10.0, 3.0):
+        feeds = {"i": rng.integers(-3, 3, (2, 3)), "d": np.array([depth], np.float32),
+                 "v": np.array([-1.0, 2.0], np.float32)}  # fmt: skip
+        (want,) = sess.run(None, feeds)
+        np.testing.assert_array_equal(compiled.run(feeds)["y"], want)
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.BOOL, TensorProto.INT32])
+def test_non_zero_counted_from_the_input_at_run_time(dtype):
+    ins = [helper.make_tensor_value_info("x", dtype, [3, 4])]
+    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["y"])], "non_zero", ins,
+                              [helper.make_tensor_value_info("y", I64, [2, None])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    compiled = ember.compile(model, target="c", fallback=False)
+    sess = ort.InferenceSession(model.SerializeToString())
+    np_dtype = {TensorProto.FLOAT: np.float32, TensorProto.BOOL: np.bool_, TensorProto.INT32: np.int32}[dtype]
+    rng = np.random.default_rng(dtype)
+    for p in (0.0, 0.3, 1.0):
+        x = ((rng.random((3, 4)) < p) * rng.integers(1, 5, (3, 4))).astype(np_dtype)
+        (want,) = sess.run(None, {"x": x})
+        np.testing.assert_array_equal(compiled.run({"x": x})["y"], want)
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("reshape", [5, 5, 1], "cannot reshape"),
+    ("reshape", [-1, -1, 2], "one -1 at most"),
+    ("squeeze", [1], "removes only dims of 1"),
+    ("topk", [7], "outside its bounds"),
+    ("split", [2, 3], "add up to the axis length 6"),
+    ("reduce_sum_keepdims", [0, 0], "axes must be distinct"),
+])  # fmt: skip
+def test_bad_operand_values_name_the_input(name, value, message):
+    model, x_shape, _ = CASES[name]
+    compiled = ember.compile(model, target="c", fallback=False)
+    feeds = {"x": np.zeros(x_shape, np.float32), "s": np.array(value, np.int64)}
+    with pytest.raises(ArgumentError, match=message) as e:
+        compiled.run(feeds)
+    assert "'s'" in str(e.value)
+
+
+def test_sizes_read_from_values_need_the_c_target():
+    model, _, _ = CASES["reshape"]
+    with pytest.raises(NotImplementedError, match="c target only so far, not 'llvm'"):
+        ember.compile(model, target="llvm")
