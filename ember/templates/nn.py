@@ -113,6 +113,8 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     if fixed_nr is None and M < 8:
         nvec = max(1, min(4, N // lanes, (regs - 4) // max(M, 1)))
         return GemmPlan(mr=max(M, 1), nr=nvec * lanes, packed=False)
+    if fixed_nr is not None and M < SKINNY_ROWS and cfg is None:
+        return skinny_plan(M, fixed_nr, target)
     nr = fixed_nr or packed_width(N, dtype, target)
     vecs = max(1, -(-nr // lanes))
     mr = min(M, (regs - 4) // vecs if regs >= 32 else 6)
@@ -127,10 +129,35 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     return _tuned_gemm_plan(cfg, M, N, K, lanes, dflt, fixed_nr is not None)
 
 
-def packed_width(N: int, dtype: DType | str, target: Target | None = None) -> int:
-    """Columns per panel of a packed B: two vectors (one when N is narrower than a vector)."""
-    lanes = lanes_of(dtype, target or host_target())
+def packed_width(N: int, dtype: DType | str, target: Target | None = None, rows: int | None = None) -> int:
+    """Columns per panel of a packed B: two vectors (one when N is narrower than a vector); for a skinny product
+    (`rows` < SKINNY_ROWS) `skinny_width`."""
+    target = target or host_target()
+    lanes = lanes_of(dtype, target)
+    if rows is not None and rows < SKINNY_ROWS:
+        return skinny_width(N, rows, lanes, target)
     return 2 * lanes if lanes < N else lanes
+
+
+# Skinny products (GEMV and small M): a few rows of activations against a large constant weight, as in the
+# fully connected layers of a batch-1 model. The product is bound by streaming the weight from memory, so the
+# weight is packed at compile time (`ember.passes.pack`) into panels [N / nr, K, nr] read front to back, each
+# panel once for all M rows: the accumulators of the M x nr tile stay in registers while K runs; the panels
+# are split across threads (the plan's order puts them outermost and `_parallel` fuses and parallelizes them).
+SKINNY_ROWS = 8  # fewer rows than this: the skinny plan (from 8 rows the GEMM's own plan packs B)
+
+
+def skinny_width(N: int, rows: int, lanes: int, target: Target) -> int:
+    """Panel columns of a skinny product: up to four vectors (independent FMA chains that hide the latency) while
+    the rows x vectors accumulators fit the registers, never wider than N needs."""
+    vecs = max(1, min(4, (vector_regs(target) - 4) // max(rows, 1), -(-N // lanes)))
+    return vecs * lanes
+
+
+def skinny_plan(M: int, nr: int, target: Target) -> GemmPlan:
+    """The plan of a skinny product on panels of width nr: all M rows in the register tile, the reduction
+    unrolled by 8 (loads of the panel in flight), panels outermost."""
+    return GemmPlan(mr=max(1, M), nr=nr, packed=True, kr=8, order="ji")
 
 
 def _tuned_gemm_plan(cfg: ConfigBase, M: int, N: int, K: int, lanes: int, dflt: GemmPlan,
