@@ -113,8 +113,6 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     if fixed_nr is None and M < 8:
         nvec = max(1, min(4, N // lanes, (regs - 4) // max(M, 1)))
         return GemmPlan(mr=max(M, 1), nr=nvec * lanes, packed=False)
-    if fixed_nr is not None and M < SKINNY_ROWS and cfg is None:
-        return skinny_plan(M, fixed_nr, target)
     nr = fixed_nr or packed_width(N, dtype, target)
     vecs = max(1, -(-nr // lanes))
     mr = min(M, (regs - 4) // vecs if regs >= 32 else 6)
@@ -124,6 +122,8 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     # activations, is the smaller operand in inference and stays in cache); rows outside re-read all of B per
     # row tile, from DRAM once a model's weights outgrow the L3 (BERT-4: 39.4 -> 35.2 ms, T5 encoder -7%)
     dflt = GemmPlan(mr=mr, nr=nr, packed=True, order="ji")
+    if fixed_nr is not None and M < SKINNY_ROWS:
+        dflt = skinny_plan(M, fixed_nr, target)  # B packed for a skinny product (`ember.passes.pack`)
     if cfg is None:
         return dflt
     return _tuned_gemm_plan(cfg, M, N, K, lanes, dflt, fixed_nr is not None)
