@@ -9,8 +9,9 @@ reports each kernel's `bound / measured` as its roofline fraction (1.0: at the m
 
 Both limits are measured by a small C microbenchmark built by our toolchain with the target's flags and
 threads (`MICROBENCH`): the peak is independent chains of vector fused multiply-adds on every thread; the
-bandwidth is the faster of a streaming copy and a streaming read, at a few working-set sizes, so a kernel whose
-arguments fit in a cache is held to that cache's bandwidth, not DRAM's (a cache-aware roofline). The result is a
+bandwidth is the faster of a streaming copy and a streaming read, at a few working-set sizes (`levels`), so a
+kernel whose arguments fit in a cache is held to that cache's bandwidth, not DRAM's (a cache-aware roofline;
+between two sizes measured, interpolated in log size). The result is a
 small JSON file in the compile cache directory, keyed by this machine (CPU model, core count), the target and
 the compiler, written atomically; later processes read it back. Targets that do not run in this process (GPU,
 cross-built) have no limits here: `limits_for` returns None.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import math
 import os
 import platform
 import tempfile
@@ -74,19 +76,25 @@ double ember_copy(float *restrict dst, const float *restrict src, long n, int pa
   return omp_get_wtime() - t0;
 }
 
-/* Seconds for `passes` reads (a sum) of n floats, split over `threads` threads. */
+/* Seconds for `passes` reads (a sum in 8 vector accumulators: loads, not the adds, are the limit) of n floats,
+   split over `threads` threads. */
 double ember_read(const float *restrict src, long n, int passes, int threads) {
+  typedef float vfu __attribute__((vector_size(VBYTES), aligned(4)));
   double t0 = omp_get_wtime();
   float sink = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
   {
     int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    long lo = n * t / nt, hi = n * (t + 1) / nt;
+    long nv = n / LANES, lo = nv * t / nt, hi = nv * (t + 1) / nt;
+    const vfu *v = (const vfu *)src;
     for (int p = 0; p < passes; p++) {
-      float s = 0;
-#pragma omp simd reduction(+ : s)
-      for (long i = lo; i < hi; i++) s += src[i];
-      sink += s;
+      vf s[8] = {{0}};
+      long i = lo;
+      for (; i + 8 <= hi; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += v[i + j];
+      for (; i < hi; i++) s[0] += v[i];
+      for (int j = 1; j < 8; j++) s[0] += s[j];
+      for (int l = 0; l < LANES; l++) sink += s[0][l];
 #pragma omp barrier
     }
   }
@@ -110,10 +118,15 @@ class Limits:
         return self.bandwidth_gbs[-1][1]
 
     def bandwidth_for(self, nbytes: int) -> float:
-        """GB/s for a kernel moving `nbytes`: the bandwidth measured at the smallest working set that holds it."""
-        for size, gbs in self.bandwidth_gbs:
-            if nbytes <= size:
-                return gbs
+        """GB/s for a kernel moving `nbytes`: interpolated (in log size) between the working sets measured, the
+        smallest's below it, memory's above the largest."""
+        table = self.bandwidth_gbs
+        if nbytes <= table[0][0]:
+            return table[0][1]
+        for (s0, g0), (s1, g1) in zip(table, table[1:]):
+            if nbytes <= s1:
+                f = math.log(nbytes / s0) / math.log(s1 / s0)
+                return g0 + f * (g1 - g0)
         return self.dram_gbs
 
     def bound(self, flops: int, nbytes: int) -> tuple[float, str]:
@@ -160,11 +173,13 @@ def cache_sizes() -> list[int]:
 
 def levels() -> tuple[int, ...]:
     """Working sets (bytes) the bandwidth is measured at: half of each cache (what a kernel's arguments can hold of
-    it), and four times the largest cache (memory); `DEFAULT_LEVELS` where the OS names no caches."""
+    it), an eighth of the largest (its share on a busy machine), and four times the largest cache (memory);
+    `DEFAULT_LEVELS` where the OS names no caches."""
     caches = cache_sizes()
     if not caches:
         return DEFAULT_LEVELS
-    return (*[c // 2 for c in caches], max(4 * caches[-1], 1 << 27))
+    sets = {c // 2 for c in caches} | {caches[-1] // 8}  # (a shared last-level cache: also an eighth of it)
+    return (*sorted(sets), max(4 * caches[-1], 1 << 27))
 
 
 def _source(target: Target) -> str:

@@ -80,3 +80,11 @@ def test_profile_reports_roofline_per_kernel_and_for_the_model():
         assert 0 < s["fraction"] <= 1.5 and s["peak_gflops"] > 0 and s["dram_gbs"] > 0
         assert "roof" in cm.profile_table(feeds)
     assert classes == {"gemm": "compute", "add": "memory"}
+
+
+def test_bandwidth_between_working_sets_is_interpolated_in_log_size():
+    limits = roofline.Limits(100.0, ((1 << 10, 80.0), (1 << 20, 40.0), (1 << 30, 10.0)), 1)
+    assert limits.bandwidth_for(10) == 80.0 and limits.bandwidth_for(1 << 40) == limits.dram_gbs == 10.0
+    assert limits.bandwidth_for(1 << 15) == 60.0 and limits.bandwidth_for(1 << 25) == 25.0
+    assert limits.bound(0, 1 << 20) == ((1 << 20) / 40e9, "memory")
+    assert limits.bound(10**9, 1 << 20) == (10**9 / 100e9, "compute")
