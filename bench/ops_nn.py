@@ -49,6 +49,12 @@ CASES: dict[str, tuple] = {
         {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
         None,
     ),  # fmt: skip
+    "maxpool3x3_s2_ceil": (
+        "MaxPool",
+        [(1, 96, 109, 109)],
+        {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+        None,
+    ),  # fmt: skip  (SqueezeNet's first pooling)
     "softmax": ("Softmax", [(12, 128, 128)], {}, None),
     "layernorm": ("LayerNormalization", [(128, 768), (768,), (768,)], {}, None),
 }

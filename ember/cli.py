@@ -310,6 +310,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"  {k:<12} {v:9.3f} ms   {row['ratio'][k]:5.2f}x ember's latency")
         if args.profile:
             print(m.profile_table(xs, top=args.top))
+            roof = m.summary().get("roofline")
+            if roof and roof["fraction"] is not None:
+                print(f"  roofline: {roof['fraction']:.0%} of the machine's limits over the whole model (peak "
+                      f"{roof['peak_gflops']:.0f} GFLOP/s, memory {roof['dram_gbs']:.1f} GB/s, "
+                      f"{roof['threads']} threads)")
     if args.json:
         print(json.dumps(results))
     return 0

@@ -90,8 +90,9 @@ def _pool_acc(a: dict, x: Tensor, pad_value, reducer, pre=None, dtype=None, name
     extra = [max(0, (out[i] - 1) * strides[i] + dil[i] * (ks[i] - 1) + 1 - x.shape[2 + i] - pads[i] - pads[i + nd])
              for i in range(nd)]  # fmt: skip
     dtype = dtype or x.dtype
+    # the padded input is materialized once: window reads in vectors then need no bounds test per element
     xp = T.pad_input(lambda *i: x[i], x.shape, pads[:nd], [pads[nd + i] + extra[i] for i in range(nd)],
-                     te.const(pad_value, dtype), dtype, name=f"{name}_pad", materialize=strides[-1] == 1)  # fmt: skip
+                     te.const(pad_value, dtype), dtype, name=f"{name}_pad", materialize=True)  # fmt: skip
     win = T.Window(tuple(ks), strides, dil, tuple(out))
     return T.window_acc(xp, win, reducer, pre, name=f"{name}_acc"), win, pads
 

@@ -9,9 +9,11 @@ a batch-64 MLP layer that copy costs as much as the product). This pass packs it
     Gemm(x, W, c, transB=1)   ->  MatMulPackedB(x, pack(W^T), c)      alpha, beta kept
 
 for a float x of at least `MIN_ROWS` rows, its batch dims counted (`_fold_rows` makes them rows of one
-2-d product; fewer rows take the unpacked plans: a fully connected layer on one row reads W's rows
-directly) and a B with enough columns to fill a vector. The panel
-width is `ember.templates.nn.packed_width` for the target, the one the template picks for that B itself.
+2-d product), and a B with enough columns to fill a vector. The panel width is
+`ember.templates.nn.packed_width` for the target, the one the template picks for that B itself. Fewer rows
+(a fully connected layer at batch 1..7) with a B of at least `SKINNY_MIN_WEIGHT` elements make a skinny
+product: B is packed in the wider panels of the template's skinny plan (`ember.templates.nn.skinny_plan`),
+which stream it once at memory bandwidth whatever its transposition.
 CPU targets only (GPU schedules read B as it is).
 """
 
@@ -30,6 +32,7 @@ from ember.templates import nn as T
 from .fuse import pattern
 
 MIN_ROWS = 8  # the GEMM template packs B from this many rows of A (`gemm_plan`)
+SKINNY_MIN_WEIGHT = 1 << 16  # fewer rows: B packed for the skinny plan from this many elements (below: in cache)
 FLOATS = ("float32", "float64")
 
 
@@ -38,7 +41,13 @@ def _packable(x: Value, b: np.ndarray, target: Target) -> bool:
         return False
     m, n = prod_hint(x.shape[:-1]), b.shape[1]  # batch dims fold into the rows (`_fold_rows`); symbolic: hint
     lanes = T.lanes_of(x.dtype, target)
-    return m >= MIN_ROWS and not n < lanes <= m // 2  # matmul_te computes few-column products transposed
+    if m < MIN_ROWS:  # a skinny product: packed when B is large enough to be worth streaming in panels
+        return n >= lanes and b.size >= SKINNY_MIN_WEIGHT
+    return not n < lanes <= m // 2  # matmul_te computes few-column products transposed
+
+
+def _rows(x: Value) -> int:
+    return prod_hint(x.shape[:-1])
 
 
 def pack_weights(graph: Graph, target: Target | str | None = None) -> Graph:
@@ -143,9 +152,9 @@ def _rewrite(node: Node, target: Target, names: set[str], packed: dict) -> Node 
     b = w.data.T if trans else w.data
     if not _packable(x, b, target):
         return None
-    key = (id(w), trans)
+    key = (id(w), trans, _rows(x) < MIN_ROWS)  # a skinny product's panels are wider
     if key not in packed:
-        panels = pack_b(np.ascontiguousarray(b), T.packed_width(b.shape[1], x.dtype, target))
+        panels = pack_b(np.ascontiguousarray(b), T.packed_width(b.shape[1], x.dtype, target, rows=_rows(x)))
         packed[key] = Value.constant(_fresh(names, f"{w.name}_packed"), panels)
     inputs = [x, packed[key]] + ([c] if c is not None else [])
     return Node("MatMulPackedB", inputs, list(node.outputs), {"n": b.shape[1], **attrs}, node.name)

@@ -36,6 +36,7 @@ from ..codegen.toolchain import sha256_of
 from ..tir.dtype import numpy_dtype
 from .module import ArgumentError
 from .plan import Plan, PlanError, Step, check_plan
+from .roofline import Limits, limits_for
 
 Fallback = Callable[[str, dict, list[np.ndarray]], list[np.ndarray]]
 Feeds = Sequence[np.ndarray] | Mapping[str, Any]  # inputs in graph order, or by name
@@ -92,12 +93,36 @@ def _dims_text(shape: tuple) -> str:
 
 
 def profile_table(rows: list[dict], top: int = 20) -> str:
-    """The `top` rows of a profile (kernel, time, share, GFLOP/s, ops) as a text table."""
-    lines = [f"{'kernel':<32} {'ms':>9} {'share':>6} {'GFLOP/s':>8}  ops"]
+    """The `top` rows of a profile (kernel, time, share, GFLOP/s, GB/s, what bounds it and the roofline fraction,
+    ops) as a text table."""
+    lines = [f"{'kernel':<32} {'ms':>9} {'share':>6} {'GFLOP/s':>8} {'GB/s':>7} {'bound':>7} {'roof':>5}  ops"]
     for r in rows[:top]:
         g = f"{r['gflops']:.1f}" if r["gflops"] else "-"
-        lines.append(f"{r['kernel']:<32} {r['seconds'] * 1e3:>9.3f} {r['share']:>6.1%} {g:>8}  {'+'.join(r['ops'])}")
+        gbs = f"{r['gbs']:.1f}" if r.get("gbs") else "-"
+        roof = f"{r['roofline']:.0%}" if r.get("roofline") is not None else "-"
+        lines.append(f"{r['kernel']:<32} {r['seconds'] * 1e3:>9.3f} {r['share']:>6.1%} {g:>8} {gbs:>7} "
+                     f"{r.get('bound') or '-':>7} {roof:>5}  {'+'.join(r['ops'])}")  # fmt: skip
     return "\n".join(lines)
+
+
+def add_roofline(rows: list[dict], limits: Limits | None) -> dict | None:
+    """Give each profile row that knows its bytes what bounds it ("compute" or "memory") and its roofline fraction
+    (the least time the machine allows over its measured time); the whole model's fraction (the rows' least times
+    over all rows' time, fallbacks included) with the limits used, or None without limits."""
+    if limits is None:
+        return None
+    least = 0.0
+    for r in rows:
+        if r.get("bytes") is None or r["seconds"] <= 0:
+            continue
+        seconds, bound = limits.bound(r["flops"], r["bytes"])
+        r["bound"], r["roofline"] = bound, seconds / r["seconds"]
+        least += seconds
+    total = sum(r["seconds"] for r in rows)
+    return {"fraction": least / total if total > 0 else None, "peak_gflops": limits.peak_gflops,
+            "dram_gbs": limits.dram_gbs, "threads": limits.threads,
+            "memory_bound_kernels": sum(1 for r in rows if r.get("bound") == "memory"),
+            "compute_bound_kernels": sum(1 for r in rows if r.get("bound") == "compute")}  # fmt: skip
 
 
 def latency(run: Callable[[], Any], repeat: int) -> dict:
@@ -196,6 +221,7 @@ class Model:
         self._fallback = fallback
         self._summary = dict(summary or {})
         self._lock = threading.RLock()
+        self._roofline: dict | None = None  # the last profile's whole-model roofline (summary()["roofline"])
 
     # -- how a backend runs (see the module's doc) ----------------------------------------------------------
     def _start(self, arrays: list[np.ndarray]) -> None:
@@ -244,6 +270,7 @@ class Model:
                 "input_shapes": {self.plan.values[i].name: _dims_text(self.plan.values[i].shape)
                                  for i in self.plan.inputs}} if self.plan.is_symbolic else {}),  # fmt: skip
             "target": self.plan.target,
+            **({"roofline": self._roofline} if self._roofline else {}),
         }
 
     def update_summary(self, **facts: Any) -> None:
@@ -301,8 +328,15 @@ class Model:
                 self._execute(arrays)
             return latency(lambda: self._execute(arrays), repeat)
 
+    def _limits(self) -> Limits | None:
+        """The machine's limits for the roofline (None: not known for this backend or target)."""
+        return limits_for(self.plan.target)
+
     def profile(self, inputs: Feeds | None = None, repeat: int = 10) -> list[dict]:
-        """Per-kernel (and per-fallback) median time over `repeat` runs, slowest first."""
+        """Per-kernel (and per-fallback) median time over `repeat` runs, slowest first; each kernel's FLOPs, bytes
+        moved (its arguments' sizes), GFLOP/s and GB/s, and against the machine's limits (`runtime.roofline`, measured
+        once per machine and target) what bounds it and its roofline fraction. The whole model's fraction is then in
+        `summary()["roofline"]`."""
         arrays = self._check(inputs if inputs is not None else self.random_inputs())
         samples = []
         with self._calls():
@@ -319,13 +353,23 @@ class Model:
                 if k is None:
                     row = {"kernel": f"fallback:{s.op}", "ops": [s.op], "nodes": [s.node], "seconds": med, "flops": 0}
                 else:
-                    row = {"kernel": k.name, "ops": k.ops, "nodes": k.nodes, "seconds": med, "flops": k.flops}
+                    row = {"kernel": k.name, "ops": k.ops, "nodes": k.nodes, "seconds": med, "flops": k.flops,
+                           "bytes": self._kernel_bytes(k.args, k.arg_bytes)}  # fmt: skip
                 rows.append(row | self._profile_extra(j, c))
         total = sum(r["seconds"] for r in rows) or 1.0
         for r in rows:
             r["share"] = r["seconds"] / total
             r["gflops"] = r["flops"] / r["seconds"] / 1e9 if r["seconds"] > 0 and r["flops"] else 0.0
+            r["gbs"] = r["bytes"] / r["seconds"] / 1e9 if r["seconds"] > 0 and r.get("bytes") else 0.0
+        self._roofline = add_roofline(rows, self._limits())
         return sorted(rows, key=lambda r: -r["seconds"])
+
+    def _kernel_bytes(self, args: list[int], arg_bytes: list[int]) -> int | None:
+        """The bytes a kernel moves: each argument once (None: sizes known only at run time)."""
+        if arg_bytes:
+            return int(sum(arg_bytes))
+        values = [self.plan.values[a] for a in args]
+        return sum(v.nbytes for v in values) if all(v.is_static for v in values) else None
 
     def profile_table(self, inputs: Feeds | None = None, top: int = 20) -> str:
         return profile_table(self.profile(inputs), top)

@@ -122,15 +122,42 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     # activations, is the smaller operand in inference and stays in cache); rows outside re-read all of B per
     # row tile, from DRAM once a model's weights outgrow the L3 (BERT-4: 39.4 -> 35.2 ms, T5 encoder -7%)
     dflt = GemmPlan(mr=mr, nr=nr, packed=True, order="ji")
+    if fixed_nr is not None and M < SKINNY_ROWS:
+        dflt = skinny_plan(M, fixed_nr, target)  # B packed for a skinny product (`ember.passes.pack`)
     if cfg is None:
         return dflt
     return _tuned_gemm_plan(cfg, M, N, K, lanes, dflt, fixed_nr is not None)
 
 
-def packed_width(N: int, dtype: DType | str, target: Target | None = None) -> int:
-    """Columns per panel of a packed B: two vectors (one when N is narrower than a vector)."""
-    lanes = lanes_of(dtype, target or host_target())
+def packed_width(N: int, dtype: DType | str, target: Target | None = None, rows: int | None = None) -> int:
+    """Columns per panel of a packed B: two vectors (one when N is narrower than a vector); for a skinny product
+    (`rows` < SKINNY_ROWS) `skinny_width`."""
+    target = target or host_target()
+    lanes = lanes_of(dtype, target)
+    if rows is not None and rows < SKINNY_ROWS:
+        return skinny_width(N, rows, lanes, target)
     return 2 * lanes if lanes < N else lanes
+
+
+# Skinny products (GEMV and small M): a few rows of activations against a large constant weight, as in the
+# fully connected layers of a batch-1 model. The product is bound by streaming the weight from memory, so the
+# weight is packed at compile time (`ember.passes.pack`) into panels [N / nr, K, nr] read front to back, each
+# panel once for all M rows: the accumulators of the M x nr tile stay in registers while K runs; the panels
+# are split across threads (the plan's order puts them outermost and `_parallel` fuses and parallelizes them).
+SKINNY_ROWS = 8  # fewer rows than this: the skinny plan (from 8 rows the GEMM's own plan packs B)
+
+
+def skinny_width(N: int, rows: int, lanes: int, target: Target) -> int:
+    """Panel columns of a skinny product: up to four vectors (independent FMA chains that hide the latency) while
+    the rows x vectors accumulators fit the registers, never wider than N needs."""
+    vecs = max(1, min(4, (vector_regs(target) - 4) // max(rows, 1), -(-N // lanes)))
+    return vecs * lanes
+
+
+def skinny_plan(M: int, nr: int, target: Target) -> GemmPlan:
+    """The plan of a skinny product on panels of width nr: all M rows in the register tile, the reduction
+    unrolled by 8 (loads of the panel in flight), panels outermost."""
+    return GemmPlan(mr=max(1, M), nr=nr, packed=True, kr=8, order="ji")
 
 
 def _tuned_gemm_plan(cfg: ConfigBase, M: int, N: int, K: int, lanes: int, dflt: GemmPlan,
@@ -470,8 +497,8 @@ def window_acc(xp: Tensor, win: Window, reducer, pre: Callable[[Expr], Expr] | N
     N, C = xp.shape[:2]
     lanes = lanes_of(xp.dtype, host_target())
     ow = win.out[-1]
-    if win.strides[-1] > 1:
-        plan = ConvPlan("conv_ow", max(1, min(C, 2)), min(ow, 16), vector=False)
+    if win.strides[-1] > 1:  # strided window reads in vectors too: 4-9x faster than scalar reads (bench/ops_nn.py)
+        plan = ConvPlan("conv_ow", max(1, min(C, 2)), lanes if ow >= lanes else _pow2_floor(ow))
     else:
         plan = ConvPlan("conv_ow", max(1, min(C, 4)), lanes if ow >= lanes else _pow2_floor(ow))
 

@@ -7,6 +7,7 @@ rtol 1e-4, atol 1e-5 of the output's scale."""
 from __future__ import annotations
 
 import numpy as np
+import onnx.numpy_helper
 import pytest
 
 import ember
@@ -101,3 +102,35 @@ def test_batch_dims_fold_into_rows_with_the_epilogue():
     check(model, g)
     m = ember.compile(model, fallback=False)
     assert m.summary()["kernels"] == 1
+
+
+@pytest.mark.parametrize("rows,trans_b", [(1, 1), (3, 0), (7, 1)])
+def test_skinny_products_stream_wide_panels(rows, trans_b):
+    """A fully connected layer on a few rows with a large weight: packed in the skinny plan's panels (up to four
+    vectors wide), N not a multiple of them, bias and alpha/beta kept; against onnxruntime and numpy."""
+    b = zoo.Builder(4 + rows)
+    k, n = 300, 4 * LANES * 4 + 5
+    w = b.weight((n, k) if trans_b else (k, n))
+    bias = b.weight((n,))
+    y = b.op("Gemm", ["x", w, bias], alpha=0.5, beta=2.0, transB=trans_b)
+    model = b.model({"x": (rows, k)}, b.op("Relu", [y]), "skinny")
+    g, packed = packed_ops(model)
+    nr = T.packed_width(n, "float32", rows=rows)
+    regs = T.vector_regs(T.host_target())
+    assert nr == min(4, (regs - 4) // rows) * LANES and T.skinny_plan(rows, nr, T.host_target()).mr == rows
+    assert len(packed) == 1 and packed[0].inputs[1].shape == (-(-n // nr), k, nr)
+    check(model, g)
+    init = {t.name: t for t in model.graph.initializer}
+    wt = onnx.numpy_helper.to_array(init[w])
+    x = zoo.random_feeds(model, 2)["x"]
+    ref = np.maximum(0.5 * (x @ (wt.T if trans_b else wt)) + 2.0 * onnx.numpy_helper.to_array(init[bias]), 0)
+    out = ember.compile(model, fallback=False)(x)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_skinny_batched_matmul_folds_rows():
+    b = zoo.Builder(9)
+    model = b.model({"x": (1, 2, 512)}, b.op("MatMul", ["x", b.weight((512, 3 * LANES * 4))]), "skinny_batched")
+    g, packed = packed_ops(model)
+    assert len(packed) == 1
+    check(model, g)
