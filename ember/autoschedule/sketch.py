@@ -75,6 +75,12 @@ class Decider:
     fixed: dict[str, Any] = field(default_factory=dict)
     rng: random.Random | None = None
     taken: dict[str, Any] = field(default_factory=dict)
+    lanes: int = 0  # of the target's vectors (CPU), for `vectorize`
+
+    def vectorize(self, name: str, extent: int) -> bool:
+        """Whether to vectorize a loop of `extent`: always where it is whole vectors, else a decision."""
+        whole = self.lanes > 1 and extent >= self.lanes and extent % self.lanes == 0
+        return self.pick(name, [True] if whole else [True, False])
 
     def pick(self, name: str, choices: Sequence[Any]) -> Any:
         choices = list(choices)
@@ -197,7 +203,7 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
           rng: random.Random | None = None) -> tuple[Schedule, dict]:  # fmt: skip
     """The schedule of `sketch` for `outs` under `decisions` (missing ones drawn from `rng`, or the first
     choice); returns it with the decisions taken (all of them: `apply` with those gives the same steps)."""
-    d = Decider(dict(decisions or {}), rng)
+    d = Decider(dict(decisions or {}), rng, lanes=0 if sketch.gpu else lanes_of("float32", target))
     s = te.create_schedule(list(outs))
     layouts = _layout_stages(s) if sketch.register else []
     optional = layouts + ([] if sketch.gpu else _shared_stages(s))
@@ -301,7 +307,7 @@ def _apply_cpu(sketch: Sketch, s: Schedule, d: Decider, target: Target, done: tu
 
 def _vectorize_unroll(st: Stage, inner: list[IterVar], red_inner: list[IterVar], d: Decider, levels) -> None:
     extents = {lv[-1]: d.taken.get(f"{st.name}.{iv.name}.{len(lv) - 1}", 1) for lv, iv in zip(levels, st.op.axis)}
-    if inner and d.pick(f"{st.name}.vectorize", [True, False]) and extents.get(inner[-1], 1) > 1:
+    if inner and d.vectorize(f"{st.name}.vectorize", extents.get(inner[-1], 1)) and extents.get(inner[-1], 1) > 1:
         st.vectorize(inner[-1])
         rest = inner[:-1]
     else:
@@ -361,13 +367,13 @@ def _tile_rows(s: Schedule, st: Stage, d: Decider, sketch: Sketch, root: bool, t
         _tile_root(st, d, threads, sketch)
         return
     if not st.op.reduce_axis and st.op.axis and st.op.axis[-1].dom[1] > 1:  # an elementwise stage kept
-        if d.pick(f"{st.name}.vectorize", [True, False]):
+        if d.vectorize(f"{st.name}.vectorize", st.op.axis[-1].dom[1]):
             st.vectorize(st.op.axis[-1])
         return
     if st.op.axis and st.op.reduce_axis and st.op.axis[-1].dom[1] > 1:
         last = st.op.axis[-1]
         st.reorder(*st.op.reduce_axis, last)
-        if d.pick(f"{st.name}.vectorize", [True, False]):
+        if d.vectorize(f"{st.name}.vectorize", st.op.axis[-1].dom[1]):
             st.vectorize(last)
 
 
