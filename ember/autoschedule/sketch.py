@@ -11,6 +11,13 @@ A *sketch* is the structure of a schedule, decided by rules over the stages of a
   output of its shape (a fused epilogue: bias, activation) is computed inside that output's tile instead of a
   loop nest of its own (a consumer fused into the tiled producer);
 - a long reduction without reuse (a row sum) may be split by `rfactor` into vectorized partial sums;
+- on CPUs, a reuse reduction may instead be a register tile (`tile.reg`, what the GEMM and conv templates do):
+  the output's last axis in whole vectors and its other axes a few rows each, as many as the vector registers
+  hold, accumulated in a local tile at the output's tile loop, the reduction split outside the unrolled tile;
+  the padding or packing stages it reads may be materialized (vectorized copies) instead of inlined; the
+  kernel's other stages are scheduled around it as by the other rules;
+- an elementwise stage read by several stages (a softmax's exp: its row sum and the output) may be computed
+  once into a buffer instead of inlined into each reader;
 - every other stage (row reductions of softmax and normalizations, pooling) is computed at root or at a loop of
   the output, its spatial loop innermost so it vectorizes.
 
@@ -35,6 +42,7 @@ from ember.te.lower import lower_schedule
 from ember.te.schedule import Schedule, ScheduleError, Stage
 from ember.te.tensor import ComputeOp, IterVar, Reduce, Tensor, TensorLoad
 from ember.templates.gpu import INLINE_TAGS, is_gpu
+from ember.templates.nn import lanes_of, vector_regs
 from ember.tir.expr import Var
 from ember.tir.functor import walk
 from ember.tir.stmt import Allocate, For, PrimFunc
@@ -44,6 +52,7 @@ MAX_LOCAL = 256  # elements of a per-thread buffer
 MAX_SHARED = 48 * 1024  # bytes of shared memory per block
 MAX_UNROLL = 64  # iterations one unrolled nest may expand to
 RFACTOR_MIN = 32  # shortest reduction that rfactor splits
+MAX_REG_UNROLL = 256  # statements one unrolled register tile (with its reduction steps) may expand to
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,7 @@ class Sketch:
     cache_write: bool = False  # a write cache for a reuse reduction that is the output
     rfactor: bool = False  # split long reductions without reuse into vectorized partial sums
     shared: bool = False  # GPU: the reuse reduction's operands cached in shared memory per block
+    register: bool = False  # CPU: the reuse reduction as a register tile (vectorized columns, unrolled reduction)
 
 
 @dataclass
@@ -65,6 +75,12 @@ class Decider:
     fixed: dict[str, Any] = field(default_factory=dict)
     rng: random.Random | None = None
     taken: dict[str, Any] = field(default_factory=dict)
+    lanes: int = 0  # of the target's vectors (CPU), for `vectorize`
+
+    def vectorize(self, name: str, extent: int) -> bool:
+        """Whether to vectorize a loop of `extent`: always where it is whole vectors, else a decision."""
+        whole = self.lanes > 1 and extent >= self.lanes and extent % self.lanes == 0
+        return self.pick(name, [True] if whole else [True, False])
 
     def pick(self, name: str, choices: Sequence[Any]) -> Any:
         choices = list(choices)
@@ -139,6 +155,8 @@ def sketches(outs: Sequence[Tensor], target: Target) -> list[Sketch]:
     out = [Sketch("tile" if reuse else "rows")]
     if reuse and any(st.is_output and has_reuse(st) for st in stages):
         out.append(Sketch("tile.cache", cache_write=True))
+    if reuse and _register_reduction(s, inline=True) is not None:
+        out.append(Sketch("tile.reg", register=True))
     if long_rows:
         out.append(Sketch("rows.rfactor" if not reuse else "tile.rfactor", rfactor=True))
     return out
@@ -169,12 +187,12 @@ def split_levels(st: Stage, iv: IterVar, levels: int, d: Decider, key: str, limi
     return [cur, *parts]
 
 
-def _unroll(st: Stage, loops: list[IterVar], extents: dict[IterVar, int]) -> None:
-    """Unroll the given loops (innermost first) while the expansion stays within MAX_UNROLL."""
+def _unroll(st: Stage, loops: list[IterVar], extents: dict[IterVar, int], limit: int = MAX_UNROLL) -> None:
+    """Unroll the given loops (innermost first) while the expansion stays within `limit`."""
     total = 1
     for iv in reversed(loops):
         e = extents.get(iv, 1)
-        if total * e > MAX_UNROLL:
+        if total * e > limit:
             break
         st.unroll(iv)
         total *= e
@@ -185,12 +203,16 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
           rng: random.Random | None = None) -> tuple[Schedule, dict]:  # fmt: skip
     """The schedule of `sketch` for `outs` under `decisions` (missing ones drawn from `rng`, or the first
     choice); returns it with the decisions taken (all of them: `apply` with those gives the same steps)."""
-    d = Decider(dict(decisions or {}), rng)
+    d = Decider(dict(decisions or {}), rng, lanes=0 if sketch.gpu else lanes_of("float32", target))
     s = te.create_schedule(list(outs))
+    layouts = _layout_stages(s) if sketch.register else []
+    optional = layouts + ([] if sketch.gpu else _shared_stages(s))
     for st in s.stages:
-        if inlinable(st):
+        if inlinable(st) and (st not in optional or d.pick(f"{st.name}.inline", [True, False])):
             st.compute_inline()
-    if sketch.gpu:
+    if sketch.register:
+        _apply_register(s, d, target, [st for st in layouts if st.attach != "inline"])
+    elif sketch.gpu:
         _apply_gpu(sketch, s, d)
     else:
         _apply_cpu(sketch, s, d, target)
@@ -212,7 +234,8 @@ def _fused_producer(s: Schedule, O: Stage) -> Stage | None:
     return None
 
 
-def _apply_cpu(sketch: Sketch, s: Schedule, d: Decider, target: Target) -> None:
+def _apply_cpu(sketch: Sketch, s: Schedule, d: Decider, target: Target, done: tuple[Stage, ...] = ()) -> None:
+    """`done`: stages already scheduled (at root), left as they are."""
     outputs = [st for st in _roots(s) if st.is_output]
     O = outputs[0]
     if sketch.cache_write and has_reuse(O):
@@ -253,7 +276,7 @@ def _apply_cpu(sketch: Sketch, s: Schedule, d: Decider, target: Target) -> None:
     attached: set[Stage] = set()
     readers = _readers(s)
     for st in reversed(_roots(s)):
-        if st is O or st.is_output:
+        if st is O or st.is_output or st in done:
             continue
         if st is P:
             loc = d.pick(f"{st.name}.at", list(range(len(at_loops)))) if at_loops else None
@@ -284,7 +307,7 @@ def _apply_cpu(sketch: Sketch, s: Schedule, d: Decider, target: Target) -> None:
 
 def _vectorize_unroll(st: Stage, inner: list[IterVar], red_inner: list[IterVar], d: Decider, levels) -> None:
     extents = {lv[-1]: d.taken.get(f"{st.name}.{iv.name}.{len(lv) - 1}", 1) for lv, iv in zip(levels, st.op.axis)}
-    if inner and d.pick(f"{st.name}.vectorize", [True, False]) and extents.get(inner[-1], 1) > 1:
+    if inner and d.vectorize(f"{st.name}.vectorize", extents.get(inner[-1], 1)) and extents.get(inner[-1], 1) > 1:
         st.vectorize(inner[-1])
         rest = inner[:-1]
     else:
@@ -343,11 +366,134 @@ def _tile_rows(s: Schedule, st: Stage, d: Decider, sketch: Sketch, root: bool, t
     if root:
         _tile_root(st, d, threads, sketch)
         return
+    if not st.op.reduce_axis and st.op.axis and st.op.axis[-1].dom[1] > 1:  # an elementwise stage kept
+        if d.vectorize(f"{st.name}.vectorize", st.op.axis[-1].dom[1]):
+            st.vectorize(st.op.axis[-1])
+        return
     if st.op.axis and st.op.reduce_axis and st.op.axis[-1].dom[1] > 1:
         last = st.op.axis[-1]
         st.reorder(*st.op.reduce_axis, last)
-        if d.pick(f"{st.name}.vectorize", [True, False]):
+        if d.vectorize(f"{st.name}.vectorize", st.op.axis[-1].dom[1]):
             st.vectorize(last)
+
+
+# -- register tiles (CPU) -----------------------------------------------------------------------------
+def _layout_stages(s: Schedule) -> list[Stage]:
+    """Inlinable stages that a reuse reduction reads directly (padding, packing into panels): each may be
+    materialized at root instead, so that the reduction's inner loop reads a plain, contiguous buffer."""
+    out: list[Stage] = []
+    for st in s.stages:
+        if is_reduce(st) and has_reuse(st):
+            out += [s[t] for t in st.op.inputs if inlinable(s[t]) and s[t] not in out]
+    return out
+
+
+def _shared_stages(s: Schedule) -> list[Stage]:
+    """Inlinable stages read by two or more stages (the exp of a softmax: its row sum and the output): inlined,
+    each reader recomputes them; each may be computed once into a buffer instead."""
+    readers: dict[Stage, int] = {}
+    for st in s.stages:
+        if isinstance(st.op, ComputeOp):
+            for t in dict.fromkeys(st.op.inputs):
+                readers[s[t]] = readers.get(s[t], 0) + 1
+    return [st for st in s.stages if inlinable(st) and readers.get(st, 0) >= 2]
+
+
+def _register_reduction(s: Schedule, inline: bool = False) -> Stage | None:
+    """The reuse reduction that the output is, or that is fused into the output (elementwise, same shape), else
+    the first one (computed at root, the kernel's other stages scheduled around it)."""
+    if inline:
+        for st in s.stages:
+            if inlinable(st):
+                st.compute_inline()
+    outputs = [st for st in _roots(s) if st.is_output]
+    if not outputs:
+        return None
+    O = outputs[0]
+    if has_reuse(O):
+        return O
+    return _fused_producer(s, O) or next((st for st in _roots(s) if has_reuse(st)), None)
+
+
+def _apply_register(s: Schedule, d: Decider, target: Target, layouts: list[Stage]) -> None:
+    """The reuse reduction accumulated in a register tile at the output's tile loop: the output's last axis in
+    whole vectors, its other axes a few rows each, as many as the vector registers hold; inside, the reduction
+    (split into outer and unrolled inner steps) outside the unrolled tile (as the GEMM and conv templates do)."""
+    R = _register_reduction(s)
+    if R is None:
+        raise SketchError("tile.reg: no reuse reduction")
+    out = next(st for st in _roots(s) if st.is_output)
+    # fused into the output's tile: read by it alone, axis for axis (it may read a part: a GEMM padded to panels)
+    fused = not R.is_output and not is_reduce(out) and _readers(s).get(R) == [out]
+    fused = fused and len(R.op.shape) == len(out.op.shape)
+    if fused:
+        L, O = R, next(st for st in _roots(s) if st.is_output)
+        L.set_scope("local")
+    else:  # the reduction into a local tile, copied out by the stage of its name
+        L = s[s.cache_write(R.op.output(), "local")]
+        O = next(st for st in s.stages if st.name == R.name)
+    _register_tile(O, L, d, target)
+    for st in layouts:  # a copy: its last axis in whole vectors
+        last = st.op.axis[-1]
+        lanes = lanes_of(st.op.output().dtype, target)
+        st.vectorize(last if last.dom[1] <= 4 * lanes else st.split(last, lanes)[1])
+    if not O.is_output:
+        _apply_cpu(Sketch("rows"), s, d, target, done=(O, L, *layouts))
+
+
+def _register_tile(O: Stage, L: Stage, d: Decider, target: Target) -> None:
+    threads = target.threads or 1
+    lanes = lanes_of(L.op.output().dtype, target)
+    axes = list(O.op.axis)
+    n_last = axes[-1].dom[1]
+    vec = [lanes * m for m in (1, 2, 3, 4) if lanes * m <= n_last] or [n_last]
+    nr = d.pick(f"{L.name}.nr", vec)
+    room = max(1, (vector_regs(target) - 2) // max(1, -(-nr // lanes)))
+    tile = {axes[-1]: nr}
+    for iv in reversed(axes[:-1]):
+        m = d.pick(f"{L.name}.{iv.name}.reg", list(range(1, min(iv.dom[1], room) + 1)))
+        tile[iv] = m
+        room = max(1, room // m)
+    outer, inner, size = [], [], {}
+    for iv in axes:
+        if tile[iv] >= iv.dom[1]:
+            inner.append(iv)
+            size[iv] = iv.dom[1]
+            continue
+        o, i = O.split(iv, tile[iv])
+        outer.append(o)
+        inner.append(i)
+        size[i] = tile[iv]
+    if len(outer) >= 2 and d.pick(f"{O.name}.swap", [False, True]):
+        outer[-2], outer[-1] = outer[-1], outer[-2]  # column tiles outside: one panel of the operand stays in cache
+    O.reorder(*outer, *inner)
+    if tile[axes[-1]] > lanes:
+        jo, ji = O.split(inner[-1], lanes)
+        O.vectorize(ji)
+        _unroll(O, [*inner[:-1], jo], {**size, jo: -(-nr // lanes)})
+    else:
+        O.vectorize(inner[-1])
+        _unroll(O, inner[:-1], size)
+    if outer:
+        par = O.fuse(*outer) if len(outer) > 1 else outer[0]
+        if d.pick(f"{O.name}.parallel", [True, False] if threads > 1 else [False]):
+            O.parallel(par)
+        L.compute_at(O, par)
+    # the accumulation: reduction loops outside, the unrolled register tile inside, its last axis vectorized
+    red = [split_levels(L, iv, 2, d, f"{L.name}.{iv.name}", limit=16) for iv in L.op.reduce_axis]
+    *rows, last = L.op.axis
+    ext = {iv: tile[a] for iv, a in zip(L.op.axis, axes)}
+    for r, iv in zip(red, L.op.reduce_axis):
+        ext[r[1]] = d.taken.get(f"{L.name}.{iv.name}.1", 1)
+    if nr > lanes:
+        lo, li = L.split(last, lanes)
+        ext[lo] = -(-nr // lanes)
+        tail = [lo, li]
+    else:
+        tail = [last]
+    L.reorder(*[r[0] for r in red], *[r[1] for r in red], *rows, *tail)
+    L.vectorize(tail[-1])
+    _unroll(L, [r[1] for r in red] + rows + tail[:-1], ext, MAX_REG_UNROLL)
 
 
 # -- GPU ---------------------------------------------------------------------------------------------

@@ -102,12 +102,47 @@ def test_sketches_follow_the_rules():
     def names(task):
         return [s.name for s in task.sketches()]
 
-    assert names(KERNELS["matmul"]("c")) == ["tile"]  # the compute has its own write cache: no second one
+    # the compute has its own write cache: no second one; a register tile as the GEMM template has
+    assert names(KERNELS["matmul"]("c")) == ["tile", "tile.reg"]
     assert names(KERNELS["fused"]("c")) == ["rows"]
     assert names(KERNELS["conv"]("opencl")) == ["gpu.flat", "gpu.tile", "gpu.tile.shared"]
     _, S_ = row_sum()
     assert [s.name for s in S.sketches([S_], Target.parse("c"))] == ["rows", "rows.rfactor"]
     assert [s.name for s in S.sketches([row_sum(20)[1]], Target.parse("c"))] == ["rows"]  # short: no rfactor
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+@pytest.mark.parametrize("materialize", [False, True])
+def test_register_tile_sketch(target, materialize):
+    """tile.reg: the accumulator a local tile of whole vectors, the reduction's inner steps and the tile
+    unrolled, the packed operand materialized or inlined; against numpy."""
+    task = AutoTask.from_op("MatMul", [(13, 10), (10, 37)], target=target)
+    outs, args = task.computes()
+    tgt = Target.parse(target)
+    lanes = S.lanes_of("float32", tgt)
+    sch, dec = S.apply(task.sketch("tile.reg"), outs, tgt, {"matmul_acc.nr": lanes, "matmul_acc.k.1": 2,
+                                                           "matmul_acc_packed_b.inline": not materialize})
+    text = str(S.check(sch, args, tgt))  # the loop nest before loop passes
+    assert f"alloc float32[{dec['matmul_acc.i0.reg']}, {lanes}], local" in text, text
+    assert "unrolled(" in text and f"vectorized({lanes})" in text, text
+    assert ("matmul_acc_packed_b = alloc" in text) == materialize, text
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((13, 10)).astype("float32"), rng.standard_normal((10, 37)).astype("float32")
+    out = np.zeros((13, 37), "float32")
+    ember.build(sch, args, target=target)(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_shared_elementwise_stage_may_be_kept():
+    """The softmax's exp (read by the row sum and the output) is inlined or computed once, by decision."""
+    task = KERNELS["softmax"]("c")
+    outs, args = task.computes()
+    names = {}
+    for keep in (False, True):
+        sch, dec = S.apply(task.sketch("rows"), outs, Target.parse("c"), {"sm_exp.inline": not keep})
+        assert dec["sm_exp.inline"] is (not keep)
+        names[keep] = {st.name for st in sch.stages if st.attach != "inline"}
+    assert "sm_exp" in names[True] and "sm_exp" not in names[False]
 
 
 @pytest.mark.parametrize("target", ["c", "llvm"])
