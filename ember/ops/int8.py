@@ -121,8 +121,36 @@ def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
     return f
 
 
+def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
+    """Whether a QConvPacked runs as weights times activations (`ember.templates.int8.int8_acc_wx`): a 1 x 1
+    convolution, stride 1, no padding, whose image rows make up tiles of a multiple of 16 pixels; the pass then
+    packs its weights with nb = 1."""
+    (sh, sw), pads, _ = spatial_attrs(a, 2)
+    one = tuple(a["kernel_shape"]) == (1, 1) and (sh, sw) == (1, 1) and not any(pads)
+    return one and I8.choose_wx_nb(x_shape[2], x_shape[3], a["n"]) > 0
+
+
+def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+    n_, c, h, w = x.shape
+    cp = wp.shape[1] * 4
+    signed = x.dtype.name == "int8"
+
+    def interleave(b, c4, p, kk):
+        v = _u8(x[b, c4 * 4 + kk, p // w, p % w], signed)
+        zero = te.const(a["x_zero"] + (128 if signed else 0), "uint8")
+        return v if cp == c else te.if_then_else(c4 * 4 + kk < c, v, zero)
+
+    X4 = I8.rows_stage((n_, cp // 4, h * w, 4), interleave, "x4")
+    acc = I8.int8_acc_wx(wp, X4, w, name="qconv_acc", cfg=a.get(CONFIG_ATTR))
+    epi = _epilogue(lambda idx: acc[idx[0], idx[1], idx[2] * w + idx[3]], bias, scale, a)
+    return te.compute((n_, a["n"], h, w), lambda *idx: epi(idx, idx[1]), name="qconv",
+                      attrs={"template": "int8_gemm", "acc": acc, "wx": True})  # fmt: skip
+
+
 @lowering("QConvPacked", schedule=T.schedule_nn)
 def _qconv_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+    if wp.shape[2] == 1 and wx_conv(a, x.shape):
+        return _qconv_wx(a, x, wp, bias, scale)
     n_, c, h, w = x.shape
     (oh, ow), cp = _conv_geometry(a, x.shape)
     kh, kw = a["kernel_shape"]

@@ -24,7 +24,9 @@ from __future__ import annotations
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
+from ember.ops.int8 import wx_conv
 from ember.target import Target
+from ember.te.intrin import dot_u8s8_isa, isa_features
 from ember.templates import int8 as I8
 
 from .util import constant_value, new_constant
@@ -191,6 +193,9 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
         attrs.update(kernel_shape=(kh, kw), strides=tuple(core.attrs.get("strides") or (1,) * nd),
                      pads=tuple(core.attrs.get("pads") or (0,) * 2 * nd),
                      dilations=tuple(core.attrs.get("dilations") or (1,) * nd))  # fmt: skip
+        static = all(isinstance(d, int) for d in xq.shape)
+        if static and wx_conv(attrs, tuple(xq.shape)) and dot_u8s8_isa(isa_features(target), 16, True) != "c":
+            nb = 1  # weights times activations: W's rows as they are (`ember.templates.int8.int8_acc_wx`)
     consts = [new_constant(graph, f"{core.name}_{what}", data) for what, data in
               (("packed_w", I8.pack_weight(w_kn, nb)), ("bias_q", bias.astype(np.int32)),
                ("requant_scale", scale.astype(np.float32)))]  # fmt: skip

@@ -49,9 +49,22 @@ def choose_nb(n: int, target: Target | None = None) -> int:
     return 16 if n <= 16 else 32 if n <= 32 or n % 64 else 64
 
 
-def int8_plan(rows: int, nb: int, cfg: ConfigBase | None = None) -> Int8Plan:
+# W x X tiles (rows: output channels, columns: pixels), best first: up to 28 accumulators, at least 4 rows
+WX_TILES = ((64, 6), (64, 4), (112, 4), (48, 8), (48, 6), (48, 4), (32, 8), (32, 6), (32, 4), (16, 8), (16, 4),
+            (64, 2), (112, 2), (48, 2), (32, 2), (16, 2), (64, 1), (112, 1), (48, 1), (32, 1), (16, 1))  # fmt: skip
+
+
+def choose_wx_nb(height: int, width: int, rows: int) -> int:
+    """The pixel columns of a W x X tile (`int8_acc_wx`) for an image of height x width and `rows` output channels:
+    the first width of WX_TILES that is whole image rows (the tile's pixels are then one range of the NCHW
+    image) and divides the image (0 if none)."""
+    pixels = height * width
+    return next((nb for nb, mr in WX_TILES if nb % width == 0 and pixels % nb == 0 and rows % mr == 0), 0)
+
+
+def int8_plan(rows: int, nb: int, cfg: ConfigBase | None = None, tiles: tuple = TILES) -> Int8Plan:
     """The tile for a product whose output rows come in blocks of `rows` (an image's pixels, a matrix's rows)."""
-    mrs = [mr for b, mr in TILES if b == nb and rows % mr == 0] or [1]
+    mrs = [mr for b, mr in tiles if b == nb and rows % mr == 0] or [1]
     if cfg is None:
         return Int8Plan(mrs[0], nb)
     mr = cfg.define_knob("tile_rows", mrs, default=mrs[0])
@@ -97,6 +110,28 @@ def int8_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = 
     return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan})
 
 
+def int8_acc_wx(wt: Tensor, x4: Tensor, width: int, name: str = "acc", cfg: ConfigBase | None = None) -> Tensor:
+    """acc[b, o, p] = sum over (c4, kk) of int32(Wt[o, c4, 0, kk]) * int32(X4[b, c4, p, kk]): a 1 x 1 convolution as
+    weights times activations, Wt the weights packed with nb = 1 ([Co, Cp / 4, 1, 4]: W's rows, broadcast 4 bytes at
+    a time) and X4 [N, Cp / 4, pixels, 4] uint8 the activations with 4 channels interleaved (the vector operand:
+    16 pixels x 4 channels). The accumulator comes out channels by pixels, as NCHW stores it."""
+    co, k4, one, _ = wt.shape
+    _, xk4, pixels, _ = x4.shape
+    if one != 1 or xk4 != k4:
+        raise ValueError(f"int8_acc_wx: packed W {wt.shape} (nb = 1) and X4 {x4.shape} do not agree on K")
+    nb = choose_wx_nb(pixels // width, width, co)
+    if not nb:
+        raise ValueError(f"int8_acc_wx: no tile of whole rows of {width} pixels divides {pixels} (use int8_acc)")
+    c4 = te.reduce_axis((0, k4), name="c4")
+    kk = te.reduce_axis((0, 4), name="kk")
+
+    def body(b, o, p):
+        return te.sum(te.cast(wt[o, c4, 0, kk], "int32") * te.cast(x4[b, c4, p, kk], "int32"), axis=[c4, kk])
+
+    plan = int8_plan(co, nb, cfg, WX_TILES)
+    return te.compute((x4.shape[0], co, pixels), body, name=name, tag="int8_gemm", attrs={"plan": plan})
+
+
 def rows_stage(shape: tuple[int, ...], fn: Callable, name: str) -> Tensor:
     """The A stage: materialized once per call (a copy of the activations in the intrinsic's layout)."""
     return te.compute(shape, fn, name=name, tag="int8_rows", attrs={"materialize": True})
@@ -108,6 +143,8 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
     of pixels per panel (written contiguously, accumulated mr pixels at a time); the accumulation tile at the
     tile loop, its reduction tensorized."""
     acc: Tensor = attrs["acc"]
+    if attrs.get("wx"):
+        return _schedule_wx(s, out, acc, target)
     plan: Int8Plan = acc.op.attrs["plan"]
     O = s[out]
     axes = list(O.op.axis)
@@ -158,5 +195,41 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
             st.reorder(io, r, c, ii, ch)
         if target.num_cores > 1 and math.prod(t.shape) >= 1 << 15:
             st.parallel(io)
+        done.add(st.name)
+    return done
+
+
+def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> set[str]:
+    """A W x X convolution (`int8_acc_wx`) written as NCHW: pixels fused and cut in panels of nb (outer: the
+    panel of X4, nb pixels x all channels, stays in L1 while the channel tiles of W pass over it), mr channels by
+    nb pixels accumulated in a local tile by one micro-kernel call, then requantized and stored contiguously."""
+    plan: Int8Plan = acc.op.attrs["plan"]
+    O = s[out]
+    b, o, h, w = O.op.axis
+    po, pi = O.split(O.fuse(h, w), plan.nb)
+    oo, oi = O.split(o, plan.mr)
+    O.reorder(b, po, oo, oi, pi)
+    lanes = target.vector_lanes(32)
+    if lanes > 1 and plan.nb % lanes == 0:
+        _, pii = O.split(pi, lanes)
+        O.vectorize(pii)
+    accl = s.cache_write(acc, "local")
+    s[acc].compute_inline()
+    L = s[accl]
+    lb, lo, lp = L.op.axis
+    c4, kk = L.op.reduce_axis
+    L.reorder(c4, lb, lo, lp, kk)
+    L.tensorize(c4, "dot_s8u8")
+    L.compute_at(O, oo)
+    big = target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[0].dom[1] >= 1 << 16
+    if big:
+        O.parallel(O.fuse(b, po))
+    done = {O.name, L.name}
+    for t in acc.op.inputs:
+        st = s[t]
+        if st.is_placeholder or st.op.tag != "int8_rows":
+            continue
+        if big:
+            st.parallel(st.op.axis[1])
         done.add(st.name)
     return done
