@@ -180,8 +180,8 @@ def test_pointwise_convs_as_weights_times_activations(c, mid, size):
     """1 x 1 convolutions whose image rows tile by 16 pixels run as W x X (`dot_s8u8`: the accumulator comes out
     NCHW): their weights are packed with one column per panel, and the model equals onnxruntime's, 0 steps (also
     with channels padded to 4, and with a residual add in the epilogue)."""
-    from ember.te.intrin import dot_u8s8_isa, isa_features
     from ember.target import Target
+    from ember.te.intrin import dot_u8s8_isa, isa_features
 
     model = pointwise_block(c, mid, size)
     q = quantize(model, True)
