@@ -123,11 +123,11 @@ def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
 
 def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
     """Whether a QConvPacked runs as weights times activations (`ember.templates.int8.int8_acc_wx`): a 1 x 1
-    convolution, stride 1, no padding, whose image rows make up tiles of a multiple of 16 pixels; the pass then
+    convolution, stride 1, no padding, with a tile of at least 16 pixels; the pass then
     packs its weights with nb = 1."""
     (sh, sw), pads, _ = spatial_attrs(a, 2)
     one = tuple(a["kernel_shape"]) == (1, 1) and (sh, sw) == (1, 1) and not any(pads)
-    return one and I8.choose_wx_nb(x_shape[2], x_shape[3], a["n"]) > 0
+    return one and I8.wx_tile(x_shape[2], x_shape[3], a["n"])[1] >= 16
 
 
 def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:

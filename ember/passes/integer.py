@@ -194,7 +194,8 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
                      pads=tuple(core.attrs.get("pads") or (0,) * 2 * nd),
                      dilations=tuple(core.attrs.get("dilations") or (1,) * nd))  # fmt: skip
         static = all(isinstance(d, int) for d in xq.shape)
-        if static and wx_conv(attrs, tuple(xq.shape)) and dot_u8s8_isa(isa_features(target), 16, True) != "c":
+        wx = static and wx_conv(attrs, tuple(xq.shape))
+        if wx and dot_u8s8_isa(isa_features(target), I8.wx_tile(*xq.shape[2:], co)[1], True) != "c":
             nb = 1  # weights times activations: W's rows as they are (`ember.templates.int8.int8_acc_wx`)
     consts = [new_constant(graph, f"{core.name}_{what}", data) for what, data in
               (("packed_w", I8.pack_weight(w_kn, nb)), ("bias_q", bias.astype(np.int32)),

@@ -98,8 +98,8 @@ def _signature(a_signed: bool) -> str:
 def dot_u8s8_isa(features: frozenset[str], n: int, a_signed: bool = False) -> str:
     """The implementation used for n columns on a target with these features (`isa_features`): avx512_vnni,
     avx2, neon_dotprod (u8 x s8 only), or c. `a_signed`: the s8 x u8 form (`dot_s8u8`)."""
-    if n % 16 == 0 and ("avx512_vnni" in features or "avx512vnni" in features):
-        return "avx512_vnni"
+    if (n % 16 == 0 or a_signed) and ("avx512_vnni" in features or "avx512vnni" in features):
+        return "avx512_vnni"  # dot_s8u8: any n, the last vector masked
     if n % 8 == 0 and "avx2" in features:
         return "avx2"
     if n % 4 == 0 and "dotprod" in features and not a_signed:
@@ -122,19 +122,31 @@ def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool) -> tuple[st
     name = f"ember_dot_{'s8u8' if a_signed else 'u8s8'}_{m}x{n}_{isa}"
     head = f"static inline void {name}{_signature(a_signed)} {{\n"
     if isa == "avx512_vnni":
-        nv = n // 16
+        nv, tail = -(-n // 16), n % 16
         cs = [[f"c{r}_{v}" for v in range(nv)] for r in range(m)]
+
+        def load(v: int, addr: str) -> str:  # the last vector of a tail of n % 16 columns: masked (no read past n)
+            return f"_mm512_maskz_loadu_epi32(tail, {addr})" if tail and v == nv - 1 else f"_mm512_loadu_si512({addr})"
+
+        def store(r: int, v: int) -> str:
+            addr = f"c + {r} * ldc + {16 * v}"
+            if tail and v == nv - 1:
+                return f"  _mm512_mask_storeu_epi32({addr}, tail, {cs[r][v]});"
+            return f"  _mm512_storeu_si512({addr}, {cs[r][v]});"
+
         lines = [f"  /* C[{m}x{n}] += A[{m}x4k] . B[k][{n}][4] with vpdpbusd: {m * nv} accumulators of 16 columns */"]
-        lines += [f"  __m512i {cs[r][v]} = _mm512_loadu_si512(c + {r} * ldc + {16 * v});" for r in range(m)
+        if tail:
+            lines.append(f"  const __mmask16 tail = 0x{(1 << tail) - 1:x};  /* the last {tail} columns */")
+        lines += [f"  __m512i {cs[r][v]} = {load(v, f'c + {r} * ldc + {16 * v}')};" for r in range(m)
                   for v in range(nv)]  # fmt: skip
         lines.append("  for (long p = 0; p < k4; ++p) {")
-        lines += [f"    const __m512i b{v} = _mm512_loadu_si512(b + p * ldb + {64 * v});" for v in range(nv)]
+        lines += [f"    const __m512i b{v} = {load(v, f'b + p * ldb + {64 * v}')};" for v in range(nv)]
         for r in range(m):
             lines.append(f"    const __m512i a{r} = _mm512_set1_epi32(ember_load4(a + {r} * lda + 4 * p));")
             ops = [f"b{v}, a{r}" if a_signed else f"a{r}, b{v}" for v in range(nv)]  # first source: the unsigned
             lines += [f"    EMBER_DPBUSD({cs[r][v]}, {ops[v]});" for v in range(nv)]
         lines.append("  }")
-        lines += [f"  _mm512_storeu_si512(c + {r} * ldc + {16 * v}, {cs[r][v]});" for r in range(m) for v in range(nv)]
+        lines += [store(r, v) for r in range(m) for v in range(nv)]
         body = "\n".join(lines) + "\n"
     elif isa == "avx2":
         nv = n // 8

@@ -49,22 +49,29 @@ def choose_nb(n: int, target: Target | None = None) -> int:
     return 16 if n <= 16 else 32 if n <= 32 or n % 64 else 64
 
 
-# W x X tiles (rows: output channels, columns: pixels), best first: up to 28 accumulators, at least 4 rows
-WX_TILES = ((64, 6), (64, 4), (112, 4), (48, 8), (48, 6), (48, 4), (32, 8), (32, 6), (32, 4), (16, 8), (16, 4),
-            (64, 2), (112, 2), (48, 2), (32, 2), (16, 2), (64, 1), (112, 1), (48, 1), (32, 1), (16, 1))  # fmt: skip
+WX_ACCUMULATORS = 28  # zmm registers for the accumulators of a W x X tile (the rest: columns of X, a row of W)
 
 
-def choose_wx_nb(height: int, width: int, rows: int) -> int:
-    """The pixel columns of a W x X tile (`int8_acc_wx`) for an image of height x width and `rows` output channels:
-    the first width of WX_TILES that is whole image rows (the tile's pixels are then one range of the NCHW
-    image) and divides the image (0 if none)."""
-    pixels = height * width
-    return next((nb for nb, mr in WX_TILES if nb % width == 0 and pixels % nb == 0 and rows % mr == 0), 0)
+def wx_tile(height: int, width: int, rows: int) -> tuple[int, int]:
+    """(mr output channels, nb pixels) of a W x X tile (`int8_acc_wx`) for an image of height x width: nb whole
+    image rows (the tile's pixels are then one range of the NCHW image), in vectors of 16 pixels (the last one
+    masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS. Best: the most lanes used, times
+    the rows up to 4 (a row of W broadcast per vector of X loaded), then the most accumulators."""
+    best, key = (0, 0), (0.0, 0)
+    for k in (k for k in range(1, height + 1) if height % k == 0):
+        nb = k * width
+        nv = -(-nb // 16)
+        for mr in (8, 6, 4, 2, 1):
+            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS:
+                score = (nb / (16 * nv) * min(mr, 4) / 4, mr * nv)
+                if score > key:
+                    best, key = (mr, nb), score
+    return best
 
 
-def int8_plan(rows: int, nb: int, cfg: ConfigBase | None = None, tiles: tuple = TILES) -> Int8Plan:
+def int8_plan(rows: int, nb: int, cfg: ConfigBase | None = None) -> Int8Plan:
     """The tile for a product whose output rows come in blocks of `rows` (an image's pixels, a matrix's rows)."""
-    mrs = [mr for b, mr in tiles if b == nb and rows % mr == 0] or [1]
+    mrs = [mr for b, mr in TILES if b == nb and rows % mr == 0] or [1]
     if cfg is None:
         return Int8Plan(mrs[0], nb)
     mr = cfg.define_knob("tile_rows", mrs, default=mrs[0])
@@ -119,16 +126,16 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, width: int, name: str = "acc", cfg: Conf
     _, xk4, pixels, _ = x4.shape
     if one != 1 or xk4 != k4:
         raise ValueError(f"int8_acc_wx: packed W {wt.shape} (nb = 1) and X4 {x4.shape} do not agree on K")
-    nb = choose_wx_nb(pixels // width, width, co)
+    mr, nb = wx_tile(pixels // width, width, co)
     if not nb:
-        raise ValueError(f"int8_acc_wx: no tile of whole rows of {width} pixels divides {pixels} (use int8_acc)")
+        raise ValueError(f"int8_acc_wx: no tile of whole rows of {width} pixels for {co} channels (use int8_acc)")
     c4 = te.reduce_axis((0, k4), name="c4")
     kk = te.reduce_axis((0, 4), name="kk")
 
     def body(b, o, p):
         return te.sum(te.cast(wt[o, c4, 0, kk], "int32") * te.cast(x4[b, c4, p, kk], "int32"), axis=[c4, kk])
 
-    plan = int8_plan(co, nb, cfg, WX_TILES)
+    plan = Int8Plan(mr, nb)
     return te.compute((x4.shape[0], co, pixels), body, name=name, tag="int8_gemm", attrs={"plan": plan})
 
 
