@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
-from ember.ops.int8 import wx_conv
+from ember.ops.int8 import wx_columns, wx_conv
 from ember.target import Target
 from ember.te.intrin import dot_u8s8_isa, isa_features
 from ember.templates import int8 as I8
@@ -195,7 +195,7 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
                      dilations=tuple(core.attrs.get("dilations") or (1,) * nd))  # fmt: skip
         static = all(isinstance(d, int) for d in xq.shape)
         wx = static and wx_conv(attrs, tuple(xq.shape))
-        if wx and dot_u8s8_isa(isa_features(target), I8.wx_tile(*xq.shape[2:], co)[1], True) != "c":
+        if wx and dot_u8s8_isa(isa_features(target), wx_columns(attrs, tuple(xq.shape)), True) != "c":
             nb = 1  # weights times activations: W's rows as they are (`ember.templates.int8.int8_acc_wx`)
     consts = [new_constant(graph, f"{core.name}_{what}", data) for what, data in
               (("packed_w", I8.pack_weight(w_kn, nb)), ("bias_q", bias.astype(np.int32)),

@@ -117,26 +117,38 @@ def int8_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = 
     return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan})
 
 
-def int8_acc_wx(wt: Tensor, x4: Tensor, width: int, name: str = "acc", cfg: ConfigBase | None = None) -> Tensor:
-    """acc[b, o, p] = sum over (c4, kk) of int32(Wt[o, c4, 0, kk]) * int32(X4[b, c4, p, kk]): a 1 x 1 convolution as
-    weights times activations, Wt the weights packed with nb = 1 ([Co, Cp / 4, 1, 4]: W's rows, broadcast 4 bytes at
-    a time) and X4 [N, Cp / 4, pixels, 4] uint8 the activations with 4 channels interleaved (the vector operand:
-    16 pixels x 4 channels). The accumulator comes out channels by pixels, as NCHW stores it."""
-    co, k4, one, _ = wt.shape
-    _, xk4, pixels, _ = x4.shape
-    if one != 1 or xk4 != k4:
-        raise ValueError(f"int8_acc_wx: packed W {wt.shape} (nb = 1) and X4 {x4.shape} do not agree on K")
-    mr, nb = wx_tile(pixels // width, width, co)
-    if not nb:
-        raise ValueError(f"int8_acc_wx: no tile of whole rows of {width} pixels for {co} channels (use int8_acc)")
+def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "acc",
+                cfg: ConfigBase | None = None) -> Tensor:  # fmt: skip
+    """A stride-1 convolution as weights times activations, on the padded image's pixels:
+
+        acc[b, o, q] = sum over (r, s, c4, kk) of int32(Wt[o, (r * KW + s) * Cp / 4 + c4, 0, kk])
+                                                * int32(X4[b, c4, q + r * dh * Wp + s * dw, kk])
+
+    Wt the weights packed with nb = 1 ([Co, KH * KW * Cp / 4, 1, 4]: W's rows, broadcast 4 bytes at a time), X4
+    [N, Cp / 4, pixels, 4] uint8 the padded image (Hp x Wp, then zeros) with 4 channels interleaved (the vector
+    operand: 16 pixels x 4 channels), q = oh * Wp + ow an output pixel on the padded grid (each kernel tap is one
+    shift of the whole image: no im2col; the columns ow >= OW are computed and never read). `geometry` =
+    (KH, KW, dh, dw, OH, OW, Wp). The accumulator comes out channels by pixels, as NCHW stores it."""
+    kh_, kw_, dh, dw, oh, ow, wpad = geometry
+    co, k, one, _ = wt.shape
+    _, k4, pixels, _ = x4.shape
+    if one != 1 or k != kh_ * kw_ * k4 or pixels < (oh + (kh_ - 1) * dh) * wpad + (kw_ - 1) * dw:
+        raise ValueError(f"int8_acc_wx: packed W {wt.shape} (nb = 1) and X4 {x4.shape} do not make a "
+                         f"{kh_} x {kw_} convolution to {oh} x {ow} on rows of {wpad}")  # fmt: skip
+    mr, rows = wx_tile(oh, wpad, co)
+    if not rows:
+        raise ValueError(f"int8_acc_wx: no tile of whole rows of {wpad} pixels for {co} channels (use int8_acc)")
+    r = te.reduce_axis((0, kh_), name="r")
+    s = te.reduce_axis((0, kw_), name="s")
     c4 = te.reduce_axis((0, k4), name="c4")
     kk = te.reduce_axis((0, 4), name="kk")
 
-    def body(b, o, p):
-        return te.sum(te.cast(wt[o, c4, 0, kk], "int32") * te.cast(x4[b, c4, p, kk], "int32"), axis=[c4, kk])
+    def body(b, o, q):
+        w = te.cast(wt[o, (r * kw_ + s) * k4 + c4, 0, kk], "int32")
+        return te.sum(w * te.cast(x4[b, c4, q + r * (dh * wpad) + s * dw, kk], "int32"), axis=[r, s, c4, kk])
 
-    plan = Int8Plan(mr, nb)
-    return te.compute((x4.shape[0], co, pixels), body, name=name, tag="int8_gemm", attrs={"plan": plan})
+    plan = Int8Plan(mr, rows // wpad * ow)  # nb: the output pixels of a tile (whole output rows)
+    return te.compute((x4.shape[0], co, oh * wpad), body, name=name, tag="int8_gemm", attrs={"plan": plan})
 
 
 def rows_stage(shape: tuple[int, ...], fn: Callable, name: str) -> Tensor:
@@ -207,9 +219,10 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
 
 
 def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> set[str]:
-    """A W x X convolution (`int8_acc_wx`) written as NCHW: pixels fused and cut in panels of nb (outer: the
-    panel of X4, nb pixels x all channels, stays in L1 while the channel tiles of W pass over it), mr channels by
-    nb pixels accumulated in a local tile by one micro-kernel call, then requantized and stored contiguously."""
+    """A W x X convolution (`int8_acc_wx`) written as NCHW: pixels fused and cut in panels of nb, whole output
+    rows (outer: the panel of X4, its pixels x all channels, stays in cache while the channel tiles of W pass over
+    it), mr channels by nb pixels accumulated in a local tile by one micro-kernel call per kernel tap, then
+    requantized and stored contiguously."""
     plan: Int8Plan = acc.op.attrs["plan"]
     O = s[out]
     b, o, h, w = O.op.axis
@@ -217,18 +230,19 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
     oo, oi = O.split(o, plan.mr)
     O.reorder(b, po, oo, oi, pi)
     lanes = target.vector_lanes(32)
-    if lanes > 1 and plan.nb % lanes == 0:
-        _, pii = O.split(pi, lanes)
+    width = next((v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and plan.nb % v == 0), 0)
+    if width:  # whole output rows: 16 does not always divide them (56, 28)
+        _, pii = O.split(pi, width)
         O.vectorize(pii)
     accl = s.cache_write(acc, "local")
     s[acc].compute_inline()
     L = s[accl]
     lb, lo, lp = L.op.axis
-    c4, kk = L.op.reduce_axis
-    L.reorder(c4, lb, lo, lp, kk)
+    r, s_, c4, kk = L.op.reduce_axis
+    L.reorder(r, s_, c4, lb, lo, lp, kk)  # one micro-kernel call per kernel tap
     L.tensorize(c4, "dot_s8u8")
     L.compute_at(O, oo)
-    big = target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[0].dom[1] >= 1 << 16
+    big = target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16
     if big:
         O.parallel(O.fuse(b, po))
     done = {O.name, L.name}
