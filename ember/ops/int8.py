@@ -116,7 +116,8 @@ def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
     def f(idx, j):
         v = te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
         q = te.round(v) + float(a["y_zero"])
-        return te.cast(te.minimum(te.maximum(q, float(lo)), float(hi)), a["y_dtype"])
+        clamped = te.minimum(te.maximum(q, float(lo)), float(hi))  # by way of int32: one vector conversion in C
+        return te.cast(te.cast(clamped, "int32"), a["y_dtype"])
 
     return f
 
