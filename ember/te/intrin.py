@@ -18,6 +18,10 @@ the sum of two u8*s8 products at 32767, so the pairs are formed in 16 bits from 
 NEON `sdot` on aarch64 CPUs with the dot-product extension (int8 x int8: the uint8 operand is shifted to int8
 and 128 times B's column sums added back), and portable C for any other target (and for column counts the
 vectors do not divide).
+
+`dot_s8u8` is the same product with the signs swapped (A int8, broadcast; B uint8, packed): weights times
+activations (`ember.templates.int8.int8_acc_wx`). On VNNI it takes any column count (the last vector masked);
+AVX2 as above; portable C elsewhere (NEON included).
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ channels, accumulated mr pixels at a time), computes the accumulation tile in a 
 with the reduction tensorized (one micro-kernel call per tile keeps the mr x nb/16 accumulators
 in registers over all of K), and runs the tile loops in parallel. Knobs: the tile (mr, nb) and the loop order
 (column panels outside: one panel of W stays in cache while the rows stream), as in the float GEMM template.
+
+Stride-1 convolutions take the other orientation, weights times activations (`int8_acc_wx`, `dot_s8u8`): W's rows
+(packed with nb = 1) broadcast against 16 pixels x 4 channels of X4, the padded image with 4 channels
+interleaved, so the accumulator comes out channels by pixels as NCHW stores it (a contiguous, vectorized
+epilogue), and a k x k kernel is k * k shifted windows of that one copy instead of a k * k times larger im2col.
 """
 
 from __future__ import annotations
