@@ -11,8 +11,8 @@ QuantizeLinear(MaxPool(DequantizeLinear(x))) with one scale and zero point is Ma
 
 The weights are packed once for the `dot_u8s8` intrinsic (stride-1 convolutions: for `dot_s8u8`, weights times
 activations, packed with nb = 1 where the target has VNNI or AVX2 for their tile); bias' = the int32 bias
-(DequantizeLinear(b_q, x_s * w_s, 0), or a float bias rounded to that scale) minus u(x_z) times W's column sums, so the kernel
-multiplies raw activations; scale = x_s * w_s / y_s in float32; a Relu becomes the clamp's lower bound
+(DequantizeLinear(b_q, x_s * w_s, 0), or a float bias rounded to that scale) minus u(x_z) times W's column sums,
+so the kernel multiplies raw activations; scale = x_s * w_s / y_s in float32; a Relu becomes the clamp's lower bound
 y_z. The integer output feeds the next quantized op directly: activations stay 8-bit between them, and the
 DequantizeLinear -> Add -> QuantizeLinear of a residual join fuse into the producer's epilogue (`fuse_ops`).
 
