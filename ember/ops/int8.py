@@ -116,13 +116,59 @@ def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
     def f(idx, j):
         v = te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
         q = te.round(v) + float(a["y_zero"])
-        return te.cast(te.minimum(te.maximum(q, float(lo)), float(hi)), a["y_dtype"])
+        clamped = te.minimum(te.maximum(q, float(lo)), float(hi))  # by way of int32: one vector conversion in C
+        return te.cast(te.cast(clamped, "int32"), a["y_dtype"])
 
     return f
 
 
+def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
+    """Whether a QConvPacked runs as weights times activations (`ember.templates.int8.int8_acc_wx`): stride 1,
+    with a tile of at least 16 pixels; the pass then packs its weights with nb = 1."""
+    (sh, sw), pads, _ = spatial_attrs(a, 2)
+    return (sh, sw) == (1, 1) and I8.wx_tile(*_wx_grid(a, x_shape)[1:3], a["n"])[1] >= 16
+
+
+def wx_columns(a: dict, x_shape: tuple[int, ...]) -> int:
+    """The pixel columns of one micro-kernel call of a W x X convolution: its tile's rows on the padded grid, but
+    for the last row's padding columns."""
+    _, oh, wpad = _wx_grid(a, x_shape)
+    return I8.wx_tile(oh, wpad, a["n"])[1] - wpad + _conv_geometry(a, x_shape)[0][1]
+
+
+def _wx_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(Hp, OH, Wp) of a stride-1 convolution: the padded image's rows, the output rows, the padded row length."""
+    (oh, _), _ = _conv_geometry(a, x_shape)
+    pads = spatial_attrs(a, 2)[1]
+    return x_shape[2] + pads[0] + pads[2], oh, x_shape[3] + pads[1] + pads[3]
+
+
+def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+    n_, c, h, w = x.shape
+    cp = wp.shape[1] * 4 // math.prod(a["kernel_shape"])
+    (oh, ow), _ = _conv_geometry(a, x.shape)
+    hp, _, wpad = _wx_grid(a, x.shape)
+    _, pads, (dh, dw) = spatial_attrs(a, 2)
+    signed = x.dtype.name == "int8"
+    zero = te.const(a["x_zero"] + (128 if signed else 0), "uint8")
+
+    def interleave(b, c4, p, kk):  # the padded image (and one row of zeros after it: the last taps' overrun)
+        ih, iw = p // wpad - pads[0], p % wpad - pads[1]
+        inside = te.all(c4 * 4 + kk < c, ih >= 0, ih < h, iw >= 0, iw < w)
+        return te.if_then_else(inside, _u8(x[b, c4 * 4 + kk, ih, iw], signed), zero)
+
+    X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), interleave, "x4")
+    geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad)
+    acc = I8.int8_acc_wx(wp, X4, geometry, name="qconv_acc", cfg=a.get(CONFIG_ATTR))
+    epi = _epilogue(lambda idx: acc[idx[0], idx[1], idx[2] * wpad + idx[3]], bias, scale, a)
+    return te.compute((n_, a["n"], oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv",
+                      attrs={"template": "int8_gemm", "acc": acc, "wx": True})  # fmt: skip
+
+
 @lowering("QConvPacked", schedule=T.schedule_nn)
 def _qconv_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+    if wp.shape[2] == 1 and wx_conv(a, x.shape):
+        return _qconv_wx(a, x, wp, bias, scale)
     n_, c, h, w = x.shape
     (oh, ow), cp = _conv_geometry(a, x.shape)
     kh, kw = a["kernel_shape"]

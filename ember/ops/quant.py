@@ -92,7 +92,10 @@ def param_at(p: te.Tensor, idx: tuple, x: te.Tensor, a: dict) -> tx.Expr:
 
 
 def _f64(v: tx.Expr) -> tx.Expr:
-    """v in float64 by way of float32, as the references widen their operands."""
+    """v in float64 by way of float32, as the references widen their operands (8- and 16-bit integers by way of int32:
+    the same value, and C converts those vectors in one instruction where uint8 -> float goes lane by lane)."""
+    if v.dtype.name in ("int8", "uint8", "int16", "uint16"):
+        return te.cast(te.cast(v, "int32"), "float64")
     return te.cast(te.cast(v, "float32"), "float64")
 
 
@@ -105,11 +108,15 @@ def _(a: dict, x: te.Tensor, scale: te.Tensor, zp: te.Tensor | None = None) -> t
 
     def body(*i):
         q = te.cast(x[i], "float32") / te.cast(param_at(scale, i, x, a), "float32")  # float32, as runtimes do
-        r = te.cast(te.round(q), "float64")
+        # 8 and 16 bits: float32 is exact up to 2^24, past which the clip saturates anyway; C converts and compares
+        # float32 vectors in one instruction each (float64 compares and float -> 8 bits go lane by lane)
+        small = dtype in ("int8", "uint8", "int16", "uint16")
+        wide = "float32" if small else "float64"
+        r = te.cast(te.round(q), wide)
         if zp is not None:
-            r = r + te.cast(param_at(zp, i, x, a), "float64")
-        clipped = tx.binop("min", te.const(float(hi), "float64"), tx.binop("max", te.const(float(lo), "float64"), r))
-        return te.cast(clipped, dtype)
+            r = r + te.cast(te.cast(param_at(zp, i, x, a), "int32") if small else param_at(zp, i, x, a), wide)
+        clipped = tx.binop("min", te.const(float(hi), wide), tx.binop("max", te.const(float(lo), wide), r))
+        return te.cast(te.cast(clipped, "int32"), dtype) if small else te.cast(clipped, dtype)
 
     return te.compute(x.shape, body, name="quantize")
 

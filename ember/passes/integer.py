@@ -9,9 +9,10 @@ QDQ form (what quantizers emit; runs before constant folding, which would fold t
 QOperator form: QLinearConv / QLinearMatMul with constant weights, the same rewrite. And
 QuantizeLinear(MaxPool(DequantizeLinear(x))) with one scale and zero point is MaxPool on the integers.
 
-The weights are packed once for the `dot_u8s8` intrinsic; bias' = the int32 bias (DequantizeLinear(b_q,
-x_s * w_s, 0), or a float bias rounded to that scale) minus u(x_z) times W's column sums, so the kernel
-multiplies raw activations; scale = x_s * w_s / y_s in float32; a Relu becomes the clamp's lower bound
+The weights are packed once for the `dot_u8s8` intrinsic (stride-1 convolutions: for `dot_s8u8`, weights times
+activations, packed with nb = 1 where the target has VNNI or AVX2 for their tile); bias' = the int32 bias
+(DequantizeLinear(b_q, x_s * w_s, 0), or a float bias rounded to that scale) minus u(x_z) times W's column sums,
+so the kernel multiplies raw activations; scale = x_s * w_s / y_s in float32; a Relu becomes the clamp's lower bound
 y_z. The integer output feeds the next quantized op directly: activations stay 8-bit between them, and the
 DequantizeLinear -> Add -> QuantizeLinear of a residual join fuse into the producer's epilogue (`fuse_ops`).
 
@@ -24,7 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
+from ember.ops.int8 import wx_columns, wx_conv
 from ember.target import Target
+from ember.te.intrin import dot_u8s8_isa, isa_features
 from ember.templates import int8 as I8
 
 from .util import constant_value, new_constant
@@ -191,6 +194,10 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
         attrs.update(kernel_shape=(kh, kw), strides=tuple(core.attrs.get("strides") or (1,) * nd),
                      pads=tuple(core.attrs.get("pads") or (0,) * 2 * nd),
                      dilations=tuple(core.attrs.get("dilations") or (1,) * nd))  # fmt: skip
+        static = all(isinstance(d, int) for d in xq.shape)
+        wx = static and wx_conv(attrs, tuple(xq.shape))
+        if wx and dot_u8s8_isa(isa_features(target), wx_columns(attrs, tuple(xq.shape)), True) != "c":
+            nb = 1  # weights times activations: W's rows as they are (`ember.templates.int8.int8_acc_wx`)
     consts = [new_constant(graph, f"{core.name}_{what}", data) for what, data in
               (("packed_w", I8.pack_weight(w_kn, nb)), ("bias_q", bias.astype(np.int32)),
                ("requant_scale", scale.astype(np.float32)))]  # fmt: skip

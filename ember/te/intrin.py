@@ -18,6 +18,10 @@ the sum of two u8*s8 products at 32767, so the pairs are formed in 16 bits from 
 NEON `sdot` on aarch64 CPUs with the dot-product extension (int8 x int8: the uint8 operand is shifted to int8
 and 128 times B's column sums added back), and portable C for any other target (and for column counts the
 vectors do not divide).
+
+`dot_s8u8` is the same product with the signs swapped (A int8, broadcast; B uint8, packed): weights times
+activations (`ember.templates.int8.int8_acc_wx`). On VNNI it takes any column count (the last vector masked);
+AVX2 as above; portable C elsewhere (NEON included).
 """
 
 from __future__ import annotations
@@ -61,6 +65,15 @@ def _dot_u8s8_decl(m: int, n: int, k4: int) -> tuple[Tensor, Tensor, Tensor]:
     return a, b, c
 
 
+def _dot_s8u8_decl(m: int, n: int, k4: int) -> tuple[Tensor, Tensor, Tensor]:
+    a = placeholder((m, 4 * k4), "int8", name="A")
+    b = placeholder((k4, n, 4), "uint8", name="B")
+    ko = reduce_axis((0, k4), name="k4")
+    ki = reduce_axis((0, 4), name="kk")
+    c = compute((m, n), lambda i, j: te_sum(_i32(a[i, 4 * ko + ki]) * _i32(b[ko, j, ki]), axis=[ko, ki]), name="C")
+    return a, b, c
+
+
 def _i32(v):
     from .tensor import cast
 
@@ -81,41 +94,67 @@ def isa_features(target: Target) -> frozenset[str]:
     return target.simd_features()
 
 
-_SIGNATURE = "(int32_t* c, long ldc, const uint8_t* a, long lda, const int8_t* b, long ldb, long k4)"
+def _signature(a_signed: bool) -> str:
+    a, b = ("int8_t", "uint8_t") if a_signed else ("uint8_t", "int8_t")
+    return f"(int32_t* c, long ldc, const {a}* a, long lda, const {b}* b, long ldb, long k4)"
 
 
-def dot_u8s8_isa(features: frozenset[str], n: int) -> str:
+def dot_u8s8_isa(features: frozenset[str], n: int, a_signed: bool = False) -> str:
     """The implementation used for n columns on a target with these features (`isa_features`): avx512_vnni,
-    avx2, neon_dotprod, or c."""
-    if n % 16 == 0 and ("avx512_vnni" in features or "avx512vnni" in features):
-        return "avx512_vnni"
+    avx2, neon_dotprod (u8 x s8 only), or c. `a_signed`: the s8 x u8 form (`dot_s8u8`)."""
+    if (n % 16 == 0 or a_signed) and ("avx512_vnni" in features or "avx512vnni" in features):
+        return "avx512_vnni"  # dot_s8u8: any n, the last vector masked
     if n % 8 == 0 and "avx2" in features:
         return "avx2"
-    if n % 4 == 0 and "dotprod" in features:
+    if n % 4 == 0 and "dotprod" in features and not a_signed:
         return "neon_dotprod"
     return "c"
 
 
 def _dot_u8s8_c(m: int, n: int, features: frozenset[str]) -> tuple[str, str]:
-    isa = dot_u8s8_isa(features, n)
-    name = f"ember_dot_u8s8_{m}x{n}_{isa}"
-    head = f"static inline void {name}{_SIGNATURE} {{\n"
+    return _dot_c(m, n, features, False)
+
+
+def _dot_s8u8_c(m: int, n: int, features: frozenset[str]) -> tuple[str, str]:
+    return _dot_c(m, n, features, True)
+
+
+def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool) -> tuple[str, str]:
+    """The C of C[m x n] += A . B: A uint8 and B int8 (`dot_u8s8`), or A int8 and B uint8 (`a_signed`, `dot_s8u8`:
+    the same instruction with the broadcast row operand as its signed source)."""
+    isa = dot_u8s8_isa(features, n, a_signed)
+    name = f"ember_dot_{'s8u8' if a_signed else 'u8s8'}_{m}x{n}_{isa}"
+    head = f"static inline void {name}{_signature(a_signed)} {{\n"
     if isa == "avx512_vnni":
-        nv = n // 16
+        nv, tail = -(-n // 16), n % 16
         cs = [[f"c{r}_{v}" for v in range(nv)] for r in range(m)]
+
+        def load(v: int, addr: str) -> str:  # the last vector of a tail of n % 16 columns: masked (no read past n)
+            return f"_mm512_maskz_loadu_epi32(tail, {addr})" if tail and v == nv - 1 else f"_mm512_loadu_si512({addr})"
+
+        def store(r: int, v: int) -> str:
+            addr = f"c + {r} * ldc + {16 * v}"
+            if tail and v == nv - 1:
+                return f"  _mm512_mask_storeu_epi32({addr}, tail, {cs[r][v]});"
+            return f"  _mm512_storeu_si512({addr}, {cs[r][v]});"
+
         lines = [f"  /* C[{m}x{n}] += A[{m}x4k] . B[k][{n}][4] with vpdpbusd: {m * nv} accumulators of 16 columns */"]
-        lines += [f"  __m512i {cs[r][v]} = _mm512_loadu_si512(c + {r} * ldc + {16 * v});" for r in range(m)
+        if tail:
+            lines.append(f"  const __mmask16 tail = 0x{(1 << tail) - 1:x};  /* the last {tail} columns */")
+        lines += [f"  __m512i {cs[r][v]} = {load(v, f'c + {r} * ldc + {16 * v}')};" for r in range(m)
                   for v in range(nv)]  # fmt: skip
         lines.append("  for (long p = 0; p < k4; ++p) {")
-        lines += [f"    const __m512i b{v} = _mm512_loadu_si512(b + p * ldb + {64 * v});" for v in range(nv)]
+        lines += [f"    const __m512i b{v} = {load(v, f'b + p * ldb + {64 * v}')};" for v in range(nv)]
         for r in range(m):
             lines.append(f"    const __m512i a{r} = _mm512_set1_epi32(ember_load4(a + {r} * lda + 4 * p));")
-            lines += [f"    EMBER_DPBUSD({cs[r][v]}, a{r}, b{v});" for v in range(nv)]
+            ops = [f"b{v}, a{r}" if a_signed else f"a{r}, b{v}" for v in range(nv)]  # first source: the unsigned
+            lines += [f"    EMBER_DPBUSD({cs[r][v]}, {ops[v]});" for v in range(nv)]
         lines.append("  }")
-        lines += [f"  _mm512_storeu_si512(c + {r} * ldc + {16 * v}, {cs[r][v]});" for r in range(m) for v in range(nv)]
+        lines += [store(r, v) for r in range(m) for v in range(nv)]
         body = "\n".join(lines) + "\n"
     elif isa == "avx2":
         nv = n // 8
+        ax, bx = ("i", "u") if a_signed else ("u", "i")
         body = (
             f"  /* C[{m}x{n}] += A[{m}x4k] . B[k][{n}][4]: u8/s8 widened to s16, exact pair sums with vpmaddwd;\n"
             "     lo/hi hold columns 0-3/4-7 of each group of 8 as pairs, added and reordered once at the end */\n"
@@ -126,13 +165,13 @@ def _dot_u8s8_c(m: int, n: int, features: frozenset[str]) -> tuple[str, str]:
             f"    __m256i bl[{nv}], bh[{nv}];\n"
             f"    for (int v = 0; v < {nv}; ++v) {{\n"
             "      const __m256i bb = _mm256_loadu_si256((const __m256i*)(b + p * ldb + 32 * v));\n"
-            "      bl[v] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(bb));\n"
-            "      bh[v] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(bb, 1));\n"
+            f"      bl[v] = _mm256_cvtep{bx}8_epi16(_mm256_castsi256_si128(bb));\n"
+            f"      bh[v] = _mm256_cvtep{bx}8_epi16(_mm256_extracti128_si256(bb, 1));\n"
             "    }\n"
             f"    for (int r = 0; r < {m}; ++r) {{\n"
             "      int32_t a4;\n"
             "      memcpy(&a4, a + r * lda + 4 * p, 4);\n"
-            "      const __m256i av = _mm256_cvtepu8_epi16(_mm_set1_epi32(a4));\n"
+            f"      const __m256i av = _mm256_cvtep{ax}8_epi16(_mm_set1_epi32(a4));\n"
             f"      for (int v = 0; v < {nv}; ++v) {{\n"
             "        lo[r][v] = _mm256_add_epi32(lo[r][v], _mm256_madd_epi16(av, bl[v]));\n"
             "        hi[r][v] = _mm256_add_epi32(hi[r][v], _mm256_madd_epi16(av, bh[v]));\n"
@@ -193,6 +232,8 @@ def _dot_u8s8_c(m: int, n: int, features: frozenset[str]) -> tuple[str, str]:
 INTRINSICS: dict[str, Intrinsic] = {
     "dot_u8s8": Intrinsic("dot_u8s8", "C[m, n] += A[m, 4k] (uint8) . B[k, n, 4] (int8), int32 accumulation",
                           _dot_u8s8_decl, _dot_u8s8_c),
+    "dot_s8u8": Intrinsic("dot_s8u8", "C[m, n] += A[m, 4k] (int8) . B[k, n, 4] (uint8), int32 accumulation",
+                          _dot_s8u8_decl, _dot_s8u8_c),
 }  # fmt: skip
 
 
@@ -218,7 +259,7 @@ def _nest(loop: For) -> tuple[list[For], Store]:
     return loops, s
 
 
-def _operands(store: Store, loop: For) -> tuple[E.Load, E.Load]:
+def _operands(store: Store, loop: For, name: str) -> tuple[E.Load, E.Load]:
     v = store.value
     if not (isinstance(v, E.BinOp) and v.op == "add" and isinstance(v.a, E.Load) and v.a.buffer is store.buffer):
         raise TensorizeError(f"loop '{loop.var.name}': the update is not C[...] = C[...] + ..., got {v}")
@@ -231,10 +272,11 @@ def _operands(store: Store, loop: For) -> tuple[E.Load, E.Load]:
             ops.append(x.value)
         else:
             raise TensorizeError(f"loop '{loop.var.name}': operand {x} is not int32(load)")
-    ops.sort(key=lambda ld: ld.buffer.dtype.name != "uint8")
+    want = ("int8", "uint8") if name == "dot_s8u8" else ("uint8", "int8")
+    ops.sort(key=lambda ld: ld.buffer.dtype.name != want[0])
     a, b = ops
-    if a.buffer.dtype.name != "uint8" or b.buffer.dtype.name != "int8" or store.buffer.dtype != int32:
-        raise TensorizeError(f"loop '{loop.var.name}': dot_u8s8 wants uint8 x int8 -> int32, got "
+    if (a.buffer.dtype.name, b.buffer.dtype.name) != want or store.buffer.dtype != int32:
+        raise TensorizeError(f"loop '{loop.var.name}': {name} wants {want[0]} x {want[1]} -> int32, got "
                              f"{a.buffer.dtype} x {b.buffer.dtype} -> {store.buffer.dtype}")  # fmt: skip
     return a, b
 
@@ -292,13 +334,13 @@ def _reduction(ks: list[tuple[int, For]], ac: list[int], bc: list[int], loop: Fo
     return k4, ldb
 
 
-def _match_dot(loop: For, ana: Analyzer) -> Stmt:
+def _match_dot(loop: For, ana: Analyzer, name: str = "dot_u8s8") -> Stmt:
     loops, store = _nest(loop)
     for f in loops:
         if not (isinstance(f.extent, E.Const) and isinstance(f.min, E.Const) and f.min.value == 0):
             raise TensorizeError(f"loop '{f.var.name}' under tensorized '{loop.var.name}' has no constant extent")
         ana.bind(f.var, 0, int(f.extent.value) - 1)
-    a, b = _operands(store, loop)
+    a, b = _operands(store, loop, name)
     cc = _coefs(_flat(store, ana), loops, ana, "C", loop)
     ac = _coefs(_flat(a, ana), loops, ana, "A", loop)
     bc = _coefs(_flat(b, ana), loops, ana, "B", loop)
@@ -314,7 +356,7 @@ def _match_dot(loop: For, ana: Analyzer) -> Stmt:
                                  "loop")
         role[kind].append((i, f))
     if len(role["m"]) > 1 or len(role["n"]) > 1:
-        raise TensorizeError(f"loop '{loop.var.name}': dot_u8s8 wants at most one row loop and one column loop "
+        raise TensorizeError(f"loop '{loop.var.name}': {name} wants at most one row loop and one column loop "
                              f"under it, found {[f.var.name for f in loops]}")  # fmt: skip
     k4, ldb = _reduction(role["k"], ac, bc, loop)
     m, ldc, lda = 1, 0, 0
@@ -334,10 +376,13 @@ def _match_dot(loop: For, ana: Analyzer) -> Stmt:
         address_of(_at_zero(b, loops)), E.const(ldb, int64),
         E.const(m, int64), E.const(n, int64), E.const(k4, int64),
     )  # fmt: skip
-    return Evaluate(E.Call("dot_u8s8", args, int32))
+    return Evaluate(E.Call(name, args, int32))
 
 
-MATCHERS: dict[str, Callable[[For, Analyzer], Stmt]] = {"dot_u8s8": _match_dot}
+MATCHERS: dict[str, Callable[[For, Analyzer], Stmt]] = {
+    "dot_u8s8": _match_dot,
+    "dot_s8u8": lambda loop, ana: _match_dot(loop, ana, "dot_s8u8"),
+}
 
 
 def tensorize_loops(func: PrimFunc) -> PrimFunc:

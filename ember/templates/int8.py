@@ -14,6 +14,11 @@ channels, accumulated mr pixels at a time), computes the accumulation tile in a 
 with the reduction tensorized (one micro-kernel call per tile keeps the mr x nb/16 accumulators
 in registers over all of K), and runs the tile loops in parallel. Knobs: the tile (mr, nb) and the loop order
 (column panels outside: one panel of W stays in cache while the rows stream), as in the float GEMM template.
+
+Stride-1 convolutions take the other orientation, weights times activations (`int8_acc_wx`, `dot_s8u8`): W's rows
+(packed with nb = 1) broadcast against 16 pixels x 4 channels of X4, the padded image with 4 channels
+interleaved, so the accumulator comes out channels by pixels as NCHW stores it (a contiguous, vectorized
+epilogue), and a k x k kernel is k * k shifted windows of that one copy instead of a k * k times larger im2col.
 """
 
 from __future__ import annotations
@@ -47,6 +52,26 @@ def choose_nb(n: int, target: Target | None = None) -> int:
     if target is not None and target.vector_bits and target.vector_bits < 256:
         return 16
     return 16 if n <= 16 else 32 if n <= 32 or n % 64 else 64
+
+
+WX_ACCUMULATORS = 28  # zmm registers for the accumulators of a W x X tile (the rest: columns of X, a row of W)
+
+
+def wx_tile(height: int, width: int, rows: int) -> tuple[int, int]:
+    """(mr output channels, nb pixels) of a W x X tile (`int8_acc_wx`) for an image of height x width: nb whole
+    image rows (the tile's pixels are then one range of the NCHW image), in vectors of 16 pixels (the last one
+    masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS. Best: the most lanes used, times
+    the rows up to 4 (a row of W broadcast per vector of X loaded), then the most accumulators."""
+    best, key = (0, 0), (0.0, 0)
+    for k in (k for k in range(1, height + 1) if height % k == 0):
+        nb = k * width
+        nv = -(-nb // 16)
+        for mr in (8, 6, 4, 2, 1):
+            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS:
+                score = (nb / (16 * nv) * min(mr, 4) / 4, mr * nv)
+                if score > key:
+                    best, key = (mr, nb), score
+    return best
 
 
 def int8_plan(rows: int, nb: int, cfg: ConfigBase | None = None) -> Int8Plan:
@@ -97,6 +122,40 @@ def int8_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = 
     return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan})
 
 
+def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "acc",
+                cfg: ConfigBase | None = None) -> Tensor:  # fmt: skip
+    """A stride-1 convolution as weights times activations, on the padded image's pixels:
+
+        acc[b, o, q] = sum over (r, s, c4, kk) of int32(Wt[o, (r * KW + s) * Cp / 4 + c4, 0, kk])
+                                                * int32(X4[b, c4, q + r * dh * Wp + s * dw, kk])
+
+    Wt the weights packed with nb = 1 ([Co, KH * KW * Cp / 4, 1, 4]: W's rows, broadcast 4 bytes at a time), X4
+    [N, Cp / 4, pixels, 4] uint8 the padded image (Hp x Wp, then zeros) with 4 channels interleaved (the vector
+    operand: 16 pixels x 4 channels), q = oh * Wp + ow an output pixel on the padded grid (each kernel tap is one
+    shift of the whole image: no im2col; the columns ow >= OW are computed and never read). `geometry` =
+    (KH, KW, dh, dw, OH, OW, Wp). The accumulator comes out channels by pixels, as NCHW stores it."""
+    kh_, kw_, dh, dw, oh, ow, wpad = geometry
+    co, k, one, _ = wt.shape
+    _, k4, pixels, _ = x4.shape
+    if one != 1 or k != kh_ * kw_ * k4 or pixels < (oh + (kh_ - 1) * dh) * wpad + (kw_ - 1) * dw:
+        raise ValueError(f"int8_acc_wx: packed W {wt.shape} (nb = 1) and X4 {x4.shape} do not make a "
+                         f"{kh_} x {kw_} convolution to {oh} x {ow} on rows of {wpad}")  # fmt: skip
+    mr, rows = wx_tile(oh, wpad, co)
+    if not rows:
+        raise ValueError(f"int8_acc_wx: no tile of whole rows of {wpad} pixels for {co} channels (use int8_acc)")
+    r = te.reduce_axis((0, kh_), name="r")
+    s = te.reduce_axis((0, kw_), name="s")
+    c4 = te.reduce_axis((0, k4), name="c4")
+    kk = te.reduce_axis((0, 4), name="kk")
+
+    def body(b, o, q):
+        w = te.cast(wt[o, (r * kw_ + s) * k4 + c4, 0, kk], "int32")
+        return te.sum(w * te.cast(x4[b, c4, q + r * (dh * wpad) + s * dw, kk], "int32"), axis=[r, s, c4, kk])
+
+    plan = Int8Plan(mr, rows // wpad * ow)  # nb: the output pixels of a tile (whole output rows)
+    return te.compute((x4.shape[0], co, oh * wpad), body, name=name, tag="int8_gemm", attrs={"plan": plan})
+
+
 def rows_stage(shape: tuple[int, ...], fn: Callable, name: str) -> Tensor:
     """The A stage: materialized once per call (a copy of the activations in the intrinsic's layout)."""
     return te.compute(shape, fn, name=name, tag="int8_rows", attrs={"materialize": True})
@@ -108,6 +167,8 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
     of pixels per panel (written contiguously, accumulated mr pixels at a time); the accumulation tile at the
     tile loop, its reduction tensorized."""
     acc: Tensor = attrs["acc"]
+    if attrs.get("wx"):
+        return _schedule_wx(s, out, acc, target)
     plan: Int8Plan = acc.op.attrs["plan"]
     O = s[out]
     axes = list(O.op.axis)
@@ -158,5 +219,43 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
             st.reorder(io, r, c, ii, ch)
         if target.num_cores > 1 and math.prod(t.shape) >= 1 << 15:
             st.parallel(io)
+        done.add(st.name)
+    return done
+
+
+def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> set[str]:
+    """A W x X convolution (`int8_acc_wx`) written as NCHW: pixels fused and cut in panels of nb, whole output
+    rows (outer: the panel of X4, its pixels x all channels, stays in cache while the channel tiles of W pass over
+    it), mr channels by nb pixels accumulated in a local tile by one micro-kernel call per kernel tap, then
+    requantized and stored contiguously."""
+    plan: Int8Plan = acc.op.attrs["plan"]
+    O = s[out]
+    b, o, h, w = O.op.axis
+    po, pi = O.split(O.fuse(h, w), plan.nb)
+    oo, oi = O.split(o, plan.mr)
+    O.reorder(b, po, oo, oi, pi)
+    lanes = target.vector_lanes(32)
+    width = next((v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and plan.nb % v == 0), 0)
+    if width:  # whole output rows: 16 does not always divide them (56, 28)
+        _, pii = O.split(pi, width)
+        O.vectorize(pii)
+    accl = s.cache_write(acc, "local")
+    s[acc].compute_inline()
+    L = s[accl]
+    lb, lo, lp = L.op.axis
+    r, s_, c4, kk = L.op.reduce_axis
+    L.reorder(r, s_, c4, lb, lo, lp, kk)  # one micro-kernel call per kernel tap
+    L.tensorize(c4, "dot_s8u8")
+    L.compute_at(O, oo)
+    big = target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16
+    if big:
+        O.parallel(O.fuse(b, po))
+    done = {O.name, L.name}
+    for t in acc.op.inputs:
+        st = s[t]
+        if st.is_placeholder or st.op.tag != "int8_rows":
+            continue
+        if big:
+            st.parallel(st.op.axis[1])
         done.add(st.name)
     return done

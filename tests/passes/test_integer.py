@@ -157,3 +157,44 @@ def test_aarch64_dotprod_under_emulation(tmp_path):
     assert "x16_neon_dotprod(" in m.source  # sdot micro-kernels on 16-column panels
     outputs, _ = run_exported(m.export(tmp_path / "board"), feeds, launcher=emulator(m.plan.target))
     np.testing.assert_array_equal(next(iter(outputs.values())), want)
+
+
+def pointwise_block(c: int, mid: int, size: int, k: int = 1) -> onnx.ModelProto:
+    """x -> k x k conv (c -> mid, padded to keep the size) -> relu -> 1 x 1 conv (mid -> c) -> + x -> relu."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n) for n, s in
+             (("w1", (mid, c, k, k)), ("b1", (mid,)), ("w2", (c, mid, 1, 1)), ("b2", (c,)))]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[k // 2] * 4),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"]), helper.make_node("Add", ["c2", "x"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]  # fmt: skip
+    shape = [1, c, size, size]
+    g = helper.make_graph(nodes, "pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("c, mid, size, k", [(6, 16, 8, 1), (16, 24, 4, 1), (8, 12, 7, 1), (8, 16, 9, 3)])
+def test_convs_as_weights_times_activations(c, mid, size, k):
+    """Stride-1 convolutions run as W x X (`dot_s8u8`: the accumulator comes out NCHW; a k x k one as k * k shifts
+    of the padded image): their weights are packed with one column per panel, and the model equals onnxruntime's,
+    0 steps (also with channels padded to 4, tiles of whole image rows that 16 does not divide, and a residual add
+    in the epilogue)."""
+    from ember.ops.int8 import wx_columns
+    from ember.target import Target
+    from ember.te.intrin import dot_u8s8_isa, isa_features
+
+    model = pointwise_block(c, mid, size, k)
+    q = quantize(model, True)
+    g, _ = run_passes(from_onnx(q), opt_level=1, disabled=["fuse_ops"], verify=True)
+    convs = [n for n in g.nodes if n.op == "QConvPacked"]
+    assert len(convs) == 2
+    features = isa_features(Target.parse("c"))
+    wx = [dot_u8s8_isa(features, wx_columns(n.attrs, (1, c, size, size)), True) != "c" for n in convs]
+    assert [n.inputs[1].shape[2] == 1 for n in convs] == wx, "W x X packing where the host has the instructions"
+    m = ember.compile(q, target="c -threads=2")
+    assert ("ember_dot_s8u8_" in m.source) == any(wx)
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert worst_steps(m, sess, model, output_step(q)) == 0
