@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper
 
 import ember
 from ember import zoo
@@ -102,3 +105,38 @@ def test_resnet18_with_a_symbolic_batch():
     assert cm.summary()["fallback_ops"] == []
     rng = np.random.default_rng(3)
     check_sizes(m, cm, lambda n: {"x": rng.standard_normal((n, 3, 32, 32)).astype(np.float32)}, (1, 3, 8))
+
+
+def _array_before_a_guard_page(shape: tuple[int, ...]) -> tuple[np.ndarray, object]:
+    """A float32 array whose last byte ends a page, the next page unreadable: a kernel reading past it faults."""
+    import ctypes
+    import mmap
+
+    n = int(np.prod(shape)) * 4
+    pages = -(-n // mmap.PAGESIZE)
+    mm = mmap.mmap(-1, (pages + 1) * mmap.PAGESIZE)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(addr + pages * mmap.PAGESIZE, mmap.PAGESIZE, 0) == 0
+    arr = np.frombuffer(mm, dtype=np.float32, count=n // 4, offset=pages * mmap.PAGESIZE - n).reshape(shape)
+    return arr, mm
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="mprotect through libc")
+def test_symbolic_gemm_reads_no_row_past_its_inputs():
+    """Row tiles of a symbolic product do not read past the last row of S: the inputs end at an unreadable page,
+    at sizes that do not divide the tiles."""
+    k = 32
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["S", k]),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [k, "S"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["S", "S"])])  # fmt: skip
+    m = ember.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), dynamic=True)
+    rng = np.random.default_rng(0)
+    for s in (1, 7, 13, 25):
+        a, keep_a = _array_before_a_guard_page((s, k))
+        b, keep_b = _array_before_a_guard_page((k, s))
+        a[:], b[:] = rng.standard_normal((s, k)), rng.standard_normal((k, s))
+        np.testing.assert_allclose(m.run({"a": a, "b": b})["y"], a @ b, rtol=1e-5, atol=1e-5)
+        del a, b, keep_a, keep_b
