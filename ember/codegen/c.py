@@ -595,18 +595,7 @@ class CCodegen:
             self.indent -= 1
             self.emit("}")
             return
-        if not b.is_static:  # symbolic size: on the heap, bytes computed from the size arguments
-            nbytes_expr = self.expr(Cast(int64, b.size) if isinstance(b.size, Expr) else Const(b.size, int64))
-            self.emit(f"{t}* restrict {name} = ({t}*)aligned_alloc(64, (({nbytes_expr}) * {b.dtype.itemsize} + 63) "
-                      "/ 64 * 64 + 64);")  # fmt: skip
-            self.emit(f"if ({name} == NULL) {{")
-            self.emit("  ember_status = -1;")
-            self.emit("} else {")
-            self.block(s.body)
-            self.emit(f"  free({name});")
-            self.emit("}")
-            return
-        if b.nbytes <= STACK_LIMIT:
+        if b.is_static and b.nbytes <= STACK_LIMIT:
             self.emit("{")
             self.indent += 1
             self.emit(f"{t} {name}[{max(b.size, 1)}] __attribute__((aligned(64)));")
@@ -614,7 +603,11 @@ class CCodegen:
             self.indent -= 1
             self.emit("}")
             return
-        nbytes = -(-b.nbytes // 64) * 64
+        if b.is_static:
+            nbytes = str(-(-b.nbytes // 64) * 64)
+        else:  # symbolic size: bytes computed from the size arguments
+            size = self.expr(Cast(int64, b.size) if isinstance(b.size, Expr) else Const(b.size, int64))
+            nbytes = f"(({size}) * {b.dtype.itemsize} + 63) / 64 * 64 + 64"
         self.emit("{")  # a scope of its own: a loop partitioned into straight code may allocate the buffer twice
         self.indent += 1
         self.emit(f"{t}* restrict {name} = ({t}*)aligned_alloc(64, {nbytes});")
