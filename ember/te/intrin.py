@@ -56,22 +56,19 @@ class Intrinsic:
     c_impl: Callable[[int, int, frozenset[str]], tuple[str, str]]  # (m, n, isa) -> (function name, code)
 
 
-def _dot_u8s8_decl(m: int, n: int, k4: int) -> tuple[Tensor, Tensor, Tensor]:
-    a = placeholder((m, 4 * k4), "uint8", name="A")
-    b = placeholder((k4, n, 4), "int8", name="B")
-    ko = reduce_axis((0, k4), name="k4")
-    ki = reduce_axis((0, 4), name="kk")
-    c = compute((m, n), lambda i, j: te_sum(_i32(a[i, 4 * ko + ki]) * _i32(b[ko, j, ki]), axis=[ko, ki]), name="C")
-    return a, b, c
+def _dot_decl(a_dtype: str, b_dtype: str) -> Callable[[int, int, int], tuple[Tensor, Tensor, Tensor]]:
+    """The TE declaration of an m x n tile of 4-byte dot products, `a_dtype` rows against `b_dtype` columns."""
 
+    def decl(m: int, n: int, k4: int) -> tuple[Tensor, Tensor, Tensor]:
+        a = placeholder((m, 4 * k4), a_dtype, name="A")
+        b = placeholder((k4, n, 4), b_dtype, name="B")
+        ko = reduce_axis((0, k4), name="k4")
+        ki = reduce_axis((0, 4), name="kk")
+        c = compute((m, n), lambda i, j: te_sum(_i32(a[i, 4 * ko + ki]) * _i32(b[ko, j, ki]), axis=[ko, ki]),
+                    name="C")  # fmt: skip
+        return a, b, c
 
-def _dot_s8u8_decl(m: int, n: int, k4: int) -> tuple[Tensor, Tensor, Tensor]:
-    a = placeholder((m, 4 * k4), "int8", name="A")
-    b = placeholder((k4, n, 4), "uint8", name="B")
-    ko = reduce_axis((0, k4), name="k4")
-    ki = reduce_axis((0, 4), name="kk")
-    c = compute((m, n), lambda i, j: te_sum(_i32(a[i, 4 * ko + ki]) * _i32(b[ko, j, ki]), axis=[ko, ki]), name="C")
-    return a, b, c
+    return decl
 
 
 def _i32(v):
@@ -231,9 +228,9 @@ def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool) -> tuple[st
 
 INTRINSICS: dict[str, Intrinsic] = {
     "dot_u8s8": Intrinsic("dot_u8s8", "C[m, n] += A[m, 4k] (uint8) . B[k, n, 4] (int8), int32 accumulation",
-                          _dot_u8s8_decl, _dot_u8s8_c),
+                          _dot_decl("uint8", "int8"), _dot_u8s8_c),
     "dot_s8u8": Intrinsic("dot_s8u8", "C[m, n] += A[m, 4k] (int8) . B[k, n, 4] (uint8), int32 accumulation",
-                          _dot_s8u8_decl, _dot_s8u8_c),
+                          _dot_decl("int8", "uint8"), _dot_s8u8_c),
 }  # fmt: skip
 
 
