@@ -9,22 +9,17 @@ import time
 
 
 def run_auto(args: argparse.Namespace) -> int:
-    from ember.frontend.onnx import ModelError
     from ember.frontend.show import parse_shape
+    from ember.tune.cli import read_tasks
     from ember.tune.measure import Measurer
 
     from .scheduler import plot_progress, summary_table, tune_auto
     from .task import extract_auto_tasks
 
-    shapes = dict(parse_shape(x) for x in args.input_shape) or None
     t0 = time.perf_counter()
-    try:
-        tasks = extract_auto_tasks(args.model, args.target, input_shapes=shapes)
-    except (ModelError, FileNotFoundError, ValueError, NotImplementedError) as e:
-        print(f"ember tune: {e}", file=sys.stderr)
+    tasks = read_tasks(args, extract_auto_tasks)
+    if tasks is None:
         return 1
-    if args.max_tasks is not None:
-        tasks = tasks[: args.max_tasks]
     budget = args.trials * len(tasks)
     print(f"ember tune --auto: {args.model}: {len(tasks)} kernel(s), target '{args.target}', {budget} trials in all "
           f"({args.trials} per kernel on average), log {args.log}")  # fmt: skip
@@ -37,6 +32,7 @@ def run_auto(args: argparse.Namespace) -> int:
             from ember.tune.driver import tune_tasks
             from ember.tune.task import extract_tasks
 
+            shapes = dict(parse_shape(x) for x in args.input_shape) or None
             templated = extract_tasks(args.model, args.target, input_shapes=shapes)
             tune_tasks(templated, args.tuner, args.template_trials, args.log, measurer=m, seed=args.seed,
                        batch_size=args.batch_size)  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -39,24 +40,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--repeat", type=int, default=10, help="with --rpc: timed runs per candidate on the device")
 
 
+def read_tasks(args: argparse.Namespace, extract: Callable[..., list]) -> list | None:
+    """The tasks `extract` (a task extractor: the template tuner's or the auto-scheduler's) finds in `args.model`
+    for `args.target` at the `--input-shape`s, the first `--max-tasks` of them; None, the error printed, where
+    the model cannot be read."""
+    from ember.frontend.onnx import ModelError
+    from ember.frontend.show import parse_shape
+
+    shapes = dict(parse_shape(x) for x in args.input_shape) or None
+    try:
+        tasks = extract(args.model, args.target, input_shapes=shapes)
+    except (ModelError, FileNotFoundError, ValueError, NotImplementedError) as e:
+        print(f"ember tune: {e}", file=sys.stderr)
+        return None
+    return tasks if args.max_tasks is None else tasks[: args.max_tasks]
+
+
 def run_tune(args: argparse.Namespace, measurer: Any = None) -> int:
     """Tune as `args` say, measuring with `measurer` (a Measurer or another implementation: a remote one) or, by
     default, a local Measurer."""
-    from ember.frontend.onnx import ModelError
-    from ember.frontend.show import parse_shape
     from ember.tune.driver import plot_history, summary_table, tune_tasks
     from ember.tune.measure import Measurer
     from ember.tune.task import extract_tasks
 
-    shapes = dict(parse_shape(x) for x in args.input_shape) or None
     t0 = time.perf_counter()
-    try:
-        tasks = extract_tasks(args.model, args.target, input_shapes=shapes)
-    except (ModelError, FileNotFoundError, ValueError, NotImplementedError) as e:
-        print(f"ember tune: {e}", file=sys.stderr)
+    tasks = read_tasks(args, extract_tasks)
+    if tasks is None:
         return 1
-    if args.max_tasks is not None:
-        tasks = tasks[: args.max_tasks]
     print(f"ember tune: {args.model}: {len(tasks)} tunable workload(s), target '{args.target}', tuner {args.tuner}, "
           f"{args.trials} trials each, log {args.log}")  # fmt: skip
     for i, t in enumerate(tasks):
