@@ -18,18 +18,7 @@ pytestmark = pytest.mark.tensorflow  # run apart from the OpenCL tests (tests/co
 for _module in ("tensorflow", "tf2onnx"):
     if importlib.util.find_spec(_module) is None:
         pytest.skip(f"TensorFlow/Keras models need {_module} (pip install ember[tf])", allow_module_level=True)
-class Lazy:
-    """A module imported on first use: TensorFlow must not load in a process that only collects these tests (it
-    breaks PoCL's OpenCL compiler there), so nothing here imports it before a test runs."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __getattr__(self, attr: str):
-        if attr.startswith(("_", "pytest")):  # what pytest asks of module attributes while collecting
-            raise AttributeError(attr)
-        return getattr(importlib.import_module(self.name), attr)
-
+from lazy_modules import Lazy  # noqa: E402
 
 tf = Lazy("tensorflow")
 keras = Lazy("keras")
