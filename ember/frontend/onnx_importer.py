@@ -51,6 +51,8 @@ class UnsupportedOperatorError(ModelError):
         )  # fmt: skip
 
 
+# ops whose output holds the input's elements in order (a shape value passes through them unchanged)
+SAME_ELEMENTS = ("Cast", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Identity")
 MAX_VALUE_SIZES = 8  # elements of a graph input read as run-time sizes (a shape operand; floats truncate)
 
 
@@ -366,8 +368,8 @@ class Importer:
             if v is not None and not v.is_constant and v not in self.shape_values:
                 return None
             args.append(None if v is None else self.shape_values.get(v, v.data))
-        if opdef.name == "Cast":
-            out = args[0]
+        if opdef.name in SAME_ELEMENTS:
+            out = args[0]  # the elements in order, reshaped to the output's shape below
         else:
             try:
                 with np.errstate(all="ignore"):

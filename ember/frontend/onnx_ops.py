@@ -25,7 +25,7 @@ from ember.frontend.onnx_importer import (
     normal_domain,
     onnx_dtype,
 )
-from ember.graph.dims import is_static_dim, reads_values, simplify_dim
+from ember.graph.dims import DimError, is_static_dim, range_length, reads_values, simplify_dim
 from ember.graph.ir import Graph, Value
 from ember.graph.types import TensorType
 from ember.ops import OPS
@@ -447,6 +447,22 @@ def _non_zero(ctx: NodeContext) -> None:
     # an input's non-zero count is computed by the run time from its values before the kernels run
     count = None if v.is_constant else ctx.importer.value_sizes(v, "nonzero", count=1, tag="nz", hi=v.type.size)
     emit(ctx, attrs={"count": count[0]} if count else {})
+
+
+@converter("Range")
+def _range(ctx: NodeContext) -> None:
+    bounds = [ctx.importer.dims_of(v) for v in ctx.inputs]
+    symbolic = any(not v.is_constant for v in ctx.inputs)
+    if symbolic and all(b is not None and len(b) == 1 for b in bounds) and is_static_dim(bounds[2][0]) \
+            and ctx.type(0).dtype.startswith("int"):  # fmt: skip
+        # bounds computed from symbolic shapes (Range(0, S, 1) of a causal mask): the length is a dim
+        try:
+            length = range_length(bounds[0][0], bounds[1][0], int(bounds[2][0]))
+        except DimError as e:
+            raise ctx.error(str(e)) from None
+        emit(ctx, attrs={"length": length})
+        return
+    emit(ctx)
 
 
 @converter("Trilu")

@@ -20,7 +20,7 @@ import numpy as np
 
 from ember.tir.arith import Analyzer, eval_int
 from ember.tir.dtype import int64
-from ember.tir.expr import BinOp, Const, Expr, Var, const
+from ember.tir.expr import BinOp, Const, Expr, Var, binop, const
 from ember.tir.functor import walk
 
 Dim = int | Expr
@@ -298,3 +298,18 @@ def bind_value(value: object, env: Mapping[Var, int]) -> object:
 
 def bind_attrs(attrs: Mapping[str, object], env: Mapping[Var, int]) -> dict[str, object]:
     return {k: bind_value(v, env) for k, v in attrs.items()}
+
+
+
+def range_length(start: Dim, limit: Dim, delta: int) -> Dim:
+    """The number of elements of range(start, limit, delta) as a dim (0 when empty): ONNX Range's length when its
+    bounds are computed from symbolic shapes (`Range(0, S, 1)` has S elements, `Range(P, P + S, 1)` too)."""
+    if delta == 0:
+        raise DimError("a range with step 0 has no length")
+    if is_static_dim(start) and is_static_dim(limit):
+        return max(-(-(int(limit) - int(start)) // int(delta)), 0)
+    step = abs(int(delta))
+    span = _expr(limit) - _expr(start) if delta > 0 else _expr(start) - _expr(limit)
+    n = (span + (step - 1)) // step if step > 1 else span
+    lo = _analyzer(n).bounds(n)[0]
+    return simplify_dim(n if lo is not None and lo >= 0 else binop("max", n, 0))

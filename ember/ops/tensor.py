@@ -290,11 +290,11 @@ def _concat_te(a: dict, *xs: te.Tensor) -> te.Tensor:
     axis = norm_axis(a["axis"], xs[0].ndim)
     shape = _concat_infer(a, *[TensorType(x.shape, x.dtype.name) for x in xs]).shape
     parts, off = [], 0
-    for x in xs:
-        if x.shape[axis]:
+    for x in xs:  # a symbolic length may be 0 at run time: its range of the axis is then empty
+        if not is_static_dim(x.shape[axis]) or x.shape[axis]:
             parts.append((off, x))
         off += x.shape[axis]
-    empty = [x for x in xs if not x.shape[axis]]
+    empty = [x for x in xs if is_static_dim(x.shape[axis]) and not x.shape[axis]]
     if not parts:
         return te.compute(shape, lambda *i: keep(te.const(0, xs[0].dtype), *xs), name="concat")
 
@@ -808,10 +808,13 @@ def shape(a: dict, x: np.ndarray) -> np.ndarray:
 def _shape_te(a: dict, x: te.Tensor) -> te.Tensor:
     dims = x.shape[a["start"] : a["end"]]
 
+    def dim(d) -> Expr:  # a symbolic dim is read from the kernel's size arguments
+        return te.const(d, "int64") if is_static_dim(d) else te.cast(d, "int64")
+
     def body(i):
-        out = te.const(dims[-1] if dims else 0, "int64")
+        out = dim(dims[-1] if dims else 0)
         for k in reversed(range(len(dims) - 1)):
-            out = te.if_then_else(i == k, te.const(dims[k], "int64"), out)
+            out = te.if_then_else(i == k, dim(dims[k]), out)
         return keep(out, x)
 
     return te.compute((len(dims),), body, name="shape")
@@ -866,13 +869,29 @@ def _eye_like_te(a: dict, x: te.Tensor) -> te.Tensor:
 
 
 def _range_infer(a: dict, start: TensorType, limit: TensorType, delta: TensorType) -> TensorType:
-    raise ShapeDependsOnData("the length of Range depends on the values of start, limit and delta")
+    if a["length"] is None:
+        raise ShapeDependsOnData("the length of Range depends on the values of start, limit and delta")
+    for what, t in (("start", start), ("limit", limit), ("delta", delta)):
+        if not t.is_static or t.size != 1:
+            raise ShapeError(f"Range's {what} must be a scalar, got {t}")
+    return TensorType((a["length"],), start.dtype)
 
 
-@op("Range", INJ, infer=_range_infer, inputs=(3, 3))
+@op("Range", INJ, infer=_range_infer, inputs=(3, 3), attrs=[Attr("length", "dim", None)])
 def range_(a: dict, start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """start, start + delta, ... up to limit (excluded); `length` is their number when the frontend knows it as a
+    dim (bounds computed from symbolic shapes), None when only the values tell."""
     n = max(int(np.ceil((limit.item() - start.item()) / delta.item())), 0)
     return (start + np.arange(n, dtype=np.int64).astype(start.dtype) * delta).astype(start.dtype)
+
+
+@lowering("Range", schedule=schedule_injective("range"))
+def _range_te(a: dict, start: te.Tensor, limit: te.Tensor, delta: te.Tensor) -> te.Tensor:
+    if a["length"] is None:
+        raise NotLowerable("Range without a length known at compile time")
+    first, step = start[(0,) * start.ndim], delta[(0,) * delta.ndim]
+    return te.compute((a["length"],), lambda i: keep(first + te.cast(i, start.dtype) * step, limit), name="range",
+                      tag="range")  # fmt: skip
 
 
 def _one_hot_infer(a: dict, idx: TensorType, values: TensorType) -> TensorType:
