@@ -260,6 +260,77 @@ class ViT(nn.Module):
         return self.head(self.ln(self.layers(x))[:, 0])
 
 
+class _DecoderWithCache(nn.Module):
+    """A Hugging Face causal LM as a function of flat tensors: (input_ids, past key, past value per layer) ->
+    (logits, present key, present value per layer), the cache rebuilt from the tensors on every call."""
+
+    def __init__(self, model: nn.Module, layers: int):
+        super().__init__()
+        self.model, self.layers = model, layers
+
+    def forward(self, input_ids, *past):
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache()
+        for i in range(self.layers):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        present = [t for layer in out.past_key_values.layers[: self.layers] for t in (layer.keys, layer.values)]
+        return (out.logits, *present)
+
+
+def gpt2_with_kv_cache(layers: int = 2, d: int = 64, heads: int = 4, vocab: int = 100, positions: int = 64,
+                       init_std: float = 0.2, seed: int = 0):  # fmt: skip
+    """A GPT-2 language model with random weights (transformers' GPT2LMHeadModel) exported to ONNX by torch's
+    dynamo exporter with its KV cache as inputs and outputs: `input_ids` [batch, seq], `past_key_<i>` and
+    `past_value_<i>` [batch, heads, past, d/heads] -> `logits` [batch, seq, vocab], `present_key_<i>` and
+    `present_value_<i>` [batch, heads, past + seq, d/heads]. The prompt step runs at past = 0, each decoding
+    step at seq = 1 (past + seq <= positions). Weights are drawn with `init_std` (GPT-2's 0.02 makes a random
+    model repeat one token forever). Needs transformers and onnxscript."""
+    import warnings
+
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads, n_positions=positions,
+                                  initializer_range=init_std)  # fmt: skip
+    model = _DecoderWithCache(transformers.GPT2LMHeadModel(cfg).eval(), layers)
+    names = [f"{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+    batch = torch.export.Dim("batch", max=64)
+    seq, past = torch.export.Dim("seq", max=positions), torch.export.Dim("past", max=positions)
+    ids = torch.randint(0, vocab, (2, 5))  # example sizes other than 0 and 1, which torch.export would specialize
+    cache = tuple(torch.randn(2, heads, 3, d // heads) for _ in names)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(model, (ids, *cache), dynamo=True, verbose=False,
+                                    input_names=["input_ids"] + [f"past_{n}" for n in names],
+                                    output_names=["logits"] + [f"present_{n}" for n in names],
+                                    dynamic_shapes=({0: batch, 1: seq}, ({0: batch, 2: past},) * len(names)))  # fmt: skip
+    return program.model_proto
+
+
+def greedy_decode(run, model, prompt, steps: int) -> tuple[list[int], list]:
+    """Greedy decoding of the model `gpt2_with_kv_cache` makes, by `run(feeds) -> {output name: array}` (an Ember
+    model's `run`, an onnxruntime session wrapped): the prompt [1, n] at an empty cache (past = 0), then `steps`
+    decoding steps of one token each (past = n .. n + steps - 1), each step's present key/values fed back as the
+    next step's past. Returns (the steps + 1 tokens chosen, the logits of the last position at each call)."""
+    import numpy as np
+
+    past = {}
+    for vi in model.graph.input[1:]:
+        dims = vi.type.tensor_type.shape.dim
+        past[vi.name] = np.zeros((1, dims[1].dim_value, 0, dims[3].dim_value), np.float32)
+    ids, tokens, logits = np.asarray(prompt, np.int64).reshape(1, -1), [], []
+    for _ in range(steps + 1):
+        out = run({"input_ids": ids, **past})
+        last = out["logits"][0, -1]
+        logits.append(last)
+        tokens.append(int(np.argmax(last)))
+        ids = np.array([[tokens[-1]]], np.int64)
+        past = {name: out["present_" + name[len("past_"):]] for name in past}
+    return tokens, logits
+
+
 def example(name: str, image: int = 224) -> tuple[nn.Module, tuple[torch.Tensor, ...], list[str]]:
     """(module in eval mode with non-trivial batch-norm statistics, example inputs, input names)."""
     g = torch.Generator().manual_seed(0)
