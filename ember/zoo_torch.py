@@ -300,12 +300,13 @@ def gpt2_with_kv_cache(layers: int = 2, d: int = 64, heads: int = 4, vocab: int 
     seq, past = torch.export.Dim("seq", max=positions), torch.export.Dim("past", max=positions)
     ids = torch.randint(0, vocab, (2, 5))  # example sizes other than 0 and 1, which torch.export would specialize
     cache = tuple(torch.randn(2, heads, 3, d // heads) for _ in names)
+    shapes = ({0: batch, 1: seq}, ({0: batch, 2: past},) * len(names))
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(model, (ids, *cache), dynamo=True, verbose=False,
                                     input_names=["input_ids"] + [f"past_{n}" for n in names],
                                     output_names=["logits"] + [f"present_{n}" for n in names],
-                                    dynamic_shapes=({0: batch, 1: seq}, ({0: batch, 2: past},) * len(names)))  # fmt: skip
+                                    dynamic_shapes=shapes)  # fmt: skip
     return program.model_proto
 
 
