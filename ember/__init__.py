@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 def compile(model, target=None, input_shapes=None, fallback=True, opt_level=3, disabled_passes=(),  # noqa: A001
             tuning_log=None, max_elements=None, max_iterations=None, dynamic=False, dynamic_bounds=None,
-            example_inputs=None):  # fmt: skip
+            example_inputs=None, dynamic_shapes=None):  # fmt: skip
     """Compile a model (ONNX file path, onnx.ModelProto, ember Graph, torch nn.Module with its example inputs,
     torch.export.ExportedProgram, .tflite file, Keras model or SavedModel directory); see `ember.compiler.compile`.
     A module's example inputs come second (`ember.compile(module, (x,))`) or as `example_inputs=`
@@ -28,11 +28,12 @@ def compile(model, target=None, input_shapes=None, fallback=True, opt_level=3, d
     `max_elements` (per tensor, default 2^34 or $EMBER_MAX_ELEMENTS) and `max_iterations` (per kernel's loops,
     default 2^40 or $EMBER_MAX_ITERATIONS) bound the work: a model beyond them raises WorkLimitError.
     `dynamic=True` (or `dynamic_bounds={"S": (1, 512)}`) keeps the model's symbolic dims symbolic: compiled once,
-    it runs at every size within the bounds (c target)."""
+    it runs at every size within the bounds (c target); a torch module's `dynamic_shapes` (torch.export.Dim)
+    are kept symbolic the same way."""
     from .compiler import compile as _compile
 
     return _compile(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, max_elements,
-                    max_iterations, dynamic, dynamic_bounds, example_inputs)  # fmt: skip
+                    max_iterations, dynamic, dynamic_bounds, example_inputs, dynamic_shapes)  # fmt: skip
 
 
 def load(path):

@@ -55,6 +55,7 @@ def compile(  # noqa: A001
     dynamic: bool = False,
     dynamic_bounds: dict[str, tuple[int, int | None]] | None = None,
     example_inputs: Any = None,
+    dynamic_shapes: Any = None,
 ) -> Model:
     """Compile a model (ONNX path or ModelProto, a .tflite file, a Keras model or SavedModel directory, a torch
     `nn.Module` with `example_inputs` or an `ExportedProgram`, or an ember Graph: `import_model`) for `target`
@@ -78,7 +79,9 @@ def compile(  # noqa: A001
     Symbolic sizes: with `dynamic=True` or `dynamic_bounds` ({"S": (1, 512)}: inclusive, None for unbounded), the
     model's symbolic dims (ONNX dim_params) stay symbolic: the kernels take the sizes as arguments and the model
     runs at every size in the bounds, planning its memory once per new size (no recompile). `input_shapes` still
-    fixes an input's dims. C target only so far; `summary()` lists the size variables."""
+    fixes an input's dims. C target only so far; `summary()` lists the size variables. A torch module's
+    `dynamic_shapes` (`torch.export.Dim`s, as `torch.export.export` takes them) make its dims symbolic the same
+    way, each size variable named as its Dim."""
     t0 = time.perf_counter()
     if target is not None and not isinstance(target, str | Target):  # ember.compile(module, example_inputs)
         target, example_inputs = None, target
@@ -89,12 +92,12 @@ def compile(  # noqa: A001
         raise NotImplementedError(f"ember.compile: no model backend for target {target.kind!r} yet (have: {have})")
     if not target.runs_here:
         check_toolchain(target)
-    symbolic = bool(dynamic or dynamic_bounds)
+    symbolic = bool(dynamic or dynamic_bounds or dynamic_shapes)
     if symbolic and target.kind != "c":
         raise NotImplementedError(f"ember.compile: symbolic sizes (dynamic=True) are compiled for the c target only "
                                   f"so far, not {target.kind!r}; pass input_shapes= to specialize")  # fmt: skip
     lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits,
-                          dynamic_bounds if symbolic else None, symbolic, example_inputs)  # fmt: skip
+                          dynamic_bounds if symbolic else None, symbolic, example_inputs, dynamic_shapes)  # fmt: skip
     if lowered.plan.is_symbolic and target.kind != "c":  # sizes read from input values (a Reshape target input...)
         names = ", ".join(v.name for v in lowered.plan.size_vars)
         raise NotImplementedError(f"ember.compile: sizes known at run time ({names}) are compiled for the c "
@@ -119,13 +122,15 @@ class LoweredModel:
 def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fallback: bool = True,
                 opt_level: int = 3, disabled_passes: Sequence[str] = (), tuning_log: str | os.PathLike | None = None,
                 t0: float | None = None, limits: Limits | None = None, dynamic_bounds: dict | None = None,
-                symbolic: bool = False, example_inputs: Any = None) -> LoweredModel:  # fmt: skip
+                symbolic: bool = False, example_inputs: Any = None,
+                dynamic_shapes: Any = None) -> LoweredModel:  # fmt: skip
     """The target-independent half of `compile`: import, passes, kernels lowered to loop IR, memory plan.
     `limits` (default: `Limits.resolve()`, the environment's or the default bounds) are checked on the
     imported graph's tensors, the graph's after the passes, and each kernel's loops."""
     t0 = time.perf_counter() if t0 is None else t0
     limits = Limits.resolve() if limits is None else limits
-    graph = import_model(model, input_shapes, example_inputs, symbolic=symbolic, dynamic_bounds=dynamic_bounds)
+    graph = import_model(model, input_shapes, example_inputs, symbolic=symbolic, dynamic_bounds=dynamic_bounds,
+                         dynamic_shapes=dynamic_shapes)  # fmt: skip
     check_tensor_sizes(graph, limits)
     nodes = len(graph.nodes)
     t_import = time.perf_counter()
@@ -157,7 +162,7 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
 
 
 def import_model(model: Any, input_shapes: dict | None = None, example_inputs: Any = None, symbolic: bool = False,
-                 dynamic_bounds: dict[str, tuple[int, int | None]] | None = None) -> Graph:
+                 dynamic_bounds: dict[str, tuple[int, int | None]] | None = None, dynamic_shapes: Any = None) -> Graph:
     """The frontend for what `model` is: an ember Graph as it is; a torch `nn.Module` (run on `example_inputs`) or
     `ExportedProgram` through `ember.frontend.torch`; a .tflite file (or its bytes); a Keras model or a SavedModel
     directory (through tf2onnx); else ONNX (a path, bytes or a ModelProto; `symbolic` keeps its symbolic dims,
@@ -169,8 +174,8 @@ def import_model(model: Any, input_shapes: dict | None = None, example_inputs: A
         from .frontend.torch import from_exported_program, from_torch
 
         if isinstance(model, torch.nn.Module):
-            return from_torch(model, example_inputs, input_shapes=input_shapes)
-        return from_exported_program(model, input_shapes)
+            return from_torch(model, example_inputs, dynamic_shapes, input_shapes, symbolic, dynamic_bounds)
+        return from_exported_program(model, input_shapes, symbolic=symbolic, dynamic_bounds=dynamic_bounds)
     from .frontend.tensorflow import from_tensorflow, is_tensorflow
     from .frontend.tflite import from_tflite, is_tflite
 

@@ -293,7 +293,7 @@ def gpt2_with_kv_cache(layers: int = 2, d: int = 64, heads: int = 4, vocab: int 
 
     torch.manual_seed(seed)
     cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads, n_positions=positions,
-                                  initializer_range=init_std)  # fmt: skip
+                                  initializer_range=init_std, bos_token_id=0, eos_token_id=0)  # fmt: skip
     model = _DecoderWithCache(transformers.GPT2LMHeadModel(cfg).eval(), layers)
     names = [f"{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
     batch = torch.export.Dim("batch", max=64)

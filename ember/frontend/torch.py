@@ -13,9 +13,12 @@ What import does, in order:
      dtype torch computes in (type promotion follows the result dtypes that export recorded on every node,
      `node.meta["val"]`).
 
-Ember graphs have static shapes. A dim declared dynamic with `torch.export.Dim` is bound to a size: the one
-`input_shapes` gives for that input, else the example's, with a warning that says so; every size expression
-of the program (view sizes, expand sizes, ...) is evaluated under that binding.
+A dim declared dynamic with `torch.export.Dim` is bound to a size: the one `input_shapes` gives for that input,
+else the example's, with a warning that says so; every size expression of the program (view sizes, expand sizes,
+...) is evaluated under that binding. With `symbolic=True` (ember.compile's `dynamic=True` or `dynamic_bounds=`)
+it stays symbolic instead: each of export's size symbols becomes an Ember size variable (`ember.graph.dims`)
+named after its `Dim` (or `<input>_<axis>`), within the range export recorded for it (narrowed by
+`dynamic_bounds`), and the program's size expressions become expressions of them.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ from torch import fx
 
 from ember.frontend.onnx_importer import ModelError, UnsupportedOperatorError
 from ember.frontend.torch_ops import CONVERTERS, Ctx, converter_of, module_path, torch_dtype_name
+from ember.graph.dims import Dim, SizeVar, SizeVars, simplify_dim
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops import get_op
 from ember.ops.verify import verify as verify_graph
+from ember.tir.expr import binop
 
 __all__ = ["CONVERTERS", "ModelError", "UnsupportedOperatorError", "export", "from_exported_program", "from_torch"]
 
@@ -61,25 +66,122 @@ def export(module: torch.nn.Module, example_inputs: Any, dynamic_shapes: Any = N
 
 
 def from_torch(module: torch.nn.Module, example_inputs: Any, dynamic_shapes: Any = None,
-               input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> Graph:  # fmt: skip
-    """Import an `nn.Module` through `torch.export` (see `export`) as an Ember graph."""
+               input_shapes: Mapping[str, tuple[int, ...]] | None = None, symbolic: bool = False,
+               dynamic_bounds: Mapping[str, tuple[int, int | None]] | None = None) -> Graph:  # fmt: skip
+    """Import an `nn.Module` through `torch.export` (see `export`) as an Ember graph; `symbolic` keeps the dims
+    `dynamic_shapes` declares (`torch.export.Dim`) symbolic, named as their Dims."""
     if example_inputs is None:
         raise TypeError(f"ember.compile: a {type(module).__name__} module needs example inputs: "
                         "ember.compile(module, example_inputs) (a tensor, a tuple or a dict of keyword arguments)")
     return from_exported_program(export(module, example_inputs, dynamic_shapes), input_shapes,
-                                 name=type(module).__name__)  # fmt: skip
+                                 name=type(module).__name__, symbolic=symbolic, dynamic_bounds=dynamic_bounds,
+                                 dim_names=dim_names(example_inputs, dynamic_shapes))  # fmt: skip
 
 
 def from_exported_program(ep: torch.export.ExportedProgram, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
                           name: str = "torch", frozen_inputs: Mapping[int, torch.Tensor] | None = None,
-                          verify: bool = True) -> Graph:  # fmt: skip
+                          verify: bool = True, symbolic: bool = False,
+                          dynamic_bounds: Mapping[str, tuple[int, int | None]] | None = None,
+                          dim_names: Mapping[tuple[int, int], str] | None = None) -> Graph:  # fmt: skip
     """Import an ExportedProgram (decomposed to the core ATen opset here) as an Ember graph.
 
     input_shapes: sizes for the dims declared dynamic (`torch.export.Dim`), by input name.
     frozen_inputs: user inputs (by position) to import as constants of these values (the weights that
-        torch.compile passes as graph inputs)."""
+        torch.compile passes as graph inputs).
+    symbolic: dynamic dims stay symbolic (size variables within export's ranges and `dynamic_bounds`, by name);
+        `dim_names` names them by (user input position, axis), else they are named `<input>_<axis>`."""
     ep = ep.run_decompositions(decompositions())
-    return TorchImporter(ep, name, dict(input_shapes or {}), dict(frozen_inputs or {})).run(verify)
+    sizes = SymbolicSizes(ep, dynamic_bounds, dim_names) if symbolic else None
+    return TorchImporter(ep, name, dict(input_shapes or {}), dict(frozen_inputs or {}), sizes).run(verify)
+
+
+def dim_names(example_inputs: Any, dynamic_shapes: Any) -> dict[tuple[int, int], str]:
+    """(user input position, axis) -> the name of the `torch.export.Dim` that `dynamic_shapes` gives it (a tuple or
+    list per positional argument, or a dict by argument name in the order of the example's keywords)."""
+    names: dict[tuple[int, int], str] = {}
+    for position, spec in enumerate(_tensor_specs(dynamic_shapes)):
+        items = spec.items() if isinstance(spec, Mapping) else enumerate(spec or ())
+        for axis, dim in items:
+            name = getattr(dim, "__name__", None)
+            if name is not None and name.isidentifier():
+                names[(position, int(axis))] = name
+    return names
+
+
+def _tensor_specs(spec: Any) -> list:
+    """`dynamic_shapes` flattened to one spec per tensor input, as export flattens the inputs: a tensor's spec is
+    None, a dict {axis: Dim} or a sequence of Dims/None; anything else nests (a tuple of *args, a dict by name)."""
+    if spec is None or isinstance(spec, Mapping) and all(isinstance(k, int) for k in spec):
+        return [spec]
+    if isinstance(spec, list | tuple) and all(d is None or hasattr(d, "__name__") for d in spec):
+        return [spec]
+    items = spec.values() if isinstance(spec, Mapping) else spec
+    return [leaf for s in items for leaf in _tensor_specs(s)]
+
+
+class SymbolicSizes:
+    """Export's size symbols as Ember size variables: one per symbol, named by `names` (or `<input>_<axis>` of the
+    first input dim that is the bare symbol), bounded by export's range (its lower bound is what the program was
+    traced for: 0/1 specialization makes it 2 for most dims) narrowed by `bounds` (by name)."""
+
+    def __init__(self, ep: torch.export.ExportedProgram, bounds: Mapping | None, names: Mapping | None):
+        self.ranges = ep.range_constraints
+        self.vars = SizeVars(dict(bounds or {}))
+        self.names = dict(names or {})
+        self.of: dict[sympy.Symbol, SizeVar] = {}
+
+    def declare(self, symbol: sympy.Symbol, position: int, axis: int, input_name: str) -> None:
+        if symbol in self.of:
+            return
+        name = self.names.get((position, axis), f"{input_name}_{axis}")
+        r = self.ranges.get(symbol)
+        lo = int(r.lower) if r is not None and r.lower.is_integer else 0
+        hi = int(r.upper) if r is not None and r.upper.is_integer and r.upper.is_finite else None
+        if name in self.vars.bounds:
+            blo, bhi = self.vars.bounds[name]
+            if blo < lo:
+                raise ModelError(f"dynamic_bounds[{name!r}] = ({blo}, {bhi}): torch.export traced the program for "
+                                 f"{name} >= {lo} (it specializes sizes 0 and 1); give {name} a Dim with min={blo} "
+                                 f"or a lower bound of at least {lo}")  # fmt: skip
+            lo, hi = blo, bhi if hi is None else hi if bhi is None else min(hi, bhi)
+        self.vars.bounds[name] = (lo, hi)
+        self.of[symbol] = self.vars(name)
+
+    def dim(self, expr: sympy.Expr) -> Dim:
+        """A sympy size expression of declared symbols as an Ember dim."""
+        return simplify_dim(_sympy_dim(sympy.sympify(expr), self.of))
+
+
+def _sympy_dim(e: sympy.Expr, of: Mapping[sympy.Symbol, SizeVar]) -> Any:
+    from torch.utils._sympy import functions as fn
+
+    args = [_sympy_dim(a, of) for a in e.args]
+    if e.is_Integer:
+        return int(e)
+    if e.is_Symbol:
+        if e not in of:
+            raise ModelError(f"the size {e} is no input's dim (a size computed from data?)")
+        return of[e]
+    if isinstance(e, sympy.Add):
+        return sum(args[1:], args[0])
+    if isinstance(e, sympy.Mul):
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+    if isinstance(e, fn.FloorDiv):
+        return args[0] // args[1]
+    if isinstance(e, fn.CeilDiv):
+        return (args[0] + args[1] - 1) // args[1]
+    if isinstance(e, fn.Mod | fn.PythonMod | sympy.Mod):
+        return args[0] % args[1]
+    if isinstance(e, fn.Max | fn.Min | sympy.Max | sympy.Min):
+        op = "max" if isinstance(e, fn.Max | sympy.Max) else "min"
+        out = args[0]
+        for a in args[1:]:
+            out = binop(op, out, a)
+        return out
+    raise ModelError(f"the size expression {e} ({type(e).__name__}) has no Ember equivalent")
 
 
 def decompositions() -> dict:
@@ -97,8 +199,9 @@ class TorchImporter:
     """One ExportedProgram to one Graph: `env` maps each FX node to its Value (a list of Values for ops with
     several results, a Python value for size arithmetic and constant arguments)."""
 
-    def __init__(self, ep: torch.export.ExportedProgram, name: str, input_shapes: dict, frozen: dict):
-        self.ep, self.name, self.input_shapes, self.frozen = ep, name, input_shapes, frozen
+    def __init__(self, ep: torch.export.ExportedProgram, name: str, input_shapes: dict, frozen: dict,
+                 sizes: SymbolicSizes | None = None):  # fmt: skip
+        self.ep, self.name, self.input_shapes, self.frozen, self.sizes = ep, name, input_shapes, frozen, sizes
         self.graph = Graph(name, [], [])
         self.env: dict[fx.Node, Any] = {}
         self.bindings: dict[Any, int] = {}  # sympy symbol of a dynamic dim -> its size
@@ -123,6 +226,11 @@ class TorchImporter:
             return type(x)(self.static(v) for v in x)
         if isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
             value = sympy.sympify(x.node.expr).xreplace(self.bindings)
+            if not value.is_number and self.sizes is not None and isinstance(x, torch.SymInt):
+                try:
+                    return self.sizes.dim(value)  # a symbolic size: an Ember dim
+                except ModelError as e:
+                    raise ModelError(f"{self.name}: {e}") from None
             if not value.is_number:
                 raise ModelError(f"{self.name}: the size {x.node.expr} depends on dims that no input binds")
             return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(x)](value)
@@ -211,7 +319,10 @@ class TorchImporter:
             raise ModelError(f"{self.name}: input_shapes[{node.name!r}] has rank {len(given)}, the input has "
                              f"rank {fake.dim()}")  # fmt: skip
         for i, d in enumerate(fake.shape):
-            if isinstance(d, torch.SymInt):
+            if isinstance(d, torch.SymInt) and given is None and self.sizes is not None:
+                if d.node.expr.is_Symbol:
+                    self.sizes.declare(d.node.expr, position, i, node.name)  # stays symbolic
+            elif isinstance(d, torch.SymInt):
                 size = int(given[i]) if given is not None else int(d.node.hint)
                 if d.node.expr.is_Symbol and d.node.expr not in self.bindings:
                     self.bindings[d.node.expr] = sympy.Integer(size)

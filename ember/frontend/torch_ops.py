@@ -350,7 +350,8 @@ def _select(c: Ctx) -> Value:
 @converter("cat", "concat")
 def _cat(c: Ctx) -> Value:
     values = [c.imp.value(a, c.out_dtype) for a in c.node.args[0]]
-    values = [v for v in values if v.type.size > 0 or len(v.shape) > 1] or values[:1]  # torch skips empty 1-d
+    values = [v for v in values if len(v.shape) > 1 or not v.type.is_static or v.type.size > 0] or values[:1]
+    # (torch skips empty 1-d tensors)
     rank = len(values[0].shape)
     return c.add("Concat", values, {"axis": _norm_axis(c.arg(1, "dim", 0), rank)})
 
