@@ -35,12 +35,12 @@ from torch import fx
 
 from ember.frontend.onnx_importer import ModelError, UnsupportedOperatorError
 from ember.frontend.torch_ops import CONVERTERS, Ctx, converter_of, module_path, torch_dtype_name
-from ember.graph.dims import Dim, SizeVar, SizeVars, simplify_dim
+from ember.graph.dims import Dim, SizeVar, SizeVars, simplify_dim, size_vars
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops import get_op
 from ember.ops.verify import verify as verify_graph
-from ember.tir.expr import binop
+from ember.tir.expr import Expr, binop
 
 __all__ = ["CONVERTERS", "ModelError", "UnsupportedOperatorError", "export", "from_exported_program", "from_torch"]
 
@@ -245,11 +245,25 @@ class TorchImporter:
             if isinstance(v, Value):
                 return v if dtype is None or v.dtype == dtype else self.cast(v, dtype)
             arg = v
-        if isinstance(arg, bool | int | float | torch.SymInt | torch.SymFloat):
+        if isinstance(arg, bool | int | float | torch.SymInt | torch.SymFloat | Expr):
             arg = self.static(arg)
+            if isinstance(arg, Expr):  # a symbolic size used as data: computed from the sizes at run time
+                return self.cast(self.size_value(arg), dtype or "int64")
             return self.const(arg, dtype or ("bool" if isinstance(arg, bool) else
                                              "int64" if isinstance(arg, int) else "float32"))  # fmt: skip
         raise ModelError(f"{self.name}: expected a tensor or a number, got {arg!r}")
+
+    def size_value(self, dim: Expr) -> Value:
+        """A 0-d int64 tensor holding a symbolic size's value, read from the shapes of the inputs that hold its
+        size variables."""
+        holders = []
+        for var in size_vars([dim]):
+            holder = next((v for v in self.graph.inputs if var in size_vars(v.shape)), None)
+            if holder is None:
+                raise ModelError(f"{self.name}: the size {dim} uses {var.name}, which no input's shape holds")
+            if holder not in holders:
+                holders.append(holder)
+        return self.add1("SizeValue", holders, {"values": (dim,), "shape": ()}, "size")
 
     def add(self, op: str, inputs: list[Value | None], attrs: dict | None = None, name: str = "v",
             outputs: int = 1) -> list[Value]:  # fmt: skip

@@ -15,6 +15,7 @@ import torch
 from torch import fx
 
 from ember.frontend.onnx_importer import ModelError
+from ember.graph.dims import is_static_dim, range_length
 from ember.graph.ir import Value
 from ember.graph.types import TensorType
 
@@ -273,6 +274,12 @@ def _arange(c: Ctx) -> Value:
     args = [a for a in c.node.args]
     start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) > 2 else 1)
     start, end, step = c.imp.static([start, end, c.node.kwargs.get("step", step)])
+    if not all(is_static_dim(x) for x in (start, end, step)):  # bounds from symbolic sizes: a Range of their values
+        if not is_static_dim(step) or not c.out_dtype.startswith("int"):
+            raise ModelError(f"arange({start}, {end}, {step}) of {c.out_dtype}: a symbolic range needs an int step "
+                             "and an integer result")  # fmt: skip
+        bounds = [c.imp.value(x, c.out_dtype) for x in (start, end, step)]
+        return c.add("Range", bounds, {"length": range_length(start, end, int(step))})
     return c.const(np.arange(start, end, step).astype(TensorType((), c.out_dtype).np_dtype))
 
 

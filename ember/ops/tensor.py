@@ -820,6 +820,39 @@ def _shape_te(a: dict, x: te.Tensor) -> te.Tensor:
     return te.compute((len(dims),), body, name="shape")
 
 
+def _size_value_infer(a: dict, *xs: TensorType) -> TensorType:
+    shape = (len(a["values"]),) if a["shape"] is None else a["shape"]
+    if math.prod(shape) != len(a["values"]):
+        raise ShapeError(f"SizeValue: {len(a['values'])} values do not fill shape {list(shape)}")
+    return TensorType(shape, a["dtype"])
+
+
+@op("SizeValue", INJ, infer=_size_value_infer, inputs=(0, None), reads_data=False,
+    attrs=[Attr("values", "dims"), Attr("shape", "ints", None), Attr("dtype", "dtype", "int64")])  # fmt: skip
+def size_value(a: dict, *xs: np.ndarray) -> np.ndarray:
+    """A tensor of dims (sizes of this call, for symbolic ones): a frontend's size arithmetic used as data (torch's
+    `arange(past, past + seq)`, a SymInt added to a tensor). The inputs are tensors whose shapes hold the size
+    variables the values use (only their types matter: as for Shape, the kernel takes its sizes from them)."""
+    return np.array([int(v) for v in a["values"]], np_dtype(a["dtype"])).reshape(_size_value_infer(a).shape)
+
+
+@lowering("SizeValue")
+def _size_value_te(a: dict, *xs: te.Tensor) -> te.Tensor:
+    shape, dtype = _size_value_infer(a).shape, native_dtype(a["dtype"])
+    values = [te.const(v, dtype) if is_static_dim(v) else te.cast(v, dtype) for v in a["values"]]
+
+    def body(*i):
+        flat = 0
+        for k, n in zip(i, shape):
+            flat = flat * n + k
+        out = values[-1]
+        for k in reversed(range(len(values) - 1)):
+            out = te.if_then_else(flat == k, values[k], out)
+        return keep(out, *xs)
+
+    return te.compute(shape, body, name="size_value")
+
+
 @op("Size", INJ, infer=lambda a, x: TensorType((), "int64"), reads_data=False)
 def size(a: dict, x: np.ndarray) -> np.ndarray:
     return np.array(x.size, dtype=np.int64)
