@@ -260,7 +260,7 @@ class ViT(nn.Module):
         return self.head(self.ln(self.layers(x))[:, 0])
 
 
-class _DecoderWithCache(nn.Module):
+class DecoderWithCache(nn.Module):
     """A Hugging Face causal LM as a function of flat tensors: (input_ids, past key, past value per layer) ->
     (logits, present key, present value per layer), the cache rebuilt from the tensors on every call."""
 
@@ -294,7 +294,7 @@ def gpt2_with_kv_cache(layers: int = 2, d: int = 64, heads: int = 4, vocab: int 
     torch.manual_seed(seed)
     cfg = transformers.GPT2Config(vocab_size=vocab, n_embd=d, n_layer=layers, n_head=heads, n_positions=positions,
                                   initializer_range=init_std, bos_token_id=0, eos_token_id=0)  # fmt: skip
-    model = _DecoderWithCache(transformers.GPT2LMHeadModel(cfg).eval(), layers)
+    model = DecoderWithCache(transformers.GPT2LMHeadModel(cfg).eval(), layers)
     names = [f"{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
     batch = torch.export.Dim("batch", max=64)
     seq, past = torch.export.Dim("seq", max=positions), torch.export.Dim("past", max=positions)

@@ -55,7 +55,7 @@ def test_gpt2_with_its_kv_cache_from_torch_with_symbolic_batch_past_and_sequence
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                   initializer_range=0.2, bos_token_id=0, eos_token_id=0)  # fmt: skip
-    m = zoo_torch._DecoderWithCache(transformers.GPT2LMHeadModel(cfg).eval(), 2)
+    m = zoo_torch.DecoderWithCache(transformers.GPT2LMHeadModel(cfg).eval(), 2)
     cases = []
     for b, p, s in ((1, 0, 16), (1, 16, 1), (2, 7, 3)):
         ids, cache = torch.randint(0, 100, (b, s)), tuple(torch.randn(b, 4, p, 16) for _ in range(4))
