@@ -300,7 +300,6 @@ def bind_attrs(attrs: Mapping[str, object], env: Mapping[Var, int]) -> dict[str,
     return {k: bind_value(v, env) for k, v in attrs.items()}
 
 
-
 def range_length(start: Dim, limit: Dim, delta: int) -> Dim:
     """The number of elements of range(start, limit, delta) as a dim (0 when empty): ONNX Range's length when its
     bounds are computed from symbolic shapes (`Range(0, S, 1)` has S elements, `Range(P, P + S, 1)` too)."""
