@@ -12,6 +12,10 @@ present -> past. Per thread count: the median prompt time and time per decoded t
 their ratio, the largest logit difference over all steps and how many tokens agree. Ember's first generation
 also makes the run-time plan of each new size (shown apart: "1st gen"); the medians are over the later ones.
 One compile per thread count: a second would fail the run.
+
+On a machine with more runnable processes than cores, OpenMP's barriers dominate Ember's multi-threaded times
+(each kernel is a parallel region; libgomp spins, then waits for a descheduled thread): run with
+OMP_WAIT_POLICY=passive there, and compare the 1-thread rows.
 """
 
 from __future__ import annotations
