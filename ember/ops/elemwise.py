@@ -138,6 +138,8 @@ for _name, (_attrs, _fn) in UNARY_WITH_ATTRS.items():
 # min with a constant puts the constant first to let a NaN operand through.
 TE_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
              "float32", "float64")  # fmt: skip
+NARROW_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+                 "float4_e2m1fn", "int4", "uint4", "int2", "uint2")  # codes in kernels (ember.tir.narrow)  # fmt: skip
 
 
 def intrinsic(name: str, *args: tx.Expr) -> tx.Expr:
@@ -184,13 +186,18 @@ def nan_min(a: tx.Expr, b: tx.Expr) -> tx.Expr:
     return m + _nan_of(a) if a.dtype.is_float else m
 
 
-def astype(x: tx.Expr, to: str | DType) -> tx.Expr:
+def astype(x: tx.Expr, to: str | DType, saturate: bool = True, round_mode: str = "up") -> tx.Expr:
     """numpy's `astype` for te dtypes: to bool is `!= 0`; float to a narrow integer goes through int32 (or int64
-    for uint32), as numpy's C casts do on x86, so out-of-range values wrap the same way."""
-    to = te.cast(te.const(0, "int32"), to).dtype if not isinstance(to, DType) else to
+    for uint32), as numpy's C casts do on x86, so out-of-range values wrap the same way. The float8/float4/int4/int2
+    formats convert as ONNX's Cast (`saturate`, `round_mode`: ember.tir.narrow)."""
+    to = tx.dtype(to) if not isinstance(to, DType) else to
     src = x.dtype
     if src.scalar == to.scalar:
         return x
+    if to.is_narrow:
+        return te.cast(x, to, saturate, round_mode)
+    if src.is_narrow:  # its value (float32 or int32), then as any other cast
+        return astype(te.cast(x, "float32" if src.name.startswith("float") else "int32"), to)
     if to.is_bool:
         return x != tx.convert(0, src)
     if src.is_float and to.is_int and to.bits < 32:
@@ -418,9 +425,9 @@ def cast(a: dict, x: np.ndarray) -> np.ndarray:
 
 @lowering("Cast")
 def _(a: dict, x: te.Tensor) -> te.Tensor:
-    if a["to"] not in TE_DTYPES:
+    if a["to"] not in TE_DTYPES + NARROW_DTYPES:
         raise NotLowerable(f"Cast to {a['to']} (no te dtype)")
-    return elemwise(lambda v: astype(v, a["to"]), x, name="cast")
+    return elemwise(lambda v: astype(v, a["to"], bool(a["saturate"]), a["round_mode"]), x, name="cast")
 
 
 # -- Dropout (inference: identity; the mask output is all true) ------------------------------
