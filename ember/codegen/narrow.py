@@ -59,12 +59,13 @@ def _float_decode(name: str, dtype: str, f: FloatFormat) -> str:
 
 def _float_encode(name: str, conv: Conversion, f: FloatFormat) -> str:
     sign, top = f.sign_bit, f.sign_bit - 1
-    nan = {"ieee": f"sign | {top:#x}", "fn": f"sign | {top:#x}", "fnuz": f"{sign:#x}",
+    inf = top - (1 << f.man_bits) + 1  # ieee: exponent all ones, mantissa 0
+    nan = {"ieee": f"sign | {inf | 1 << (f.man_bits - 1):#x}", "fn": f"sign | {top:#x}", "fnuz": f"{sign:#x}",
            "none": f"sign ^ {sign:#x}"}[f.special]  # fmt: skip
     if conv.saturate or f.special == "none":  # e2m1 has neither infinity nor NaN: it always saturates
         overflow = f"sign | {f.max_code:#x}"
     else:
-        overflow = {"ieee": f"sign | {top - (1 << f.man_bits) + 1:#x}", "fn": f"sign | {top:#x}",
+        overflow = {"ieee": f"sign | {inf:#x}", "fn": f"sign | {top:#x}",
                     "fnuz": f"{sign:#x}"}[f.special]  # fmt: skip
     saturating = overflow.endswith(f"{f.max_code:#x}")
     past = f"saturate to {f.max_value:g}" if saturating else ("infinity" if f.special == "ieee" else "NaN")
