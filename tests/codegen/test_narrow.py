@@ -42,10 +42,22 @@ def model(op: str, inputs: list[tuple[str, str, tuple]], out: tuple[str, tuple],
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 25)])
 
 
-def run_both(m, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(Ember's output, onnx's reference output); Ember compiled for C with no numpy fallback. Ember's own numpy
-    reference (which folds constants) must give the compiled kernel's bytes too."""
-    compiled = ember.compile(m, target="c", fallback=False)
+@pytest.fixture(params=["c", "llvm"])
+def target(request) -> str:
+    if request.param == "llvm":
+        pytest.importorskip("llvmlite", reason="the llvm target needs llvmlite (ember[llvm])")
+    return request.param
+
+
+def skip_llvm_half(dtype: str, target: str) -> None:
+    if target == "llvm" and dtype == "float16":
+        pytest.skip("the llvm target has no float16 yet (ember.codegen.llvm.ltype)")
+
+
+def run_both(m, feeds: dict[str, np.ndarray], target: str = "c") -> tuple[np.ndarray, np.ndarray]:
+    """(Ember's output, onnx's reference output); Ember compiled for `target` with no numpy fallback. Ember's own
+    numpy reference (which folds constants) must give the compiled kernel's bytes too."""
+    compiled = ember.compile(m, target=target, fallback=False)
     got = compiled.run(feeds)["y"]
     (want,) = ReferenceEvaluator(m).run(None, feeds)
     with np.errstate(all="ignore"):
@@ -90,22 +102,23 @@ def float_probe(fmt_name: str, rng: np.random.Generator, n: int = 3000) -> np.nd
 
 @pytest.mark.parametrize("saturate", [1, 0])
 @pytest.mark.parametrize("fmt", FLOATS)
-def test_float32_to_narrow_float_rounds_as_onnx(fmt, saturate):
+def test_float32_to_narrow_float_rounds_as_onnx(fmt, saturate, target):
     x = float_probe(fmt, np.random.default_rng(hash((fmt, saturate)) % 2**32))
     m = model("Cast", [("x", "float32", x.shape)], (fmt, x.shape), to=ONNX_TYPES[fmt], saturate=saturate)
-    assert_same_codes(*run_both(m, {"x": x}))
+    assert_same_codes(*run_both(m, {"x": x}, target))
 
 
 @pytest.mark.parametrize("fmt", [*FLOATS, "float8_e8m0fnu"])
-def test_every_narrow_float_code_decodes_exactly(fmt):
+def test_every_narrow_float_code_decodes_exactly(fmt, target):
     x = np.arange(256 if fmt.startswith("float8") else 16, dtype=np.uint8).view(np_dtype(fmt))
-    got, want = run_both(model("Cast", [("x", fmt, x.shape)], ("float32", x.shape), to=TensorProto.FLOAT), {"x": x})
+    m = model("Cast", [("x", fmt, x.shape)], ("float32", x.shape), to=TensorProto.FLOAT)
+    got, want = run_both(m, {"x": x}, target)
     assert_same_floats(got, want)
 
 
 @pytest.mark.parametrize("saturate", [1, 0])
 @pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
-def test_float32_to_e8m0_rounds_as_onnx(round_mode, saturate):
+def test_float32_to_e8m0_rounds_as_onnx(round_mode, saturate, target):
     """onnx.numpy_helper.to_float8e8m0 on the float32 bits: random bit patterns cover negatives, subnormals, NaNs."""
     rng = np.random.default_rng(7)
     bits = rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32)
@@ -114,12 +127,12 @@ def test_float32_to_e8m0_rounds_as_onnx(round_mode, saturate):
     x = np.concatenate([bits.view(np.float32), powers, np.nextafter(powers, np.inf), np.nextafter(powers, 0), specials])
     m = model("Cast", [("x", "float32", x.shape)], ("float8_e8m0fnu", x.shape), to=TensorProto.FLOAT8E8M0,
               saturate=saturate, round_mode=round_mode)  # fmt: skip
-    assert_same_codes(*run_both(m, {"x": x}))
+    assert_same_codes(*run_both(m, {"x": x}, target))
 
 
 @pytest.mark.parametrize("fmt", INTS)
 @pytest.mark.parametrize("src", ["float32", "int32", "int8"])
-def test_narrow_ints_wrap_and_truncate_as_onnx(fmt, src):
+def test_narrow_ints_wrap_and_truncate_as_onnx(fmt, src, target):
     """To int4/uint4/int2/uint2: truncation toward zero, then two's complement wrap-around (ml_dtypes' astype)."""
     rng = np.random.default_rng(3)
     if src == "float32":
@@ -130,14 +143,15 @@ def test_narrow_ints_wrap_and_truncate_as_onnx(fmt, src):
         x = rng.integers(max(info.min, -10**6), min(info.max, 10**6), 600).astype(src)
     m = model("Cast", [("x", src, x.shape)], (fmt, x.shape), to=ONNX_TYPES[fmt])
     with np.errstate(invalid="ignore"):
-        assert_same_codes(*run_both(m, {"x": x}))
+        assert_same_codes(*run_both(m, {"x": x}, target))
 
 
 @pytest.mark.parametrize("fmt", INTS)
 @pytest.mark.parametrize("to", ["float32", "int8", "float16", "bool"])
-def test_narrow_ints_decode(fmt, to):
+def test_narrow_ints_decode(fmt, to, target):
+    skip_llvm_half(to, target)
     x = np.arange(16 if "4" in fmt else 4, dtype=np.uint8).view(np_dtype(fmt))
-    got, want = run_both(model("Cast", [("x", fmt, x.shape)], (to, x.shape), to=ONNX_TYPES[to]), {"x": x})
+    got, want = run_both(model("Cast", [("x", fmt, x.shape)], (to, x.shape), to=ONNX_TYPES[to]), {"x": x}, target)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
 
@@ -145,13 +159,14 @@ def test_narrow_ints_decode(fmt, to):
 @pytest.mark.parametrize("src,dst", [("float8_e4m3fn", "float8_e5m2"), ("float8_e5m2", "float8_e4m3fnuz"),
                                      ("float16", "float8_e5m2fnuz"), ("int4", "float4_e2m1fn"),
                                      ("float8_e4m3fn", "int4"), ("float4_e2m1fn", "float8_e8m0fnu")])  # fmt: skip
-def test_narrow_to_narrow_and_float16(src, dst):
+def test_narrow_to_narrow_and_float16(src, dst, target):
+    skip_llvm_half(src, target)
     rng = np.random.default_rng(5)
     x = (rng.standard_normal(300) * 20).astype(np.float32)
     x = x.astype(np_dtype(src)) if not src.startswith("float8") else ml_dtypes_saturate(x, src)
     m = model("Cast", [("x", src, x.shape)], (dst, x.shape), to=ONNX_TYPES[dst])
     with np.errstate(invalid="ignore", over="ignore"):
-        assert_same_codes(*run_both(m, {"x": x}))
+        assert_same_codes(*run_both(m, {"x": x}, target))
 
 
 def ml_dtypes_saturate(x: np.ndarray, fmt: str) -> np.ndarray:
@@ -160,7 +175,7 @@ def ml_dtypes_saturate(x: np.ndarray, fmt: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("fmt", [*FLOATS, *INTS])
-def test_quantize_dequantize_linear(fmt):
+def test_quantize_dequantize_linear(fmt, target):
     """QuantizeLinear per axis (with a zero point for the integers and float4) and DequantizeLinear, as onnx's
     reference computes them."""
     rng = np.random.default_rng(11)
@@ -174,23 +189,23 @@ def test_quantize_dequantize_linear(fmt):
         feeds["z"] = zp
     out_attr = {} if "z" in feeds else {"output_dtype": ONNX_TYPES[fmt]}
     q = model("QuantizeLinear", inputs, (fmt, x.shape), axis=0, **out_attr)
-    got, want = run_both(q, feeds)
+    got, want = run_both(q, feeds, target)
     assert_same_codes(got, want)
     dq_inputs = [("q", fmt, x.shape), *inputs[1:]]
     dq_feeds = {"q": want, **{k: v for k, v in feeds.items() if k != "x"}}
-    got, want = run_both(model("DequantizeLinear", dq_inputs, ("float32", x.shape), axis=0), dq_feeds)
+    got, want = run_both(model("DequantizeLinear", dq_inputs, ("float32", x.shape), axis=0), dq_feeds, target)
     assert_same_floats(got, want)
 
 
 @pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e8m0fnu", "int4", "uint2"])
-def test_data_movement_keeps_codes(fmt):
+def test_data_movement_keeps_codes(fmt, target):
     """Transpose and Concat move codes as bytes (NaN payloads and -0 included)."""
     x = np.random.default_rng(2).integers(0, 256 if fmt.startswith("float8") else 4, (5, 7)).astype(np.uint8)
     x = x.view(np_dtype(fmt))
-    got, want = run_both(model("Transpose", [("x", fmt, x.shape)], (fmt, (7, 5)), perm=[1, 0]), {"x": x})
+    got, want = run_both(model("Transpose", [("x", fmt, x.shape)], (fmt, (7, 5)), perm=[1, 0]), {"x": x}, target)
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
     m = model("Concat", [("x", fmt, x.shape), ("w", fmt, x.shape)], (fmt, (10, 7)), axis=0)
-    got, want = run_both(m, {"x": x, "w": x[::-1].copy()})
+    got, want = run_both(m, {"x": x, "w": x[::-1].copy()}, target)
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
