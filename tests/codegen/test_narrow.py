@@ -8,6 +8,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import opencl_missing
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
@@ -47,6 +48,21 @@ def target(request) -> str:
     if request.param == "llvm":
         pytest.importorskip("llvmlite", reason="the llvm target needs llvmlite (ember[llvm])")
     return request.param
+
+
+@pytest.mark.parametrize("fmt", [*FLOATS, "float8_e8m0fnu", "int4", "uint2"])
+def test_opencl_converts_the_same_way(fmt):
+    """The C conversion functions compile as OpenCL C (libm names renamed by its prelude): one round trip each."""
+    missing = opencl_missing()
+    if missing is not None:
+        pytest.skip(f"no OpenCL platform: {missing}")
+    x = float_probe("float8_e5m2", np.random.default_rng(9), 200)
+    to = model("Cast", [("x", "float32", x.shape)], (fmt, x.shape), to=ONNX_TYPES[fmt])
+    with np.errstate(invalid="ignore"):
+        codes, want = run_both(to, {"x": x}, "opencl")
+    assert_same_codes(codes, want)
+    back = model("Cast", [("x", fmt, x.shape)], ("float32", x.shape), to=TensorProto.FLOAT)
+    assert_same_floats(*run_both(back, {"x": want}, "opencl"))
 
 
 def skip_llvm_half(dtype: str, target: str) -> None:
