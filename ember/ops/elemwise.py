@@ -12,7 +12,7 @@ from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, OpDef, Pattern, one_of, op, register
 from ember.ops.te_lib import NotLowerable, elemwise, lowering
 from ember.tir import expr as tx
-from ember.tir.dtype import DType
+from ember.tir.dtype import DType, dtype
 
 E = Pattern.ELEMWISE
 
@@ -190,7 +190,7 @@ def astype(x: tx.Expr, to: str | DType, saturate: bool = True, round_mode: str =
     """numpy's `astype` for te dtypes: to bool is `!= 0`; float to a narrow integer goes through int32 (or int64
     for uint32), as numpy's C casts do on x86, so out-of-range values wrap the same way. The float8/float4/int4/int2
     formats convert as ONNX's Cast (`saturate`, `round_mode`: ember.tir.narrow)."""
-    to = tx.dtype(to) if not isinstance(to, DType) else to
+    to = dtype(to) if not isinstance(to, DType) else to
     src = x.dtype
     if src.scalar == to.scalar:
         return x
