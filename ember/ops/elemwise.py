@@ -12,7 +12,7 @@ from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, OpDef, Pattern, one_of, op, register
 from ember.ops.te_lib import NotLowerable, elemwise, lowering
 from ember.tir import expr as tx
-from ember.tir.dtype import DType, dtype
+from ember.tir.dtype import NARROW_DTYPES, DType, dtype
 
 E = Pattern.ELEMWISE
 
@@ -138,8 +138,6 @@ for _name, (_attrs, _fn) in UNARY_WITH_ATTRS.items():
 # min with a constant puts the constant first to let a NaN operand through.
 TE_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
              "float32", "float64")  # fmt: skip
-NARROW_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-                 "float4_e2m1fn", "int4", "uint4", "int2", "uint2")  # codes in kernels (ember.tir.narrow)  # fmt: skip
 
 
 def intrinsic(name: str, *args: tx.Expr) -> tx.Expr:

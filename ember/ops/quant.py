@@ -11,11 +11,12 @@ import numpy as np
 from ember import te
 from ember.graph.types import TensorType, is_float, np_dtype
 from ember.ops.common import ShapeError, norm_axis
-from ember.ops.elemwise import NARROW_DTYPES, TE_DTYPES, cast_array
+from ember.ops.elemwise import TE_DTYPES, cast_array
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.reduce import reduce_te, schedule_reduce
 from ember.ops.te_lib import NotLowerable, lowering
 from ember.tir import expr as tx
+from ember.tir.dtype import NARROW_DTYPES
 
 _INT_RANGES = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
 
