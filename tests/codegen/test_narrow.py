@@ -245,3 +245,14 @@ def test_arithmetic_on_codes_is_refused_with_a_clear_error():
     A = te.placeholder((8,), "float8_e5m2", name="A")
     with pytest.raises(TypeError, match="float8_e5m2 values: they are stored codes"):
         te.compute((8,), lambda i: A[i] + A[i], name="B")
+
+
+def test_narrow_inputs_are_checked_and_survive_save_and_load(tmp_path):
+    x = np.arange(16, dtype=np.uint8).view(np_dtype("int4"))
+    m = ember.compile(model("Cast", [("x", "int4", (16,))], ("float8_e5m2", (16,)), to=TensorProto.FLOAT8E5M2),
+                      target="c", fallback=False)  # fmt: skip
+    with pytest.raises(Exception, match="has dtype uint8, wants int4"):
+        m(x.view(np.uint8))
+    m.save(tmp_path / "m")
+    y = ember.load(tmp_path / "m")(x)
+    np.testing.assert_array_equal(y.view(np.uint8), x.astype(np.float32).astype(np_dtype("float8_e5m2")).view(np.uint8))
