@@ -2,10 +2,12 @@
 
     python bench/narrow.py [--n 1048576] [--threads 1] [--repeat 20]
 
-Each case is a one-node Cast model on n elements. Ember (target "c -threads=N"), onnxruntime (intra_op_num_threads=N,
-where it has a kernel for the type) and numpy's astype through ml_dtypes run in this process, timed in interleaved
-rounds (`ember.runtime.compare.interleaved_medians`). Every engine's output is checked against onnx's reference
-evaluator first (bit for bit); the table gives each median in microseconds and its ratio to Ember's.
+Each case is a one-node Cast model on n elements. Ember (target "c -threads=N"), onnxruntime
+(intra_op_num_threads=N; where it has a kernel for the type and takes the input, which rules out the ml_dtypes
+arrays of float8/int4 inputs) and numpy's astype through ml_dtypes run in this process, timed in interleaved rounds
+(`ember.runtime.compare.interleaved_medians`). Every engine's output is checked against onnx's reference evaluator
+first (bit for bit; "differs" marks one that does not agree, e.g. ml_dtypes, which does not saturate); the table
+gives each median in microseconds and its ratio to Ember's.
 """
 
 from __future__ import annotations
@@ -70,7 +72,12 @@ def main() -> None:
             pass
         target_type = np_dtype(dst)
         systems["ml_dtypes"] = lambda x=x, t=target_type: x.astype(t)  # no saturation: differs past the max
-        checked = {k: same(np.asarray(fn()), want) for k, fn in systems.items()}
+        checked = {}
+        for k, fn in list(systems.items()):
+            try:
+                checked[k] = same(np.asarray(fn()), want)
+            except Exception:  # noqa: BLE001 - onnxruntime takes no ml_dtypes arrays (float8/int4 inputs)
+                del systems[k]
         times = interleaved_medians(systems, args.repeat)
         cells = []
         for k in ("onnxruntime", "ml_dtypes"):

@@ -1,8 +1,8 @@
 """C for the narrow-format conversions of `ember.tir.narrow`: one small static inline function each.
 
-Decoding is exact (ldexpf of the mantissa). Encoding rounds half to even with nearbyintf on the value scaled to
-units of the last mantissa bit, then applies the format's rules past its largest finite value: saturate to it, or
-give the format's infinity or NaN (ONNX's Cast with saturate=0, as ml_dtypes converts). e8m0 follows onnx's
+Decoding is exact (float32 bits built from the code). Encoding rounds half to even on the float32 bits, then applies
+the format's rules past its largest finite value: saturate to it, or give the format's infinity or NaN (ONNX's Cast
+with saturate=0, as ml_dtypes converts). e8m0 follows onnx's
 `to_float8e8m0` on the float32 bits (the sign is ignored; NaN and infinities give 0xff)."""
 
 from __future__ import annotations
@@ -35,57 +35,68 @@ def _int(name: str, conv: Conversion) -> str:
 
 
 def _float_decode(name: str, dtype: str, f: FloatFormat) -> str:
-    m_mask = (1 << f.man_bits) - 1
-    e_mask = (1 << f.exp_bits) - 1
+    """Normal codes become float32 bits directly (exponent rebiased, mantissa shifted up); subnormal codes are their
+    mantissa times the subnormal step (exact). Selects, not branches: codes arrive in any order."""
+    m_mask, e_mask = (1 << f.man_bits) - 1, (1 << f.exp_bits) - 1
     code_mask = (f.sign_bit << 1) - 1
     special = {
-        "ieee": f"  if (e == {e_mask}) v = m ? NAN : INFINITY;\n",
-        "fn": f"  if ((c & {f.sign_bit - 1:#x}) == {f.sign_bit - 1:#x}) v = NAN;\n",
-        "fnuz": f"  if (c == {f.sign_bit:#x}) return NAN;  /* the one NaN; there is no -0 */\n",
+        "ieee": f"  if (e == {e_mask}) bits = m ? 0x7fc00000u : 0x7f800000u;  /* NaN, infinity */\n",
+        "fn": f"  if ((c & {f.sign_bit - 1:#x}) == {f.sign_bit - 1:#x}) bits = 0x7fc00000u;  /* NaN */\n",
+        "fnuz": f"  if (c == {f.sign_bit:#x}) bits = 0x7fc00000u;  /* the one NaN; there is no -0 */\n",
         "none": "",
     }[f.special]
-    low = f.emin - f.man_bits
     return (
         f"static inline float {name}(uint8_t c) {{\n"
         f"  /* {dtype}: sign, {f.exp_bits} exponent and {f.man_bits} mantissa bits, bias {f.bias} */\n"
         + (f"  c &= {code_mask:#x};\n" if code_mask != 0xFF else "")
-        + f"  int e = (c >> {f.man_bits}) & {e_mask:#x}, m = c & {m_mask:#x};\n"
-        f"  float v = e == 0 ? ldexpf((float)m, {low})\n"
-        f"                   : ldexpf((float)(m + {1 << f.man_bits}), e - {f.bias + f.man_bits});\n"
+        + f"  uint32_t e = (c >> {f.man_bits}) & {e_mask:#x}, m = c & {m_mask:#x}, sub;\n"
+        f"  float step = (float)m * 0x1p{f.emin - f.man_bits}f;  /* a subnormal (or zero) code's value */\n"
+        "  memcpy(&sub, &step, 4);\n"
+        f"  uint32_t bits = e == 0 ? sub : (e + {127 - f.bias}u) << 23 | m << {23 - f.man_bits};\n"
         + special
-        + f"  return (c & {f.sign_bit:#x}) ? -v : v;\n}}"
+        + f"  bits |= (uint32_t)(c & {f.sign_bit:#x}) << {31 - f.exp_bits - f.man_bits};  /* the sign */\n"
+        + "  float v;\n"
+        "  memcpy(&v, &bits, 4);\n"
+        "  return v;\n}"
     )  # fmt: skip
 
 
 def _float_encode(name: str, conv: Conversion, f: FloatFormat) -> str:
-    sign, top = f.sign_bit, f.sign_bit - 1
-    inf = top - (1 << f.man_bits) + 1  # ieee: exponent all ones, mantissa 0
-    nan = {"ieee": f"sign | {inf | 1 << (f.man_bits - 1):#x}", "fn": f"sign | {top:#x}", "fnuz": f"{sign:#x}",
+    """Normal results: the float32 bits with the dropped mantissa bits rounded half to even (a carry moves into the
+    exponent), rebiased. Subnormal results: the value in units of the subnormal step, rounded by nearbyintf. Past
+    the largest finite code (infinity included): saturate, or the format's infinity or NaN."""
+    sign, top, unit = f.sign_bit, f.sign_bit - 1, 1 << f.man_bits
+    inf = top - unit + 1  # ieee: exponent all ones, mantissa 0
+    nan = {"ieee": f"sign | {inf | unit >> 1:#x}", "fn": f"sign | {top:#x}", "fnuz": f"{sign:#x}",
            "none": f"sign ^ {sign:#x}"}[f.special]  # fmt: skip
-    if conv.saturate or f.special == "none":  # e2m1 has neither infinity nor NaN: it always saturates
+    saturating = conv.saturate or f.special == "none"  # e2m1 has neither infinity nor NaN: it always saturates
+    if saturating:
         overflow = f"sign | {f.max_code:#x}"
     else:
-        overflow = {"ieee": f"sign | {inf:#x}", "fn": f"sign | {top:#x}",
-                    "fnuz": f"{sign:#x}"}[f.special]  # fmt: skip
-    saturating = overflow.endswith(f"{f.max_code:#x}")
+        overflow = {"ieee": f"sign | {inf:#x}", "fn": f"sign | {top:#x}", "fnuz": f"{sign:#x}"}[f.special]
     past = f"saturate to {f.max_value:g}" if saturating else ("infinity" if f.special == "ieee" else "NaN")
-    zero = "  if (n == 0.0f) return 0;  /* no -0 */\n" if f.special == "fnuz" else ""
+    drop = 23 - f.man_bits
+    zero = "  if (code == 0) return 0;  /* no -0 */\n" if f.special == "fnuz" else ""
     nan_note = "  /* as ml_dtypes (onnx's reference) converts it */" if f.special == "none" else ""
-    unit = 1 << f.man_bits
     return (
         f"static inline uint8_t {name}(float x) {{\n"
         f"  /* round half to even; past {f.max_value:g}, {past} */\n"
-        f"  uint8_t sign = signbit(x) ? {sign:#x} : 0;\n"
-        f"  float a = fabsf(x);\n"
-        f"  if (isnan(x)) return {nan};{nan_note}\n"
-        f"  if (isinf(x)) return {overflow};\n"
-        f"  int e = a < {2.0 ** f.emin!r}f ? {f.emin} : ilogbf(a);  /* below the normals: the subnormal step */\n"
-        f"  float n = nearbyintf(ldexpf(a, {f.man_bits} - e));  /* a in units of the last mantissa bit */\n"
-        f"  if (ldexpf(n, e - {f.man_bits}) > {f.max_value!r}f) return {overflow};\n"
+        "  uint32_t a, code;\n"
+        "  memcpy(&a, &x, 4);\n"
+        f"  uint8_t sign = (a >> {31 - f.exp_bits - f.man_bits}) & {sign:#x};\n"
+        "  a &= 0x7fffffffu;\n"
+        f"  if (a > 0x7f800000u) return {nan};{nan_note}\n"
+        f"  if (a < {f.emin + 127}u << 23) {{  /* below the normals: in units of the subnormal step */\n"
+        "    float v;\n"
+        "    memcpy(&v, &a, 4);\n"
+        f"    code = (uint32_t)nearbyintf(v * 0x1p{f.man_bits - f.emin}f);\n"
+        "  } else {  /* drop the low mantissa bits, rounding half to even; rebias the exponent */\n"
+        f"    code = (a + {(1 << (drop - 1)) - 1:#x}u + ((a >> {drop}) & 1u)) >> {drop};\n"
+        f"    code -= {127 - f.bias}u << {f.man_bits};\n"
+        "  }\n"
+        f"  if (code > {f.max_code:#x}) return {overflow};\n"
         + zero
-        + f"  if (n < {float(unit)!r}f) return sign | (uint8_t)n;  /* subnormal or zero */\n"
-        f"  if (n == {float(2 * unit)!r}f) {{ n = {float(unit)!r}f; e += 1; }}  /* rounded up to a power of two */\n"
-        f"  return sign | (uint8_t)(((e + {f.bias}) << {f.man_bits}) | ((int)n - {unit}));\n}}"
+        + "  return sign | (uint8_t)code;\n}"
     )  # fmt: skip
 
 
