@@ -39,6 +39,7 @@ from .te.schedule import Schedule, ScheduleError, topo_ops
 from .te.tensor import ComputeOp, Reduce, Tensor, compute, const, placeholder, prod_hint
 from .templates.flat import default_schedule
 from .templates.gpu import is_gpu, schedule_gpu
+from .tir.dtype import NarrowArithmeticError
 from .tir.stmt import size_params
 from .tir.transform import optimize
 
@@ -199,7 +200,10 @@ def kernel_te(node: Node, target: Target, cfg: Any = None, schedule: dict | None
         if opdef.compute is None:
             raise LoweringUnsupported(f"{m.op} has no TE compute yet")
         attrs = {**m.attrs, CONFIG_ATTR: cfg} if m is anchor and cfg is not None else m.attrs
-        outs = opdef.compute(attrs, *[None if v is None else tensors[v] for v in m.inputs])
+        try:
+            outs = opdef.compute(attrs, *[None if v is None else tensors[v] for v in m.inputs])
+        except NarrowArithmeticError as e:  # an op that computes on float8/int4/... values it does not convert
+            raise LoweringUnsupported(f"{m.op}: {e}") from e
         outs = list(outs) if isinstance(outs, list | tuple) else [outs]
         for t, v in zip(outs, m.outputs):
             if tuple(t.shape) != tuple(v.shape) or t.dtype.name != v.dtype:

@@ -21,6 +21,7 @@ from ..tir.arith import Analyzer
 from ..tir.dtype import DType, int64
 from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var, const_value
 from ..tir.functor import walk
+from ..tir.narrow import CONVERSIONS
 from ..tir.stmt import (
     Allocate,
     Buffer,
@@ -35,6 +36,7 @@ from ..tir.stmt import (
     Store,
     size_params,
 )  # fmt: skip
+from .narrow import c_function
 from .vmath import EXP2_TABLE, exp2_table_values, vector_exp, wants_arithmetic_exp
 
 STACK_LIMIT = 32 * 1024  # bytes: larger allocations go to the heap
@@ -200,6 +202,8 @@ class CCodegen:
         dt, v = c.dtype, c.value
         if dt.is_bool:
             return ("true" if v else "false"), 16
+        if dt.is_narrow:  # the code of the value
+            return f"((uint8_t){int(np.asarray(v).astype(dt.numpy).view(np.uint8))})", 16
         if dt.is_float:
             f = float(np.asarray(v, dtype=dt.numpy)) if dt.is_half else float(v)
             suffix = "f" if dt.bits <= 32 else ""
@@ -358,6 +362,8 @@ class CCodegen:
         return self.helper(name, f"static inline {t} {name}({params}) {{\n{body}\n}}")
 
     def scalar_fn(self, fn: str, dt: DType) -> str:
+        if fn in CONVERSIONS:  # a narrow format to or from float32/int32 (ember.codegen.narrow)
+            return self.helper(*c_function(CONVERSIONS[fn]))
         if fn in MATH and dt.is_float:
             name = MATH[fn][0 if dt.bits <= 32 else 1]
             if name in _SCALAR_HELPERS:
@@ -409,6 +415,9 @@ class CCodegen:
         return {"to_f32": f"ember_{tag}_to_f32", "from_f32": f"ember_f32_to_{tag}", "round": f"ember_round_{tag}"}[what]
 
     def cast(self, e: Cast) -> str:
+        if e.dtype.is_narrow or e.value.dtype.is_narrow:
+            raise CodegenError(f"C codegen: cast {e.value.dtype} -> {e.dtype}: narrow formats convert through "
+                               "ember.tir.narrow.convert (te.cast), not a plain cast")  # fmt: skip
         if e.dtype.lanes == 1:
             if e.dtype.is_bool:
                 return f"({self.expr(e.value)} != 0)"

@@ -35,11 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..target import Target
 from ..tir.arith import Analyzer
 from ..tir.dtype import DType
 from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
 from ..tir.functor import walk
+from ..tir.narrow import CONVERSIONS
 from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
 from . import llvm_pool
 from .c import STACK_LIMIT, CodegenError, c_symbol, const_offset, register_slots
@@ -241,6 +244,8 @@ class LLVMCodegen:
         t = ltype(dt.scalar)
         if dt.is_bool:
             c = ir.Constant(t, int(bool(value)))
+        elif dt.is_narrow:  # the code of the value
+            c = ir.Constant(t, int(np.asarray(value).astype(dt.numpy).view(np.uint8)))
         elif dt.is_float:
             c = ir.Constant(t, float(value))
         else:
@@ -328,6 +333,9 @@ class LLVMCodegen:
 
     def cast(self, v, src: DType, dst: DType):
         B = self.b
+        if src.is_narrow or dst.is_narrow:
+            raise CodegenError(f"LLVM codegen: cast {src} -> {dst}: narrow formats convert through "
+                               "ember.tir.narrow.convert (te.cast), not a plain cast")  # fmt: skip
         t = ltype(dst)
         if src.scalar == dst.scalar:
             return v
@@ -351,6 +359,11 @@ class LLVMCodegen:
 
     def call(self, e: Call):
         dt, name = e.dtype, e.name
+        if name in CONVERSIONS:  # a narrow format to or from float32/int32 (ember.codegen.narrow_llvm)
+            from .narrow_llvm import llvm_function
+
+            fn = llvm_function(self.module, CONVERSIONS[name])
+            return self.lanewise([self.expr(e.args[0])], dt.lanes, lambda x: self.b.call(fn, [x]))
         if wants_arithmetic_exp(name, dt):  # llvm.exp on a vector runs expf once per lane
             x = e.args[0] if e.args[0].dtype.lanes > 1 else Broadcast(e.args[0], dt.lanes)
             return self.expr(vector_exp(x))

@@ -12,7 +12,7 @@ from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, OpDef, Pattern, one_of, op, register
 from ember.ops.te_lib import NotLowerable, elemwise, lowering
 from ember.tir import expr as tx
-from ember.tir.dtype import DType
+from ember.tir.dtype import NARROW_DTYPES, DType, dtype
 
 E = Pattern.ELEMWISE
 
@@ -184,13 +184,18 @@ def nan_min(a: tx.Expr, b: tx.Expr) -> tx.Expr:
     return m + _nan_of(a) if a.dtype.is_float else m
 
 
-def astype(x: tx.Expr, to: str | DType) -> tx.Expr:
+def astype(x: tx.Expr, to: str | DType, saturate: bool = True, round_mode: str = "up") -> tx.Expr:
     """numpy's `astype` for te dtypes: to bool is `!= 0`; float to a narrow integer goes through int32 (or int64
-    for uint32), as numpy's C casts do on x86, so out-of-range values wrap the same way."""
-    to = te.cast(te.const(0, "int32"), to).dtype if not isinstance(to, DType) else to
+    for uint32), as numpy's C casts do on x86, so out-of-range values wrap the same way. The float8/float4/int4/int2
+    formats convert as ONNX's Cast (`saturate`, `round_mode`: ember.tir.narrow)."""
+    to = dtype(to) if not isinstance(to, DType) else to
     src = x.dtype
     if src.scalar == to.scalar:
         return x
+    if to.is_narrow:
+        return te.cast(x, to, saturate, round_mode)
+    if src.is_narrow:  # its value (float32 or int32), then as any other cast
+        return astype(te.cast(x, "float32" if src.name.startswith("float") else "int32"), to)
     if to.is_bool:
         return x != tx.convert(0, src)
     if src.is_float and to.is_int and to.bits < 32:
@@ -372,13 +377,22 @@ _FLOAT8_NO_INF = {"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2fnuz", "float4
 _SMALL_INTS = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
 
 
-def _to_e8m0(x: np.ndarray, round_mode: str) -> np.ndarray:
-    """float8_e8m0fnu holds powers of two: round the exponent up, down or to nearest."""
-    wide = np.abs(x.astype(np.float64))
-    e = np.log2(np.where(wide > 0, wide, 1.0))
-    e = {"up": np.ceil, "down": np.floor}.get(round_mode, np.rint)(e)
-    y = np.where(wide > 0, 2.0 ** np.clip(e, -127, 127), 2.0**-127)
-    return np.where(np.isfinite(wide), y, np.nan).astype(np_dtype("float8_e8m0fnu"))
+def _to_e8m0(x: np.ndarray, saturate: bool, round_mode: str) -> np.ndarray:
+    """float8_e8m0fnu holds powers of two: the float32 exponent, rounded up, down or to nearest on the float32
+    bits as onnx.numpy_helper.to_float8e8m0 does (the sign is ignored; NaN and infinities give 0xff; a saturating
+    cast never rounds past 2^127)."""
+    bits = np.asarray(x, np.float32).view(np.uint32)
+    e = ((bits >> 23) & 0xFF).astype(np.uint16)
+    if round_mode == "up":
+        up = (bits & 0x7FFFFF) != 0
+    elif round_mode == "nearest":  # guard bit, and round, sticky or a nonzero exponent, as onnx's rule
+        up = ((bits & 0x400000) != 0) & (((bits & 0x200000) != 0) | ((bits & 0x1FFFFF) != 0) | (e > 0))
+    else:
+        up = np.zeros(bits.shape, bool)
+    if saturate:
+        up &= e < 0xFE
+    e = np.where(e == 0xFF, 0xFF, e + up).astype(np.uint8)
+    return e.view(np_dtype("float8_e8m0fnu"))
 
 
 def cast_array(x: np.ndarray, to: str, saturate: bool = True, round_mode: str = "up") -> np.ndarray:
@@ -391,13 +405,17 @@ def cast_array(x: np.ndarray, to: str, saturate: bool = True, round_mode: str = 
         lo, hi = _SMALL_INTS[to]
         wide = x.astype(np.float64) if not np.issubdtype(x.dtype, np.integer) else x.astype(np.int64)
         bits = {"int4": 4, "uint4": 4, "int2": 2, "uint2": 2}[to]
-        ints = np.rint(wide).astype(np.int64) if wide.dtype == np.float64 else wide
+        if wide.dtype == np.float64:  # truncation toward zero as ml_dtypes (onnx's reference); NaN, inf and values
+            # past int32 give 0, the low bits of C's out-of-range conversion on x86
+            ok = np.abs(wide) < 2.0**31
+            wide = np.where(ok, np.trunc(np.where(ok, wide, 0.0)), 0.0)
+        ints = wide.astype(np.int64)
         wrapped = ((ints - lo) % (1 << bits)) + lo  # two's complement wrap-around
         return wrapped.astype(target)
     if to == "bool":
         return (x.astype(np.float64) != 0) if src not in ("bool",) else x.copy()
     if to == "float8_e8m0fnu":
-        return _to_e8m0(x, round_mode)
+        return _to_e8m0(x, saturate, round_mode)
     if to.startswith(("float8", "float4")) and saturate:  # out-of-range values and inf become +-max
         import ml_dtypes
 
@@ -418,9 +436,9 @@ def cast(a: dict, x: np.ndarray) -> np.ndarray:
 
 @lowering("Cast")
 def _(a: dict, x: te.Tensor) -> te.Tensor:
-    if a["to"] not in TE_DTYPES:
+    if a["to"] not in TE_DTYPES + NARROW_DTYPES:
         raise NotLowerable(f"Cast to {a['to']} (no te dtype)")
-    return elemwise(lambda v: astype(v, a["to"]), x, name="cast")
+    return elemwise(lambda v: astype(v, a["to"], bool(a["saturate"]), a["round_mode"]), x, name="cast")
 
 
 # -- Dropout (inference: identity; the mask output is all true) ------------------------------

@@ -16,6 +16,7 @@ from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.reduce import reduce_te, schedule_reduce
 from ember.ops.te_lib import NotLowerable, lowering
 from ember.tir import expr as tx
+from ember.tir.dtype import NARROW_DTYPES
 
 _INT_RANGES = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
 
@@ -102,8 +103,10 @@ def _f64(v: tx.Expr) -> tx.Expr:
 @lowering("QuantizeLinear")
 def _(a: dict, x: te.Tensor, scale: te.Tensor, zp: te.Tensor | None = None) -> te.Tensor:
     dtype = zp.dtype.name if zp is not None else (a["output_dtype"] or "uint8")
-    if dtype not in TE_DTYPES or is_float(dtype) or dtype == "bool":
+    if dtype not in TE_DTYPES + NARROW_DTYPES or dtype == "bool" or (is_float(dtype) and dtype not in NARROW_DTYPES):
         raise NotLowerable(f"QuantizeLinear to {dtype}")
+    if is_float(dtype):
+        return _quantize_float(a, x, scale, zp, dtype)
     lo, hi = int_range(dtype)
 
     def body(*i):
@@ -121,6 +124,19 @@ def _(a: dict, x: te.Tensor, scale: te.Tensor, zp: te.Tensor | None = None) -> t
     return te.compute(x.shape, body, name="quantize")
 
 
+def _quantize_float(a: dict, x: te.Tensor, scale: te.Tensor, zp: te.Tensor | None, dtype: str) -> te.Tensor:
+    """x / scale in float32 converted to a float8/float4 format: no rounding to integers, `saturate` as Cast's;
+    the zero point is added for float4 only (onnx's reference ignores float8 zero points, which must be 0)."""
+
+    def body(*i):
+        q = te.cast(x[i], "float32") / te.cast(param_at(scale, i, x, a), "float32")
+        if zp is not None and dtype == "float4_e2m1fn":
+            q = q + te.cast(param_at(zp, i, x, a), "float32")
+        return te.cast(q, dtype, saturate=bool(a["saturate"]))
+
+    return te.compute(x.shape, body, name="quantize")
+
+
 def _dequantize_infer(a: dict, x: TensorType, scale: TensorType, zp: TensorType | None = None) -> TensorType:
     _check_param("scale", x, scale, a)
     return x.with_dtype(a["output_dtype"] or scale.dtype)
@@ -131,7 +147,7 @@ def dequantize_linear(a: dict, x: np.ndarray, scale: np.ndarray, zp: np.ndarray 
     """(x - zero_point) * scale, in the scale's dtype (or output_dtype)."""
     axis = _axis(a, x, scale)
     xf = x.astype(np.float32).astype(np.float64)
-    if zp is not None:
+    if zp is not None and not is_float(x.dtype.name):  # float8/float4 zero points are ignored, as onnx's reference
         xf = xf - expand_param(zp.astype(np.float32).astype(np.float64), x.shape, axis, a["block_size"])
     s = expand_param(scale.astype(np.float64), x.shape, axis, a["block_size"])
     return (xf * s).astype(np_dtype(a["output_dtype"] or scale.dtype.name))
@@ -145,7 +161,7 @@ def _(a: dict, x: te.Tensor, scale: te.Tensor, zp: te.Tensor | None = None) -> t
 
     def body(*i):
         v = _f64(x[i])
-        if zp is not None:
+        if zp is not None and not is_float(x.dtype.name):  # float8/float4: ignored, as in the reference
             v = v - _f64(param_at(zp, i, x, a))
         return te.cast(v * te.cast(param_at(scale, i, x, a), "float64"), dtype)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..tir import expr as E
+from ..tir import narrow
 from ..tir.dtype import DType, boolean, dtype
 from ..tir.expr import Expr, Var, convert
 from ..tir.functor import walk
@@ -326,10 +327,16 @@ def var(name: str, dtype_: str | DType = "int32") -> Var:
     return Var(name, dtype(dtype_))
 
 
-def cast(x: Any, dtype_: str | DType) -> Expr:
+def cast(x: Any, dtype_: str | DType, saturate: bool = True, round_mode: str = "up") -> Expr:
+    """x converted to dtype_. To and from the narrow formats (float8, float4, int4, ...) this rounds as ONNX's Cast
+    with `saturate` and `round_mode` (ember.tir.narrow); they do nothing for other dtypes."""
     x = convert(x)
     t = dtype(dtype_).with_lanes(x.dtype.lanes)
-    return x if x.dtype == t else E.Cast(t, x)
+    if x.dtype == t:
+        return x
+    if t.is_narrow or x.dtype.is_narrow:
+        return narrow.convert(x, t, saturate, round_mode)
+    return E.Cast(t, x)
 
 
 def if_then_else(cond: Any, t: Any, f: Any) -> Expr:

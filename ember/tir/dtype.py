@@ -26,6 +26,14 @@ _SCALARS: dict[str, tuple[str, int, str]] = {
     "float32": ("float", 32, "float"),
     "float64": ("float", 64, "double"),
 }
+# The narrow ONNX formats (ember.tir.narrow): one byte per element holding the format's code, laid out as ml_dtypes
+# lays out its numpy arrays (int4/uint4/float4 in the low nibble, int2/uint2 in the low two bits). Values of these
+# dtypes are codes: only moved, selected, or converted to and from float32/int32 (never computed on).
+NARROW_DTYPES = (
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn",
+    "int4", "uint4", "int2", "uint2",
+)  # fmt: skip
+_SCALARS.update({name: ("narrow", 8, "uint8_t") for name in NARROW_DTYPES})
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +81,11 @@ class DType:
         return DType(self.name, lanes)
 
     @property
+    def is_narrow(self) -> bool:
+        """A narrow ONNX format (float8, float4, int4, int2, ...): a byte holding a code."""
+        return self.kind == "narrow"
+
+    @property
     def is_half(self) -> bool:
         """float16/bfloat16: held as 16 bits, computed in float32."""
         return self.kind == "float" and self.bits == 16
@@ -89,11 +102,12 @@ class DType:
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype of a scalar type name (bfloat16 comes from ml_dtypes, which onnx depends on)."""
-    if name == "bfloat16":
+    """The numpy dtype of a scalar type name (bfloat16 and the narrow formats come from ml_dtypes, which onnx
+    depends on)."""
+    if name == "bfloat16" or name in NARROW_DTYPES:
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
 
 
@@ -122,8 +136,16 @@ int8, int32, int64 = DType("int8"), DType("int32"), DType("int64")
 boolean = DType("bool")
 
 
+class NarrowArithmeticError(TypeError):
+    """Arithmetic or a comparison on values of a narrow format (codes): kernels must convert them first."""
+
+
 def promote(a: DType, b: DType) -> DType:
     """Result dtype of a binary arithmetic op on a and b (numpy-like, lanes must agree or be 1)."""
+    if a.is_narrow or b.is_narrow:
+        narrow = a if a.is_narrow else b
+        raise NarrowArithmeticError(f"arithmetic on {narrow.name} values: they are stored codes; convert them to "
+                                    "float32 or int32 first (te.cast)")  # fmt: skip
     lanes = max(a.lanes, b.lanes)
     if a.lanes != b.lanes and 1 not in (a.lanes, b.lanes):
         raise TypeError(f"lane mismatch: {a} and {b}")
