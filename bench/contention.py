@@ -5,7 +5,8 @@
 
 Each measurement is a process of its own (a fresh runtime, no other system's threads around): it loads the model
 (Ember: the directory `ember.compile(...).save` wrote, compiled once by this script; the others: the ONNX file),
-runs it a few times to warm up, then times `--repeat` single runs and prints their median and 90th percentile.
+runs it a few times to warm up, then times single runs; the systems' processes take turns (`--rounds`), and the
+table gives the median and 90th percentile of each system's `--repeat` runs over all rounds.
 "busy" runs the same measurement while another process spins in a loop pinned to one core
 (`os.sched_setaffinity`): the model's threads share the machine with it, as on a loaded server. The table
 gives both conditions and their ratio (busy median / quiet median) per system. `--baseline DIR` adds the system
@@ -82,17 +83,21 @@ def runner(system: str, workdir: Path, threads: int):
     return lambda: request.infer(feeds)
 
 
-def measure(system: str, workdir: Path, threads: int, repeat: int) -> dict:
-    """In the child process: median and p90 milliseconds of single runs."""
+def measure(system: str, workdir: Path, threads: int, repeat: int) -> list[float]:
+    """In the child process: the milliseconds of `repeat` single runs, after a warm-up."""
     fn = runner(system, workdir, threads)
-    for _ in range(5):
+    for _ in range(3):
         fn()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
+    return times
+
+
+def stats(times: list[float]) -> dict:
+    times = sorted(times)
     return {"median": statistics.median(times), "p90": times[min(len(times) - 1, int(0.9 * len(times)))]}
 
 
@@ -105,7 +110,7 @@ def with_path(path: str | None) -> dict:
 
 
 def one_process(system: str, workdir: Path, threads: int, repeat: int, busy_cpu: int | None,
-                base: str | None = None) -> dict:  # fmt: skip
+                base: str | None = None) -> list[float]:  # fmt: skip
     """Run `measure` in a fresh process, beside a spinning process pinned to `busy_cpu` when given."""
     spinner = None
     if busy_cpu is not None:
@@ -135,7 +140,8 @@ def main() -> None:
     p.add_argument("--models", default="resnet18,bert4,efficientnet_b0")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=40)
+    p.add_argument("--repeat", type=int, default=40, help="timed runs per system and condition, over all rounds")
+    p.add_argument("--rounds", type=int, default=2, help="each system's processes take turns this many times")
     p.add_argument("--busy-cpu", type=int, default=1, help="the core the busy process is pinned to")
     p.add_argument("--json", action="store_true")
     p.add_argument("--baseline", default=None, help="an Ember checkout to measure too, as ember@base")
@@ -176,11 +182,17 @@ def main() -> None:
             if BASE in systems:
                 cmd = [sys.executable, "-c", COMPILE, str(workdir / "model.onnx"), target, str(workdir / BASE)]
                 subprocess.run(cmd, check=True, env=with_path(args.baseline))
+            times: dict = {(k, busy): [] for k in systems for busy in (False, True)}
+            per_round = max(1, -(-args.repeat // args.rounds))
+            for _ in range(args.rounds):  # turns: a drift of the machine's load hits every system alike
+                for system in systems:
+                    base = args.baseline if system == BASE else None
+                    for busy in (False, True):
+                        cpu = args.busy_cpu if busy else None
+                        times[system, busy] += one_process(system, workdir, args.threads, per_round, cpu, base)
             results[name] = {}
             for system in systems:
-                base = args.baseline if system == BASE else None
-                quiet = one_process(system, workdir, args.threads, args.repeat, None, base)
-                busy = one_process(system, workdir, args.threads, args.repeat, args.busy_cpu, base)
+                quiet, busy = stats(times[system, False]), stats(times[system, True])
                 ratio = busy["median"] / quiet["median"]
                 results[name][system] = {"quiet": quiet, "busy": busy, "ratio": ratio}
                 print(f"{name:<16} {system:<12} {quiet['median']:>9.2f} {quiet['p90']:>9.2f} {busy['median']:>9.2f} "

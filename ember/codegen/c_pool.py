@@ -25,9 +25,8 @@ that has not started:
 from __future__ import annotations
 
 POOL_DECL = """\
-typedef void (*ember_region_fn)(void* closure, int64_t begin, int64_t end);
-void ember_parallel_for(ember_region_fn fn, void* closure, int64_t begin, int64_t end, int64_t chunk, int32_t threads);
-"""
+void ember_parallel_for(void (*region)(void* closure, int64_t begin, int64_t end), void* closure, int64_t begin,
+                        int64_t end, int64_t chunk, int32_t threads);"""
 
 POOL_SOURCE = r"""
 // -- the thread pool of parallel loops (ember/codegen/c_pool.py) -------------------------------------------
@@ -49,12 +48,12 @@ static _Atomic int32_t ember_pool_busy;      // a caller holds the pool
 static int32_t ember_pool_workers;           // workers 1..this exist
 static int32_t ember_pool_threads;           // ember_set_num_threads (0: the default)
 static int32_t ember_pool_spin = -1;
-static ember_region_fn ember_pool_fn;        // the open region: written before the word opens it
+static void (*ember_pool_fn)(void*, int64_t, int64_t);  // the open region: written before the word opens it
 static void* ember_pool_closure;
 static int64_t ember_pool_end, ember_pool_chunk;
 static int32_t ember_pool_limit;             // workers below this index take part
 
-static inline void ember_pool_relax(int32_t n) {
+static void ember_pool_relax(int32_t n) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #elif defined(__aarch64__) || defined(__arm__)
@@ -63,7 +62,7 @@ static inline void ember_pool_relax(int32_t n) {
   if ((n & 63) == 63) sched_yield();
 }
 
-static void ember_pool_take(ember_region_fn fn, void* closure, int64_t end, int64_t chunk) {
+static void ember_pool_take(void (*fn)(void*, int64_t, int64_t), void* closure, int64_t end, int64_t chunk) {
   for (;;) {
     int64_t b = atomic_fetch_add(&ember_pool_next, chunk);
     if (b >= end) return;
@@ -138,7 +137,8 @@ static void ember_pool_start(int32_t workers) {  // under ember_pool_busy
 
 // Runs fn(closure, b, e) over [begin, end) in chunks of `chunk` iterations on `threads` threads (0: the library's
 // count), the calling thread included; returns when every chunk is done.
-void ember_parallel_for(ember_region_fn fn, void* closure, int64_t begin, int64_t end, int64_t chunk, int32_t threads) {
+void ember_parallel_for(void (*fn)(void*, int64_t, int64_t), void* closure, int64_t begin, int64_t end, int64_t chunk,
+                        int32_t threads) {
   int32_t nt = threads > 0 ? threads : ember_pool_threads > 0 ? ember_pool_threads : ember_pool_default_threads();
   int32_t free_ = 0;
   if (chunk < 1) chunk = 1;

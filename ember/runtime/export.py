@@ -220,7 +220,8 @@ def export_standalone(plan: Plan, weights: Mapping[int, np.ndarray], source: str
                       extra_cflags: Sequence[str] = ()) -> Path:  # fmt: skip
     """Write the model library (`export_c`: ember_model.c, ember_model.h, weights.bin), `ember_run.c` (the
     standalone runner) and a `Makefile` into `directory`, and build `ember_run` there with the target's C compiler
-    and flags (plus `extra_cflags`; `openmp=False` builds without threads) unless `build` is False."""
+    and flags (plus `extra_cflags`; `openmp=False` builds without OpenMP: the parallel loops' thread pool needs
+    only pthreads) unless `build` is False."""
     target = Target.parse(target if target is not None else plan.target)
     out = export_c(plan, weights, source, directory)
     shutil.copyfile(RUNNER_SOURCE, out / "ember_run.c")
