@@ -35,7 +35,14 @@ import numpy as np
 SYSTEMS = ("ember", "onnxruntime", "openvino")
 BASE = "ember@base"  # Ember from --baseline
 COMPILE = "import sys, onnx, ember\nember.compile(onnx.load(sys.argv[1]), target=sys.argv[2]).save(sys.argv[3])\n"
-SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+SPIN = """\
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+parent = os.getppid()
+while os.getppid() == parent:  # spins till killed, or till the bench is gone
+    for _ in range(100000):
+        pass
+"""
 
 
 def build(name: str):
@@ -166,7 +173,7 @@ def main() -> None:
 
     results: dict = {}
     print(f"{args.threads} threads; busy: a spinning process pinned to core {args.busy_cpu}; "
-          f"ms over {args.repeat} runs")  # fmt: skip
+          f"ms over {args.repeat} runs in {args.rounds} rounds")  # fmt: skip
     print(f"{'model':<16} {'system':<12} {'quiet med':>9} {'quiet p90':>9} {'busy med':>9} {'busy p90':>9} "
           f"{'busy/quiet':>10}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
