@@ -1,9 +1,10 @@
-"""C code from the loop IR: readable names, OpenMP for parallel loops, GCC vector types for vectors.
+"""C code from the loop IR: readable names, a thread pool for parallel loops, GCC vector types for vectors.
 
 The generated file is self-contained: typedefs and small `static inline` helpers (vector load/store,
 broadcast, select, floor division) are emitted only when used. Each function takes one pointer per
 buffer parameter (`restrict`: the runtime checks that arguments do not overlap) and returns 0, or -1
-when an allocation failed.
+when an allocation failed. A parallel loop's body is outlined into a static function over a range of its
+iterations, which the library's thread pool (`codegen.c_pool`) runs in chunks taken from a shared counter.
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ from ..tir.stmt import (
     size_params,
 )  # fmt: skip
 from .narrow import c_function
+from .c_pool import POOL_DECL, POOL_SOURCE
 from .vmath import EXP2_TABLE, exp2_table_values, vector_exp, wants_arithmetic_exp
 
 STACK_LIMIT = 32 * 1024  # bytes: larger allocations go to the heap
+CHUNK_WORK = 2048  # stores (scalar or vector) a chunk of a parallel loop does at least, where the loop has them
+CHUNKS_PER_THREAD = 4  # chunks per thread a parallel loop is split into at least, where it has the iterations
 
 C_KEYWORDS = set(
     "auto break case char const continue default do double else enum extern float for goto if inline int long "
@@ -127,7 +131,7 @@ class CCodegen:
     def __init__(self, target: Target):
         self.target = target
         self.names: dict[int, str] = {}
-        self.taken: set[str] = set()
+        self.taken: set[str] = {"ember_status", "ember_arg", "ember_closure", "ember_begin", "ember_end"}
         self.helpers: dict[str, str] = {}
         self.vec_types: dict[str, str] = {}
         self.ana = Analyzer()
@@ -136,6 +140,8 @@ class CCodegen:
         self.in_parallel = False
         self.written: set[Buffer] = set()
         self.registers: dict[Buffer, str] = {}  # local buffers promoted to one variable per slot
+        self.regions: list[str] = []  # outlined parallel loops, emitted before the function
+        self.func_name = ""
 
     # -- names and types ---------------------------------------------------------------------
     def name(self, obj: Var | Buffer) -> str:
@@ -537,9 +543,14 @@ class CCodegen:
                 self.emit("#pragma omp simd")
             else:
                 self.emit(f"// pragma {key}={value}")
-        if parallel_here:
+        if parallel_here and self.target.kind == "c":
+            inputs = self.region_inputs(s)
+            if inputs is not None:
+                self.parallel_region(s, *inputs)
+                return
+        if parallel_here:  # a GPU renderer drops the pragma; C: a region reading registers of the enclosing code
             threads = f" num_threads({self.target.threads})" if self.target.threads else ""
-            self.emit(f"#pragma omp parallel for schedule(static){threads}")
+            self.emit(f"#pragma omp parallel for schedule(dynamic, {self.chunk(s)}){threads}")
         elif s.kind is ForKind.PARALLEL:
             self.emit("// parallel loop nested in a parallel loop: runs serially")
         elif s.kind is ForKind.UNROLLED:
@@ -553,6 +564,76 @@ class CCodegen:
         with self.ana.scope(s.var, lb, hb):
             self.block(s.body)
         self.in_parallel = was
+        self.emit("}")
+
+    # -- parallel loops: regions run by the thread pool (codegen/c_pool.py) -------------------------------
+    def chunk(self, s: For) -> int:
+        """Iterations per chunk of a parallel loop: enough work to pay for taking a chunk (CHUNK_WORK stores), but
+        at least CHUNKS_PER_THREAD chunks per thread where the loop has that many iterations, so that a thread
+        slowed down (a core shared with another process) leaves little work for the others to wait for."""
+        n = s.extent.value if isinstance(s.extent, Const) else self.ana.const_upper_bound(s.extent)
+        per_iteration = max(1, _stores(s.body, self.ana))
+        chunk = -(-CHUNK_WORK // per_iteration)
+        if n is not None:
+            chunk = min(chunk, n // (CHUNKS_PER_THREAD * max(self.target.threads or 0, 2)))
+        return max(1, chunk)
+
+    def region_inputs(self, s: For) -> tuple[list[Var], list[Buffer]] | None:
+        """The variables and buffers of the enclosing function that a parallel loop's body uses (its closure), or
+        None where it reads register variables of the enclosing code (then it stays an OpenMP loop)."""
+        nodes = list(walk(s.body))
+        bound = {id(n.var) for n in nodes if isinstance(n, For | LetStmt)} | {id(s.var)}
+        allocated = {id(n.buffer) for n in nodes if isinstance(n, Allocate)}
+        sizes = [x for n in nodes if isinstance(n, Allocate) and isinstance(n.buffer.size, Expr)
+                 for x in walk(n.buffer.size)]  # fmt: skip
+        variables: dict[int, Var] = {}
+        buffers: dict[int, Buffer] = {}
+        for n in nodes + sizes:
+            if isinstance(n, Var) and id(n) not in bound:
+                variables.setdefault(id(n), n)
+            elif isinstance(n, Load | Store) and id(n.buffer) not in allocated:
+                buffers.setdefault(id(n.buffer), n.buffer)
+        if any(b in self.registers for b in buffers.values()):
+            return None
+        return list(variables.values()), list(buffers.values())
+
+    def parallel_region(self, s: For, variables: list[Var], buffers: list[Buffer]) -> None:
+        """The loop's body becomes `static void F_parK(void* closure, int64_t begin, int64_t end)` over its
+        iterations [begin, end), emitted before the function; the loop becomes a call of `ember_parallel_for`."""
+        region = f"{self.func_name}_par{len(self.regions) + 1}"
+        self.taken.add(region)
+        stored = {id(n.buffer) for n in walk(s.body) if isinstance(n, Store)}
+        ptr = {id(b): f"{'' if id(b) in stored else 'const '}{b.dtype.c_type}*" for b in buffers}
+        fields = [f"{self.ctype(v.dtype)} {self.name(v)};" for v in variables]
+        fields += [f"{ptr[id(b)]} {self.name(b)};" for b in buffers] + ["int32_t* ember_status;"]
+        unpack = [f"const {self.ctype(v.dtype)} {self.name(v)} = ember_closure->{self.name(v)};" for v in variables]
+        unpack += [f"{ptr[id(b)]} restrict {self.name(b)} = ember_closure->{self.name(b)};" for b in buffers]
+        outer_lines, outer_indent = self.lines, self.indent
+        self.lines, self.indent = [], 1
+        v, t = self.name(s.var), s.var.dtype.c_type
+        self.emit(f"for ({t} {v} = ({t})ember_begin; {v} < ({t})ember_end; ++{v}) {{")
+        lb, hb = self.ana.bind_loop(s.var, s.min, s.extent)
+        self.in_parallel = True
+        with self.ana.scope(s.var, lb, hb):
+            self.block(s.body)
+        self.in_parallel = False
+        self.emit("}")
+        body, self.lines, self.indent = self.lines, outer_lines, outer_indent
+        self.regions.append("\n".join([
+            f"struct {region} {{", *("  " + f for f in fields), "};",
+            f"static void {region}(void* ember_arg, int64_t ember_begin, int64_t ember_end) {{",
+            f"  const struct {region}* ember_closure = (const struct {region}*)ember_arg;",
+            *("  " + u for u in unpack), "  int32_t ember_status = 0;", *body,
+            "  if (ember_status != 0) *ember_closure->ember_status = ember_status;", "}", "",
+        ]))  # fmt: skip
+        values = [f".{self.name(v)} = {self.name(v)}" for v in variables]
+        values += [f".{self.name(b)} = {self.name(b)}" for b in buffers]
+        self.emit("{")
+        self.emit(f"  struct {region} {region}_closure = {{{', '.join([*values, '.ember_status = &ember_status'])}}};")
+        end = self.expr(self.ana.simplify(s.min + s.extent))
+        self.helper("ember_parallel_for", POOL_DECL)  # defined once per library, with the threads API
+        self.emit(f"  ember_parallel_for({region}, &{region}_closure, {self.expr(s.min)}, {end}, {self.chunk(s)}, "
+                  f"{self.target.threads or 0});")  # fmt: skip
         self.emit("}")
 
     def store(self, s: Store) -> None:
@@ -631,6 +712,8 @@ class CCodegen:
 
     # -- function ----------------------------------------------------------------------------
     def function(self, f: PrimFunc) -> str:
+        self.func_name = _ident(f.name)
+        self.taken.add(self.func_name)
         for p in f.params:
             self.name(p)
         sizes = size_params(f.params)  # symbolic sizes: int64 arguments after the buffers
@@ -648,7 +731,8 @@ class CCodegen:
         doc = [
             f"// {f.name}(" + ", ".join(f"{p.name}: {p.dtype}[{', '.join(map(str, p.shape))}]" for p in f.params) + ")"
         ]
-        return "\n".join([*doc, sig + " {", "  int32_t ember_status = 0;", *body, "  return ember_status;", "}"])
+        head = [*self.regions, *doc, sig + " {", "  int32_t ember_status = 0;"]
+        return "\n".join([*head, *body, "  return ember_status;", "}"])
 
 
 _HALF_HELPERS = {
@@ -745,7 +829,7 @@ def register_slots(s: Allocate, max_slots: int = 64) -> dict[int, int] | None:
 
 
 PRELUDE = """\
-// Generated by Ember. Compile with a C11 compiler (GNU extensions for vector types), -fopenmp for parallel loops.
+// Generated by Ember. Compile with a C11 compiler (GNU extensions for vector types) and pthreads.
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -756,16 +840,24 @@ PRELUDE = """\
 #endif
 """
 
-THREADS_API = """\
-// Sets the number of threads for the library's parallel loops (OpenMP's default is all cores).
-void ember_set_num_threads(int32_t n) {
-#ifdef _OPENMP
-  omp_set_num_threads(n);
-#else
-  (void)n;
-#endif
-}
-"""
+THREADS_API = POOL_SOURCE
+
+
+def _stores(s: Stmt, ana: Analyzer) -> int:
+    """About how many stores one run of `s` does (loops at their constant extent or bound, else 16 iterations;
+    a conditional at its larger branch): the work of a parallel loop's iteration."""
+    if isinstance(s, Store):
+        return 1
+    if isinstance(s, Seq):
+        return sum(_stores(x, ana) for x in s.stmts)
+    if isinstance(s, For):
+        n = s.extent.value if isinstance(s.extent, Const) else ana.const_upper_bound(s.extent)
+        return (n if n is not None and n > 0 else 16) * _stores(s.body, ana)
+    if isinstance(s, IfThenElse):
+        return max(_stores(s.then_case, ana), _stores(s.else_case, ana) if s.else_case is not None else 0)
+    if isinstance(s, LetStmt | Allocate):
+        return _stores(s.body, ana)
+    return 1 if isinstance(s, Evaluate) else 0
 
 
 def codegen_c(funcs: PrimFunc | list[PrimFunc], target: Target | str = "c", threads_api: bool = True) -> str:

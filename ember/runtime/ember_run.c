@@ -5,17 +5,18 @@
    Reads every model input from a .npy file (C order, the model's dtype and shape), loads the weights (default:
    weights.bin beside this program), runs the model `warmup` times untimed and `repeat` times timed, writes each
    output to OUT/<output name>.npy (OUT and its parents are created if missing; characters other than letters,
-   digits, '.', '-' and '_' become '_') and prints one JSON line on stdout (times in seconds; threads: OpenMP's
-   count, 1 without it):
+   digits, '.', '-' and '_' become '_') and prints one JSON line on stdout (times in seconds; threads: the count
+   of the model's thread pool):
 
      {"model": "mlp", "repeat": 10, "warmup": 1, "threads": 4, "min": 1.2e-05, "median": 1.3e-05,
       "mean": 1.3e-05, "unit": "s", "outputs": {"y": "OUT/y.npy"}}
 
-   --threads defaults to the target's -threads when it had one (EMBER_MODEL_THREADS), else OpenMP's default.
+   --threads defaults to the target's -threads when it had one (EMBER_MODEL_THREADS), else $OMP_NUM_THREADS, else
+   all cores (the model library's thread pool: ember/codegen/c_pool.py).
    Exit status: 0; 2 for a bad command line or input (wrong shape or dtype, missing or unknown input; the message
    on stderr names it); 1 when the weights cannot be read, the model fails or an output cannot be written.
-   Needs only libc, libm and (optionally) OpenMP:
-     cc -O2 -std=gnu11 [-fopenmp] ember_run.c ember_model.c -o ember_run -lm */
+   Needs only libc (with pthreads), libm and (optionally) OpenMP:
+     cc -O2 -std=gnu11 [-fopenmp] ember_run.c ember_model.c -o ember_run -lm -pthread */
 
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -26,11 +27,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "ember_model.h"
+
+/* The model library's thread pool (defined in ember_model.c) */
+void ember_set_num_threads(int32_t n);
+int32_t ember_get_num_threads(void);
 
 #define ALIGN 64
 #define USAGE                                                                                               \
@@ -315,14 +317,9 @@ int main(int argc, char** argv) {
   if (status == 0 && (m = ember_model_create(weights)) == NULL)
     status = fail(1, "cannot load the weights from %s (missing, short, or out of memory); pass --weights PATH",
                   weights);
-#ifdef _OPENMP
   if (threads == 0) threads = EMBER_MODEL_THREADS;
-  if (threads > 0) omp_set_num_threads(threads);
-  int used_threads = omp_get_max_threads();
-#else
-  int used_threads = 1;
-  (void)threads;
-#endif
+  if (threads > 0) ember_set_num_threads(threads);
+  int used_threads = ember_get_num_threads();
   for (int r = 0; r < warmup + repeat && status == 0; r++) {
     double t0 = now();
     int rc = ember_model_run(m, (const void* const*)inputs, outputs);

@@ -138,7 +138,7 @@ class CompiledModel(ExportsC, Model):
         self._local.sizes = (ctypes.c_int64 * max(len(sizes), 1))(*sizes)
 
     def _set_threads(self) -> None:
-        """Give the calling thread's OpenMP the target's thread count (OpenMP keeps it per thread)."""
+        """Give the library's thread pool (and OpenMP, which keeps it per thread) the target's thread count."""
         if self._threads and hasattr(self._lib, "ember_set_num_threads"):
             self._lib.ember_set_num_threads(ctypes.c_int32(self._threads))
 

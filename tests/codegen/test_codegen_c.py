@@ -61,15 +61,37 @@ def test_loops_with_the_same_name_get_distinct_c_names():
     assert "for (int32_t i = 0;" in src and "for (int32_t i_1 = 0;" in src
 
 
-def test_parallel_loop_is_an_omp_parallel_for():
+def test_parallel_loop_is_a_region_of_the_thread_pool():
+    """A parallel loop's body is outlined over a range of iterations and run by ember_parallel_for in chunks taken
+    from a shared counter (balanced as it runs), not an OpenMP static schedule; the nested one runs serially."""
     A, B, C = matmul()
     s = te.create_schedule(C)
     s[C].parallel(C.op.axis[0])
     s[C].parallel(C.op.axis[1])
     src = source_of(s, [A, B, C], "c -threads=2")
-    assert "#pragma omp parallel for schedule(static) num_threads(2)\n  for (int32_t i = 0;" in src
-    assert src.count("#pragma omp parallel for") == 1
+    assert "#pragma omp parallel" not in src and "schedule(static)" not in src
+    assert "static void default_function_par1(void* ember_arg, int64_t ember_begin, int64_t ember_end) {" in src
+    assert "for (int32_t i = (int32_t)ember_begin; i < (int32_t)ember_end; ++i) {" in src
+    assert "const float* restrict A = ember_closure->A;" in src and "float* restrict C = ember_closure->C;" in src
+    # 16 rows of 16 x 16 stores: at least 4 chunks per thread, so chunks of 2 rows
+    assert "ember_parallel_for(default_function_par1, &default_function_par1_closure, 0, 16, 2, 2);" in body_of(src)
     assert "// parallel loop nested in a parallel loop: runs serially" in src
+
+
+def test_parallel_chunks_carry_enough_work():
+    """Small iterations are taken many at a time (a chunk does about CHUNK_WORK stores), large ones one by one."""
+    from ember.codegen.c import CHUNK_WORK
+
+    X = te.placeholder((4096, 4), "float32", name="X")
+    Y = te.compute((4096, 4), lambda i, j: X[i, j] + 1.0, name="Y")
+    s = te.create_schedule(Y)
+    s[Y].parallel(Y.op.axis[0])
+    src = body_of(source_of(s, [X, Y], "c -threads=2"))
+    assert f", 0, 4096, {CHUNK_WORK // 4}, 2);" in src
+    A, B, C = matmul(m=4, n=512, k=512)
+    s = te.create_schedule(C)
+    s[C].parallel(C.op.axis[0])
+    assert ", 0, 4, 1, 0);" in body_of(source_of(s, [A, B, C]))  # no -threads: the library's count (0)
 
 
 @pytest.mark.parametrize("dt, lanes, c_type", [("float32", 8, "float"), ("float64", 4, "double"),

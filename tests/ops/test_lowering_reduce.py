@@ -207,7 +207,7 @@ def test_rows_accumulate_in_vector_registers():
     model, _ = build([N("ReduceMean", [R((64, 768)), np.array([-1], np.int64)])], 18)
     source = ember.compile(model, fallback=False).source
     assert f"float32x{RF_LANES} " in source and "ember_vload_float32x" in source
-    assert "#pragma omp parallel for" in source
+    assert "ember_parallel_for(" in source
 
 
 def test_columns_vectorize_the_kept_inner_axis():

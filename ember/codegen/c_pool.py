@@ -1,0 +1,192 @@
+"""The thread pool that runs the C target's parallel loops (C source, emitted once per library).
+
+A parallel loop is outlined by the C renderer into `static void region(void* closure, int64_t begin, int64_t end)`
+and run by `ember_parallel_for(region, &closure, begin, end, chunk, threads)`. Unlike an OpenMP
+`parallel for schedule(static)`, whose region waits for its slowest thread (on a core shared with a busy process,
+one time slice of someone else's work per region), the pool balances as it goes and never waits for a thread
+that has not started:
+
+- The iterations are taken `chunk` at a time from a shared counter (`ember_pool_next`): the calling thread and
+  every worker that arrives take chunks until none is left. A worker that wakes late finds the counter spent and
+  goes back to waiting; the caller then waits only for the workers that are inside a chunk (`ember_pool_active`).
+- A region is published as one atomic word, odd while open, made even again (closed) by the caller when the
+  counter is spent. A worker counts itself in (`active`) and then checks that the word is the one it saw: a
+  worker that arrives after the close leaves without touching the region (seq_cst on both sides).
+- Idle threads poll for a while (`EMBER_POOL_SPIN` polls, default 2000, a `pause` each, yielding the core every
+  64) and then block on a condition variable, so a worker does not spin against a process that needs its core,
+  and the caller blocks the same way when it has to wait for a worker that lost its core.
+- Workers are created on the first region that needs them (at most EMBER_POOL_MAX - 1) and kept; a worker that
+  cannot be created is not waited for (its share runs on the others). One region at a time: a caller that finds
+  the pool taken (another host thread's region) runs its loop serially. A forked child starts with no workers.
+- The thread count: `ember_set_num_threads(n)`, else $OMP_NUM_THREADS, else the machine's online cores.
+  A target's `-threads=N` is passed to each region instead.
+"""
+
+from __future__ import annotations
+
+POOL_DECL = """\
+void ember_parallel_for(void (*region)(void* closure, int64_t begin, int64_t end), void* closure, int64_t begin,
+                        int64_t end, int64_t chunk, int32_t threads);"""
+
+POOL_SOURCE = r"""
+// -- the thread pool of parallel loops (ember/codegen/c_pool.py) -------------------------------------------
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+#define EMBER_POOL_MAX 64
+static pthread_mutex_t ember_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ember_pool_wake = PTHREAD_COND_INITIALIZER;  // workers wait for a region
+static pthread_cond_t ember_pool_idle = PTHREAD_COND_INITIALIZER;  // the caller waits for its workers
+static _Atomic uint64_t ember_pool_word;     // odd: a region is open
+static _Atomic int64_t ember_pool_next;      // the next iteration to take
+static _Atomic int32_t ember_pool_active;    // workers inside the open region
+static _Atomic int32_t ember_pool_sleepers;  // workers blocked on ember_pool_wake
+static _Atomic int32_t ember_pool_waiting;   // the caller is blocked on ember_pool_idle
+static _Atomic int32_t ember_pool_busy;      // a caller holds the pool
+static int32_t ember_pool_workers;           // workers 1..this exist
+static int32_t ember_pool_threads;           // ember_set_num_threads (0: the default)
+static int32_t ember_pool_spin = -1;
+static void (*ember_pool_fn)(void*, int64_t, int64_t);  // the open region: written before the word opens it
+static void* ember_pool_closure;
+static int64_t ember_pool_end, ember_pool_chunk;
+static int32_t ember_pool_limit;             // workers below this index take part
+
+static void ember_pool_relax(int32_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+  __asm__ __volatile__("yield");
+#endif
+  if ((n & 63) == 63) sched_yield();
+}
+
+static void ember_pool_take(void (*fn)(void*, int64_t, int64_t), void* closure, int64_t end, int64_t chunk) {
+  for (;;) {
+    int64_t b = atomic_fetch_add(&ember_pool_next, chunk);
+    if (b >= end) return;
+    fn(closure, b, end - b > chunk ? b + chunk : end);
+  }
+}
+
+static void* ember_pool_worker(void* arg) {
+  int32_t k = (int32_t)(intptr_t)arg;
+  uint64_t seen = 0;
+  for (;;) {
+    uint64_t w = atomic_load(&ember_pool_word);
+    if ((w & 1) && w != seen) {
+      seen = w;
+      atomic_fetch_add(&ember_pool_active, 1);
+      if (atomic_load(&ember_pool_word) == w && k < ember_pool_limit)  // still open: the region stays till we leave
+        ember_pool_take(ember_pool_fn, ember_pool_closure, ember_pool_end, ember_pool_chunk);
+      if (atomic_fetch_sub(&ember_pool_active, 1) == 1 && atomic_load(&ember_pool_waiting)) {
+        pthread_mutex_lock(&ember_pool_mu);
+        pthread_cond_broadcast(&ember_pool_idle);
+        pthread_mutex_unlock(&ember_pool_mu);
+      }
+      continue;
+    }
+    for (int32_t n = 0; n < ember_pool_spin && atomic_load(&ember_pool_word) == w; n++) ember_pool_relax(n);
+    if (atomic_load(&ember_pool_word) == w) {
+      pthread_mutex_lock(&ember_pool_mu);
+      atomic_fetch_add(&ember_pool_sleepers, 1);
+      while (atomic_load(&ember_pool_word) == w) pthread_cond_wait(&ember_pool_wake, &ember_pool_mu);
+      atomic_fetch_sub(&ember_pool_sleepers, 1);
+      pthread_mutex_unlock(&ember_pool_mu);
+    }
+  }
+  return NULL;
+}
+
+static void ember_pool_after_fork(void) {  // the child has none of the parent's workers
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+  ember_pool_mu = mu;
+  ember_pool_wake = ember_pool_idle = cv;
+  ember_pool_workers = 0;
+  atomic_store(&ember_pool_active, 0);
+  atomic_store(&ember_pool_sleepers, 0);
+  atomic_store(&ember_pool_waiting, 0);
+  atomic_store(&ember_pool_busy, 0);
+}
+
+static int32_t ember_pool_default_threads(void) {
+  const char* env = getenv("OMP_NUM_THREADS");
+  if (env != NULL && atoi(env) > 0) return atoi(env);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int32_t)n : 1;
+}
+
+static void ember_pool_start(int32_t workers) {  // under ember_pool_busy
+  if (ember_pool_spin < 0) {
+    const char* env = getenv("EMBER_POOL_SPIN");
+    ember_pool_spin = env != NULL ? atoi(env) : 2000;
+    pthread_atfork(NULL, NULL, ember_pool_after_fork);
+  }
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  while (ember_pool_workers < workers) {
+    pthread_t t;
+    if (pthread_create(&t, &attr, ember_pool_worker, (void*)(intptr_t)(ember_pool_workers + 1)) != 0) break;
+    ember_pool_workers++;
+  }
+  pthread_attr_destroy(&attr);
+}
+
+// Runs fn(closure, b, e) over [begin, end) in chunks of `chunk` iterations on `threads` threads (0: the library's
+// count), the calling thread included; returns when every chunk is done.
+void ember_parallel_for(void (*fn)(void*, int64_t, int64_t), void* closure, int64_t begin, int64_t end, int64_t chunk,
+                        int32_t threads) {
+  int32_t nt = threads > 0 ? threads : ember_pool_threads > 0 ? ember_pool_threads : ember_pool_default_threads();
+  int32_t free_ = 0;
+  if (chunk < 1) chunk = 1;
+  if (nt <= 1 || end - begin <= chunk || !atomic_compare_exchange_strong(&ember_pool_busy, &free_, 1)) {
+    fn(closure, begin, end);
+    return;
+  }
+  nt = nt < EMBER_POOL_MAX ? nt : EMBER_POOL_MAX;
+  ember_pool_start(nt - 1);
+  ember_pool_fn = fn;
+  ember_pool_closure = closure;
+  ember_pool_end = end;
+  ember_pool_chunk = chunk;
+  ember_pool_limit = nt;
+  atomic_store(&ember_pool_next, begin);
+  uint64_t open = atomic_load(&ember_pool_word) + 1;
+  atomic_store(&ember_pool_word, open);
+  if (atomic_load(&ember_pool_sleepers) > 0) {
+    pthread_mutex_lock(&ember_pool_mu);
+    pthread_cond_broadcast(&ember_pool_wake);
+    pthread_mutex_unlock(&ember_pool_mu);
+  }
+  ember_pool_take(fn, closure, end, chunk);
+  atomic_store(&ember_pool_word, open + 1);  // closed: a worker arriving now leaves the region alone
+  for (int32_t n = 0; atomic_load(&ember_pool_active) != 0; n++) {
+    if (n < ember_pool_spin) {
+      ember_pool_relax(n);
+      continue;
+    }
+    pthread_mutex_lock(&ember_pool_mu);
+    atomic_store(&ember_pool_waiting, 1);
+    while (atomic_load(&ember_pool_active) != 0) pthread_cond_wait(&ember_pool_idle, &ember_pool_mu);
+    atomic_store(&ember_pool_waiting, 0);
+    pthread_mutex_unlock(&ember_pool_mu);
+  }
+  atomic_store(&ember_pool_busy, 0);
+}
+
+// Sets the number of threads of the library's parallel loops (default: $OMP_NUM_THREADS, else all cores).
+void ember_set_num_threads(int32_t n) {
+  ember_pool_threads = n > 0 ? n : 0;
+#ifdef _OPENMP
+  if (n > 0) omp_set_num_threads(n);
+#endif
+}
+
+// The number of threads the library's parallel loops use.
+int32_t ember_get_num_threads(void) {
+  return ember_pool_threads > 0 ? ember_pool_threads : ember_pool_default_threads();
+}
+"""

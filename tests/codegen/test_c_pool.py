@@ -1,0 +1,115 @@
+"""The C target's thread pool (ember/codegen/c_pool.py): parallel loops give the same answers on 1, 2 and 3 threads,
+with chunks that do not divide the loop, beside a busy process, from several host threads, and in a forked child."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import ember
+from ember import te, zoo
+from ember.runtime.compare import onnxruntime_session
+
+SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+
+
+def rows_kernel(n: int = 203, k: int = 37):
+    """Y[i, j] = sum_r X[i, r] * W[r, j] + i: 203 parallel rows (prime: no chunk size divides them)."""
+    X = te.placeholder((n, k), "float32", name="X")
+    W = te.placeholder((k, 8), "float32", name="W")
+    r = te.reduce_axis((0, k), name="r")
+    Y = te.compute((n, 8), lambda i, j: te.sum(X[i, r] * W[r, j], axis=r), name="Y")
+    Z = te.compute((n, 8), lambda i, j: Y[i, j] + te.cast(i, "float32"), name="Z")
+    s = te.create_schedule(Z)
+    s[Y].compute_at(s[Z], Z.op.axis[0])
+    s[Z].parallel(Z.op.axis[0])
+    return ember.build(s, [X, W, Z], target="c")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_parallel_kernel_matches_numpy_on_any_thread_count(threads):
+    f = rows_kernel()
+    assert "ember_parallel_for(" in f.lib_path.with_suffix(".c").read_text()
+    f.set_num_threads(threads)
+    rng = np.random.default_rng(threads)
+    for _ in range(20):  # many regions in a row: workers reused, spinning or woken
+        x, w = rng.standard_normal((203, 37), np.float32), rng.standard_normal((37, 8), np.float32)
+        z = np.full((203, 8), np.nan, np.float32)
+        f(x, w, z)
+        want = x.astype(np.float64) @ w + np.arange(203)[:, None]
+        np.testing.assert_allclose(z, want, rtol=1e-4, atol=1e-4)
+
+
+def conv_model():
+    b = zoo.Builder(11)
+    y = b.op("Relu", [b.op("Conv", ["x", b.weight((16, 8, 3, 3)), b.weight((16,))], pads=[1, 1, 1, 1])])
+    y = b.op("Conv", [y, b.weight((8, 16, 1, 1))])
+    return b.model({"x": (1, 8, 20, 20)}, b.op("Softmax", [b.op("Flatten", [y])]))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_model_matches_onnxruntime_on_any_thread_count(threads):
+    pytest.importorskip("onnxruntime", reason="the reference of the model test")
+    model = conv_model()
+    m = ember.compile(model, target=f"c -threads={threads}")
+    sess = onnxruntime_session(model, 1)
+    rng = np.random.default_rng(threads)
+    for _ in range(3):
+        x = rng.standard_normal((1, 8, 20, 20), np.float32)
+        np.testing.assert_allclose(m(x), sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-6)
+
+
+def test_answers_beside_a_busy_core_and_from_several_host_threads():
+    """A worker sharing its core with a spinning process, and host threads racing for the pool (the losers run
+    their loops serially), change no answer."""
+    f = rows_kernel()
+    f.set_num_threads(2)
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((203, 37), np.float32) for _ in range(24)]
+    w = rng.standard_normal((37, 8), np.float32)
+    want = [x.astype(np.float64) @ w + np.arange(203)[:, None] for x in xs]
+
+    def run(x):
+        z = np.empty((203, 8), np.float32)
+        f(x, w, z)
+        return z
+
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN, str(os.cpu_count() - 1)])
+    try:
+        time.sleep(0.1)
+        alone = [run(x) for x in xs]
+        with ThreadPoolExecutor(3) as pool:
+            together = list(pool.map(run, xs))
+    finally:
+        spinner.kill()
+        spinner.wait()
+    for got in (alone, together):
+        for z, ref in zip(got, want):
+            np.testing.assert_allclose(z, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_runs_parallel_loops_without_the_parents_workers():
+    f = rows_kernel()
+    f.set_num_threads(2)
+    x, w = np.ones((203, 37), np.float32), np.ones((37, 8), np.float32)
+    z = np.empty((203, 8), np.float32)
+    f(x, w, z)  # the parent's workers exist now
+    want = 37 + np.arange(203, dtype=np.float32)[:, None] + np.zeros((1, 8), np.float32)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 when its answers are right
+        ok = True
+        for _ in range(5):
+            z2 = np.empty((203, 8), np.float32)
+            f(x, w, z2)
+            ok = ok and np.array_equal(z2, want)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    np.testing.assert_array_equal(z, want)
