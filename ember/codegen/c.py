@@ -37,8 +37,8 @@ from ..tir.stmt import (
     Store,
     size_params,
 )  # fmt: skip
-from .narrow import c_function
 from .c_pool import POOL_DECL, POOL_SOURCE
+from .narrow import c_function
 from .vmath import EXP2_TABLE, exp2_table_values, vector_exp, wants_arithmetic_exp
 
 STACK_LIMIT = 32 * 1024  # bytes: larger allocations go to the heap
