@@ -8,10 +8,11 @@ with W int8 packed as [Np / nb, K / 4, nb, 4] (`ember.templates.int8.pack_weight
 (kh, kw, channel) with the channels padded to 4, u(x) the activation as uint8 (x + 128 for int8 x; the
 convolution's padding is u(x_zero), a real zero), int32 accumulation, and bias the int32 bias minus
 u(x_zero) times W's column sums (folded by the pass: the product then needs no zero-point terms), rounding
-half to even. `y_min` above the dtype's minimum is a fused Relu (max(q, y_zero) is exactly Relu then
-QuantizeLinear). ONNX's QLinearConv divides the real value by y's scale; the pass's `scale` is
-x_scale * w_scale / y_scale rounded to float32 once, as onnxruntime's kernels do: the two can differ by one
-step where the quotient is within float32 rounding of a tie.
+half to even. With y_dtype float32 the output is float32(sum u(x) * W + bias) * scale, the dequantized product
+(scale = x_scale * w_scale), for float ops after it. `y_min` above the dtype's minimum is a fused Relu
+(max(q, y_zero) is exactly Relu then QuantizeLinear). ONNX's QLinearConv divides the real value by y's scale;
+the pass's `scale` is x_scale * w_scale / y_scale rounded to float32 once, as onnxruntime's kernels do: the two
+can differ by one step where the quotient is within float32 rounding of a tie.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def _requant_np(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, a: dict, a
     shape = [1] * acc.ndim
     shape[axis] = -1
     v = (acc + bias.reshape(shape).astype(np.int64)).astype(np.float32) * scale.reshape(shape)
+    if a["y_dtype"] == "float32":
+        return v
     lo, hi = int_range(a["y_dtype"])
     return np.clip(np.rint(v).astype(np.float64) + a["y_zero"], max(lo, a["y_min"]), hi).astype(a["y_dtype"])
 
@@ -110,6 +113,8 @@ def _u8(v, signed: bool):
 
 
 def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
+    if a["y_dtype"] == "float32":  # dequantized: the float ops after it fuse here
+        return lambda idx, j: te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
     lo, hi = int_range(a["y_dtype"])
     lo = max(lo, a["y_min"])
 

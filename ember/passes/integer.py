@@ -6,6 +6,11 @@ QDQ form (what quantizers emit; runs before constant folding, which would fold t
                                                             DequantizeLinear(W_q int8 const, w_s, 0) [, bias])
         ->  QConvPacked | QMatMulPacked(x_q, pack(W_q), bias', scale)
 
+A Conv | MatMul | Gemm of the same two DequantizeLinear whose output is not quantized (a bottleneck's last
+convolution, read by the residual Add; a classifier) becomes the same node with a float32 output, the dequantized
+product float32(acc + bias') * (x_s * w_s): the float ops after it (DequantizeLinear of the shortcut, Add, Relu,
+QuantizeLinear) fuse into its epilogue.
+
 QOperator form: QLinearConv / QLinearMatMul with constant weights, the same rewrite. And
 QuantizeLinear(MaxPool(DequantizeLinear(x))) with one scale and zero point is MaxPool on the integers.
 
@@ -49,6 +54,13 @@ def integer_ops(graph: Graph, target: Target | str | None = None) -> Graph:
             new = _from_qoperator(graph, node, target)
         if new is not None:
             replaced[node] = new
+    taken = {producers.get(v) for n in replaced for v in n.inputs}  # the cores a QuantizeLinear rewrite consumed
+    taken |= {producers.get(v) for n in list(taken) if n is not None and n.op == "Relu" for v in n.inputs}
+    for node in graph.nodes:  # the rest: float output, for the float ops after it (a residual Add, then Q)
+        if node.op in ("Conv", "MatMul", "Gemm") and node not in taken and node not in replaced:
+            new = _float_out(graph, node, producers, target)
+            if new is not None:
+                replaced[node] = new
     if replaced:
         graph.nodes = [replaced.get(n, n) for n in graph.nodes]
         graph.topo_sort()
@@ -109,6 +121,12 @@ def _from_qdq(graph: Graph, q: Node, producers: dict, consumers: dict, outputs: 
         return None
     if _only_reader(core.outputs[0], consumers, outputs) is None:
         return None
+    return _from_core(graph, core, q.outputs[0], float(ys), yz.reshape(()), relu, producers, target)
+
+
+def _from_core(graph: Graph, core: Node, out: Value, ys: float | None, yz: np.ndarray | None, relu: bool,
+               producers: dict, target: Target) -> Node | None:
+    """The integer node of `core` writing `out`: requantized to (ys, yz), or dequantized (ys None)."""
     xd, wd = _dq(core.inputs[0], producers), _dq(core.inputs[1], producers)
     if xd is None or wd is None or xd[1].size != 1 or xd[2].size != 1:
         return None
@@ -129,8 +147,17 @@ def _from_qdq(graph: Graph, q: Node, producers: dict, consumers: dict, outputs: 
             w, waxis = w.T, 1 - waxis
     if core.op != "Conv" and (w.ndim != 2 or (ws.size > 1 and waxis % 2 != 1)):
         return None
-    return _make(graph, core, xq, float(xs.reshape(())), int(xz.reshape(())), w, ws, float(ys),
-                 yz.reshape(()), b_int, relu, q.outputs[0], target)  # fmt: skip
+    return _make(graph, core, xq, float(xs.reshape(())), int(xz.reshape(())), w, ws, ys, yz, b_int, relu, out,
+                 target)
+
+
+def _float_out(graph: Graph, core: Node, producers: dict, target: Target) -> Node | None:
+    """Conv | MatMul | Gemm(DequantizeLinear(x_q), DequantizeLinear(W_q) [, bias]) whose output is not quantized
+    (a bottleneck's last convolution before the residual Add, a classifier): the integer product with the
+    dequantizing epilogue float32(acc + bias') * x_s * w_s, so the float ops after it fuse into the kernel."""
+    if len(core.outputs) != 1 or core.outputs[0].dtype != "float32":
+        return None
+    return _from_core(graph, core, core.outputs[0], None, None, False, producers, target)
 
 
 def _bias(bias: Value | None, producers: dict, bscale: np.ndarray) -> np.ndarray | None:
@@ -163,9 +190,11 @@ def _from_qoperator(graph: Graph, node: Node, target: Target) -> Node | None:
                  b_int.astype(np.int64), False, node.outputs[0], target)  # fmt: skip
 
 
-def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray, ws: np.ndarray, ys: float,
-          yz: np.ndarray, b_int: np.ndarray, relu: bool, out: Value, target: Target) -> Node | None:  # fmt: skip
-    if xq.dtype not in ("uint8", "int8") or yz.dtype not in (np.uint8, np.int8):
+def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray, ws: np.ndarray,
+          ys: float | None, yz: np.ndarray | None, b_int: np.ndarray, relu: bool, out: Value,
+          target: Target) -> Node | None:  # fmt: skip
+    """ys None: a float32 output (dequantized: no y_s, y_zero or rounding)."""
+    if xq.dtype not in ("uint8", "int8") or (yz is not None and yz.dtype not in (np.uint8, np.int8)):
         return None
     conv = core.op in ("Conv", "QLinearConv")
     if conv:
@@ -186,9 +215,13 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
     bias = np.broadcast_to(b_int, (co,)) - xzu * colsum
     if np.any(np.abs(bias) >= 2**31):
         return None
-    scale = np.float32(xs) * np.broadcast_to(ws.astype(np.float32).reshape(-1), (co,)) / np.float32(ys)
-    attrs = {"n": co, "x_zero": xz, "y_zero": int(yz), "y_dtype": yz.dtype.name,
-             "y_min": int(yz) if relu else int(np.iinfo(yz.dtype).min)}  # fmt: skip
+    scale = np.float32(xs) * np.broadcast_to(ws.astype(np.float32).reshape(-1), (co,))
+    if ys is None or yz is None:
+        attrs = {"n": co, "x_zero": xz, "y_zero": 0, "y_dtype": "float32"}
+    else:
+        scale = scale / np.float32(ys)
+        attrs = {"n": co, "x_zero": xz, "y_zero": int(yz), "y_dtype": yz.dtype.name,
+                 "y_min": int(yz) if relu else int(np.iinfo(yz.dtype).min)}  # fmt: skip
     if conv:
         nd = 2
         attrs.update(kernel_shape=(kh, kw), strides=tuple(core.attrs.get("strides") or (1,) * nd),
