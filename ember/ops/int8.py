@@ -10,9 +10,10 @@ convolution's padding is u(x_zero), a real zero), int32 accumulation, and bias t
 u(x_zero) times W's column sums (folded by the pass: the product then needs no zero-point terms), rounding
 half to even. With y_dtype float32 the output is float32(sum u(x) * W + bias) * scale, the dequantized product
 (scale = x_scale * w_scale), for float ops after it. `y_min` above the dtype's minimum is a fused Relu
-(max(q, y_zero) is exactly Relu then QuantizeLinear). ONNX's QLinearConv divides the real value by y's scale;
-the pass's `scale` is x_scale * w_scale / y_scale rounded to float32 once, as onnxruntime's kernels do: the two
-can differ by one step where the quotient is within float32 rounding of a tie.
+(max(q, y_zero) is exactly Relu then QuantizeLinear), and `y_max` below the maximum a fused Clip (ReLU6).
+ONNX's QLinearConv divides the real value by y's scale; the pass's `scale` is x_scale * w_scale / y_scale
+rounded to float32 once, as onnxruntime's kernels do: the two can differ by one step where the quotient is
+within float32 rounding of a tie.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ember.templates import nn as T
 
 OUT = Pattern.OUT_ELEMWISE_FUSABLE
 COMMON = [Attr("n", "int"), Attr("x_zero", "int", 0), Attr("y_zero", "int", 0), Attr("y_dtype", "dtype", "uint8"),
-          Attr("y_min", "int", -(2**31))]  # fmt: skip
+          Attr("y_min", "int", -(2**31)), Attr("y_max", "int", 2**31 - 1)]  # fmt: skip
 CONV = [Attr("kernel_shape", "ints"), Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints")]
 
 
@@ -71,7 +72,8 @@ def _requant_np(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, a: dict, a
     if a["y_dtype"] == "float32":
         return v
     lo, hi = int_range(a["y_dtype"])
-    return np.clip(np.rint(v).astype(np.float64) + a["y_zero"], max(lo, a["y_min"]), hi).astype(a["y_dtype"])
+    lo, hi = max(lo, a.get("y_min", lo)), min(hi, a.get("y_max", hi))
+    return np.clip(np.rint(v).astype(np.float64) + a["y_zero"], lo, hi).astype(a["y_dtype"])
 
 
 def _as_u8(x: np.ndarray) -> np.ndarray:
@@ -116,7 +118,7 @@ def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
     if a["y_dtype"] == "float32":  # dequantized: the float ops after it fuse here
         return lambda idx, j: te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
     lo, hi = int_range(a["y_dtype"])
-    lo = max(lo, a["y_min"])
+    lo, hi = max(lo, a.get("y_min", lo)), min(hi, a.get("y_max", hi))
 
     def f(idx, j):
         v = te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
@@ -222,3 +224,81 @@ def _qmatmul_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor
     nd = len(batch) + 2
     attrs = {"template": "int8_gemm", "acc": acc, "row_axes": (nd - 2,), "col_axis": nd - 1}
     return te.compute((*batch, m, a["n"]), lambda *idx: epi(idx, idx[-1]), name="qmatmul", attrs=attrs)
+
+
+# -- depthwise convolution: one 3 x 3 (any) filter per channel, vectorized along the pixels ----------------
+def dw_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(stride S, plane width W2, plane rows) of a QConvDepthwise: the padded image split into S x S phase planes
+    (plane (pr, pc) holds the padded pixels (i * S + pr, j * S + pc)), each W2 = ceil(Wp / S) wide, with rows for
+    the taps of the last output rows and zeros after them (the pixels of the accumulator past OH * W2)."""
+    (oh, _), _ = _conv_geometry(a, x_shape)
+    (sh, sw), pads, (dh, dw) = spatial_attrs(a, 2)
+    if sh != sw:
+        raise ShapeError(f"QConvDepthwise needs equal strides, got {(sh, sw)}")
+    kh, kw = a["kernel_shape"]
+    w2 = -(-(x_shape[3] + pads[1] + pads[3]) // sh)
+    q = -(-oh * w2 // 16) * 16  # the accumulator's pixels: whole vectors
+    rows = -(-(q + ((kh - 1) * dh // sh) * w2 + (kw - 1) * dw // sh) // w2)
+    return sh, w2, rows
+
+
+def _dw_infer(a: dict, x: TensorType, w: TensorType, bias: TensorType, scale: TensorType) -> TensorType:
+    if x.rank != 4 or x.dtype not in ("uint8", "int8"):
+        raise ShapeError(f"QConvDepthwise needs a 4-d uint8/int8 x [N, C, H, W], got {x}")
+    c = x.shape[1]
+    if w.dtype != "float32" or w.shape != (c, math.prod(a["kernel_shape"])) or a["n"] != c:
+        raise ShapeError(f"QConvDepthwise: weights must be float32 [C, KH * KW] = [{c}, "
+                         f"{math.prod(a['kernel_shape'])}] with n = C, got {w} and n = {a['n']}")  # fmt: skip
+    if bias.dtype != "int32" or scale.dtype != "float32" or bias.shape != (c,) or scale.shape != (c,):
+        raise ShapeError(f"QConvDepthwise: bias must be int32[{c}] and scale float32[{c}], got {bias} and {scale}")
+    out, _ = _conv_geometry(a, x.shape)
+    return TensorType((x.shape[0], c, *out), a["y_dtype"])
+
+
+@op("QConvDepthwise", OUT, infer=_dw_infer, inputs=(4, 4), attrs=COMMON + CONV)
+def qconv_depthwise(a: dict, x: np.ndarray, w: np.ndarray, bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Quantized depthwise convolution (group = channels, one filter each), requantized as QConvPacked. The weights
+    are the int8 filter values as float32 [C, KH * KW] (exact): the kernel accumulates u(x) * w in float32, exact
+    for KH * KW * 255 * 128 < 2^24, and converts the sum to int32 before the bias."""
+    (oh, ow), _ = _conv_geometry(a, x.shape)
+    kh, kw = a["kernel_shape"]
+    (sh, sw), pads, (dh, dw) = spatial_attrs(a, 2)
+    zp = a["x_zero"] + (128 if x.dtype == np.int8 else 0)
+    xp = np.pad(_as_u8(x), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])], constant_values=zp)
+    wk = w.astype(np.int64).reshape(x.shape[1], kh, kw)
+    acc = np.zeros((x.shape[0], x.shape[1], oh, ow), np.int64)
+    for r in range(kh):
+        for s in range(kw):
+            win = xp[:, :, r * dh : r * dh + (oh - 1) * sh + 1 : sh, s * dw : s * dw + (ow - 1) * sw + 1 : sw]
+            acc += win * wk[None, :, r, s, None, None]
+    return _requant_np(acc, bias, scale, a, 1)
+
+
+@lowering("QConvDepthwise", schedule=T.schedule_nn)
+def _qconv_dw_compute(a: dict, x: Tensor, w: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+    n_, c, h, wd = x.shape
+    (oh, ow), _ = _conv_geometry(a, x.shape)
+    kh, kw = a["kernel_shape"]
+    _, pads, (dh, dw) = spatial_attrs(a, 2)
+    st, w2, rows = dw_grid(a, x.shape)
+    signed = x.dtype.name == "int8"
+    zero = float(a["x_zero"] + (128 if signed else 0))
+
+    def plane(b, ch, pr, pc, p):  # phase planes of the padded image as float32, the padding u(x_zero)
+        ih, iw = (p // w2) * st + pr - pads[0], (p % w2) * st + pc - pads[1]
+        inside = te.all(ih >= 0, ih < h, iw >= 0, iw < wd)
+        return te.if_then_else(inside, te.cast(_u8(x[b, ch, ih, iw], signed), "float32"), te.const(zero, "float32"))
+
+    xs = I8.rows_stage((n_, c, st, st, rows * w2), plane, "planes")
+    q = -(-oh * w2 // 16) * 16
+    r = te.reduce_axis((0, kh), name="r")
+    s = te.reduce_axis((0, kw), name="s")
+
+    def body(b, ch, p):
+        dr, ds = r * dh, s * dw
+        return te.sum(xs[b, ch, dr % st, ds % st, p + (dr // st) * w2 + ds // st] * w[ch, r * kw + s], axis=[r, s])
+
+    acc = te.compute((n_, c, q), body, name="qdw_acc", tag="int8_dw", attrs={"plane_width": w2})
+    epi = _epilogue(lambda idx: te.cast(acc[idx[0], idx[1], idx[2] * w2 + idx[3]], "int32"), bias, scale, a)
+    return te.compute((n_, c, oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv_dw",
+                      attrs={"template": "int8_dw", "acc": acc})  # fmt: skip

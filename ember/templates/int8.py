@@ -259,3 +259,43 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
             st.parallel(st.op.axis[1])
         done.add(st.name)
     return done
+
+
+def schedule_int8_dw(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
+    """A depthwise convolution (`ember.ops.int8.QConvDepthwise`): per (image, channel), the accumulator of the
+    whole plane in a local buffer, 16 pixels at a time over the kernel taps (one vector FMA per tap on
+    contiguous pixels of a phase plane), then requantized row by row into NCHW; the phase planes are one copy of
+    the input, written row by row. Channels run in parallel."""
+    acc: Tensor = attrs["acc"]
+    O = s[out]
+    b, c, h, w = O.op.axis
+    lanes = target.vector_lanes(32)
+    width = next((v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and out.shape[3] % v == 0), 0)
+    if width:
+        _, wi = O.split(w, width)
+        O.vectorize(wi)
+    bc = O.fuse(b, c)
+    accl = s.cache_write(acc, "local")
+    s[acc].compute_inline()
+    L = s[accl]
+    _, _, p = L.op.axis
+    r, s_ = L.op.reduce_axis
+    po, pi = L.split(p, 16)
+    L.reorder(po, r, s_, pi)
+    L.unroll(s_)
+    L.vectorize(pi)
+    L.compute_at(O, bc)
+    big = target.num_cores > 1 and math.prod(out.shape) >= 1 << 14
+    if big:
+        O.parallel(bc)
+    done = {O.name, L.name}
+    for t in acc.op.inputs:
+        st = s[t]
+        if st.is_placeholder or st.op.tag != "int8_rows":
+            continue
+        n_, ch, pr, pc, q = st.op.axis
+        st.split(q, int(acc.op.attrs["plane_width"]))  # rows of the plane: no division per pixel
+        if big:
+            st.parallel(st.fuse(n_, ch))
+        done.add(st.name)
+    return done
