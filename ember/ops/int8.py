@@ -299,6 +299,7 @@ def _qconv_dw_compute(a: dict, x: Tensor, w: Tensor, bias: Tensor, scale: Tensor
         return te.sum(xs[b, ch, dr % st, ds % st, p + (dr // st) * w2 + ds // st] * w[ch, r * kw + s], axis=[r, s])
 
     acc = te.compute((n_, c, q), body, name="qdw_acc", tag="int8_dw", attrs={"plane_width": w2})
-    epi = _epilogue(lambda idx: te.cast(acc[idx[0], idx[1], idx[2] * w2 + idx[3]], "int32"), bias, scale, a)
-    return te.compute((n_, c, oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv_dw",
-                      attrs={"template": "int8_dw", "acc": acc})  # fmt: skip
+    epi = _epilogue(lambda idx: te.cast(acc[idx], "int32"), bias, scale, a)
+    grid = te.compute((n_, c, q), lambda *idx: epi(idx, idx[1]), name="qdw_grid")  # requantized in vectors
+    return te.compute((n_, c, oh, ow), lambda b, ch, i, j: grid[b, ch, i * w2 + j], name="qconv_dw",
+                      attrs={"template": "int8_dw", "acc": acc, "grid": grid})  # fmt: skip

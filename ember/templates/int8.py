@@ -264,8 +264,9 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
 def schedule_int8_dw(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
     """A depthwise convolution (`ember.ops.int8.QConvDepthwise`): per (image, channel), the accumulator of the
     whole plane in a local buffer, 16 pixels at a time over the kernel taps (one vector FMA per tap on
-    contiguous pixels of a phase plane), then requantized row by row into NCHW; the phase planes are one copy of
-    the input, written row by row. Channels run in parallel."""
+    contiguous pixels of a phase plane), requantized on that grid in vectors, then its valid columns copied
+    into NCHW; the phase planes, one copy of the channel's input, are written row by row first. Channels run in
+    parallel."""
     acc: Tensor = attrs["acc"]
     O = s[out]
     b, c, h, w = O.op.axis
@@ -285,17 +286,21 @@ def schedule_int8_dw(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -
     L.unroll(s_)
     L.vectorize(pi)
     L.compute_at(O, bc)
+    G = s[attrs["grid"]]
+    _, _, gp = G.op.axis
+    _, gpi = G.split(gp, 16)
+    G.vectorize(gpi)
+    G.compute_at(O, bc)
     big = target.num_cores > 1 and math.prod(out.shape) >= 1 << 14
     if big:
         O.parallel(bc)
-    done = {O.name, L.name}
+    done = {O.name, L.name, G.name}
     for t in acc.op.inputs:
         st = s[t]
         if st.is_placeholder or st.op.tag != "int8_rows":
             continue
-        n_, ch, pr, pc, q = st.op.axis
+        q = st.op.axis[-1]
         st.split(q, int(acc.op.attrs["plane_width"]))  # rows of the plane: no division per pixel
-        if big:
-            st.parallel(st.fuse(n_, ch))
+        st.compute_at(O, bc)  # one channel's planes at a time: they stay in cache for the taps
         done.add(st.name)
     return done
