@@ -129,9 +129,20 @@ def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
     return f
 
 
+def _wx_view(a: dict, x_shape: tuple[int, ...]) -> tuple[dict, tuple[int, ...], int]:
+    """(attrs, x shape, sampling stride) of a convolution seen as stride 1: a strided 1 x 1 convolution without
+    padding is a 1 x 1 one on every s-th pixel (the W x X copy of the input samples them)."""
+    (sh, sw), pads, _ = spatial_attrs(a, 2)
+    if tuple(a["kernel_shape"]) == (1, 1) and sh == sw > 1 and not any(pads):
+        (oh, ow), _ = _conv_geometry(a, x_shape)
+        return {**a, "strides": (1, 1)}, (*x_shape[:2], oh, ow), sh
+    return a, x_shape, 1
+
+
 def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
-    """Whether a QConvPacked runs as weights times activations (`ember.templates.int8.int8_acc_wx`): stride 1,
-    with a tile of at least 16 pixels; the pass then packs its weights with nb = 1."""
+    """Whether a QConvPacked runs as weights times activations (`ember.templates.int8.int8_acc_wx`): stride 1 (or a
+    strided 1 x 1 without padding), with a tile of at least 16 pixels; the pass then packs its weights with nb = 1."""
+    a, x_shape, _ = _wx_view(a, x_shape)
     (sh, sw), pads, _ = spatial_attrs(a, 2)
     return (sh, sw) == (1, 1) and I8.wx_tile(*_wx_grid(a, x_shape)[1:3], a["n"])[1] >= 16
 
@@ -139,6 +150,7 @@ def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
 def wx_columns(a: dict, x_shape: tuple[int, ...]) -> int:
     """The pixel columns of one micro-kernel call of a W x X convolution: its tile's rows on the padded grid, but
     for the last row's padding columns."""
+    a, x_shape, _ = _wx_view(a, x_shape)
     _, oh, wpad = _wx_grid(a, x_shape)
     return I8.wx_tile(oh, wpad, a["n"])[1] - wpad + _conv_geometry(a, x_shape)[0][1]
 
@@ -151,10 +163,11 @@ def _wx_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
-    n_, c, h, w = x.shape
+    a, shape, st = _wx_view(a, tuple(x.shape))
+    n_, c, h, w = shape
     cp = wp.shape[1] * 4 // math.prod(a["kernel_shape"])
-    (oh, ow), _ = _conv_geometry(a, x.shape)
-    hp, _, wpad = _wx_grid(a, x.shape)
+    (oh, ow), _ = _conv_geometry(a, shape)
+    hp, _, wpad = _wx_grid(a, shape)
     _, pads, (dh, dw) = spatial_attrs(a, 2)
     signed = x.dtype.name == "int8"
     zero = te.const(a["x_zero"] + (128 if signed else 0), "uint8")
@@ -162,7 +175,7 @@ def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Te
     def interleave(b, c4, p, kk):  # the padded image (and one row of zeros after it: the last taps' overrun)
         ih, iw = p // wpad - pads[0], p % wpad - pads[1]
         inside = te.all(c4 * 4 + kk < c, ih >= 0, ih < h, iw >= 0, iw < w)
-        return te.if_then_else(inside, _u8(x[b, c4 * 4 + kk, ih, iw], signed), zero)
+        return te.if_then_else(inside, _u8(x[b, c4 * 4 + kk, ih * st, iw * st], signed), zero)
 
     X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), interleave, "x4")
     geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad)

@@ -273,3 +273,29 @@ def test_convs_as_weights_times_activations(c, mid, size, k):
     assert ("ember_dot_s8u8_" in m.source) == any(wx)
     sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
     assert worst_steps(m, sess, model, output_step(q)) == 0
+
+
+@pytest.mark.parametrize("c, co, size, stride", [(16, 32, 12, 2), (8, 24, 11, 2), (12, 16, 15, 3)])
+def test_strided_pointwise_conv_as_weights_times_activations(c, co, size, stride):
+    """A strided 1 x 1 convolution without padding (ResNet's downsampling shortcut) runs as W x X on every s-th
+    pixel (the copy of the input samples them): packed with one column per panel, equal to onnxruntime's output."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(c)
+    inits = [numpy_helper.from_array((rng.standard_normal((co, c, 1, 1)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal(co) * 0.1).astype(np.float32), "b")]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["cv"], strides=[stride] * 2),
+             helper.make_node("Relu", ["cv"], ["y"])]  # fmt: skip
+    out = (size - 1) // stride + 1
+    g = helper.make_graph(nodes, "strided", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, co, out, out])],
+                          inits)  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    q = quantize(model, True)
+    g, _ = run_passes(from_onnx(q), opt_level=1, disabled=["fuse_ops"], verify=True)
+    (conv,) = [n for n in g.nodes if n.op == "QConvPacked"]
+    assert conv.inputs[1].shape[2] == 1  # W x X packing
+    m = ember.compile(q, target="c -threads=2")
+    assert "ember_dot_s8u8_" in m.source
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert worst_steps(m, sess, model, output_step(q)) == 0
