@@ -235,8 +235,15 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
     oo, oi = O.split(o, plan.mr)
     O.reorder(b, po, oo, oi, pi)
     lanes = target.vector_lanes(32)
-    width = next((v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and plan.nb % v == 0), 0)
-    if width:  # whole output rows: 16 does not always divide them (56, 28)
+    # whole output rows, which 16 does not always divide (56, 28, 98). Where the padded grid is the image (no
+    # padding columns: a tile's pixels are one range of the accumulator) or the tile is the whole image: full
+    # vectors, the rest partitioned off into a tail (vectors of 4 would take four times the instructions).
+    # Else the widest vector that divides them (a partial vector would extend the tile's accumulator into the
+    # next row, past the micro-kernel's registers)
+    flat = acc.shape[2] == out.shape[2] * out.shape[3] or plan.nb == out.shape[2] * out.shape[3]
+    width = lanes if lanes > 1 and flat and plan.nb >= 2 * lanes else next(
+        (v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and plan.nb % v == 0), 0)  # fmt: skip
+    if width:
         _, pii = O.split(pi, width)
         O.vectorize(pii)
     accl = s.cache_write(acc, "local")
