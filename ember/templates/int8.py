@@ -290,6 +290,7 @@ def schedule_int8_dw(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -
     r, s_ = L.op.reduce_axis
     po, pi = L.split(p, 16)
     L.reorder(po, r, s_, pi)
+    L.unroll(r)  # the taps unrolled: the vector of accumulators stays in a register across them
     L.unroll(s_)
     L.vectorize(pi)
     L.compute_at(O, bc)
