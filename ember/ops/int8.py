@@ -38,6 +38,7 @@ OUT = Pattern.OUT_ELEMWISE_FUSABLE
 COMMON = [Attr("n", "int"), Attr("x_zero", "int", 0), Attr("y_zero", "int", 0), Attr("y_dtype", "dtype", "uint8"),
           Attr("y_min", "int", -(2**31)), Attr("y_max", "int", 2**31 - 1)]  # fmt: skip
 CONV = [Attr("kernel_shape", "ints"), Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints")]
+S2D = [Attr("s2d", "int", 1)]  # QConvPacked's weights packed for its phase planes (`_wx_view`)
 
 
 def _check(name: str, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType, a: dict, k: int) -> None:
@@ -61,7 +62,8 @@ def _conv_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType, scale:
     if x.rank != 4:
         raise ShapeError(f"QConvPacked needs a 4-d x [N, C, H, W], got {x}")
     out, cp = _conv_geometry(a, x.shape)
-    _check("QConvPacked", x, wp, bias, scale, a, math.prod(a["kernel_shape"]) * cp)
+    view, shape, _ = _wx_view(a, x.shape)
+    _check("QConvPacked", x, wp, bias, scale, a, math.prod(view["kernel_shape"]) * -(-shape[1] // 4) * 4)
     return TensorType((x.shape[0], a["n"], *out), a["y_dtype"])
 
 
@@ -80,18 +82,26 @@ def _as_u8(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64) + (128 if x.dtype == np.int8 else 0)
 
 
-@op("QConvPacked", OUT, infer=_conv_infer, inputs=(4, 4), attrs=COMMON + CONV)
+@op("QConvPacked", OUT, infer=_conv_infer, inputs=(4, 4), attrs=COMMON + CONV + S2D)
 def qconv_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """Quantized 2-d convolution (group 1) on packed int8 weights, requantized (see the module doc)."""
     (oh, ow), cp = _conv_geometry(a, x.shape)
-    kh, kw = a["kernel_shape"]
     xu = np.full((x.shape[0], cp, *x.shape[2:]), a["x_zero"] + (128 if x.dtype == np.int8 else 0), np.int64)
     xu[:, : x.shape[1]] = _as_u8(x)
-    w = I8.unpack_weight(wp, a["n"]).astype(np.int64).reshape(kh, kw, cp, a["n"]).transpose(3, 2, 0, 1)
     zp = float(a["x_zero"] + (128 if x.dtype == np.int8 else 0))
     pads = a["pads"]
     xp = np.pad(xu.astype(np.float64), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])], constant_values=zp)
-    acc = conv_nd(xp, w.astype(np.float64), {**a, "pads": (0, 0, 0, 0), "group": 1})
+    conv_a = {**a, "pads": (0, 0, 0, 0), "group": 1}
+    if a.get("s2d", 1) > 1:  # the phase planes of the padded input (`_wx_view`), a stride-1 convolution on them
+        conv_a, shape, st = _wx_view(a, x.shape)
+        planes = np.full((x.shape[0], cp, shape[2] * st, shape[3] * st), zp)
+        planes[:, :, : xp.shape[2], : xp.shape[3]] = xp
+        n_, _, h2, w2 = shape
+        xp = planes.reshape(n_, cp, h2, st, w2, st).transpose(0, 3, 5, 1, 2, 4).reshape(n_, st * st * cp, h2, w2)
+        cp = st * st * cp
+    kh, kw = conv_a["kernel_shape"]
+    w = I8.unpack_weight(wp, a["n"]).astype(np.int64).reshape(kh, kw, cp, a["n"]).transpose(3, 2, 0, 1)
+    acc = conv_nd(xp, w.astype(np.float64), {**conv_a, "pads": (0, 0, 0, 0), "group": 1})[:, :, :oh, :ow]
     return _requant_np(np.rint(acc).astype(np.int64), bias, scale, a, 1)
 
 
@@ -131,12 +141,40 @@ def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
 
 def _wx_view(a: dict, x_shape: tuple[int, ...]) -> tuple[dict, tuple[int, ...], int]:
     """(attrs, x shape, sampling stride) of a convolution seen as stride 1: a strided 1 x 1 convolution without
-    padding is a 1 x 1 one on every s-th pixel (the W x X copy of the input samples them)."""
+    padding is a 1 x 1 one on every s-th pixel (the W x X copy of the input samples them); one marked `s2d` (by
+    the pass, which packed its weights so) is a ceil(k / s) x ceil(k / s) one on the s x s phase planes of the
+    padded input, s * s * Cp channels (space to depth: no im2col of a stem's few channels)."""
     (sh, sw), pads, _ = spatial_attrs(a, 2)
+    if a.get("s2d", 1) > 1:
+        st = a["s2d"]
+        kh, kw = (-(-k // st) for k in a["kernel_shape"])
+        hp, wp = x_shape[2] + pads[0] + pads[2], x_shape[3] + pads[1] + pads[3]
+        view = {**a, "kernel_shape": (kh, kw), "strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1)}
+        return view, (x_shape[0], st * st * (-(-x_shape[1] // 4) * 4), -(-hp // st), -(-wp // st)), st
     if tuple(a["kernel_shape"]) == (1, 1) and sh == sw > 1 and not any(pads):
         (oh, ow), _ = _conv_geometry(a, x_shape)
         return {**a, "strides": (1, 1)}, (*x_shape[:2], oh, ow), sh
     return a, x_shape, 1
+
+
+def space_to_depth_ok(a: dict, x_shape: tuple[int, ...]) -> bool:
+    """Whether a strided convolution's output is the stride-1 convolution's on its phase planes (`_wx_view`)."""
+    (sh, sw), _, dil = spatial_attrs(a, 2)
+    if sh != sw or sh < 2 or dil != (1, 1):
+        return False
+    view, shape, _ = _wx_view({**a, "s2d": sh}, x_shape)
+    return _conv_geometry(view, shape)[0] == _conv_geometry(a, x_shape)[0]
+
+
+def space_to_depth_weight(w: np.ndarray, st: int) -> np.ndarray:
+    """W [Co, Cp, KH, KW] as the weights of the phase-plane convolution: [Co, st * st * Cp, ceil(KH / st),
+    ceil(KW / st)], channel (pr * st + pc) * Cp + c, tap (r, s) = W's (r * st + pr, s * st + pc), zero past KH, KW."""
+    co, cp, kh, kw = w.shape
+    k2h, k2w = -(-kh // st), -(-kw // st)
+    full = np.zeros((co, cp, k2h * st, k2w * st), w.dtype)
+    full[:, :, :kh, :kw] = w
+    return np.ascontiguousarray(full.reshape(co, cp, k2h, st, k2w, st).transpose(0, 3, 5, 1, 2, 4)
+                                .reshape(co, st * st * cp, k2h, k2w))  # fmt: skip
 
 
 def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
@@ -163,6 +201,7 @@ def _wx_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+    real = a
     a, shape, st = _wx_view(a, tuple(x.shape))
     n_, c, h, w = shape
     cp = wp.shape[1] * 4 // math.prod(a["kernel_shape"])
@@ -177,7 +216,18 @@ def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Te
         inside = te.all(c4 * 4 + kk < c, ih >= 0, ih < h, iw >= 0, iw < w)
         return te.if_then_else(inside, _u8(x[b, c4 * 4 + kk, ih * st, iw * st], signed), zero)
 
-    X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), interleave, "x4")
+    def phases(b, c4, p, kk):  # space to depth: channel group c4 = (phase, channels of the phase)
+        groups = -(-x.shape[1] // 4)
+        ph, ch = c4 // groups, (c4 % groups) * 4 + kk
+        real_pads = spatial_attrs(real, 2)[1]
+        ih = (p // wpad) * st + ph // st - real_pads[0]
+        iw = (p % wpad) * st + ph % st - real_pads[1]
+        inside = te.all(ch < x.shape[1], ih >= 0, ih < x.shape[2], iw >= 0, iw < x.shape[3])
+        return te.if_then_else(inside, _u8(x[b, ch, ih, iw], signed), zero)
+
+
+    fill = phases if real.get("s2d", 1) > 1 else interleave
+    X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), fill, "x4")
     geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad)
     acc = I8.int8_acc_wx(wp, X4, geometry, name="qconv_acc", cfg=a.get(CONFIG_ATTR))
     epi = _epilogue(lambda idx: acc[idx[0], idx[1], idx[2] * wpad + idx[3]], bias, scale, a)

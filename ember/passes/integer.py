@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
-from ember.ops.int8 import wx_columns, wx_conv
+from ember.ops.int8 import space_to_depth_ok, space_to_depth_weight, wx_columns, wx_conv
 from ember.target import Target
 from ember.te.intrin import dot_u8s8_isa, isa_features
 from ember.templates import int8 as I8
@@ -222,6 +222,7 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
     conv = core.op in ("Conv", "QLinearConv")
     if conv and _depthwise(core, w, xq):
         return _make_depthwise(graph, core, xq, xs, xz, w, ws, ys, yz, b_int, clamp, out)
+    s2d = 1
     if conv:
         if w.ndim != 4 or core.attrs.get("group", 1) != 1 or len(xq.shape) != 4:
             return None
@@ -229,6 +230,10 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
         cp = -(-c // 4) * 4
         wpad = np.zeros((co, cp, kh, kw), np.int8)
         wpad[:, :c] = w
+        s2d = _space_to_depth(core, xq, w.shape, target)
+        if s2d > 1:  # a stem (few channels, strided): its phase planes' convolution, W x X, no im2col
+            wpad = space_to_depth_weight(wpad, s2d)
+            kh, kw, cp = wpad.shape[2], wpad.shape[3], wpad.shape[1]
         w_kn = wpad.transpose(2, 3, 1, 0).reshape(kh * kw * cp, co)
     else:
         k, co = w.shape
@@ -246,9 +251,11 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
     attrs = _requant_attrs(co, xz, ys, yz, clamp)
     if conv:
         nd = 2
-        attrs.update(kernel_shape=(kh, kw), strides=tuple(core.attrs.get("strides") or (1,) * nd),
+        attrs.update(kernel_shape=tuple(w.shape[2:]), strides=tuple(core.attrs.get("strides") or (1,) * nd),
                      pads=tuple(core.attrs.get("pads") or (0,) * 2 * nd),
                      dilations=tuple(core.attrs.get("dilations") or (1,) * nd))  # fmt: skip
+        if s2d > 1:
+            attrs["s2d"] = s2d
         static = all(isinstance(d, int) for d in xq.shape)
         wx = static and wx_conv(attrs, tuple(xq.shape))
         if wx and dot_u8s8_isa(isa_features(target), wx_columns(attrs, tuple(xq.shape)), True) != "c":
@@ -257,6 +264,24 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
               (("packed_w", I8.pack_weight(w_kn, nb)), ("bias_q", bias.astype(np.int32)),
                ("requant_scale", scale.astype(np.float32)))]  # fmt: skip
     return Node("QConvPacked" if conv else "QMatMulPacked", [xq, *consts], [out], attrs, core.name)
+
+
+def _space_to_depth(core: Node, xq: Value, w_shape: tuple[int, ...], target: Target) -> int:
+    """The stride of a strided convolution on at most 4 channels (an image's stem: im2col would copy each pixel
+    k * k times for a K of a few channels) that runs as the stride-1 convolution of its phase planes (`ember.ops.
+    int8.space_to_depth_ok`) on the target's W x X micro-kernel; 1 otherwise."""
+    shape = tuple(xq.shape)
+    if len(shape) != 4 or not all(isinstance(d, int) for d in shape) or shape[1] > 4:
+        return 1
+    attrs = {"n": w_shape[0], "kernel_shape": tuple(w_shape[2:]),
+             "strides": tuple(core.attrs.get("strides") or (1, 1)), "pads": tuple(core.attrs.get("pads") or (0,) * 4),
+             "dilations": tuple(core.attrs.get("dilations") or (1, 1))}  # fmt: skip
+    if not space_to_depth_ok(attrs, shape):
+        return 1
+    st = attrs["strides"][0]
+    ok = wx_conv({**attrs, "s2d": st}, shape) and dot_u8s8_isa(
+        isa_features(target), wx_columns({**attrs, "s2d": st}, shape), True) != "c"  # fmt: skip
+    return st if ok else 1
 
 
 def _depthwise(core: Node, w: np.ndarray, xq: Value) -> bool:

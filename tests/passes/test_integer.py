@@ -299,3 +299,36 @@ def test_strided_pointwise_conv_as_weights_times_activations(c, co, size, stride
     assert "ember_dot_s8u8_" in m.source
     sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
     assert worst_steps(m, sess, model, output_step(q)) == 0
+
+
+STEMS = [(3, 16, 20, 7, 2, 3), (3, 8, 17, 3, 2, 1), (4, 16, 13, 5, 2, 1), (1, 16, 18, 3, 3, 0)]
+
+
+@pytest.mark.parametrize("c, co, size, k, stride, pad", STEMS)
+def test_stem_conv_on_phase_planes(c, co, size, k, stride, pad):
+    """A strided convolution of an image's few channels (ResNet's 7 x 7 / 2 stem) runs as the stride-1 convolution
+    of its s x s phase planes (space to depth, W x X: no im2col), equal to onnxruntime's output, and its numpy
+    reference (on the packed phase-plane weights) agrees."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(k)
+    inits = [numpy_helper.from_array((rng.standard_normal((co, c, k, k)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal(co) * 0.1).astype(np.float32), "b")]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["cv"], strides=[stride] * 2, pads=[pad] * 4),
+             helper.make_node("Relu", ["cv"], ["y"])]  # fmt: skip
+    out = (size + 2 * pad - k) // stride + 1
+    g = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, co, out, out])],
+                          inits)  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    q = quantize(model, True)
+    g, _ = run_passes(from_onnx(q), opt_level=1, disabled=["fuse_ops"], verify=True)
+    (conv,) = [n for n in g.nodes if n.op == "QConvPacked"]
+    assert conv.attrs.get("s2d") == stride and conv.inputs[1].shape[2] == 1
+    m = ember.compile(q, target="c -threads=2")
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert worst_steps(m, sess, model, output_step(q)) == 0
+    feeds = zoo.random_feeds(model, seed=5)
+    got = evaluate(g, feeds)
+    got = np.asarray(got[0] if isinstance(got, list | tuple) else next(iter(got.values())))
+    np.testing.assert_array_equal(got, sess.run(None, feeds)[0])
