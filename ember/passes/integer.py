@@ -239,7 +239,7 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
         k, co = w.shape
         w_kn = np.zeros((-(-k // 4) * 4, co), np.int8)
         w_kn[:k] = w
-    nb = I8.choose_nb(co, target)
+    nb = I8.choose_nb(co, target, _row_block(core, xq, w.shape[3]) if conv else 0)
     xzu = xz + (128 if xq.dtype == "int8" else 0)
     colsum = w_kn.astype(np.int64).sum(axis=0)
     bias = np.broadcast_to(b_int, (co,)) - xzu * colsum
@@ -264,6 +264,17 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
               (("packed_w", I8.pack_weight(w_kn, nb)), ("bias_q", bias.astype(np.int32)),
                ("requant_scale", scale.astype(np.float32)))]  # fmt: skip
     return Node("QConvPacked" if conv else "QMatMulPacked", [xq, *consts], [out], attrs, core.name)
+
+
+def _row_block(core: Node, xq: Value, k: int) -> int:
+    """The output row width of a convolution with kernel width k (the im2col template's row tiles stay within one
+    row), 0 if unknown."""
+    if len(xq.shape) != 4 or not isinstance(xq.shape[3], int):
+        return 0
+    s = (core.attrs.get("strides") or (1, 1))[-1]
+    pads = core.attrs.get("pads") or (0, 0, 0, 0)
+    d = (core.attrs.get("dilations") or (1, 1))[-1]
+    return (xq.shape[3] + pads[1] + pads[3] - d * (k - 1) - 1) // s + 1
 
 
 def _space_to_depth(core: Node, xq: Value, w_shape: tuple[int, ...], target: Target) -> int:

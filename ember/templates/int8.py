@@ -46,12 +46,21 @@ class Int8Plan:
     order: str = "ji"  # "ji": column panels outside the row tiles
 
 
-def choose_nb(n: int, target: Target | None = None) -> int:
+def choose_nb(n: int, target: Target | None = None, rows: int = 0) -> int:
     """The panel width for n output columns (the packed weight's layout, fixed at compile time): up to 4 vectors
-    of 16 int32 (AVX-512), 16 columns where vectors hold 4 (NEON: 4 x 4 accumulators per row)."""
+    of 16 int32 (AVX-512), 16 columns where vectors hold 4 (NEON: 4 x 4 accumulators per row); `rows`, the rows
+    of a tile's block (an output row's pixels), when known: the width whose tile holds the most accumulators."""
     if target is not None and target.vector_bits and target.vector_bits < 256:
         return 16
-    return 16 if n <= 16 else 32 if n <= 32 or n % 64 else 64
+    nb = 16 if n <= 16 else 32 if n <= 32 or n % 64 else 64
+    if rows and nb == 64 and _accumulators(32, rows) > _accumulators(64, rows):
+        return 32  # rows of 7 or 14 pixels: 7 rows x 2 vectors per tile, where 64 columns allow 1 or 2 rows
+    return nb
+
+
+def _accumulators(nb: int, rows: int) -> int:
+    """Vector accumulators of the best (mr, nb) tile whose mr divides `rows` (`int8_plan`)."""
+    return max((mr * nb // 16 for b, mr in TILES if b == nb and rows % mr == 0), default=nb // 16)
 
 
 WX_ACCUMULATORS = 28  # zmm registers for the accumulators of a W x X tile (the rest: columns of X, a row of W)
