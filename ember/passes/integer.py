@@ -170,6 +170,8 @@ def _from_core(graph: Graph, core: Node, out: Value, ys: float | None, yz: np.nd
             w, waxis = w.T, 1 - waxis
     if core.op != "Conv" and (w.ndim != 2 or (ws.size > 1 and waxis % 2 != 1)):
         return None
+    if core.op == "Conv" and ws.size > 1 and (waxis % max(w.ndim, 1) != 0 or ws.size != w.shape[0]):
+        return None  # per-channel scales along another axis than the output channels
     return _make(graph, core, xq, float(xs.reshape(())), int(xz.reshape(())), w, ws, ys, yz, b_int, clamp, out,
                  target)
 
