@@ -332,3 +332,23 @@ def test_stem_conv_on_phase_planes(c, co, size, k, stride, pad):
     got = evaluate(g, feeds)
     got = np.asarray(got[0] if isinstance(got, list | tuple) else next(iter(got.values())))
     np.testing.assert_array_equal(got, sess.run(None, feeds)[0])
+
+
+def test_grouped_conv_stays_float_and_correct():
+    """A grouped convolution that is not depthwise (group 2) is left to the float path; the model still matches
+    onnxruntime within 1 step."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["cv"], group=2, pads=[1] * 4),
+             helper.make_node("Relu", ["cv"], ["y"])]  # fmt: skip
+    g = helper.make_graph(nodes, "grouped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 6, 6])], inits)  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    q = quantize(model, True)
+    g, _ = run_passes(from_onnx(q), opt_level=1, disabled=["fuse_ops"])
+    assert "Conv" in [n.op for n in g.nodes]
+    m = ember.compile(q, target="c")
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert worst_steps(m, sess, model, output_step(q)) <= 1 + 1e-3
