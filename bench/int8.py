@@ -9,7 +9,8 @@ float model (fp32) and onnxruntime on the same quantized model (ort_int8), taken
 (`ember.runtime.compare.interleaved_medians`), with the ratios. Accuracy against float on fresh random
 inputs (200, 20 with --quick): top-1 agreement (the argmax over the last axis: the class of an image model,
 the largest feature per token of BERT) and the mean cosine similarity of the outputs. The machine may be
-shared: compare the ratios within one run. With --json the last line is
+shared: compare the ratios within one run (--cpu-time: process CPU time instead of wall time, for 1 thread).
+With --json the last line is
 `{"models": {NAME: {"threads": {T: {"int8_ms", "fp32_ms", "ort_int8_ms", "top1_agree", "cosine"}}}}}`.
 """
 
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -76,7 +78,7 @@ def agreement(m_int8, m_fp32, model: onnx.ModelProto, n: int) -> tuple[float, fl
     return agree / total, float(np.mean(cos))
 
 
-def run(name: str, threads: list[int], quick: bool, repeat: int) -> dict:
+def run(name: str, threads: list[int], quick: bool, repeat: int, clock=time.perf_counter) -> dict:
     model = MODELS[name]()
     calibration = [zoo.random_feeds(model, seed=i) for i in range(4 if quick else 16)]
     qmodel = quantize_for_bench(model, calibration)
@@ -89,7 +91,7 @@ def run(name: str, threads: list[int], quick: bool, repeat: int) -> dict:
         m32 = ember.compile(model, target=f"c -threads={t}")
         sess = onnxruntime_session(qmodel, t)
         med = interleaved_medians({"int8": lambda m=m8: m(*args), "fp32": lambda m=m32: m(*args),
-                                   "ort_int8": lambda s=sess: s.run(None, feeds)}, repeat)  # fmt: skip
+                                   "ort_int8": lambda s=sess: s.run(None, feeds)}, repeat, clock=clock)  # fmt: skip
         if top1 is None:  # the same kernels at every thread count: measured once
             top1, cos = agreement(m8, m32, model, 20 if quick else 200)
         row = {"int8_ms": med["int8"] * 1e3, "fp32_ms": med["fp32"] * 1e3, "ort_int8_ms": med["ort_int8"] * 1e3,
@@ -108,6 +110,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="fewer calibration and agreement inputs, fewer runs")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--cpu-time", action="store_true", help="time by process CPU time (all threads summed): steadier "
+                   "than wall time on a loaded machine, a latency only at 1 thread")  # fmt: skip
     a = p.parse_args()
     names = [n.strip() for n in a.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
@@ -116,7 +120,8 @@ def main() -> None:
     threads = [int(t) for t in a.threads.split(",")]
     print(f"{'model':<13} {'T':>2}  {'int8 ms':>9} {'fp32 ms':>9} {'ort int8':>9}  {'fp32/int8':>9} {'ort/int8':>9}"
           f"  {'top-1':>7} {'cosine':>8}")  # fmt: skip
-    results = {n: run(n, threads, a.quick, 6 if a.quick else a.repeat) for n in names}
+    clock = time.process_time if a.cpu_time else time.perf_counter
+    results = {n: run(n, threads, a.quick, 6 if a.quick else a.repeat, clock) for n in names}
     if a.json:
         print(json.dumps({"models": results}))
 

@@ -8,10 +8,12 @@ with W int8 packed as [Np / nb, K / 4, nb, 4] (`ember.templates.int8.pack_weight
 (kh, kw, channel) with the channels padded to 4, u(x) the activation as uint8 (x + 128 for int8 x; the
 convolution's padding is u(x_zero), a real zero), int32 accumulation, and bias the int32 bias minus
 u(x_zero) times W's column sums (folded by the pass: the product then needs no zero-point terms), rounding
-half to even. `y_min` above the dtype's minimum is a fused Relu (max(q, y_zero) is exactly Relu then
-QuantizeLinear). ONNX's QLinearConv divides the real value by y's scale; the pass's `scale` is
-x_scale * w_scale / y_scale rounded to float32 once, as onnxruntime's kernels do: the two can differ by one
-step where the quotient is within float32 rounding of a tie.
+half to even. With y_dtype float32 the output is float32(sum u(x) * W + bias) * scale, the dequantized product
+(scale = x_scale * w_scale), for float ops after it. `y_min` above the dtype's minimum is a fused Relu
+(max(q, y_zero) is exactly Relu then QuantizeLinear), and `y_max` below the maximum a fused Clip (ReLU6).
+ONNX's QLinearConv divides the real value by y's scale; the pass's `scale` is x_scale * w_scale / y_scale
+rounded to float32 once, as onnxruntime's kernels do: the two can differ by one step where the quotient is
+within float32 rounding of a tie.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from ember.templates import nn as T
 
 OUT = Pattern.OUT_ELEMWISE_FUSABLE
 COMMON = [Attr("n", "int"), Attr("x_zero", "int", 0), Attr("y_zero", "int", 0), Attr("y_dtype", "dtype", "uint8"),
-          Attr("y_min", "int", -(2**31))]  # fmt: skip
+          Attr("y_min", "int", -(2**31)), Attr("y_max", "int", 2**31 - 1)]  # fmt: skip
 CONV = [Attr("kernel_shape", "ints"), Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints")]
+S2D = [Attr("s2d", "int", 1)]  # QConvPacked's weights packed for its phase planes (`_wx_view`)
 
 
 def _check(name: str, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType, a: dict, k: int) -> None:
@@ -59,7 +62,8 @@ def _conv_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType, scale:
     if x.rank != 4:
         raise ShapeError(f"QConvPacked needs a 4-d x [N, C, H, W], got {x}")
     out, cp = _conv_geometry(a, x.shape)
-    _check("QConvPacked", x, wp, bias, scale, a, math.prod(a["kernel_shape"]) * cp)
+    view, shape, _ = _wx_view(a, x.shape)
+    _check("QConvPacked", x, wp, bias, scale, a, math.prod(view["kernel_shape"]) * -(-shape[1] // 4) * 4)
     return TensorType((x.shape[0], a["n"], *out), a["y_dtype"])
 
 
@@ -67,26 +71,37 @@ def _requant_np(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, a: dict, a
     shape = [1] * acc.ndim
     shape[axis] = -1
     v = (acc + bias.reshape(shape).astype(np.int64)).astype(np.float32) * scale.reshape(shape)
+    if a["y_dtype"] == "float32":
+        return v
     lo, hi = int_range(a["y_dtype"])
-    return np.clip(np.rint(v).astype(np.float64) + a["y_zero"], max(lo, a["y_min"]), hi).astype(a["y_dtype"])
+    lo, hi = max(lo, a.get("y_min", lo)), min(hi, a.get("y_max", hi))
+    return np.clip(np.rint(v).astype(np.float64) + a["y_zero"], lo, hi).astype(a["y_dtype"])
 
 
 def _as_u8(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64) + (128 if x.dtype == np.int8 else 0)
 
 
-@op("QConvPacked", OUT, infer=_conv_infer, inputs=(4, 4), attrs=COMMON + CONV)
+@op("QConvPacked", OUT, infer=_conv_infer, inputs=(4, 4), attrs=COMMON + CONV + S2D)
 def qconv_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """Quantized 2-d convolution (group 1) on packed int8 weights, requantized (see the module doc)."""
     (oh, ow), cp = _conv_geometry(a, x.shape)
-    kh, kw = a["kernel_shape"]
     xu = np.full((x.shape[0], cp, *x.shape[2:]), a["x_zero"] + (128 if x.dtype == np.int8 else 0), np.int64)
     xu[:, : x.shape[1]] = _as_u8(x)
-    w = I8.unpack_weight(wp, a["n"]).astype(np.int64).reshape(kh, kw, cp, a["n"]).transpose(3, 2, 0, 1)
     zp = float(a["x_zero"] + (128 if x.dtype == np.int8 else 0))
     pads = a["pads"]
     xp = np.pad(xu.astype(np.float64), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])], constant_values=zp)
-    acc = conv_nd(xp, w.astype(np.float64), {**a, "pads": (0, 0, 0, 0), "group": 1})
+    conv_a = {**a, "pads": (0, 0, 0, 0), "group": 1}
+    if a.get("s2d", 1) > 1:  # the phase planes of the padded input (`_wx_view`), a stride-1 convolution on them
+        conv_a, shape, st = _wx_view(a, x.shape)
+        planes = np.full((x.shape[0], cp, shape[2] * st, shape[3] * st), zp)
+        planes[:, :, : xp.shape[2], : xp.shape[3]] = xp
+        n_, _, h2, w2 = shape
+        xp = planes.reshape(n_, cp, h2, st, w2, st).transpose(0, 3, 5, 1, 2, 4).reshape(n_, st * st * cp, h2, w2)
+        cp = st * st * cp
+    kh, kw = conv_a["kernel_shape"]
+    w = I8.unpack_weight(wp, a["n"]).astype(np.int64).reshape(kh, kw, cp, a["n"]).transpose(3, 2, 0, 1)
+    acc = conv_nd(xp, w.astype(np.float64), {**conv_a, "pads": (0, 0, 0, 0), "group": 1})[:, :, :oh, :ow]
     return _requant_np(np.rint(acc).astype(np.int64), bias, scale, a, 1)
 
 
@@ -110,8 +125,10 @@ def _u8(v, signed: bool):
 
 
 def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
+    if a["y_dtype"] == "float32":  # dequantized: the float ops after it fuse here
+        return lambda idx, j: te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
     lo, hi = int_range(a["y_dtype"])
-    lo = max(lo, a["y_min"])
+    lo, hi = max(lo, a.get("y_min", lo)), min(hi, a.get("y_max", hi))
 
     def f(idx, j):
         v = te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
@@ -122,9 +139,48 @@ def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
     return f
 
 
+def _wx_view(a: dict, x_shape: tuple[int, ...]) -> tuple[dict, tuple[int, ...], int]:
+    """(attrs, x shape, sampling stride) of a convolution seen as stride 1: a strided 1 x 1 convolution without
+    padding is a 1 x 1 one on every s-th pixel (the W x X copy of the input samples them); one marked `s2d` (by
+    the pass, which packed its weights so) is a ceil(k / s) x ceil(k / s) one on the s x s phase planes of the
+    padded input, s * s * Cp channels (space to depth: no im2col of a stem's few channels)."""
+    (sh, sw), pads, _ = spatial_attrs(a, 2)
+    if a.get("s2d", 1) > 1:
+        st = a["s2d"]
+        kh, kw = (-(-k // st) for k in a["kernel_shape"])
+        hp, wp = x_shape[2] + pads[0] + pads[2], x_shape[3] + pads[1] + pads[3]
+        view = {**a, "kernel_shape": (kh, kw), "strides": (1, 1), "pads": (0, 0, 0, 0), "dilations": (1, 1)}
+        return view, (x_shape[0], st * st * (-(-x_shape[1] // 4) * 4), -(-hp // st), -(-wp // st)), st
+    if tuple(a["kernel_shape"]) == (1, 1) and sh == sw > 1 and not any(pads):
+        (oh, ow), _ = _conv_geometry(a, x_shape)
+        return {**a, "strides": (1, 1)}, (*x_shape[:2], oh, ow), sh
+    return a, x_shape, 1
+
+
+def space_to_depth_ok(a: dict, x_shape: tuple[int, ...]) -> bool:
+    """Whether a strided convolution's output is the stride-1 convolution's on its phase planes (`_wx_view`)."""
+    (sh, sw), _, dil = spatial_attrs(a, 2)
+    if sh != sw or sh < 2 or dil != (1, 1):
+        return False
+    view, shape, _ = _wx_view({**a, "s2d": sh}, x_shape)
+    return _conv_geometry(view, shape)[0] == _conv_geometry(a, x_shape)[0]
+
+
+def space_to_depth_weight(w: np.ndarray, st: int) -> np.ndarray:
+    """W [Co, Cp, KH, KW] as the weights of the phase-plane convolution: [Co, st * st * Cp, ceil(KH / st),
+    ceil(KW / st)], channel (pr * st + pc) * Cp + c, tap (r, s) = W's (r * st + pr, s * st + pc), zero past KH, KW."""
+    co, cp, kh, kw = w.shape
+    k2h, k2w = -(-kh // st), -(-kw // st)
+    full = np.zeros((co, cp, k2h * st, k2w * st), w.dtype)
+    full[:, :, :kh, :kw] = w
+    return np.ascontiguousarray(full.reshape(co, cp, k2h, st, k2w, st).transpose(0, 3, 5, 1, 2, 4)
+                                .reshape(co, st * st * cp, k2h, k2w))  # fmt: skip
+
+
 def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
-    """Whether a QConvPacked runs as weights times activations (`ember.templates.int8.int8_acc_wx`): stride 1,
-    with a tile of at least 16 pixels; the pass then packs its weights with nb = 1."""
+    """Whether a QConvPacked runs as weights times activations (`ember.templates.int8.int8_acc_wx`): stride 1 (or a
+    strided 1 x 1 without padding), with a tile of at least 16 pixels; the pass then packs its weights with nb = 1."""
+    a, x_shape, _ = _wx_view(a, x_shape)
     (sh, sw), pads, _ = spatial_attrs(a, 2)
     return (sh, sw) == (1, 1) and I8.wx_tile(*_wx_grid(a, x_shape)[1:3], a["n"])[1] >= 16
 
@@ -132,6 +188,7 @@ def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
 def wx_columns(a: dict, x_shape: tuple[int, ...]) -> int:
     """The pixel columns of one micro-kernel call of a W x X convolution: its tile's rows on the padded grid, but
     for the last row's padding columns."""
+    a, x_shape, _ = _wx_view(a, x_shape)
     _, oh, wpad = _wx_grid(a, x_shape)
     return I8.wx_tile(oh, wpad, a["n"])[1] - wpad + _conv_geometry(a, x_shape)[0][1]
 
@@ -144,10 +201,12 @@ def _wx_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
-    n_, c, h, w = x.shape
+    real = a
+    a, shape, st = _wx_view(a, tuple(x.shape))
+    n_, c, h, w = shape
     cp = wp.shape[1] * 4 // math.prod(a["kernel_shape"])
-    (oh, ow), _ = _conv_geometry(a, x.shape)
-    hp, _, wpad = _wx_grid(a, x.shape)
+    (oh, ow), _ = _conv_geometry(a, shape)
+    hp, _, wpad = _wx_grid(a, shape)
     _, pads, (dh, dw) = spatial_attrs(a, 2)
     signed = x.dtype.name == "int8"
     zero = te.const(a["x_zero"] + (128 if signed else 0), "uint8")
@@ -155,9 +214,20 @@ def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Te
     def interleave(b, c4, p, kk):  # the padded image (and one row of zeros after it: the last taps' overrun)
         ih, iw = p // wpad - pads[0], p % wpad - pads[1]
         inside = te.all(c4 * 4 + kk < c, ih >= 0, ih < h, iw >= 0, iw < w)
-        return te.if_then_else(inside, _u8(x[b, c4 * 4 + kk, ih, iw], signed), zero)
+        return te.if_then_else(inside, _u8(x[b, c4 * 4 + kk, ih * st, iw * st], signed), zero)
 
-    X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), interleave, "x4")
+    def phases(b, c4, p, kk):  # space to depth: channel group c4 = (phase, channels of the phase)
+        groups = -(-x.shape[1] // 4)
+        ph, ch = c4 // groups, (c4 % groups) * 4 + kk
+        real_pads = spatial_attrs(real, 2)[1]
+        ih = (p // wpad) * st + ph // st - real_pads[0]
+        iw = (p % wpad) * st + ph % st - real_pads[1]
+        inside = te.all(ch < x.shape[1], ih >= 0, ih < x.shape[2], iw >= 0, iw < x.shape[3])
+        return te.if_then_else(inside, _u8(x[b, ch, ih, iw], signed), zero)
+
+
+    fill = phases if real.get("s2d", 1) > 1 else interleave
+    X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), fill, "x4")
     geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad)
     acc = I8.int8_acc_wx(wp, X4, geometry, name="qconv_acc", cfg=a.get(CONFIG_ATTR))
     epi = _epilogue(lambda idx: acc[idx[0], idx[1], idx[2] * wpad + idx[3]], bias, scale, a)
@@ -217,3 +287,82 @@ def _qmatmul_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor
     nd = len(batch) + 2
     attrs = {"template": "int8_gemm", "acc": acc, "row_axes": (nd - 2,), "col_axis": nd - 1}
     return te.compute((*batch, m, a["n"]), lambda *idx: epi(idx, idx[-1]), name="qmatmul", attrs=attrs)
+
+
+# -- depthwise convolution: one 3 x 3 (any) filter per channel, vectorized along the pixels ----------------
+def dw_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(stride S, plane width W2, plane rows) of a QConvDepthwise: the padded image split into S x S phase planes
+    (plane (pr, pc) holds the padded pixels (i * S + pr, j * S + pc)), each W2 = ceil(Wp / S) wide, with rows for
+    the taps of the last output rows and zeros after them (the pixels of the accumulator past OH * W2)."""
+    (oh, _), _ = _conv_geometry(a, x_shape)
+    (sh, sw), pads, (dh, dw) = spatial_attrs(a, 2)
+    if sh != sw:
+        raise ShapeError(f"QConvDepthwise needs equal strides, got {(sh, sw)}")
+    kh, kw = a["kernel_shape"]
+    w2 = -(-(x_shape[3] + pads[1] + pads[3]) // sh)
+    q = -(-oh * w2 // 16) * 16  # the accumulator's pixels: whole vectors
+    rows = -(-(q + ((kh - 1) * dh // sh) * w2 + (kw - 1) * dw // sh) // w2)
+    return sh, w2, rows
+
+
+def _dw_infer(a: dict, x: TensorType, w: TensorType, bias: TensorType, scale: TensorType) -> TensorType:
+    if x.rank != 4 or x.dtype not in ("uint8", "int8"):
+        raise ShapeError(f"QConvDepthwise needs a 4-d uint8/int8 x [N, C, H, W], got {x}")
+    c = x.shape[1]
+    if w.dtype != "float32" or w.shape != (c, math.prod(a["kernel_shape"])) or a["n"] != c:
+        raise ShapeError(f"QConvDepthwise: weights must be float32 [C, KH * KW] = [{c}, "
+                         f"{math.prod(a['kernel_shape'])}] with n = C, got {w} and n = {a['n']}")  # fmt: skip
+    if bias.dtype != "int32" or scale.dtype != "float32" or bias.shape != (c,) or scale.shape != (c,):
+        raise ShapeError(f"QConvDepthwise: bias must be int32[{c}] and scale float32[{c}], got {bias} and {scale}")
+    out, _ = _conv_geometry(a, x.shape)
+    return TensorType((x.shape[0], c, *out), a["y_dtype"])
+
+
+@op("QConvDepthwise", OUT, infer=_dw_infer, inputs=(4, 4), attrs=COMMON + CONV)
+def qconv_depthwise(a: dict, x: np.ndarray, w: np.ndarray, bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Quantized depthwise convolution (group = channels, one filter each), requantized as QConvPacked. The weights
+    are the int8 filter values as float32 [C, KH * KW] (exact): the kernel accumulates u(x) * w in float32, exact
+    for KH * KW * 255 * 128 < 2^24, and converts the sum to int32 before the bias."""
+    (oh, ow), _ = _conv_geometry(a, x.shape)
+    kh, kw = a["kernel_shape"]
+    (sh, sw), pads, (dh, dw) = spatial_attrs(a, 2)
+    zp = a["x_zero"] + (128 if x.dtype == np.int8 else 0)
+    xp = np.pad(_as_u8(x), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])], constant_values=zp)
+    wk = w.astype(np.int64).reshape(x.shape[1], kh, kw)
+    acc = np.zeros((x.shape[0], x.shape[1], oh, ow), np.int64)
+    for r in range(kh):
+        for s in range(kw):
+            win = xp[:, :, r * dh : r * dh + (oh - 1) * sh + 1 : sh, s * dw : s * dw + (ow - 1) * sw + 1 : sw]
+            acc += win * wk[None, :, r, s, None, None]
+    return _requant_np(acc, bias, scale, a, 1)
+
+
+@lowering("QConvDepthwise", schedule=T.schedule_nn)
+def _qconv_dw_compute(a: dict, x: Tensor, w: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+    n_, c, h, wd = x.shape
+    (oh, ow), _ = _conv_geometry(a, x.shape)
+    kh, kw = a["kernel_shape"]
+    _, pads, (dh, dw) = spatial_attrs(a, 2)
+    st, w2, rows = dw_grid(a, x.shape)
+    signed = x.dtype.name == "int8"
+    zero = float(a["x_zero"] + (128 if signed else 0))
+
+    def plane(b, ch, pr, pc, p):  # phase planes of the padded image as float32, the padding u(x_zero)
+        ih, iw = (p // w2) * st + pr - pads[0], (p % w2) * st + pc - pads[1]
+        inside = te.all(ih >= 0, ih < h, iw >= 0, iw < wd)
+        return te.if_then_else(inside, te.cast(_u8(x[b, ch, ih, iw], signed), "float32"), te.const(zero, "float32"))
+
+    xs = I8.rows_stage((n_, c, st, st, rows * w2), plane, "planes")
+    q = -(-oh * w2 // 16) * 16
+    r = te.reduce_axis((0, kh), name="r")
+    s = te.reduce_axis((0, kw), name="s")
+
+    def body(b, ch, p):
+        dr, ds = r * dh, s * dw
+        return te.sum(xs[b, ch, dr % st, ds % st, p + (dr // st) * w2 + ds // st] * w[ch, r * kw + s], axis=[r, s])
+
+    acc = te.compute((n_, c, q), body, name="qdw_acc", tag="int8_dw", attrs={"plane_width": w2})
+    epi = _epilogue(lambda idx: te.cast(acc[idx], "int32"), bias, scale, a)
+    grid = te.compute((n_, c, q), lambda *idx: epi(idx, idx[1]), name="qdw_grid")  # requantized in vectors
+    return te.compute((n_, c, oh, ow), lambda b, ch, i, j: grid[b, ch, i * w2 + j], name="qconv_dw",
+                      attrs={"template": "int8_dw", "acc": acc, "grid": grid})  # fmt: skip

@@ -159,11 +159,17 @@ def _(a: dict, x: te.Tensor, scale: te.Tensor, zp: te.Tensor | None = None) -> t
     if dtype not in TE_DTYPES:
         raise NotLowerable(f"DequantizeLinear to {dtype}")
 
+    # 8 and 16 bits to float32 with a float32 scale: x - zp is exact in float32 (below 2^17) and so is the product
+    # in float64 (41 bits), so float32 arithmetic rounds the one product exactly as the float64 reference does
+    small = x.dtype.name in ("int8", "uint8", "int16", "uint16") and scale.dtype.name == dtype == "float32"
+    wide = "float32" if small else "float64"
+
     def body(*i):
-        v = _f64(x[i])
+        v = te.cast(te.cast(x[i], "int32"), "float32") if small else _f64(x[i])
         if zp is not None and not is_float(x.dtype.name):  # float8/float4: ignored, as in the reference
-            v = v - _f64(param_at(zp, i, x, a))
-        return te.cast(v * te.cast(param_at(scale, i, x, a), "float64"), dtype)
+            v = v - (te.cast(te.cast(param_at(zp, i, x, a), "int32"), "float32") if small else
+                     _f64(param_at(zp, i, x, a)))  # fmt: skip
+        return te.cast(v * te.cast(param_at(scale, i, x, a), wide), dtype)
 
     return te.compute(x.shape, body, name="dequantize")
 

@@ -2,9 +2,14 @@
 
 QDQ form (what quantizers emit; runs before constant folding, which would fold the weights' DequantizeLinear):
 
-    QuantizeLinear(y_s, y_z) <- [Relu] <- Conv | MatMul | Gemm(DequantizeLinear(x_q, x_s, x_z),
+    QuantizeLinear(y_s, y_z) <- [Relu | Clip] <- Conv | MatMul | Gemm(DequantizeLinear(x_q, x_s, x_z),
                                                             DequantizeLinear(W_q int8 const, w_s, 0) [, bias])
         ->  QConvPacked | QMatMulPacked(x_q, pack(W_q), bias', scale)
+
+A Conv | MatMul | Gemm of the same two DequantizeLinear whose output is not quantized (a bottleneck's last
+convolution, read by the residual Add; a classifier) becomes the same node with a float32 output, the dequantized
+product float32(acc + bias') * (x_s * w_s): the float ops after it (DequantizeLinear of the shortcut, Add, Relu,
+QuantizeLinear) fuse into its epilogue.
 
 QOperator form: QLinearConv / QLinearMatMul with constant weights, the same rewrite. And
 QuantizeLinear(MaxPool(DequantizeLinear(x))) with one scale and zero point is MaxPool on the integers.
@@ -12,9 +17,10 @@ QuantizeLinear(MaxPool(DequantizeLinear(x))) with one scale and zero point is Ma
 The weights are packed once for the `dot_u8s8` intrinsic (stride-1 convolutions: for `dot_s8u8`, weights times
 activations, packed with nb = 1 where the target has VNNI or AVX2 for their tile); bias' = the int32 bias
 (DequantizeLinear(b_q, x_s * w_s, 0), or a float bias rounded to that scale) minus u(x_z) times W's column sums,
-so the kernel multiplies raw activations; scale = x_s * w_s / y_s in float32; a Relu becomes the clamp's lower bound
-y_z. The integer output feeds the next quantized op directly: activations stay 8-bit between them, and the
-DequantizeLinear -> Add -> QuantizeLinear of a residual join fuse into the producer's epilogue (`fuse_ops`).
+so the kernel multiplies raw activations; scale = x_s * w_s / y_s in float32; a Relu or a Clip with constant
+bounds (ReLU6) becomes the clamp's bounds (y_z for Relu). The integer output feeds the next quantized op directly:
+activations stay 8-bit between them, and the DequantizeLinear -> Add -> QuantizeLinear of a residual join fuse
+into the producer's epilogue (`fuse_ops`).
 
 Left as they were (float convolution between Q/DQ): grouped convolutions, weights with nonzero zero points,
 per-tensor activation parameters that are not constants, non-2-d convolutions.
@@ -25,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
-from ember.ops.int8 import wx_columns, wx_conv
+from ember.ops.int8 import space_to_depth_ok, space_to_depth_weight, wx_columns, wx_conv
 from ember.target import Target
 from ember.te.intrin import dot_u8s8_isa, isa_features
 from ember.templates import int8 as I8
@@ -49,6 +55,13 @@ def integer_ops(graph: Graph, target: Target | str | None = None) -> Graph:
             new = _from_qoperator(graph, node, target)
         if new is not None:
             replaced[node] = new
+    taken = {producers.get(v) for n in replaced for v in n.inputs}  # the cores a QuantizeLinear rewrite consumed
+    taken |= {producers.get(v) for n in list(taken) if n is not None and n.op == "Relu" for v in n.inputs}
+    for node in graph.nodes:  # the rest: float output, for the float ops after it (a residual Add, then Q)
+        if node.op in ("Conv", "MatMul", "Gemm") and node not in taken and node not in replaced:
+            new = _float_out(graph, node, producers, target)
+            if new is not None:
+                replaced[node] = new
     if replaced:
         graph.nodes = [replaced.get(n, n) for n in graph.nodes]
         graph.topo_sort()
@@ -102,13 +115,41 @@ def _from_qdq(graph: Graph, q: Node, producers: dict, consumers: dict, outputs: 
     if ys is None or yz is None or yz.size != 1 or q.attrs.get("block_size", 0):
         return None
     core = producers.get(q.inputs[0])
-    relu = False
-    if core is not None and core.op == "Relu" and _only_reader(core.outputs[0], consumers, outputs) is q:
-        relu, core = True, producers.get(core.inputs[0])
+    yz = yz.reshape(())
+    clamp = None
+    if core is not None and core.op in ("Relu", "Clip") and _only_reader(core.outputs[0], consumers, outputs) is q:
+        clamp = _clamp(core, np.float32(ys), yz)
+        if clamp is None:
+            return None
+        core = producers.get(core.inputs[0])
     if core is None or core.op not in ("Conv", "MatMul", "Gemm") or len(core.outputs) != 1:
         return None
     if _only_reader(core.outputs[0], consumers, outputs) is None:
         return None
+    return _from_core(graph, core, q.outputs[0], float(ys), yz, clamp, producers, target)
+
+
+def _clamp(act: Node, ys: np.float32, yz: np.ndarray) -> tuple[int, int] | None:
+    """The integer bounds a Relu or a Clip with constant bounds puts on QuantizeLinear's output: quantization is
+    monotonic, so Q(clip(v, lo, hi)) = clamp(Q(v), Q(lo), Q(hi)) exactly (Relu: lo = 0, Q(0) = y_zero)."""
+    info = np.iinfo(yz.dtype)
+    if act.op == "Relu":
+        return int(yz), int(info.max)
+    bounds = [act.attrs.get("min"), act.attrs.get("max")]
+    for i, v in enumerate(act.inputs[1:3]):
+        if v is not None:
+            c = constant_value(v)
+            if c is None or c.size != 1:
+                return None
+            bounds[i] = float(c.reshape(()))
+    q = [lim if b is None else int(np.clip(np.rint(np.float32(b) / ys) + int(yz), info.min, info.max))
+         for b, lim in zip(bounds, (info.min, info.max))]  # fmt: skip
+    return q[0], q[1]
+
+
+def _from_core(graph: Graph, core: Node, out: Value, ys: float | None, yz: np.ndarray | None,
+               clamp: tuple[int, int] | None, producers: dict, target: Target) -> Node | None:
+    """The integer node of `core` writing `out`: requantized to (ys, yz), or dequantized (ys None)."""
     xd, wd = _dq(core.inputs[0], producers), _dq(core.inputs[1], producers)
     if xd is None or wd is None or xd[1].size != 1 or xd[2].size != 1:
         return None
@@ -129,8 +170,19 @@ def _from_qdq(graph: Graph, q: Node, producers: dict, consumers: dict, outputs: 
             w, waxis = w.T, 1 - waxis
     if core.op != "Conv" and (w.ndim != 2 or (ws.size > 1 and waxis % 2 != 1)):
         return None
-    return _make(graph, core, xq, float(xs.reshape(())), int(xz.reshape(())), w, ws, float(ys),
-                 yz.reshape(()), b_int, relu, q.outputs[0], target)  # fmt: skip
+    if core.op == "Conv" and ws.size > 1 and (waxis % max(w.ndim, 1) != 0 or ws.size != w.shape[0]):
+        return None  # per-channel scales along another axis than the output channels
+    return _make(graph, core, xq, float(xs.reshape(())), int(xz.reshape(())), w, ws, ys, yz, b_int, clamp, out,
+                 target)
+
+
+def _float_out(graph: Graph, core: Node, producers: dict, target: Target) -> Node | None:
+    """Conv | MatMul | Gemm(DequantizeLinear(x_q), DequantizeLinear(W_q) [, bias]) whose output is not quantized
+    (a bottleneck's last convolution before the residual Add, a classifier): the integer product with the
+    dequantizing epilogue float32(acc + bias') * x_s * w_s, so the float ops after it fuse into the kernel."""
+    if len(core.outputs) != 1 or core.outputs[0].dtype != "float32":
+        return None
+    return _from_core(graph, core, core.outputs[0], None, None, None, producers, target)
 
 
 def _bias(bias: Value | None, producers: dict, bscale: np.ndarray) -> np.ndarray | None:
@@ -160,14 +212,19 @@ def _from_qoperator(graph: Graph, node: Node, target: Target) -> Node | None:
     if b_int is None:
         return None
     return _make(graph, node, x, float(params[0]), int(params[1]), wv, wsv, float(params[2]), yzv.reshape(()),
-                 b_int.astype(np.int64), False, node.outputs[0], target)  # fmt: skip
+                 b_int.astype(np.int64), None, node.outputs[0], target)  # fmt: skip
 
 
-def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray, ws: np.ndarray, ys: float,
-          yz: np.ndarray, b_int: np.ndarray, relu: bool, out: Value, target: Target) -> Node | None:  # fmt: skip
-    if xq.dtype not in ("uint8", "int8") or yz.dtype not in (np.uint8, np.int8):
+def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray, ws: np.ndarray,
+          ys: float | None, yz: np.ndarray | None, b_int: np.ndarray, clamp: tuple[int, int] | None, out: Value,
+          target: Target) -> Node | None:  # fmt: skip
+    """ys None: a float32 output (dequantized: no y_s, y_zero or rounding)."""
+    if xq.dtype not in ("uint8", "int8") or (yz is not None and yz.dtype not in (np.uint8, np.int8)):
         return None
     conv = core.op in ("Conv", "QLinearConv")
+    if conv and _depthwise(core, w, xq):
+        return _make_depthwise(graph, core, xq, xs, xz, w, ws, ys, yz, b_int, clamp, out)
+    s2d = 1
     if conv:
         if w.ndim != 4 or core.attrs.get("group", 1) != 1 or len(xq.shape) != 4:
             return None
@@ -175,25 +232,32 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
         cp = -(-c // 4) * 4
         wpad = np.zeros((co, cp, kh, kw), np.int8)
         wpad[:, :c] = w
+        s2d = _space_to_depth(core, xq, w.shape, target)
+        if s2d > 1:  # a stem (few channels, strided): its phase planes' convolution, W x X, no im2col
+            wpad = space_to_depth_weight(wpad, s2d)
+            kh, kw, cp = wpad.shape[2], wpad.shape[3], wpad.shape[1]
         w_kn = wpad.transpose(2, 3, 1, 0).reshape(kh * kw * cp, co)
     else:
         k, co = w.shape
         w_kn = np.zeros((-(-k // 4) * 4, co), np.int8)
         w_kn[:k] = w
-    nb = I8.choose_nb(co, target)
+    nb = I8.choose_nb(co, target, _row_block(core, xq, w.shape[3]) if conv else 0)
     xzu = xz + (128 if xq.dtype == "int8" else 0)
     colsum = w_kn.astype(np.int64).sum(axis=0)
     bias = np.broadcast_to(b_int, (co,)) - xzu * colsum
     if np.any(np.abs(bias) >= 2**31):
         return None
-    scale = np.float32(xs) * np.broadcast_to(ws.astype(np.float32).reshape(-1), (co,)) / np.float32(ys)
-    attrs = {"n": co, "x_zero": xz, "y_zero": int(yz), "y_dtype": yz.dtype.name,
-             "y_min": int(yz) if relu else int(np.iinfo(yz.dtype).min)}  # fmt: skip
+    scale = np.float32(xs) * np.broadcast_to(ws.astype(np.float32).reshape(-1), (co,))
+    if ys is not None:
+        scale = scale / np.float32(ys)
+    attrs = _requant_attrs(co, xz, ys, yz, clamp)
     if conv:
         nd = 2
-        attrs.update(kernel_shape=(kh, kw), strides=tuple(core.attrs.get("strides") or (1,) * nd),
+        attrs.update(kernel_shape=tuple(w.shape[2:]), strides=tuple(core.attrs.get("strides") or (1,) * nd),
                      pads=tuple(core.attrs.get("pads") or (0,) * 2 * nd),
                      dilations=tuple(core.attrs.get("dilations") or (1,) * nd))  # fmt: skip
+        if s2d > 1:
+            attrs["s2d"] = s2d
         static = all(isinstance(d, int) for d in xq.shape)
         wx = static and wx_conv(attrs, tuple(xq.shape))
         if wx and dot_u8s8_isa(isa_features(target), wx_columns(attrs, tuple(xq.shape)), True) != "c":
@@ -202,3 +266,73 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
               (("packed_w", I8.pack_weight(w_kn, nb)), ("bias_q", bias.astype(np.int32)),
                ("requant_scale", scale.astype(np.float32)))]  # fmt: skip
     return Node("QConvPacked" if conv else "QMatMulPacked", [xq, *consts], [out], attrs, core.name)
+
+
+def _row_block(core: Node, xq: Value, k: int) -> int:
+    """The output row width of a convolution with kernel width k (the im2col template's row tiles stay within one
+    row), 0 if unknown."""
+    if len(xq.shape) != 4 or not isinstance(xq.shape[3], int):
+        return 0
+    s = (core.attrs.get("strides") or (1, 1))[-1]
+    pads = core.attrs.get("pads") or (0, 0, 0, 0)
+    d = (core.attrs.get("dilations") or (1, 1))[-1]
+    return (xq.shape[3] + pads[1] + pads[3] - d * (k - 1) - 1) // s + 1
+
+
+def _space_to_depth(core: Node, xq: Value, w_shape: tuple[int, ...], target: Target) -> int:
+    """The stride of a strided convolution on at most 4 channels (an image's stem: im2col would copy each pixel
+    k * k times for a K of a few channels) that runs as the stride-1 convolution of its phase planes (`ember.ops.
+    int8.space_to_depth_ok`) on the target's W x X micro-kernel; 1 otherwise."""
+    shape = tuple(xq.shape)
+    if len(shape) != 4 or not all(isinstance(d, int) for d in shape) or shape[1] > 4:
+        return 1
+    attrs = {"n": w_shape[0], "kernel_shape": tuple(w_shape[2:]),
+             "strides": tuple(core.attrs.get("strides") or (1, 1)), "pads": tuple(core.attrs.get("pads") or (0,) * 4),
+             "dilations": tuple(core.attrs.get("dilations") or (1, 1))}  # fmt: skip
+    if not space_to_depth_ok(attrs, shape):
+        return 1
+    st = attrs["strides"][0]
+    ok = wx_conv({**attrs, "s2d": st}, shape) and dot_u8s8_isa(
+        isa_features(target), wx_columns({**attrs, "s2d": st}, shape), True) != "c"  # fmt: skip
+    return st if ok else 1
+
+
+def _depthwise(core: Node, w: np.ndarray, xq: Value) -> bool:
+    """A 2-d convolution with one filter per channel (group = C = output channels), static shapes, equal strides."""
+    group = core.attrs.get("group", 1)
+    strides = tuple(core.attrs.get("strides") or (1, 1))
+    return (w.ndim == 4 and len(xq.shape) == 4 and all(isinstance(d, int) for d in xq.shape) and group > 1
+            and w.shape[0] == group == xq.shape[1] and w.shape[1] == 1 and strides[0] == strides[1]
+            and w.shape[2] * w.shape[3] * 255 * 128 < 2**24)  # fmt: skip
+
+
+def _requant_attrs(co: int, xz: int, ys: float | None, yz: np.ndarray | None, clamp: tuple[int, int] | None) -> dict:
+    if ys is None or yz is None:
+        return {"n": co, "x_zero": xz, "y_zero": 0, "y_dtype": "float32"}
+    attrs = {"n": co, "x_zero": xz, "y_zero": int(yz), "y_dtype": yz.dtype.name}
+    if clamp is not None:
+        attrs.update(y_min=clamp[0], y_max=clamp[1])
+    return attrs
+
+
+def _make_depthwise(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray, ws: np.ndarray,
+                    ys: float | None, yz: np.ndarray | None, b_int: np.ndarray, clamp: tuple[int, int] | None,
+                    out: Value) -> Node | None:  # fmt: skip
+    """QConvDepthwise: the filters as float32 [C, KH * KW] (exact), bias' = bias - u(x_z) * each filter's sum."""
+    c, _, kh, kw = w.shape
+    xzu = xz + (128 if xq.dtype == "int8" else 0)
+    wf = w.reshape(c, kh * kw)
+    bias = np.broadcast_to(b_int, (c,)) - xzu * wf.astype(np.int64).sum(axis=1)
+    if np.any(np.abs(bias) >= 2**31):
+        return None
+    scale = np.float32(xs) * np.broadcast_to(ws.astype(np.float32).reshape(-1), (c,))
+    if ys is not None:
+        scale = scale / np.float32(ys)
+    attrs = _requant_attrs(c, xz, ys, yz, clamp)
+    attrs.update(kernel_shape=(kh, kw), strides=tuple(core.attrs.get("strides") or (1, 1)),
+                 pads=tuple(core.attrs.get("pads") or (0, 0, 0, 0)),
+                 dilations=tuple(core.attrs.get("dilations") or (1, 1)))  # fmt: skip
+    consts = [new_constant(graph, f"{core.name}_{what}", data) for what, data in
+              (("dw_w", wf.astype(np.float32)), ("bias_q", bias.astype(np.int32)),
+               ("requant_scale", scale.astype(np.float32)))]  # fmt: skip
+    return Node("QConvDepthwise", [xq, *consts], [out], attrs, core.name)

@@ -18,8 +18,11 @@ BLOCK = 5  # counted runs of one system in a row
 PAUSE = 0.05  # seconds before each block
 
 
-def interleaved_medians(systems: dict[str, Callable[[], object]], repeat: int, warmup: int = 3) -> dict[str, float]:
-    """Median seconds of one call per system, over about `repeat` counted calls each, taken in turns."""
+def interleaved_medians(systems: dict[str, Callable[[], object]], repeat: int, warmup: int = 3,
+                        clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Median seconds of one call per system, over about `repeat` counted calls each, taken in turns. `clock`:
+    wall time by default; `time.process_time` counts this process's CPU time (all its threads), the steadier
+    measure of one-thread runs on a loaded machine."""
     for fn in systems.values():
         for _ in range(warmup):
             fn()
@@ -31,9 +34,9 @@ def interleaved_medians(systems: dict[str, Callable[[], object]], repeat: int, w
             time.sleep(PAUSE)
             fn()  # wakes this system's threads and warms its caches: not counted
             for _ in range(per_block):
-                t0 = time.perf_counter()
+                t0 = clock()
                 fn()
-                times[k].append(time.perf_counter() - t0)
+                times[k].append(clock() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
 
 

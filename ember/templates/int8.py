@@ -46,12 +46,21 @@ class Int8Plan:
     order: str = "ji"  # "ji": column panels outside the row tiles
 
 
-def choose_nb(n: int, target: Target | None = None) -> int:
+def choose_nb(n: int, target: Target | None = None, rows: int = 0) -> int:
     """The panel width for n output columns (the packed weight's layout, fixed at compile time): up to 4 vectors
-    of 16 int32 (AVX-512), 16 columns where vectors hold 4 (NEON: 4 x 4 accumulators per row)."""
+    of 16 int32 (AVX-512), 16 columns where vectors hold 4 (NEON: 4 x 4 accumulators per row); `rows`, the rows
+    of a tile's block (an output row's pixels), when known: the width whose tile holds the most accumulators."""
     if target is not None and target.vector_bits and target.vector_bits < 256:
         return 16
-    return 16 if n <= 16 else 32 if n <= 32 or n % 64 else 64
+    nb = 16 if n <= 16 else 32 if n <= 32 or n % 64 else 64
+    if rows and nb == 64 and _accumulators(32, rows) > _accumulators(64, rows):
+        return 32  # rows of 7 or 14 pixels: 7 rows x 2 vectors per tile, where 64 columns allow 1 or 2 rows
+    return nb
+
+
+def _accumulators(nb: int, rows: int) -> int:
+    """Vector accumulators of the best (mr, nb) tile whose mr divides `rows` (`int8_plan`)."""
+    return max((mr * nb // 16 for b, mr in TILES if b == nb and rows % mr == 0), default=nb // 16)
 
 
 WX_ACCUMULATORS = 28  # zmm registers for the accumulators of a W x X tile (the rest: columns of X, a row of W)
@@ -235,8 +244,15 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
     oo, oi = O.split(o, plan.mr)
     O.reorder(b, po, oo, oi, pi)
     lanes = target.vector_lanes(32)
-    width = next((v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and plan.nb % v == 0), 0)
-    if width:  # whole output rows: 16 does not always divide them (56, 28)
+    # whole output rows, which 16 does not always divide (56, 28, 98). Where the padded grid is the image (no
+    # padding columns: a tile's pixels are one range of the accumulator) or the tile is the whole image: full
+    # vectors, the rest partitioned off into a tail (vectors of 4 would take four times the instructions).
+    # Else the widest vector that divides them (a partial vector would extend the tile's accumulator into the
+    # next row, past the micro-kernel's registers)
+    flat = acc.shape[2] == out.shape[2] * out.shape[3] or plan.nb == out.shape[2] * out.shape[3]
+    width = lanes if lanes > 1 and flat and plan.nb >= 2 * lanes else next(
+        (v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and plan.nb % v == 0), 0)  # fmt: skip
+    if width:
         _, pii = O.split(pi, width)
         O.vectorize(pii)
     accl = s.cache_write(acc, "local")
@@ -257,5 +273,51 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
             continue
         if big:
             st.parallel(st.op.axis[1])
+        done.add(st.name)
+    return done
+
+
+def schedule_int8_dw(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
+    """A depthwise convolution (`ember.ops.int8.QConvDepthwise`): per (image, channel), the accumulator of the
+    whole plane in a local buffer, 16 pixels at a time over the kernel taps (one vector FMA per tap on
+    contiguous pixels of a phase plane), requantized on that grid in vectors, then its valid columns copied
+    into NCHW; the phase planes, one copy of the channel's input, are written row by row first. Channels run in
+    parallel."""
+    acc: Tensor = attrs["acc"]
+    O = s[out]
+    b, c, h, w = O.op.axis
+    lanes = target.vector_lanes(32)
+    width = next((v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and out.shape[3] % v == 0), 0)
+    if width:
+        _, wi = O.split(w, width)
+        O.vectorize(wi)
+    bc = O.fuse(b, c)
+    accl = s.cache_write(acc, "local")
+    s[acc].compute_inline()
+    L = s[accl]
+    _, _, p = L.op.axis
+    r, s_ = L.op.reduce_axis
+    po, pi = L.split(p, 16)
+    L.reorder(po, r, s_, pi)
+    L.unroll(r)  # the taps unrolled: the vector of accumulators stays in a register across them
+    L.unroll(s_)
+    L.vectorize(pi)
+    L.compute_at(O, bc)
+    G = s[attrs["grid"]]
+    _, _, gp = G.op.axis
+    _, gpi = G.split(gp, 16)
+    G.vectorize(gpi)
+    G.compute_at(O, bc)
+    big = target.num_cores > 1 and math.prod(out.shape) >= 1 << 14
+    if big:
+        O.parallel(bc)
+    done = {O.name, L.name, G.name}
+    for t in acc.op.inputs:
+        st = s[t]
+        if st.is_placeholder or st.op.tag != "int8_rows":
+            continue
+        q = st.op.axis[-1]
+        st.split(q, int(acc.op.attrs["plane_width"]))  # rows of the plane: no division per pixel
+        st.compute_at(O, bc)  # one channel's planes at a time: they stay in cache for the taps
         done.add(st.name)
     return done

@@ -40,7 +40,7 @@ from ember.target import Target, host_cpu_flags
 from ember.te.config import ConfigBase
 from ember.te.tensor import ComputeOp, Reduce, Tensor, prod_hint, size_hint
 from ember.templates.flat import schedule_flat
-from ember.templates.int8 import schedule_int8
+from ember.templates.int8 import schedule_int8, schedule_int8_dw
 from ember.tir.dtype import DType
 from ember.tir.dtype import dtype as as_dtype
 from ember.tir.expr import Expr
@@ -769,6 +769,7 @@ SCHEDULES: dict[str, Callable[[te.Schedule, Tensor, dict, Target], set[str]]] = 
     "conv_ow": _schedule_conv_ow,
     "rows": _schedule_row_template,
     "int8_gemm": schedule_int8,
+    "int8_dw": schedule_int8_dw,
 }
 
 

@@ -299,3 +299,32 @@ def test_parallel_regions_do_not_lose_stores():
         lost += int(np.isnan(c).any())
     assert lost == 0, f"{lost} of {calls} calls lost stores"
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-5)
+
+
+def test_vector_exp_below_the_smallest_normal():
+    """exp of float32 vectors with lanes below ln(FLT_MIN) (softmax scores of a random BERT, masked ones at -1e4):
+    glibc's vector expf would redo such vectors lane by lane; the helper computes those lanes as 0 (their exp is
+    subnormal or 0), the others as libmvec does (within 4 ulp of numpy), NaN and -inf as expf."""
+    target = Target.parse("c")
+    if not target.has_libmvec or "avx512f" not in target.simd_features():
+        pytest.skip("the libmvec exp helper applies to AVX-512 hosts with glibc's vector math")
+    n = 256
+    A = te.placeholder((n,), "float32", name="A")
+    C = te.compute((n,), lambda i: te.exp(A[i]), name="C")
+    s = te.create_schedule(C)
+    _, vi = s[C].split(C.op.axis[0], 16)
+    s[C].vectorize(vi)
+    f = ember.build(s, [A, C], target="c")
+    assert "_ZGVeN16v_expf" in f.source and "87.33654f" in f.source
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal(n) * 60).astype(np.float32)
+    a[:8] = [-1e4, -104.0, -100.0, -87.4, -87.3, -np.inf, np.nan, 88.0]
+    c = np.zeros(n, np.float32)
+    f(a, c)
+    with np.errstate(over="ignore"):
+        want = np.exp(a.astype(np.float64)).astype(np.float32)
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    under = a < np.log(tiny)
+    assert np.all(c[under] == 0) and np.isnan(c[6]) and c[5] == 0
+    ok = ~under & ~np.isnan(a)
+    np.testing.assert_allclose(c[ok], want[ok], rtol=4 * np.finfo(np.float32).eps, atol=tiny)

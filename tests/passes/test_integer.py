@@ -128,16 +128,91 @@ def test_activations_stay_integer():
     assert convs[1].inputs[0] is convs[0].outputs[0] and convs[0].outputs[0].dtype == "uint8"
 
 
-def test_not_rewritten_stays_correct():
-    """A grouped (depthwise) convolution is left to the float path; the model still matches."""
-    q = quantize(zoo.mobilenet_v2_inverted_residual(channels=8, expand=2, size=6), True)
-    g, _ = run_passes(from_onnx(q), opt_level=1, disabled=["fuse_ops"])
+def test_depthwise_and_unquantized_outputs_become_integer():
+    """An inverted residual block (1 x 1 conv + ReLU6, depthwise 3 x 3 + ReLU6, 1 x 1 projection + residual Add),
+    quantized by `ember.quantize`, whose projection's output is not quantized (the Add reads it as float): every
+    convolution becomes an integer kernel (the ReLU6 Clips folded into their clamps, the projection with a float
+    output), no float convolution is left, and the output is within 1 step of onnxruntime's (the depthwise and
+    ReLU6 kernels requantize with one float32 scale x_s * w_s / y_s; onnxruntime's QDQ kernels may round the
+    other way at a tie)."""
+    model = zoo.mobilenet_v2_inverted_residual(channels=8, expand=2, size=6)
+    q = ember.quantize(model, [zoo.random_feeds(model, seed=i) for i in range(4)], report_samples=0)
+    g, _ = run_passes(from_onnx(q), opt_level=1, disabled=["fuse_ops"], verify=True)
     ops = [n.op for n in g.nodes]
-    assert "QConvPacked" in ops and "Conv" in ops  # the depthwise one stays float
+    assert ops.count("QConvPacked") == 2 and ops.count("QConvDepthwise") == 1
+    assert "Conv" not in ops and "Clip" not in ops
+    assert [n.outputs[0].dtype for n in g.nodes if n.op == "QConvPacked"] == ["uint8", "float32"]
     m = ember.compile(q, target="c")
-    feeds = zoo.random_feeds(zoo.mobilenet_v2_inverted_residual(channels=8, expand=2, size=6), seed=3)
-    want = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    assert np.abs(np.asarray(m(*feeds.values())) - want).max() / output_step(q) <= 1 + 1e-3
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    step = float(np.max([onnx.numpy_helper.to_array(i) for i in q.graph.initializer
+                         if i.name.endswith("scale") and i.dims == []]))  # fmt: skip
+    for seed in (3, 4):
+        feeds = zoo.random_feeds(model, seed=seed)
+        want = sess.run(None, feeds)[0]
+        assert np.abs(np.asarray(m(*feeds.values())) - want).max() <= step * (1 + 1e-3)
+
+
+def depthwise_model(c: int, size: int, stride: int, dilation: int, k: int, xdtype: int, clip: bool):
+    """DequantizeLinear(x) -> Conv(group = c, k x k, int32 bias) -> [Clip(0, 6)] -> QuantizeLinear, per-channel
+    weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(c + size + stride)
+    zero = 128 if xdtype == TensorProto.UINT8 else -3
+    inits = [numpy_helper.from_array(rng.integers(-127, 128, (c, 1, k, k)).astype(np.int8), "w"),
+             numpy_helper.from_array(rng.uniform(0.005, 0.02, c).astype(np.float32), "ws"),
+             numpy_helper.from_array(np.zeros(c, np.int8), "wz"),
+             numpy_helper.from_array(rng.integers(-300, 300, c).astype(np.int32), "b"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "xs"),
+             numpy_helper.from_array(np.array(zero, np.uint8 if zero == 128 else np.int8), "xz"),
+             numpy_helper.from_array(np.array(0.3, np.float32), "ys"),
+             numpy_helper.from_array(np.array(5, np.uint8), "yz"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+             numpy_helper.from_array(np.array(6.0, np.float32), "hi")]  # fmt: skip
+    ws = numpy_helper.to_array(inits[1])
+    inits += [numpy_helper.from_array(np.float32(0.05) * ws, "bs"),
+              numpy_helper.from_array(np.zeros(c, np.int32), "bz")]
+    pad = dilation * (k - 1) // 2
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xf"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0),
+             helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bf"], axis=0),
+             helper.make_node("Conv", ["xf", "wf", "bf"], ["cf" if clip else "yf"], group=c, kernel_shape=[k, k],
+                              strides=[stride] * 2, dilations=[dilation] * 2, pads=[pad, pad, pad + 1, pad]),
+             helper.make_node("QuantizeLinear", ["yf", "ys", "yz"], ["y"])]  # fmt: skip
+    if clip:
+        nodes.insert(4, helper.make_node("Clip", ["cf", "lo", "hi"], ["yf"]))
+    oh = (size + 2 * pad + 1 - dilation * (k - 1) - 1) // stride + 1
+    ow = (size + 1 + 2 * pad - dilation * (k - 1) - 1) // stride + 1
+    g = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("x", xdtype, [1, c, size, size + 1])],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, c, oh, ow])], inits)  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+
+
+DW_CASES = [(16, 9, 1, 1, 3, True, True), (24, 12, 2, 1, 3, True, False), (8, 7, 1, 2, 3, False, True),
+            (40, 5, 2, 1, 5, False, False), (3, 20, 3, 1, 3, True, True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("c, size, stride, dilation, k, unsigned, clip", DW_CASES)
+def test_depthwise_matches_onnxruntime(c, size, stride, dilation, k, unsigned, clip):
+    """QConvDepthwise (strides 1-3, dilation, 3 x 3 and 5 x 5, uneven padding, uint8 and int8 inputs, ReLU6 folded
+    into the clamp) against onnxruntime on the same QDQ model: within 1 step (a tie rounded the other way), and
+    equal to the op's numpy reference."""
+    from onnx import TensorProto
+
+    model = depthwise_model(c, size, stride, dilation, k, TensorProto.UINT8 if unsigned else TensorProto.INT8, clip)
+    g, _ = run_passes(from_onnx(model), opt_level=1, disabled=["fuse_ops"], verify=True)
+    assert [n.op for n in g.nodes] == ["QConvDepthwise"]
+    m = ember.compile(model, target="c -threads=2")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(size)
+    for _ in range(2):
+        x = rng.integers(0, 256, (1, c, size, size + 1)).astype(np.uint8).view(np.uint8 if unsigned else np.int8)
+        got = np.asarray(m(x))
+        want = sess.run(None, {"x": x})[0]
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+        ref = evaluate(g, {"x": x})
+        np.testing.assert_array_equal(got, np.asarray(ref[0] if isinstance(ref, list | tuple) else
+                                                      next(iter(ref.values()))))  # fmt: skip
 
 
 def test_aarch64_dotprod_under_emulation(tmp_path):
@@ -198,3 +273,82 @@ def test_convs_as_weights_times_activations(c, mid, size, k):
     assert ("ember_dot_s8u8_" in m.source) == any(wx)
     sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
     assert worst_steps(m, sess, model, output_step(q)) == 0
+
+
+@pytest.mark.parametrize("c, co, size, stride", [(16, 32, 12, 2), (8, 24, 11, 2), (12, 16, 15, 3)])
+def test_strided_pointwise_conv_as_weights_times_activations(c, co, size, stride):
+    """A strided 1 x 1 convolution without padding (ResNet's downsampling shortcut) runs as W x X on every s-th
+    pixel (the copy of the input samples them): packed with one column per panel, equal to onnxruntime's output."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(c)
+    inits = [numpy_helper.from_array((rng.standard_normal((co, c, 1, 1)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal(co) * 0.1).astype(np.float32), "b")]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["cv"], strides=[stride] * 2),
+             helper.make_node("Relu", ["cv"], ["y"])]  # fmt: skip
+    out = (size - 1) // stride + 1
+    g = helper.make_graph(nodes, "strided", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, co, out, out])],
+                          inits)  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    q = quantize(model, True)
+    g, _ = run_passes(from_onnx(q), opt_level=1, disabled=["fuse_ops"], verify=True)
+    (conv,) = [n for n in g.nodes if n.op == "QConvPacked"]
+    assert conv.inputs[1].shape[2] == 1  # W x X packing
+    m = ember.compile(q, target="c -threads=2")
+    assert "ember_dot_s8u8_" in m.source
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert worst_steps(m, sess, model, output_step(q)) == 0
+
+
+STEMS = [(3, 16, 20, 7, 2, 3), (3, 8, 17, 3, 2, 1), (4, 16, 13, 5, 2, 1), (1, 16, 18, 3, 3, 0)]
+
+
+@pytest.mark.parametrize("c, co, size, k, stride, pad", STEMS)
+def test_stem_conv_on_phase_planes(c, co, size, k, stride, pad):
+    """A strided convolution of an image's few channels (ResNet's 7 x 7 / 2 stem) runs as the stride-1 convolution
+    of its s x s phase planes (space to depth, W x X: no im2col), equal to onnxruntime's output, and its numpy
+    reference (on the packed phase-plane weights) agrees."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(k)
+    inits = [numpy_helper.from_array((rng.standard_normal((co, c, k, k)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal(co) * 0.1).astype(np.float32), "b")]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["cv"], strides=[stride] * 2, pads=[pad] * 4),
+             helper.make_node("Relu", ["cv"], ["y"])]  # fmt: skip
+    out = (size + 2 * pad - k) // stride + 1
+    g = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, co, out, out])],
+                          inits)  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    q = quantize(model, True)
+    g, _ = run_passes(from_onnx(q), opt_level=1, disabled=["fuse_ops"], verify=True)
+    (conv,) = [n for n in g.nodes if n.op == "QConvPacked"]
+    assert conv.attrs.get("s2d") == stride and conv.inputs[1].shape[2] == 1
+    m = ember.compile(q, target="c -threads=2")
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert worst_steps(m, sess, model, output_step(q)) == 0
+    feeds = zoo.random_feeds(model, seed=5)
+    got = evaluate(g, feeds)
+    got = np.asarray(got[0] if isinstance(got, list | tuple) else next(iter(got.values())))
+    np.testing.assert_array_equal(got, sess.run(None, feeds)[0])
+
+
+def test_grouped_conv_stays_float_and_correct():
+    """A grouped convolution that is not depthwise (group 2) is left to the float path; the model still matches
+    onnxruntime within 1 step."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.3).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["cv"], group=2, pads=[1] * 4),
+             helper.make_node("Relu", ["cv"], ["y"])]  # fmt: skip
+    g = helper.make_graph(nodes, "grouped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 6, 6])], inits)  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    q = quantize(model, True)
+    g, _ = run_passes(from_onnx(q), opt_level=1, disabled=["fuse_ops"])
+    assert "Conv" in [n.op for n in g.nodes]
+    m = ember.compile(q, target="c")
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert worst_steps(m, sess, model, output_step(q)) <= 1 + 1e-3
