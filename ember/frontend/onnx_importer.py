@@ -387,27 +387,39 @@ class Importer:
         return None if values is None else tuple(values.reshape(-1))
 
     def value_sizes(self, v: Value, rule: str = "element", dims: tuple = (), count: int | None = None,
-                    tag: str = "v", hi: int | None = None) -> tuple[Dim, ...] | None:
+                    tag: str = "v", hi: int | None = None,
+                    operands: list[Value | None] = ()) -> tuple[Dim, ...] | None:  # fmt: skip
         """Size variables read at run time from the values of `v` when it is a numeric graph input with a few
         elements (a shape operand fed as an input), by `ember.graph.dims.VALUE_RULES[rule]` against `dims`
-        (`count` of them; default one per element; at most `hi`); None when `v` is no such input."""
+        (`count` of them; default one per element; at most `hi`); None when `v` is no such input. A rule of
+        several operands reads `operands` (`v` among them), each a graph input like `v`, a constant or None."""
+        if not self._readable(v, rule in ("nonzero", "compress")):
+            return None
+        read: list = []
+        for o in operands:
+            if o is not None and not o.is_constant and not self._readable(o, False):
+                return None
+            read.append(None if o is None else tuple(o.data.reshape(-1).tolist()) if o.is_constant else o.name)
         t = v.type
-        count_of = rule == "nonzero"  # a count reads the whole input, of any size and dtype
-        if self.nested or v.is_constant or v in self.producers or t.dtype.startswith("str"):
-            return None
-        if t.dtype == "bool" and not count_of or not all(is_static_dim(d) for d in t.shape):
-            return None
-        if not 0 < t.size <= (t.size if count_of else MAX_VALUE_SIZES):
-            return None
         if rule == "element" and v in self.shape_values:
             return tuple(self.shape_values[v].reshape(-1))
         base = "".join(c if c.isalnum() else "_" for c in v.name).lstrip("0123456789_") or "v"
         name = f"{base}_{tag}" if rule == "element" else self.unique(f"{base}_{tag}") + "_"
         n = t.size if count is None else count
-        out = tuple(value_size_var(f"{name}{i}", v.name, i, rule, dims, hi) for i in range(n))
+        out = tuple(value_size_var(f"{name}{i}", v.name, i, rule, dims, hi, tuple(read)) for i in range(n))
         if rule == "element":
             self.shape_values[v] = _dims_array(list(out), t.shape)
         return out
+
+    def _readable(self, v: Value, count_of: bool) -> bool:
+        """Whether the run time can read sizes from `v`'s values: a numeric graph input of the top graph with a
+        few elements (a count, `count_of`, reads any number of elements of any dtype)."""
+        t = v.type
+        if self.nested or v.is_constant or v in self.producers or t.dtype.startswith("str"):
+            return False
+        if t.dtype == "bool" and not count_of or not all(is_static_dim(d) for d in t.shape):
+            return False
+        return 0 < t.size <= (t.size if count_of else MAX_VALUE_SIZES)
 
     def _fold(self, opdef, attrs: dict, inputs: list[Value | None], out_names: list[str], where: str) -> list[Value]:
         args = [None if v is None else (v.data if v.is_constant else _dummy(v.type)) for v in inputs]

@@ -402,6 +402,8 @@ def _slice(ctx: NodeContext) -> None:
     if ctx.version < 10:
         a = ctx.attrs
         attrs = {"starts": a["starts"], "ends": a["ends"], "axes": a.get("axes", ())}
+    elif _runtime_slice(ctx):
+        return
     else:
         attrs = {
             "starts": _ints(ctx.need(1, "starts")),
@@ -410,6 +412,30 @@ def _slice(ctx: NodeContext) -> None:
             "steps": _ints(ctx.need(4, "steps")) if ctx.input(4) is not None else (),
         }
     emit(ctx, inputs=ctx.inputs[:1], attrs=attrs)
+
+
+def _runtime_slice(ctx: NodeContext) -> bool:
+    """Slice with starts, ends, axes or steps fed as inputs: the kernel reads them, the output lengths are sizes
+    the run time reads from them (rule 'slice'); absent axes and steps become constants."""
+    x, operands = ctx.type(0), [ctx.input(i) for i in range(1, 5)]
+    fed = [v for v in operands if v is not None and not v.is_constant]
+    if not fed:
+        return False
+    if any(v is not None and ctx.importer.dims_of(v) is not None and not v.is_constant for v in operands):
+        return False  # computed from symbolic shapes: the static rule follows them
+    if not all(is_static_dim(d) for d in x.shape):
+        return False
+    lengths = ctx.importer.value_sizes(fed[0], "slice", x.shape, x.rank, tag="sl", hi=max(x.shape, default=0),
+                                       operands=operands)  # fmt: skip
+    if lengths is None:
+        return False
+    n = operands[0].type.size
+    if operands[2] is None:
+        operands[2] = ctx.importer.constant(f"{ctx.name}/axes", np.arange(n, dtype=np.int64))
+    if operands[3] is None:
+        operands[3] = ctx.importer.constant(f"{ctx.name}/steps", np.ones(n, np.int64))
+    emit(ctx, inputs=[ctx.input(0), *operands], attrs={"lengths": lengths})
+    return True
 
 
 @converter("Expand")

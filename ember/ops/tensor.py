@@ -400,22 +400,56 @@ def _slice_len(start: int, end: int, step: int) -> int:
     return max(0, -(-(end - start) // step))
 
 
-SLICE_ATTRS = [Attr("starts", "ints"), Attr("ends", "dims"), Attr("axes", "ints", ()), Attr("steps", "ints", ())]
+SLICE_ATTRS = [Attr("starts", "ints", ()), Attr("ends", "dims", ()), Attr("axes", "ints", ()), Attr("steps", "ints", ()),
+               Attr("lengths", "dims", None)]  # fmt: skip
 
 
-def _slice_infer(a: dict, x: TensorType) -> TensorType:
+def _slice_infer(a: dict, x: TensorType, *operands: TensorType) -> TensorType:
+    if operands:  # starts, ends, axes, steps read at run time: the lengths are sizes read from them
+        if len(operands) != 4 or a["lengths"] is None or len(a["lengths"]) != x.rank:
+            raise ShapeError(f"Slice of {x} with starts, ends, axes and steps as inputs takes the {x.rank} lengths")
+        if any(not t.dtype.startswith("int") or t.rank != 1 or t.shape != operands[0].shape for t in operands):
+            raise ShapeError(f"Slice starts, ends, axes and steps must be 1-D int tensors of one length, got "
+                             f"{', '.join(map(str, operands))}")  # fmt: skip
+        return x.with_shape(a["lengths"])
     return x.with_shape(tuple(_slice_len(*b) for b in slice_bounds(x.shape, a)))
 
 
-@op("Slice", INJ, infer=_slice_infer, attrs=SLICE_ATTRS)
-def slice_(a: dict, x: np.ndarray) -> np.ndarray:
-    """ONNX Slice with starts/ends/axes/steps as attributes (clamped like ONNX)."""
+@op("Slice", INJ, infer=_slice_infer, inputs=(1, 5), attrs=SLICE_ATTRS)
+def slice_(a: dict, x: np.ndarray, *operands: np.ndarray) -> np.ndarray:
+    """ONNX Slice with starts/ends/axes/steps as attributes (clamped like ONNX), or as the int tensors
+    (starts, ends, axes, steps) read at run time, the output lengths then given as `lengths`."""
+    if operands:
+        index = [slice(None)] * x.ndim
+        for s, e, ax, st in zip(*(o.astype(np.int64).tolist() for o in operands)):
+            index[ax + x.ndim if ax < 0 else ax] = slice(s, e, st)
+        return x[tuple(index)].copy()
     index = tuple(slice(s, None if e < 0 else e, st) for s, e, st in slice_bounds(x.shape, a))
     return x[index].copy()
 
 
+def _runtime_slice_index(x: te.Tensor, o: tuple, starts, ends, axes, steps) -> tuple:
+    """The input index an output index copies when starts, axes and steps are tensors read by the kernel: per
+    input axis the start (made non-negative and clamped the ONNX way) and step of the entry naming that axis."""
+    n = starts.shape[0]
+    out = []
+    for d, dim in enumerate(x.shape):
+        start, step = te.const(0, "int64"), te.const(1, "int64")
+        for k in reversed(range(n)):
+            ax, s, st = (te.cast(t[(k,)], "int64") for t in (axes, starts, steps))
+            s = te.if_then_else(s < 0, s + dim, s)
+            s = te.if_then_else(st > 0, te.minimum(te.maximum(s, 0), dim), te.minimum(te.maximum(s, 0), dim - 1))
+            hit = te.any(ax == d, ax == d - x.ndim)
+            start, step = te.if_then_else(hit, s, start), te.if_then_else(hit, st, step)
+        out.append(index_dtype(start + te.cast(o[d], "int64") * step, dim))
+    return tuple(out)
+
+
 @lowering("Slice", schedule=schedule_injective("slice"))
-def _slice_te(a: dict, x: te.Tensor) -> te.Tensor:
+def _slice_te(a: dict, x: te.Tensor, *operands: te.Tensor) -> te.Tensor:
+    if operands:
+        return te.compute(tuple(a["lengths"]), lambda *o: x[_runtime_slice_index(x, o, *operands)], name="slice",
+                          tag="slice")  # fmt: skip
     bounds = slice_bounds(x.shape, a)
     shape = tuple(_slice_len(*b) for b in bounds)
     whole = next((k for k in range(x.ndim) if bounds[x.ndim - 1 - k] != (0, x.shape[x.ndim - 1 - k], 1)), x.ndim)

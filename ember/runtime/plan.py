@@ -143,7 +143,13 @@ class Plan:
             if source not in by_name:
                 raise ValueError(f"size {d.name} is read from input '{source}', which the model does not take")
             flat = np.asarray(by_name[source]).reshape(-1)
-            n = _value_size(d, flat, env)
+            operands = []
+            for o in getattr(d, "operands", ()):
+                if isinstance(o, str) and o not in by_name:
+                    raise ValueError(f"size {d.name} is read from input '{o}', which the model does not take")
+                operands.append(np.asarray(by_name[o] if isinstance(o, str) else o).reshape(-1) if o is not None
+                                else None)  # fmt: skip
+            n = _value_size(d, flat, env, operands)
             lo, hi = getattr(d, "lo", 0), getattr(d, "hi", None)
             if n < lo or (hi is not None and n > hi):
                 raise ValueError(f"input '{source}' = {flat.tolist()} gives size {d.name} = {n}, outside its bounds "
@@ -227,16 +233,22 @@ def _unjson_attrs(attrs: dict) -> dict:
     return out
 
 
-def _value_size(d: Var, flat: np.ndarray, env: dict[Var, int]) -> int:
-    """A `ValueSizeVar`'s value from its input's values (flattened) by its rule, its `dims` evaluated in `env`."""
+def _value_size(d: Var, flat: np.ndarray, env: dict[Var, int], operands: list[np.ndarray | None] = ()) -> int:
+    """A `ValueSizeVar`'s value from its input's values (flattened) by its rule, its `dims` evaluated in `env`;
+    a rule of several operands gets the list of their values (None for one left out; the source is one of them)."""
     if d.rule == "element" and d.index >= flat.size:
         raise ValueError(f"input '{d.source}' has {flat.size} element(s); size {d.name} reads element {d.index}")
     dims = [int(eval_int(x, env)) if isinstance(x, Expr) else int(x) for x in d.dims]
+
+    def read(a: np.ndarray | None) -> object:  # counts and Range read the values as they are, the rest as ints
+        return a if a is None or d.rule in RAW_RULES else a.astype(np.int64).tolist()
+
     try:
-        values = flat if d.rule == "nonzero" else flat.astype(np.int64).tolist()  # (a count reads them as they are)
+        values = [read(a) for a in operands] if d.rule in OPERAND_RULES else read(flat)
         return int(VALUE_RULES[d.rule](values, d.index, dims))
-    except ValueError as e:
-        raise ValueError(f"input '{d.source}' = {flat.tolist()}: {e}") from None
+    except (ValueError, IndexError, ZeroDivisionError, OverflowError) as e:
+        shown = ", ".join(str(a.tolist()) for a in operands if a is not None) if operands else str(flat.tolist())
+        raise ValueError(f"input '{d.source}' = {shown}: {e}") from None
 
 
 def _reshape_target(v: list[int], dims: list[int], allowzero: bool) -> list[int]:
@@ -284,6 +296,51 @@ def _split(v: list[int], n: int) -> list[int]:
     return v
 
 
+def _slice_lengths(v: list, dims: list[int]) -> list[int]:
+    """The length of every axis of a tensor of shape dims sliced by v = [starts, ends, axes, steps] (ONNX)."""
+    starts, ends, axes, steps = v
+    axes = _axes(axes, len(dims)) if axes is not None else list(range(len(starts)))
+    steps = steps if steps is not None else [1] * len(axes)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ValueError("Slice starts, ends, axes and steps must have the same length")
+    out = list(dims)
+    for a, start, end, step in zip(axes, starts, ends, steps):
+        if step == 0:
+            raise ValueError("a Slice step cannot be 0")
+        out[a] = len(range(*slice(start, end, step).indices(dims[a])))
+    return out
+
+
+def _pads(v: list, dims: list[int]) -> list[int]:
+    """The padded dims of a tensor of shape dims by v = [pads, axes] (ONNX; negative pads crop)."""
+    pads, axes = v
+    axes = _axes(axes, len(dims)) if axes is not None else list(range(len(dims)))
+    if len(pads) != 2 * len(axes):
+        raise ValueError(f"Pad takes {2 * len(axes)} pads for {len(axes)} axes, got {len(pads)}")
+    out = list(dims)
+    for k, a in enumerate(axes):
+        out[a] += pads[k] + pads[k + len(axes)]
+    if min(out, default=0) < 0:
+        raise ValueError(f"pads {pads} remove more than the dims {dims} hold")
+    return out
+
+
+def _range_length(v: list) -> int:
+    start, limit, delta = (a.reshape(-1)[0].item() for a in v)
+    if delta == 0:
+        raise ValueError("Range's delta cannot be 0")
+    return max(int(np.ceil((limit - start) / delta)), 0)
+
+
+def _compress_count(v: np.ndarray, length: int) -> int:
+    if v.size > length:
+        raise ValueError(f"a Compress condition of {v.size} elements is longer than the axis ({length})")
+    return int(np.count_nonzero(v))
+
+
+RAW_RULES = {"nonzero", "range", "compress"}  # rules that read the values as they are (counts, numbers)
+OPERAND_RULES = {"slice", "pad", "range"}  # rules of several operands
+
 # `ember.graph.dims.VALUE_RULES`: rule -> f(values, index, dims)
 VALUE_RULES = {
     "element": lambda v, i, dims: v[i],
@@ -296,6 +353,10 @@ VALUE_RULES = {
     "split": lambda v, i, dims: _split(v, dims[0])[i],
     "squeeze": lambda v, i, dims: _squeeze(v, dims)[i],
     "unsqueeze": lambda v, i, dims: _unsqueeze(v, dims)[i],
+    "slice": lambda v, i, dims: _slice_lengths(v, dims)[i],
+    "pad": lambda v, i, dims: _pads(v, dims)[i],
+    "range": lambda v, i, dims: _range_length(v),
+    "compress": lambda v, i, dims: _compress_count(v, dims[0]),
 }
 
 
