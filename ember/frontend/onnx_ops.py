@@ -497,8 +497,10 @@ def _pad(ctx: NodeContext) -> None:
     if ctx.version < 11:
         pads, value_input, value = a["pads"], None, a.get("value", 0.0)
     else:
-        pads = _ints(ctx.need(1, "pads"))
         value_input = ctx.input(2)
+        if _runtime_pad(ctx, value_input):
+            return
+        pads = _ints(ctx.need(1, "pads"))
         value = 0.0
         axes = _ints(ctx.need(3, "axes")) if ctx.input(3) is not None else None
         if axes is not None:
@@ -514,6 +516,21 @@ def _pad(ctx: NodeContext) -> None:
         value_input = None
     inputs = [ctx.input(0)] + ([value_input] if value_input is not None else [])
     emit(ctx, inputs=inputs, attrs={"pads": tuple(pads), "mode": a.get("mode", "constant"), "value": value})
+
+
+def _runtime_pad(ctx: NodeContext, value: Value | None) -> bool:
+    """Pad with the pads (or axes) fed as an input: the kernel reads them, the padded dims are sizes the run time
+    reads from them (rule 'pad')."""
+    x, pads, axes = ctx.type(0), ctx.input(1), ctx.input(3)
+    fed = [v for v in (pads, axes) if v is not None and not v.is_constant]
+    if not fed or not all(is_static_dim(d) for d in x.shape):
+        return False
+    lengths = ctx.importer.value_sizes(fed[0], "pad", x.shape, x.rank, tag="pd", operands=[pads, axes])
+    if lengths is None:
+        return False
+    emit(ctx, inputs=[ctx.input(0), value, pads, axes], attrs={"mode": ctx.attrs.get("mode", "constant"),
+                                                              "lengths": lengths})  # fmt: skip
+    return True
 
 
 # -- elementwise ---------------------------------------------------------------------------------------

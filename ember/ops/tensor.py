@@ -726,7 +726,14 @@ def _tile_te(a: dict, x: te.Tensor) -> te.Tensor:
 
 
 # -- padding -------------------------------------------------------------------------------------
-def _pad_infer(a: dict, x: TensorType, value: TensorType | None = None) -> TensorType:
+def _pad_infer(a: dict, x: TensorType, value: TensorType | None = None, pads: TensorType | None = None,
+               axes: TensorType | None = None) -> TensorType:  # fmt: skip
+    if pads is not None:  # pads (and axes) read at run time: the padded dims are sizes read from them
+        if a["lengths"] is None or len(a["lengths"]) != x.rank:
+            raise ShapeError(f"Pad of {x} with the pads as an input takes the {x.rank} padded dims")
+        if any(t is not None and (not t.dtype.startswith("int") or t.rank != 1) for t in (pads, axes)):
+            raise ShapeError(f"Pad's pads and axes must be 1-D int tensors, got {pads} and {axes}")
+        return x.with_shape(a["lengths"])
     pads = a["pads"]
     if len(pads) != 2 * x.rank:
         raise ShapeError(f"Pad needs {2 * x.rank} pads for {x}, got {list(pads)}")
@@ -736,13 +743,15 @@ def _pad_infer(a: dict, x: TensorType, value: TensorType | None = None) -> Tenso
     return x.with_shape(shape)
 
 
-@op("Pad", INJ, infer=_pad_infer, inputs=(1, 2),
-    attrs=[Attr("pads", "ints"), Attr("mode", "str", "constant", **one_of("constant", "reflect", "edge", "wrap")),
-           Attr("value", "float", 0.0)])  # fmt: skip
-def pad(a: dict, x: np.ndarray, value: np.ndarray | None = None) -> np.ndarray:
-    """Pad with begin/end amounts per axis (ONNX order); negative pads crop."""
+@op("Pad", INJ, infer=_pad_infer, inputs=(1, 4),
+    attrs=[Attr("pads", "ints", ()), Attr("mode", "str", "constant", **one_of("constant", "reflect", "edge", "wrap")),
+           Attr("value", "float", 0.0), Attr("lengths", "dims", None)])  # fmt: skip
+def pad(a: dict, x: np.ndarray, value: np.ndarray | None = None, pads: np.ndarray | None = None,
+        axes: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Pad with begin/end amounts per axis (ONNX order); negative pads crop. The pads (and the axes they apply
+    to) are an attribute, or int tensors read at run time with the padded dims given as `lengths`."""
     rank = x.ndim
-    pads = a["pads"]
+    pads = a["pads"] if pads is None else full_pads(pads.astype(np.int64).tolist(), axes, rank)
     crop = tuple(slice(max(-pads[i], 0), x.shape[i] - max(-pads[i + rank], 0)) for i in range(rank))
     x = x[crop]
     widths = [(max(pads[i], 0), max(pads[i + rank], 0)) for i in range(rank)]
@@ -752,11 +761,24 @@ def pad(a: dict, x: np.ndarray, value: np.ndarray | None = None) -> np.ndarray:
     return np.pad(x, widths, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[a["mode"]])
 
 
+def full_pads(pads: list[int], axes: np.ndarray | None, rank: int) -> tuple[int, ...]:
+    """Begin and end pads of every axis from the pads of `axes` (None: all of them)."""
+    if axes is None:
+        return tuple(pads)
+    axes = norm_axes(tuple(int(v) for v in axes.reshape(-1)), rank)
+    full = [0] * (2 * rank)
+    for i, ax in enumerate(axes):
+        full[ax], full[ax + rank] = pads[i], pads[i + len(axes)]
+    return tuple(full)
+
+
 def _pad_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Schedule:
     """Padded axes keep their own loops, so loop partitioning splits each into its border parts and
     an interior without bounds checks or index folding (the interior conditions are monotone in the
     loop variable); the axes before the first padded one are fused (parallel), those after the last
     fused and vectorized."""
+    if a["lengths"] is not None:  # pads read at run time
+        return schedule_injective("pad")(a, outs, target)
     if not standalone(outs, "pad") or numel(outs[0].shape) == 0:
         return default_schedule(outs, target)
     (out,) = outs
@@ -782,8 +804,56 @@ def _pad_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Schedule
     return s
 
 
+def _runtime_pad_te(a: dict, x: te.Tensor, fill: Expr, pads: te.Tensor, axes: te.Tensor | None) -> te.Tensor:
+    """Pad by pads read by the kernel (a tensor, for `axes` or all axes): per axis, the begin and end amounts of
+    the entry naming it; negative ones crop. Reflect and wrap fold any distance, edge clamps."""
+    rank, mode, n_pads = x.ndim, a["mode"], pads.shape[0]
+    if numel(x.shape) == 0:
+        raise NotLowerable("Pad of an empty tensor by pads read at run time")
+
+    def amounts(d: int) -> tuple[Expr, Expr]:
+        if axes is None:
+            return te.cast(pads[(d,)], "int64"), te.cast(pads[(d + rank,)], "int64")
+        k_axes = n_pads // 2
+        b, e = te.const(0, "int64"), te.const(0, "int64")
+        for k in reversed(range(k_axes)):
+            ax = te.cast(axes[(k,)], "int64")
+            hit = te.any(ax == d, ax == d - rank)
+            b = te.if_then_else(hit, te.cast(pads[(k,)], "int64"), b)
+            e = te.if_then_else(hit, te.cast(pads[(k + k_axes,)], "int64"), e)
+        return b, e
+
+    def body(*o):
+        src, inside = [], []
+        for d in range(rank):
+            b, e = amounts(d)
+            crop = te.maximum(-b, 0)
+            kept = x.shape[d] - crop - te.maximum(-e, 0)  # the axis's length after cropping
+            t = te.cast(o[d], "int64") - te.maximum(b, 0)
+            last = te.maximum(kept - 1, 0)
+            if mode == "wrap":
+                t = t % te.maximum(kept, 1)
+            elif mode == "reflect":
+                period = te.maximum(2 * last, 1)
+                r = t % period
+                t = te.if_then_else(r < kept, r, period - r)
+            else:
+                inside += [t >= 0, t < kept]
+            at = te.minimum(te.maximum(t, 0), last) + crop  # never outside the input, whatever the pads
+            src.append(index_dtype(te.minimum(at, x.shape[d] - 1), x.shape[d]))
+        v = x[tuple(src)]
+        return te.if_then_else(te.all(*inside), v, fill) if mode == "constant" else v
+
+    return te.compute(tuple(a["lengths"]), body, name="pad", tag="pad")
+
+
 @lowering("Pad", schedule=_pad_schedule)
-def _pad_te(a: dict, x: te.Tensor, value: te.Tensor | None = None) -> te.Tensor:
+def _pad_te(a: dict, x: te.Tensor, value: te.Tensor | None = None, pads_in: te.Tensor | None = None,
+            axes: te.Tensor | None = None) -> te.Tensor:  # fmt: skip
+    if pads_in is not None:
+        fill = (te.cast(value[(0,) * value.ndim], x.dtype) if value is not None and numel(value.shape)
+                else keep(const_of(a["value"], x.dtype.name), value))  # fmt: skip
+        return _runtime_pad_te(a, x, fill, pads_in, axes)
     rank, pads, mode = x.ndim, a["pads"], a["mode"]
     shape = _pad_infer(a, TensorType(x.shape, x.dtype.name)).shape
     before = [max(pads[d], 0) for d in range(rank)]
