@@ -485,6 +485,15 @@ def _trilu(ctx: NodeContext) -> None:
     emit(ctx, inputs=ctx.inputs[:1], attrs={"upper": ctx.attrs.get("upper", 1), "k": k})
 
 
+@converter("Range")
+def _range(ctx: NodeContext) -> None:
+    operands = ctx.inputs[:3]
+    fed = [v for v in operands if not v.is_constant]
+    # start, limit or delta fed as an input: the length is a size the run time reads from them
+    length = ctx.importer.value_sizes(fed[0], "range", count=1, tag="rg", operands=operands) if fed else None
+    emit(ctx, attrs={"length": length[0]} if length else {})
+
+
 @converter("CenterCropPad")
 def _center_crop_pad(ctx: NodeContext) -> None:
     emit(ctx, inputs=ctx.inputs[:1], attrs={"shape": _ints(ctx.need(1, "shape")), "axes": ctx.attrs.get("axes", ())})

@@ -970,13 +970,29 @@ def _eye_like_te(a: dict, x: te.Tensor) -> te.Tensor:
 
 
 def _range_infer(a: dict, start: TensorType, limit: TensorType, delta: TensorType) -> TensorType:
-    raise ShapeDependsOnData("the length of Range depends on the values of start, limit and delta")
+    if a["length"] is None:
+        raise ShapeDependsOnData("the length of Range depends on the values of start, limit and delta")
+    if any(t.size != 1 or t.dtype != start.dtype for t in (start, limit, delta)):
+        raise ShapeError(f"Range takes three scalars of one dtype, got {start}, {limit}, {delta}")
+    return TensorType((a["length"],), start.dtype)
 
 
-@op("Range", INJ, infer=_range_infer, inputs=(3, 3))
+@op("Range", INJ, infer=_range_infer, inputs=(3, 3), attrs=[Attr("length", "dim", None)])
 def range_(a: dict, start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """start, start + delta, ... up to limit; `length` is their number when the run time reads it from the
+    values (`ember.graph.dims.ValueSizeVar`), None when only the data tells."""
     n = max(int(np.ceil((limit.item() - start.item()) / delta.item())), 0)
     return (start + np.arange(n, dtype=np.int64).astype(start.dtype) * delta).astype(start.dtype)
+
+
+@lowering("Range", schedule=schedule_injective("range"))
+def _range_te(a: dict, start: te.Tensor, limit: te.Tensor, delta: te.Tensor) -> te.Tensor:
+    if a["length"] is None:
+        raise NotLowerable("Range without a length computed at run time")
+    dtype = native_dtype(start.dtype.name)
+    first, step = start[(0,) * start.ndim], delta[(0,) * delta.ndim]
+    return te.compute((a["length"],), lambda i: keep(first + te.cast(i, dtype) * step, limit), name="range",
+                      tag="range")  # fmt: skip
 
 
 def _one_hot_infer(a: dict, idx: TensorType, values: TensorType) -> TensorType:
