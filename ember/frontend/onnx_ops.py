@@ -25,7 +25,7 @@ from ember.frontend.onnx_importer import (
     normal_domain,
     onnx_dtype,
 )
-from ember.graph.dims import is_static_dim, reads_values, simplify_dim
+from ember.graph.dims import dim_product, is_static_dim, reads_values, simplify_dim
 from ember.graph.ir import Graph, Value
 from ember.graph.types import TensorType
 from ember.ops import OPS
@@ -638,16 +638,26 @@ def _group_norm(ctx: NodeContext) -> None:
 
 @converter("Compress")
 def _compress(ctx: NodeContext) -> None:
-    """With a constant condition, Compress is a Gather of the selected positions."""
+    """Compress is a Gather of the selected positions: a constant condition's, or those NonZero finds in a
+    condition fed as an input (their number read by the run time, rule 'compress')."""
     cond = ctx.const(1)
-    if cond is None:
-        emit(ctx)
-        return
     axis = ctx.attrs.get("axis")
     data = ctx.input(0)
+    if cond is None:
+        v, x = ctx.input(1), ctx.type(0)
+        n = dim_product(x.shape) if axis is None else x.shape[norm_axes((axis,), x.rank)[0]]
+        count = ctx.importer.value_sizes(v, "compress", (n,), 1, tag="cp", hi=n if is_static_dim(n) else None)
+        if count is None or v.type.rank != 1:
+            emit(ctx)
+            return
+        (at,) = ctx.emit("NonZero", [v], {"count": count[0]})
+        (index,) = ctx.emit("Reshape", [at], {"shape": count})
     if axis is None:
-        (data,) = ctx.emit("Reshape", [data], {"shape": (ctx.type(0).size,)})
+        (data,) = ctx.emit("Reshape", [data], {"shape": (dim_product(ctx.type(0).shape),)})
         axis = 0
+    if cond is None:
+        emit(ctx, "Gather", [data, index], {"axis": axis})
+        return
     picked = np.flatnonzero(cond.reshape(-1).astype(bool)).astype(np.int64)
     index = ctx.importer.constant(f"{ctx.name}/indices", picked)
     emit(ctx, "Gather", [data, index], {"axis": axis})
