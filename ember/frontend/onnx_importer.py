@@ -21,6 +21,7 @@ from ember.graph.dims import Dim, SizeVars, dim_product, is_static_dim, simplify
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops import AttrError, ShapeDependsOnData, get_op
+from ember.ops.evaluate import ComputedOperand, computed_operand
 
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -393,33 +394,40 @@ class Importer:
         elements (a shape operand fed as an input), by `ember.graph.dims.VALUE_RULES[rule]` against `dims`
         (`count` of them; default one per element; at most `hi`); None when `v` is no such input. A rule of
         several operands reads `operands` (`v` among them), each a graph input like `v`, a constant or None."""
-        if not self._readable(v, rule in ("nonzero", "compress")):
+        source = self._readable(v, rule in ("nonzero", "compress"))
+        if source is None:
             return None
         read: list = []
         for o in operands:
-            if o is not None and not o.is_constant and not self._readable(o, False):
+            r = None if o is None or o.is_constant else source if o is v else self._readable(o, False)
+            if o is not None and not o.is_constant and r is None:
                 return None
-            read.append(None if o is None else tuple(o.data.reshape(-1).tolist()) if o.is_constant else o.name)
+            read.append(None if o is None else tuple(o.data.reshape(-1).tolist()) if o.is_constant else r)
         t = v.type
         if rule == "element" and v in self.shape_values:
             return tuple(self.shape_values[v].reshape(-1))
         base = "".join(c if c.isalnum() else "_" for c in v.name).lstrip("0123456789_") or "v"
         name = f"{base}_{tag}" if rule == "element" else self.unique(f"{base}_{tag}") + "_"
         n = t.size if count is None else count
-        out = tuple(value_size_var(f"{name}{i}", v.name, i, rule, dims, hi, tuple(read)) for i in range(n))
+        out = tuple(value_size_var(f"{name}{i}", source, i, rule, dims, hi, tuple(read)) for i in range(n))
         if rule == "element":
             self.shape_values[v] = _dims_array(list(out), t.shape)
         return out
 
-    def _readable(self, v: Value, count_of: bool) -> bool:
-        """Whether the run time can read sizes from `v`'s values: a numeric graph input of the top graph with a
-        few elements (a count, `count_of`, reads any number of elements of any dtype)."""
+    def _readable(self, v: Value, count_of: bool) -> str | ComputedOperand | None:
+        """What the run time reads `v`'s values from, when it can: the name of a numeric graph input of the top graph
+        with a few elements (a count, `count_of`, reads any number of elements of any dtype), or the nodes that
+        compute `v` from such inputs (`ember.ops.evaluate.ComputedOperand`); None when it cannot."""
         t = v.type
-        if self.nested or v.is_constant or v in self.producers or t.dtype.startswith("str"):
-            return False
+        if self.nested or v.is_constant or t.dtype.startswith("str"):
+            return None
         if t.dtype == "bool" and not count_of or not all(is_static_dim(d) for d in t.shape):
-            return False
-        return 0 < t.size <= (t.size if count_of else MAX_VALUE_SIZES)
+            return None
+        if not 0 < t.size <= (t.size if count_of else MAX_VALUE_SIZES):
+            return None
+        if v not in self.producers:
+            return v.name
+        return computed_operand(v, self.producers, self.graph.inputs)
 
     def _fold(self, opdef, attrs: dict, inputs: list[Value | None], out_names: list[str], where: str) -> list[Value]:
         args = [None if v is None else (v.data if v.is_constant else _dummy(v.type)) for v in inputs]

@@ -419,14 +419,11 @@ def _runtime_slice(ctx: NodeContext) -> bool:
     the run time reads from them (rule 'slice'); absent axes and steps become constants."""
     x, operands = ctx.type(0), [ctx.input(i) for i in range(1, 5)]
     fed = [v for v in operands if v is not None and not v.is_constant]
-    if not fed:
-        return False
-    if any(v is not None and ctx.importer.dims_of(v) is not None and not v.is_constant for v in operands):
-        return False  # computed from symbolic shapes: the static rule follows them
-    if not all(is_static_dim(d) for d in x.shape):
-        return False
-    lengths = ctx.importer.value_sizes(fed[0], "slice", x.shape, x.rank, tag="sl", hi=max(x.shape, default=0),
-                                       operands=operands)  # fmt: skip
+    static = [v is None or v.is_constant for v in operands]
+    if not fed or static[0] and all(static[2:]) and ctx.importer.dims_of(operands[1]) is not None:
+        return False  # only the end is computed from symbolic shapes: the static rule follows it
+    hi = max(x.shape) if all(is_static_dim(d) for d in x.shape) and x.shape else None
+    lengths = ctx.importer.value_sizes(fed[0], "slice", x.shape, x.rank, tag="sl", hi=hi, operands=operands)
     if lengths is None:
         return False
     n = operands[0].type.size
@@ -496,6 +493,9 @@ def _range(ctx: NodeContext) -> None:
 
 @converter("CenterCropPad")
 def _center_crop_pad(ctx: NodeContext) -> None:
+    if not ctx.input(1).is_constant:  # the shape fed at run time: its function body (a Pad and a Slice read it)
+        expand_function(ctx)
+        return
     emit(ctx, inputs=ctx.inputs[:1], attrs={"shape": _ints(ctx.need(1, "shape")), "axes": ctx.attrs.get("axes", ())})
 
 

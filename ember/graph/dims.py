@@ -90,7 +90,7 @@ class ValueSizeVar(SizeVar):
     operands reads `operands` instead (`source` is one of them): each the name of a graph input, a constant's
     values (a tuple) or None (an operand left out)."""
 
-    source: str = ""
+    source: object = ""  # the input's name, or a callable: the operand computed from the inputs' values by name
     index: int = 0
     rule: str = "element"
     dims: tuple = ()
@@ -99,10 +99,11 @@ class ValueSizeVar(SizeVar):
     __hash__ = Var.__hash__
 
 
-def value_size_var(name: str, source: str, index: int, rule: str = "element", dims: tuple = (),
+def value_size_var(name: str, source: object, index: int, rule: str = "element", dims: tuple = (),
                    hi: int | None = None, operands: tuple = ()) -> ValueSizeVar:
     """A size in [0, hi] read at run time from the int graph input `source` (and `operands`) by
-    `VALUE_RULES[rule]`."""
+    `VALUE_RULES[rule]`; a source or operand may also be a callable that computes it from the inputs' values by
+    name (an operand other nodes compute from inputs: `ember.ops.evaluate.ComputedOperand`)."""
     if not name.isidentifier():
         raise DimError(f"size variable name {name!r} must be an identifier")
     if rule not in VALUE_RULES:

@@ -400,8 +400,8 @@ def _slice_len(start: int, end: int, step: int) -> int:
     return max(0, -(-(end - start) // step))
 
 
-SLICE_ATTRS = [Attr("starts", "ints", ()), Attr("ends", "dims", ()), Attr("axes", "ints", ()), Attr("steps", "ints", ()),
-               Attr("lengths", "dims", None)]  # fmt: skip
+SLICE_ATTRS = [Attr("starts", "ints", ()), Attr("ends", "dims", ()), Attr("axes", "ints", ()),
+               Attr("steps", "ints", ()), Attr("lengths", "dims", None)]  # fmt: skip
 
 
 def _slice_infer(a: dict, x: TensorType, *operands: TensorType) -> TensorType:
@@ -428,6 +428,11 @@ def slice_(a: dict, x: np.ndarray, *operands: np.ndarray) -> np.ndarray:
     return x[index].copy()
 
 
+def _index(v: Expr, dim) -> Expr:
+    """An index into an axis of length dim (int64 when the length is symbolic)."""
+    return index_dtype(v, dim) if is_static_dim(dim) else te.cast(v, "int64")
+
+
 def _runtime_slice_index(x: te.Tensor, o: tuple, starts, ends, axes, steps) -> tuple:
     """The input index an output index copies when starts, axes and steps are tensors read by the kernel: per
     input axis the start (made non-negative and clamped the ONNX way) and step of the entry naming that axis."""
@@ -441,7 +446,7 @@ def _runtime_slice_index(x: te.Tensor, o: tuple, starts, ends, axes, steps) -> t
             s = te.if_then_else(st > 0, te.minimum(te.maximum(s, 0), dim), te.minimum(te.maximum(s, 0), dim - 1))
             hit = te.any(ax == d, ax == d - x.ndim)
             start, step = te.if_then_else(hit, s, start), te.if_then_else(hit, st, step)
-        out.append(index_dtype(start + te.cast(o[d], "int64") * step, dim))
+        out.append(_index(start + te.cast(o[d], "int64") * step, dim))
     return tuple(out)
 
 
@@ -840,7 +845,7 @@ def _runtime_pad_te(a: dict, x: te.Tensor, fill: Expr, pads: te.Tensor, axes: te
             else:
                 inside += [t >= 0, t < kept]
             at = te.minimum(te.maximum(t, 0), last) + crop  # never outside the input, whatever the pads
-            src.append(index_dtype(te.minimum(at, x.shape[d] - 1), x.shape[d]))
+            src.append(_index(te.minimum(at, x.shape[d] - 1), x.shape[d]))
         v = x[tuple(src)]
         return te.if_then_else(te.all(*inside), v, fill) if mode == "constant" else v
 
@@ -912,10 +917,13 @@ def shape(a: dict, x: np.ndarray) -> np.ndarray:
 def _shape_te(a: dict, x: te.Tensor) -> te.Tensor:
     dims = x.shape[a["start"] : a["end"]]
 
+    def dim(d) -> Expr:  # a symbolic dim is read from the kernel's size arguments
+        return te.const(d, "int64") if is_static_dim(d) else te.cast(d, "int64")
+
     def body(i):
-        out = te.const(dims[-1] if dims else 0, "int64")
+        out = dim(dims[-1] if dims else 0)
         for k in reversed(range(len(dims) - 1)):
-            out = te.if_then_else(i == k, te.const(dims[k], "int64"), out)
+            out = te.if_then_else(i == k, dim(dims[k]), out)
         return keep(out, x)
 
     return te.compute((len(dims),), body, name="shape")

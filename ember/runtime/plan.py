@@ -136,23 +136,32 @@ class Plan:
     def _bind_values(self, env: dict[Var, int], arrays: list[np.ndarray]) -> None:
         """Binds the sizes read from input values (after those given by shapes, which a Reshape's 0 and -1 need)."""
         by_name = {self.values[i].name: a for i, a in zip(self.inputs, arrays)}
+        computed: dict[int, np.ndarray] = {}  # an operand computed from inputs (a callable) is evaluated once
+
+        def read(o: object) -> np.ndarray | None:
+            """An operand's values: a graph input's by name, a constant's (a tuple), or computed from the inputs."""
+            if o is None:
+                return None
+            if isinstance(o, str):
+                if o not in by_name:
+                    raise ValueError(f"size {d.name} is read from input '{o}', which the model does not take")
+                return np.asarray(by_name[o]).reshape(-1)
+            if callable(o):
+                if id(o) not in computed:
+                    computed[id(o)] = np.asarray(o(by_name, env)).reshape(-1)
+                return computed[id(o)]
+            return np.asarray(o).reshape(-1)
+
         for d in self.size_vars:
             source = getattr(d, "source", "")
             if not source or d in env:
                 continue
-            if source not in by_name:
-                raise ValueError(f"size {d.name} is read from input '{source}', which the model does not take")
-            flat = np.asarray(by_name[source]).reshape(-1)
-            operands = []
-            for o in getattr(d, "operands", ()):
-                if isinstance(o, str) and o not in by_name:
-                    raise ValueError(f"size {d.name} is read from input '{o}', which the model does not take")
-                operands.append(np.asarray(by_name[o] if isinstance(o, str) else o).reshape(-1) if o is not None
-                                else None)  # fmt: skip
+            flat = read(source)
+            operands = [read(o) for o in getattr(d, "operands", ())]
             n = _value_size(d, flat, env, operands)
             lo, hi = getattr(d, "lo", 0), getattr(d, "hi", None)
             if n < lo or (hi is not None and n > hi):
-                raise ValueError(f"input '{source}' = {flat.tolist()} gives size {d.name} = {n}, outside its bounds "
+                raise ValueError(f"{_what(source)} = {flat.tolist()} gives size {d.name} = {n}, outside its bounds "
                                  f"[{lo}, {'inf' if hi is None else hi}]")  # fmt: skip
             env[d] = n
 
@@ -237,7 +246,7 @@ def _value_size(d: Var, flat: np.ndarray, env: dict[Var, int], operands: list[np
     """A `ValueSizeVar`'s value from its input's values (flattened) by its rule, its `dims` evaluated in `env`;
     a rule of several operands gets the list of their values (None for one left out; the source is one of them)."""
     if d.rule == "element" and d.index >= flat.size:
-        raise ValueError(f"input '{d.source}' has {flat.size} element(s); size {d.name} reads element {d.index}")
+        raise ValueError(f"{_what(d.source)} has {flat.size} element(s); size {d.name} reads element {d.index}")
     dims = [int(eval_int(x, env)) if isinstance(x, Expr) else int(x) for x in d.dims]
 
     def read(a: np.ndarray | None) -> object:  # counts and Range read the values as they are, the rest as ints
@@ -248,7 +257,12 @@ def _value_size(d: Var, flat: np.ndarray, env: dict[Var, int], operands: list[np
         return int(VALUE_RULES[d.rule](values, d.index, dims))
     except (ValueError, IndexError, ZeroDivisionError, OverflowError) as e:
         shown = ", ".join(str(a.tolist()) for a in operands if a is not None) if operands else str(flat.tolist())
-        raise ValueError(f"input '{d.source}' = {shown}: {e}") from None
+        raise ValueError(f"{_what(d.source)} = {shown}: {e}") from None
+
+
+def _what(source: object) -> str:
+    """A size's source in messages: a graph input by name, or an operand computed from inputs (it says which)."""
+    return f"input '{source}'" if isinstance(source, str) else str(source)
 
 
 def _reshape_target(v: list[int], dims: list[int], allowzero: bool) -> list[int]:
