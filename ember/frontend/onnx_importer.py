@@ -162,6 +162,7 @@ class Importer:
     reserved: set[str] = field(default_factory=set)  # the top graph's ONNX value names
     taken: set[str] = field(default_factory=set)  # names given to Values so far
     nested: int = 0  # > 0 while importing a subgraph or inlining a body
+    top: Graph | None = None  # the top graph (inlined bodies add their nodes to it)
     producers: dict[Value, Node] = field(default_factory=dict)  # across all graphs being built
     sizes: SizeVars | None = None  # symbolic input dims: one size variable per name (None: static import)
     # int64 values computed from symbolic shapes (Shape -> Gather -> Concat): their elements as dims, so that a
@@ -202,6 +203,7 @@ class Importer:
         graph = Graph(gp.name or "main", [], [])
         self.graph = graph
         if top:
+            self.top = graph
             self.reserved = {vi.name for vi in gp.input} | {t.name for t in gp.initializer}
             self.reserved.update(o for n in gp.node for o in n.output)
         else:
@@ -419,15 +421,15 @@ class Importer:
         with a few elements (a count, `count_of`, reads any number of elements of any dtype), or the nodes that
         compute `v` from such inputs (`ember.ops.evaluate.ComputedOperand`); None when it cannot."""
         t = v.type
-        if self.nested or v.is_constant or t.dtype.startswith("str"):
-            return None
+        if self.graph is not self.top or v.is_constant or t.dtype.startswith("str"):
+            return None  # (a subgraph's values: the run time binds sizes once per call, before any body runs)
         if t.dtype == "bool" and not count_of or not all(is_static_dim(d) for d in t.shape):
             return None
         if not 0 < t.size <= (t.size if count_of else MAX_VALUE_SIZES):
             return None
         if v not in self.producers:
-            return v.name
-        return computed_operand(v, self.producers, self.graph.inputs)
+            return v.name if v in self.top.inputs else None
+        return computed_operand(v, self.producers, self.top.inputs)
 
     def _fold(self, opdef, attrs: dict, inputs: list[Value | None], out_names: list[str], where: str) -> list[Value]:
         args = [None if v is None else (v.data if v.is_constant else _dummy(v.type)) for v in inputs]
