@@ -129,7 +129,7 @@ def model_of(nodes: list, inputs: list[tuple[str, int, list]], outputs: list[tup
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
-def check_against_ort(model, feeds_list: list[dict]) -> None:
+def check_against_ort(model, feeds_list: list[dict], rtol: float = 1e-5, atol: float = 1e-6) -> None:
     """One compile, every feed run against onnxruntime; no node runs by reference."""
     compiled = ember.compile(model, target="c", fallback=False)
     sess = ort.InferenceSession(model.SerializeToString())
@@ -138,7 +138,7 @@ def check_against_ort(model, feeds_list: list[dict]) -> None:
         got = compiled.run(feeds)
         for out, w in zip(compiled.output_names, want):
             assert got[out].shape == w.shape, (feeds, out)
-            np.testing.assert_allclose(got[out], w, rtol=1e-5, atol=1e-6, err_msg=str(feeds))
+            np.testing.assert_allclose(got[out], w, rtol=rtol, atol=atol, err_msg=str(feeds))
     assert compiled.summary()["fallback_ops"] == []
 
 
@@ -213,3 +213,34 @@ def test_bad_slice_and_range_operands_name_the_inputs():
                    ("en", I64, [2])], [("y", F, [None])])  # fmt: skip
     with pytest.raises(ember.frontend.onnx.ModelError, match="1-D int tensors of one length"):
         ember.compile(bad, target="c")
+
+
+@pytest.mark.parametrize("mode, coordinates", [("nearest", "asymmetric"), ("linear", "half_pixel"),
+                                               ("cubic", "align_corners")])  # fmt: skip
+def test_resize_scales_fed_as_an_input(mode, coordinates):
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode=mode, coordinate_transformation_mode=coordinates,
+                            axes=[2, 3])  # fmt: skip
+    model = model_of([node], [("x", F, [1, 2, 4, 5]), ("s", F, [2])], [("y", F, [None] * 4)])
+    x = np.random.default_rng(4).standard_normal((1, 2, 4, 5)).astype(np.float32)
+    feeds = [{"x": x, "s": np.array(s, np.float32)} for s in ([2.0, 0.6], [1.0, 1.0], [0.5, 3.0])]
+    check_against_ort(model, feeds, rtol=1e-4, atol=1e-5)  # (onnxruntime interpolates in float32, Ember in float64)
+
+
+@pytest.mark.parametrize("policy", ["stretch", "not_larger", "not_smaller"])
+def test_resize_sizes_fed_as_an_input(policy):
+    node = helper.make_node("Resize", ["x", "", "", "n"], ["y"], mode="linear", keep_aspect_ratio_policy=policy,
+                            axes=[2, 3])  # fmt: skip
+    model = model_of([node], [("x", F, [1, 1, 4, 6]), ("n", I64, [2])], [("y", F, [None] * 4)])
+    x = np.random.default_rng(5).standard_normal((1, 1, 4, 6)).astype(np.float32)
+    feeds = [{"x": x, "n": np.array(n, np.int64)} for n in ([8, 3], [2, 2], [4, 6])]
+    check_against_ort(model, feeds, rtol=1e-4, atol=1e-5)
+
+
+def test_resize_crop_roi_and_sizes_fed_as_inputs():
+    node = helper.make_node("Resize", ["x", "roi", "", "n"], ["y"], coordinate_transformation_mode="tf_crop_and_resize",
+                            mode="linear", axes=[2, 3], extrapolation_value=-1.0)  # fmt: skip
+    model = model_of([node], [("x", F, [1, 1, 5, 5]), ("roi", F, [4]), ("n", I64, [2])], [("y", F, [None] * 4)])
+    x = np.random.default_rng(6).standard_normal((1, 1, 5, 5)).astype(np.float32)
+    check_against_ort(model, [{"x": x, "roi": np.array(r, np.float32), "n": np.array(n, np.int64)}
+                              for r, n in [([0.2, 0.1, 0.8, 0.9], [3, 4]), ([0.0, -0.2, 1.0, 1.2], [6, 2])]],
+                      rtol=1e-4, atol=1e-5)  # fmt: skip

@@ -678,6 +678,8 @@ def _resize(ctx: NodeContext) -> None:
     rank = x.rank
     axes = norm_axes(a.pop("axes", None) or tuple(range(rank)), rank)
     crop = a.get("coordinate_transformation_mode") == "tf_crop_and_resize"
+    if _runtime_resize(ctx, a, axes, crop):
+        return
     roi = ctx.need(1, "roi") if crop and ctx.input(1) is not None else None
     scales = ctx.need(2, "scales") if ctx.input(2) is not None and ctx.type(2).size else None
     sizes = ctx.need(3, "sizes") if ctx.input(3) is not None else None
@@ -698,9 +700,42 @@ def _resize(ctx: NodeContext) -> None:
     emit(ctx, "Resize", ctx.inputs[:1], attrs)
 
 
+def _runtime_resize(ctx: NodeContext, attrs: dict, axes: tuple[int, ...], crop: bool) -> bool:
+    """Resize with its scales or sizes (or roi) fed as inputs: the kernel reads them, the output dims are sizes the
+    run time reads from them (rule 'resize')."""
+    x = ctx.type(0)
+    roi, scales, sizes = (ctx.input(i) for i in (1, 2, 3))
+    if scales is not None and not scales.type.size:
+        scales = None  # (an empty scales input: the sizes are given)
+    roi = roi if crop else None
+    fed = [v for v in (roi, scales, sizes) if v is not None and not v.is_constant]
+    if not fed or not all(is_static_dim(d) for d in x.shape) or (scales is None) == (sizes is None):
+        return False
+    imp = ctx.importer
+    policy = attrs.pop("keep_aspect_ratio_policy", "stretch")
+    rule = [scales, sizes, roi, imp.constant(f"{ctx.name}/axes", np.array(axes, np.int64)),
+            imp.constant(f"{ctx.name}/policy", np.array([("stretch", "not_larger", "not_smaller").index(policy)]))]
+    lengths = imp.value_sizes(fed[0], "resize", x.shape, rank := x.rank, tag="rs", operands=rule)
+    if lengths is None:
+        return False
+    attrs = dict(attrs, sizes=lengths, axes=axes, keep_aspect_ratio_policy=policy)
+    if not crop:
+        attrs["roi"] = ()
+    elif roi is None:
+        attrs["roi"] = (0.0,) * rank + (1.0,) * rank
+    emit(ctx, "Resize", [ctx.input(0), roi, scales, sizes], attrs)
+    return True
+
+
 @converter("Upsample")
 def _upsample(ctx: NodeContext) -> None:
     x = ctx.type(0)
+    if ctx.version >= 9 and not ctx.input(1).is_constant:  # scales fed as an input: a Resize reads them
+        attrs = {"mode": ctx.attrs.get("mode", "nearest"), "coordinate_transformation_mode": "asymmetric",
+                 "nearest_mode": "floor"}  # fmt: skip
+        ctx.inputs = [ctx.input(0), None, ctx.input(1)]
+        if _runtime_resize(ctx, attrs, tuple(range(x.rank)), False):
+            return
     scales = [float(s) for s in (ctx.attrs["scales"] if ctx.version < 9 else ctx.need(1, "scales").reshape(-1))]
     sizes = tuple(int(np.floor(d * s)) for d, s in zip(x.shape, scales))
     mode = ctx.attrs.get("mode", "nearest")

@@ -80,6 +80,7 @@ VALUE_RULES = {
     "pad": "dims[index] plus its begin and end pads in v = [pads, axes or None] (negative pads crop)",
     "range": "the length of Range(start, limit, delta) for v = [start, limit, delta] (read as numbers)",
     "compress": "the number of non-zero elements of the condition v, no longer than dims[0]",
+    "resize": "dim index of Resize's output for v = [scales, sizes, roi, axes, (policy code,)] (ONNX)",
 }
 
 

@@ -352,8 +352,44 @@ def _compress_count(v: np.ndarray, length: int) -> int:
     return int(np.count_nonzero(v))
 
 
-RAW_RULES = {"nonzero", "range", "compress"}  # rules that read the values as they are (counts, numbers)
-OPERAND_RULES = {"slice", "pad", "range"}  # rules of several operands
+RESIZE_POLICIES = ("stretch", "not_larger", "not_smaller")  # Resize's keep_aspect_ratio_policy, by its code
+
+
+def _resize_sizes(v: list, dims: list[int]) -> list[int]:
+    """The output dims of Resize for v = [scales, sizes, roi, axes, (policy code,)], one of scales and sizes None
+    (ONNX: floor(dim * roi extent * scale), or the sizes, or for a policy keeping the aspect ratio
+    floor(dim * r + 0.5) with r the least or greatest ratio of size to dim)."""
+    scales, sizes, roi, axes, (policy,) = v
+    rank, axes = len(dims), _axes([int(a) for a in axes], len(dims))
+    given = scales if scales is not None else sizes
+    if given is None or len(given) != len(axes):
+        raise ValueError(f"Resize takes one scale or size per resized axis ({len(axes)})")
+    out = list(dims)
+    if scales is not None:
+        full_roi = [0.0] * rank + [1.0] * rank
+        for k, a in enumerate(axes):
+            if roi is not None and len(roi) == 2 * len(axes):
+                full_roi[a], full_roi[a + rank] = float(roi[k]), float(roi[k + len(axes)])
+            if not scales[k] > 0:
+                raise ValueError(f"Resize scales must be positive, got {scales[k]} for axis {a}")
+            out[a] = int(np.floor(dims[a] * (full_roi[a + rank] - full_roi[a]) * float(scales[k]) + 1e-9))
+        return out
+    sizes = [int(x) for x in sizes]
+    if min(sizes) < 0:
+        raise ValueError(f"Resize sizes must be >= 0, got {sizes}")
+    if RESIZE_POLICIES[int(policy)] == "stretch":
+        for a, n in zip(axes, sizes):
+            out[a] = n
+        return out
+    ratios = [n / dims[a] for a, n in zip(axes, sizes)]
+    r = min(ratios) if RESIZE_POLICIES[int(policy)] == "not_larger" else max(ratios)
+    for a in axes:
+        out[a] = int(np.floor(dims[a] * r + 0.5))
+    return out
+
+
+RAW_RULES = {"nonzero", "range", "compress", "resize"}  # rules that read the values as they are (counts, numbers)
+OPERAND_RULES = {"slice", "pad", "range", "resize"}  # rules of several operands
 
 # `ember.graph.dims.VALUE_RULES`: rule -> f(values, index, dims)
 VALUE_RULES = {
@@ -371,6 +407,7 @@ VALUE_RULES = {
     "pad": lambda v, i, dims: _pads(v, dims)[i],
     "range": lambda v, i, dims: _range_length(v),
     "compress": lambda v, i, dims: _compress_count(v, dims[0]),
+    "resize": lambda v, i, dims: _resize_sizes(v, dims)[i],
 }
 
 
