@@ -244,3 +244,12 @@ def test_resize_crop_roi_and_sizes_fed_as_inputs():
     check_against_ort(model, [{"x": x, "roi": np.array(r, np.float32), "n": np.array(n, np.int64)}
                               for r, n in [([0.2, 0.1, 0.8, 0.9], [3, 4]), ([0.0, -0.2, 1.0, 1.2], [6, 2])]],
                       rtol=1e-4, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("sort", [1, 0])
+def test_unique_counted_from_the_input_at_run_time(sort):
+    node = helper.make_node("Unique", ["x"], ["y", "i", "inv", "c"], sorted=sort)
+    outs = [("y", F, [None])] + [(n, I64, [None]) for n in ("i", "inv", "c")]
+    model = model_of([node], [("x", F, [2, 5])], outs)
+    rng = np.random.default_rng(7)
+    check_against_ort(model, [{"x": rng.integers(0, k, (2, 5)).astype(np.float32)} for k in (1, 4, 50)])

@@ -396,7 +396,7 @@ class Importer:
         elements (a shape operand fed as an input), by `ember.graph.dims.VALUE_RULES[rule]` against `dims`
         (`count` of them; default one per element; at most `hi`); None when `v` is no such input. A rule of
         several operands reads `operands` (`v` among them), each a graph input like `v`, a constant or None."""
-        source = self._readable(v, rule in ("nonzero", "compress"))
+        source = self._readable(v, rule in ("nonzero", "compress", "unique"))
         if source is None:
             return None
         read: list = []

@@ -663,6 +663,19 @@ def _compress(ctx: NodeContext) -> None:
     emit(ctx, "Gather", [data, index], {"axis": axis})
 
 
+@converter("Unique")
+def _unique(ctx: NodeContext) -> None:
+    v, x = ctx.input(0), ctx.type(0)
+    # without an axis, of an input: the run time counts the distinct values before the kernels run
+    count = None if v.is_constant or ctx.attrs.get("axis") is not None or not x.is_static else \
+        ctx.importer.value_sizes(v, "unique", count=1, tag="uq", hi=x.size)  # fmt: skip
+    if not count:
+        emit(ctx)
+        return
+    (flat,) = ctx.emit("Reshape", [v], {"shape": (x.size,)}) if x.rank != 1 else (v,)
+    emit(ctx, inputs=[flat], attrs={"sorted": ctx.attrs.get("sorted", 1), "count": count[0]})
+
+
 @converter("Scatter")
 def _scatter(ctx: NodeContext) -> None:
     emit(ctx, "ScatterElements")

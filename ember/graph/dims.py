@@ -81,6 +81,7 @@ VALUE_RULES = {
     "range": "the length of Range(start, limit, delta) for v = [start, limit, delta] (read as numbers)",
     "compress": "the number of non-zero elements of the condition v, no longer than dims[0]",
     "resize": "dim index of Resize's output for v = [scales, sizes, roi, axes, (policy code,)] (ONNX)",
+    "unique": "the number of distinct values of v (of any size)",
 }
 
 

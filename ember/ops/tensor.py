@@ -1129,10 +1129,20 @@ def compress(a: dict, x: np.ndarray, cond: np.ndarray) -> np.ndarray:
     return np.compress(cond.astype(bool), x, axis=a["axis"])
 
 
-@op("Unique", Pattern.OPAQUE, infer=_data_dependent("the number of unique elements depends on the data"),
-    attrs=[Attr("axis", "int", None), Attr("sorted", "int", 1)])  # fmt: skip
+def _unique_infer(a: dict, x: TensorType) -> tuple[TensorType, ...]:
+    if a["count"] is None:
+        raise ShapeDependsOnData("the number of unique elements depends on the data")
+    if a["axis"] is not None or x.rank != 1:
+        raise ShapeError(f"Unique with a count read at run time takes a 1-D input and no axis, got {x}")
+    n = a["count"]
+    return x.with_shape((n,)), TensorType((n,), "int64"), TensorType(x.shape, "int64"), TensorType((n,), "int64")
+
+
+@op("Unique", Pattern.OPAQUE, infer=_unique_infer,
+    attrs=[Attr("axis", "int", None), Attr("sorted", "int", 1), Attr("count", "dim", None)])  # fmt: skip
 def unique(a: dict, x: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Unique values, first indices, inverse indices, counts (ONNX order when unsorted)."""
+    """Unique values, first indices, inverse indices, counts (ONNX order when unsorted); `count` is the number of
+    unique values when the run time computes it from the input's values, None when only the data tells."""
     axis = a["axis"]
     _, first, inverse, counts = np.unique(x, axis=axis, return_index=True, return_inverse=True, return_counts=True)
     order = np.arange(len(first)) if a["sorted"] else np.argsort(first, kind="stable")
@@ -1142,6 +1152,53 @@ def unique(a: dict, x: np.ndarray) -> tuple[np.ndarray, ...]:
     values = np.take(x, first, axis=axis) if axis is not None else x.reshape(-1)[first]
     inverse = rank[inverse.reshape(-1)]
     return values, first.astype(np.int64), inverse.astype(np.int64), counts[order].astype(np.int64)
+
+
+@lowering("Unique")
+def _unique_te(a: dict, x: te.Tensor) -> list[te.Tensor]:
+    """Quadratic in the element count, like NonZero: an element is a first occurrence when no earlier one equals
+    it; its rank counts the first occurrences of smaller values (sorted) or before its own first occurrence; each
+    output slot j sums over the first occurrence of rank j (one term)."""
+    if a["count"] is None:
+        raise NotLowerable("Unique without a count computed at run time")
+    (n,) = x.shape
+    if not isinstance(n, int) or n * n > NONZERO_LIMIT:
+        raise NotLowerable(f"Unique of {n} elements: the quadratic compute would be too slow")
+    native_dtype(x.dtype.name)
+    i64 = lambda v: te.cast(v, "int64")  # noqa: E731
+
+    def count(cond) -> te.Tensor:  # (n,): for each element i, how many m satisfy cond(m, i)
+        def body(i):
+            m = te.reduce_axis((0, n), name="m")
+            return te.sum(te.const(1, "int64"), axis=m, where=cond(m.var, i))
+
+        return body
+
+    dups = te.compute((n,), count(lambda m, i: te.all(m < i, x[m] == x[i])), name="unique_dups")
+    first = lambda m: dups[m] == 0  # noqa: E731
+    m0 = te.reduce_axis((0, n), name="m")
+    first_at = te.compute((n,), lambda i: te.sum(i64(m0.var), axis=m0, where=te.all(first(m0.var), x[m0.var] == x[i])),
+                          name="unique_first")  # fmt: skip
+    if a["sorted"]:
+        rank = te.compute((n,), count(lambda m, i: te.all(first(m), x[m] < x[i])), name="unique_rank")
+    else:
+        rank = te.compute((n,), count(lambda m, i: te.all(first(m), i64(m) < first_at[i])), name="unique_rank")
+
+    def slot(value):  # output slot j: value(i) of the first occurrence of rank j
+        def body(j):
+            r = te.reduce_axis((0, n), name="r")
+            return te.sum(value(r.var), axis=r, where=te.all(first(r.var), rank[r.var] == i64(j)))
+
+        return body
+
+    k = a["count"]
+    values = te.compute((k,), slot(lambda i: x[i]), name="unique_values")
+    indices = te.compute((k,), slot(lambda i: i64(i)), name="unique_indices")
+    inverse = te.compute((n,), lambda i: rank[i], name="unique_inverse")
+    c = te.reduce_axis((0, n), name="c")
+    counts = te.compute((k,), lambda j: te.sum(te.const(1, "int64"), axis=c, where=rank[c.var] == i64(j)),
+                        name="unique_counts")  # fmt: skip
+    return [values, indices, inverse, counts]
 
 
 # -- moving data between axes ---------------------------------------------------------------------

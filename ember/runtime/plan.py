@@ -388,7 +388,7 @@ def _resize_sizes(v: list, dims: list[int]) -> list[int]:
     return out
 
 
-RAW_RULES = {"nonzero", "range", "compress", "resize"}  # rules that read the values as they are (counts, numbers)
+RAW_RULES = {"nonzero", "range", "compress", "resize", "unique"}  # rules that read the values as they are
 OPERAND_RULES = {"slice", "pad", "range", "resize"}  # rules of several operands
 
 # `ember.graph.dims.VALUE_RULES`: rule -> f(values, index, dims)
@@ -408,6 +408,7 @@ VALUE_RULES = {
     "range": lambda v, i, dims: _range_length(v),
     "compress": lambda v, i, dims: _compress_count(v, dims[0]),
     "resize": lambda v, i, dims: _resize_sizes(v, dims)[i],
+    "unique": lambda v, i, dims: int(np.unique(v).size),
 }
 
 
