@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import ember
+from ember.frontend.onnx import DynamicShapeError, ModelError
 from ember.runtime.module import ArgumentError
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
@@ -211,7 +212,7 @@ def test_bad_slice_and_range_operands_name_the_inputs():
     assert "input 'st'" in str(e.value)
     bad = model_of([helper.make_node("Slice", ["x", "st", "en"], ["y"])], [("x", F, [4]), ("st", I64, [1]),
                    ("en", I64, [2])], [("y", F, [None])])  # fmt: skip
-    with pytest.raises(ember.frontend.onnx.ModelError, match="1-D int tensors of one length"):
+    with pytest.raises(ModelError, match="1-D int tensors of one length"):
         ember.compile(bad, target="c")
 
 
@@ -253,3 +254,18 @@ def test_unique_counted_from_the_input_at_run_time(sort):
     model = model_of([node], [("x", F, [2, 5])], outs)
     rng = np.random.default_rng(7)
     check_against_ort(model, [{"x": rng.integers(0, k, (2, 5)).astype(np.float32)} for k in (1, 4, 50)])
+
+
+def test_dims_read_from_values_that_a_shape_rule_cannot_relate_ask_for_the_values():
+    """Two sizes read at run time that the model means to be equal cannot be proven so: a DynamicShapeError naming
+    the inputs (the ONNX backend then binds them as constants), not a plain model error."""
+    nodes = [helper.make_node("ConstantOfShape", ["s"], ["a"], value=helper.make_tensor("v", F, [1], [1.0])),
+             helper.make_node("Range", ["zero", "n", "one"], ["r"]), helper.make_node("Add", ["a", "r"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("s", I64, [1]),
+                                           helper.make_tensor_value_info("n", I64, [])],
+                              [helper.make_tensor_value_info("y", F, [None])],
+                              [helper.make_tensor("zero", I64, [], [0]), helper.make_tensor("one", I64, [], [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(DynamicShapeError, match="read from values at run time") as e:
+        ember.compile(model, target="c")
+    assert e.value.inputs == ["n", "s"]

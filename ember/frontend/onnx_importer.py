@@ -17,7 +17,16 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ember.graph.dims import Dim, SizeVars, dim_product, is_static_dim, simplify_dim, value_size_var
+from ember.graph.dims import (
+    Dim,
+    SizeVars,
+    dim_product,
+    is_static_dim,
+    reads_values,
+    simplify_dim,
+    size_vars,
+    value_size_var,
+)
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops import AttrError, ShapeDependsOnData, get_op
@@ -315,6 +324,9 @@ class Importer:
                 raise self._dynamic(where, str(e), present) from None
             types = None
         except Exception as e:
+            if any(reads_values(v.type.shape) for v in present):  # sizes read at run time: unrelated at compile time
+                raise self._dynamic(where, f"{type(e).__name__}: {e}; its input dims are read from values at run "
+                                    "time, which the shape rule cannot relate", present) from None  # fmt: skip
             raise ModelError(f"{self.source}: {where}: {type(e).__name__}: {e}") from None
         if len(out_names) > (len(types) if types is not None else len(out_names)):
             raise ModelError(f"{self.source}: {where} has {len(out_names)} outputs, {op} defines {len(types)}")
@@ -442,7 +454,7 @@ class Importer:
         return [self.constant(n, np.array(r)) for n, r in zip(out_names, results)]
 
     def _dynamic(self, where: str, why: str, operands: list[Value]) -> DynamicShapeError:
-        sources = self.graph_inputs_behind(operands)
+        sources = sorted(set(self.graph_inputs_behind(operands)) | set(_value_sources(operands)))
         names = ", ".join(repr(s) for s in sources) or "(none)"
         return DynamicShapeError(
             f"{self.source}: {where}: {why}, and it is computed from graph input(s) {names}. Ember compiles "
@@ -473,6 +485,17 @@ class Importer:
             elif not v.is_constant and v.name not in found:
                 found.append(v.name)
         return sorted(found)
+
+
+def _value_sources(values: list[Value]) -> list[str]:
+    """The graph inputs that the sizes read at run time in the values' dims are read from."""
+    out: dict[str, None] = {}
+    for v in values:
+        for var in size_vars(v.type.shape):
+            for src in [getattr(var, "source", None), *getattr(var, "operands", ())]:
+                names = [src] if isinstance(src, str) else [x.name for x in getattr(src, "inputs", ())]
+                out.update(dict.fromkeys(n for n in names if n))
+    return list(out)
 
 
 def _dims_array(dims: list, shape: tuple) -> np.ndarray:
