@@ -408,6 +408,10 @@ class Importer:
         elements (a shape operand fed as an input), by `ember.graph.dims.VALUE_RULES[rule]` against `dims`
         (`count` of them; default one per element; at most `hi`); None when `v` is no such input. A rule of
         several operands reads `operands` (`v` among them), each a graph input like `v`, a constant or None."""
+        if rule == "element" and v in self.producers:
+            known = self.symbolic_dims(v)
+            if known is not None:
+                return known
         source = self._readable(v, rule in ("nonzero", "compress", "unique"))
         if source is None:
             return None
@@ -427,6 +431,35 @@ class Importer:
         if rule == "element":
             self.shape_values[v] = _dims_array(list(out), t.shape)
         return out
+
+    def symbolic_dims(self, v: Value) -> tuple[Dim, ...] | None:
+        """The elements of an int value as dims: `dims_of`, or for one that nodes compute from small int inputs
+        (`ComputedOperand`), those nodes followed with each input element a size read at run time (so that a size
+        taken from one input element is one variable wherever the model uses it); None if unknown."""
+        known = self.dims_of(v)
+        if known is not None or v not in self.producers or not v.type.dtype.startswith("int"):
+            return known
+        computed = self._readable(v, False)
+        if not isinstance(computed, ComputedOperand):
+            return None
+        env: dict[Value, np.ndarray] = {}
+        for x in computed.inputs:
+            if not x.type.dtype.startswith("int") or self.value_sizes(x) is None:
+                return None
+            env[x] = self.shape_values[x]
+        for node in computed.nodes:
+            opdef = get_op(node.op)
+            args = [None if a is None else a.data.astype(object) if a.is_constant else env.get(a) for a in node.inputs]
+            if any(a is None and x is not None for a, x in zip(args, node.inputs)) or not opdef.foldable:
+                return None
+            try:
+                with np.errstate(all="ignore"):
+                    outs = [args[0]] if node.op == "Cast" else opdef.reference(node.attrs, *args)
+                env.update((o, _dims_array(list(np.asarray(r).reshape(-1)), o.type.shape))
+                           for o, r in zip(node.outputs, outs))  # fmt: skip
+            except Exception:
+                return None  # not shape arithmetic on dims: the run time evaluates it (ComputedOperand)
+        return tuple(env[v].reshape(-1)) if v in env else None
 
     def _readable(self, v: Value, count_of: bool) -> str | ComputedOperand | None:
         """What the run time reads `v`'s values from, when it can: the name of a numeric graph input of the top graph
@@ -553,7 +586,7 @@ class NodeContext:
         """The elements of int input i as dims: a constant, or computed from symbolic shapes (Shape -> Concat);
         with `runtime`, a graph input's elements as sizes read at run time (`Importer.value_sizes`)."""
         v = self.input(i)
-        dims = None if v is None else self.importer.dims_of(v)
+        dims = None if v is None else self.importer.symbolic_dims(v)
         if dims is None and v is not None and runtime:
             dims = self.importer.value_sizes(v)
         return dims if dims is not None else tuple(int(x) for x in self.need(i, what).reshape(-1))

@@ -32,6 +32,7 @@ from ember.ops import OPS
 from ember.ops.common import norm_axes
 from ember.ops.control import captures_of
 from ember.ops.tensor import resolve_reshape, split_sizes
+from ember.tir import expr as tx
 
 Converter = Callable[[NodeContext], None]
 CONVERTERS: dict[str, Converter] = {}
@@ -326,7 +327,7 @@ def _reshape(ctx: NodeContext) -> None:
         shape = ctx.attrs["shape"]
     else:
         v, allowzero = ctx.input(1), bool(ctx.attrs.get("allowzero", 0))
-        known = v is None or v.is_constant or ctx.importer.dims_of(v) is not None
+        known = v is None or v.is_constant or ctx.importer.symbolic_dims(v) is not None
         # a target fed as an input: its entries are sizes read at run time, 0 and -1 resolved there
         rule = "reshape_allowzero" if allowzero else "reshape"
         runtime = None if known else ctx.importer.value_sizes(v, rule, ctx.type(0).shape, tag="r")
@@ -486,9 +487,21 @@ def _trilu(ctx: NodeContext) -> None:
 def _range(ctx: NodeContext) -> None:
     operands = ctx.inputs[:3]
     fed = [v for v in operands if not v.is_constant]
+    dims = [ctx.importer.symbolic_dims(v) if fed else None for v in operands]
+    if fed and all(d is not None and len(d) == 1 for d in dims) and all(is_static_dim(d[0]) for d in dims[::2]):
+        (start,), (limit,), (delta,) = dims  # a limit from sizes and constant start and delta: a symbolic length
+        if delta != 0:
+            span = limit - start + delta - 1 if delta > 0 else start - limit - delta - 1
+            length = simplify_dim(tx.binop("max", _as_int64(span // abs(delta)), tx.const(0, "int64")))
+            emit(ctx, attrs={"length": length})
+            return
     # start, limit or delta fed as an input: the length is a size the run time reads from them
     length = ctx.importer.value_sizes(fed[0], "range", count=1, tag="rg", operands=operands) if fed else None
     emit(ctx, attrs={"length": length[0]} if length else {})
+
+
+def _as_int64(d):
+    return d if not is_static_dim(d) else tx.const(int(d), "int64")
 
 
 @converter("CenterCropPad")
