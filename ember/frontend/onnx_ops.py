@@ -487,7 +487,7 @@ def _trilu(ctx: NodeContext) -> None:
 def _range(ctx: NodeContext) -> None:
     operands = ctx.inputs[:3]
     fed = [v for v in operands if not v.is_constant]
-    dims = [ctx.importer.symbolic_dims(v) if fed else None for v in operands]
+    dims = [ctx.importer.symbolic_dims(v) if fed and v.type.dtype.startswith("int") else None for v in operands]
     if fed and all(d is not None and len(d) == 1 for d in dims) and all(is_static_dim(d[0]) for d in dims[::2]):
         (start,), (limit,), (delta,) = dims  # a limit from sizes and constant start and delta: a symbolic length
         if delta != 0:
