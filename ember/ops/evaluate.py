@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ember.graph.dims import DimError, SizeVar, bind_attrs, bind_sizes, eval_shape
+from ember.graph.dims import DimError, SizeVar, bind_attrs, bind_sizes, eval_shape, size_vars
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops.opdef import get_op
@@ -130,6 +130,12 @@ class ComputedOperand:
 
     def __str__(self) -> str:
         return f"{self.value.name} (computed from {', '.join(repr(v.name) for v in self.inputs)})"
+
+    @property
+    def needs(self) -> list[SizeVar]:
+        """The size variables whose values it reads (the dims of the symbolic values whose shape it takes)."""
+        return size_vars([n.inputs[0].type.shape for n in self.nodes
+                          if n.op in SHAPE_READERS and not n.inputs[0].type.is_static])  # fmt: skip
 
     def __call__(self, arrays: Mapping[str, np.ndarray], sizes: Mapping[SizeVar, int] | None = None) -> np.ndarray:
         """The operand's value from the inputs' values by name, and the values of the size variables bound so far

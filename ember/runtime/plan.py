@@ -152,10 +152,16 @@ class Plan:
                 return computed[id(o)]
             return np.asarray(o).reshape(-1)
 
-        for d in self.size_vars:
-            source = getattr(d, "source", "")
-            if not source or d in env:
-                continue
+        def ready(d: Var) -> bool:  # the sizes its rule's dims (and a computed operand's shapes) mention are bound
+            needs = [x for x in d.dims if isinstance(x, Expr)]
+            needs += [n for o in (d.source, *getattr(d, "operands", ())) for n in getattr(o, "needs", ())]
+            return all(n in env for x in needs for n in walk(x) if isinstance(n, Var))
+
+        pending = [d for d in self.size_vars if getattr(d, "source", "") and d not in env]
+        while pending:  # in order, each after the sizes it reads (a Slice of a Pad by values: the Pad's first)
+            d = next((d for d in pending if ready(d)), pending[0])
+            pending.remove(d)
+            source = d.source
             flat = read(source)
             operands = [read(o) for o in getattr(d, "operands", ())]
             n = _value_size(d, flat, env, operands)
