@@ -17,10 +17,20 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ember.graph.dims import Dim, SizeVars, dim_product, is_static_dim, simplify_dim, value_size_var
+from ember.graph.dims import (
+    Dim,
+    SizeVars,
+    dim_product,
+    is_static_dim,
+    reads_values,
+    simplify_dim,
+    size_vars,
+    value_size_var,
+)
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops import AttrError, ShapeDependsOnData, get_op
+from ember.ops.evaluate import ComputedOperand, computed_operand
 
 MIN_OPSET = 13
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -163,6 +173,7 @@ class Importer:
     reserved: set[str] = field(default_factory=set)  # the top graph's ONNX value names
     taken: set[str] = field(default_factory=set)  # names given to Values so far
     nested: int = 0  # > 0 while importing a subgraph or inlining a body
+    top: Graph | None = None  # the top graph (inlined bodies add their nodes to it)
     producers: dict[Value, Node] = field(default_factory=dict)  # across all graphs being built
     sizes: SizeVars | None = None  # symbolic input dims: one size variable per name (None: static import)
     # int64 values computed from symbolic shapes (Shape -> Gather -> Concat): their elements as dims, so that a
@@ -203,6 +214,7 @@ class Importer:
         graph = Graph(gp.name or "main", [], [])
         self.graph = graph
         if top:
+            self.top = graph
             self.reserved = {vi.name for vi in gp.input} | {t.name for t in gp.initializer}
             self.reserved.update(o for n in gp.node for o in n.output)
         else:
@@ -314,6 +326,9 @@ class Importer:
                 raise self._dynamic(where, str(e), present) from None
             types = None
         except Exception as e:
+            if any(reads_values(v.type.shape) for v in present):  # sizes read at run time: unrelated at compile time
+                raise self._dynamic(where, f"{type(e).__name__}: {e}; its input dims are read from values at run "
+                                    "time, which the shape rule cannot relate", present) from None  # fmt: skip
             raise ModelError(f"{self.source}: {where}: {type(e).__name__}: {e}") from None
         if len(out_names) > (len(types) if types is not None else len(out_names)):
             raise ModelError(f"{self.source}: {where} has {len(out_names)} outputs, {op} defines {len(types)}")
@@ -389,27 +404,79 @@ class Importer:
         return None if values is None else tuple(values.reshape(-1))
 
     def value_sizes(self, v: Value, rule: str = "element", dims: tuple = (), count: int | None = None,
-                    tag: str = "v", hi: int | None = None) -> tuple[Dim, ...] | None:
+                    tag: str = "v", hi: int | None = None,
+                    operands: list[Value | None] = ()) -> tuple[Dim, ...] | None:  # fmt: skip
         """Size variables read at run time from the values of `v` when it is a numeric graph input with a few
         elements (a shape operand fed as an input), by `ember.graph.dims.VALUE_RULES[rule]` against `dims`
-        (`count` of them; default one per element; at most `hi`); None when `v` is no such input."""
+        (`count` of them; default one per element; at most `hi`); None when `v` is no such input. A rule of
+        several operands reads `operands` (`v` among them), each a graph input like `v`, a constant or None."""
+        if rule == "element" and v in self.producers:
+            known = self.symbolic_dims(v)
+            if known is not None:
+                return known
+        source = self._readable(v, rule in ("nonzero", "compress", "unique"))
+        if source is None:
+            return None
+        read: list = []
+        for o in operands:
+            r = None if o is None or o.is_constant else source if o is v else self._readable(o, False)
+            if o is not None and not o.is_constant and r is None:
+                return None
+            read.append(None if o is None else tuple(o.data.reshape(-1).tolist()) if o.is_constant else r)
         t = v.type
-        count_of = rule == "nonzero"  # a count reads the whole input, of any size and dtype
-        if self.nested or v.is_constant or v in self.producers or t.dtype.startswith("str"):
-            return None
-        if t.dtype == "bool" and not count_of or not all(is_static_dim(d) for d in t.shape):
-            return None
-        if not 0 < t.size <= (t.size if count_of else MAX_VALUE_SIZES):
-            return None
         if rule == "element" and v in self.shape_values:
             return tuple(self.shape_values[v].reshape(-1))
         base = "".join(c if c.isalnum() else "_" for c in v.name).lstrip("0123456789_") or "v"
         name = f"{base}_{tag}" if rule == "element" else self.unique(f"{base}_{tag}") + "_"
         n = t.size if count is None else count
-        out = tuple(value_size_var(f"{name}{i}", v.name, i, rule, dims, hi) for i in range(n))
+        out = tuple(value_size_var(f"{name}{i}", source, i, rule, dims, hi, tuple(read)) for i in range(n))
         if rule == "element":
             self.shape_values[v] = _dims_array(list(out), t.shape)
         return out
+
+    def symbolic_dims(self, v: Value) -> tuple[Dim, ...] | None:
+        """The elements of an int value as dims: `dims_of`, or for one that nodes compute from small int inputs
+        (`ComputedOperand`), those nodes followed with each input element a size read at run time (so that a size
+        taken from one input element is one variable wherever the model uses it); None if unknown."""
+        known = self.dims_of(v)
+        if known is not None or v not in self.producers or not v.type.dtype.startswith("int"):
+            return known
+        computed = self._readable(v, False)
+        if not isinstance(computed, ComputedOperand):
+            return None
+        env: dict[Value, np.ndarray] = {}
+        for x in computed.inputs:
+            if not x.type.dtype.startswith("int") or self.value_sizes(x) is None:
+                return None
+            env[x] = self.shape_values[x]
+        for node in computed.nodes:
+            opdef = get_op(node.op)
+            args = [None if a is None else a.data.astype(object) if a.is_constant else env.get(a) for a in node.inputs]
+            if any(a is None and x is not None for a, x in zip(args, node.inputs)) or not opdef.foldable:
+                return None
+            try:
+                with np.errstate(all="ignore"):
+                    outs = [args[0]] if node.op == "Cast" else opdef.reference(node.attrs, *args)
+                env.update((o, _dims_array(list(np.asarray(r).reshape(-1)), o.type.shape))
+                           for o, r in zip(node.outputs, outs))  # fmt: skip
+            except Exception:
+                return None  # not shape arithmetic on dims: the run time evaluates it (ComputedOperand)
+        return tuple(env[v].reshape(-1)) if v in env else None
+
+    def _readable(self, v: Value, count_of: bool) -> str | ComputedOperand | None:
+        """What the run time reads `v`'s values from, when it can: the name of a numeric graph input of the top graph
+        with a few elements (a count, `count_of`, reads any number of elements of any dtype), or the nodes that
+        compute `v` from such inputs (`ember.ops.evaluate.ComputedOperand`); None when it cannot."""
+        t = v.type
+        if self.graph is not self.top or v.is_constant or t.dtype.startswith("str"):
+            return None  # (a subgraph's values: the run time binds sizes once per call, before any body runs)
+        if t.dtype == "bool" and not count_of or not all(is_static_dim(d) for d in t.shape):
+            return None
+        if not 0 < t.size <= (t.size if count_of else MAX_VALUE_SIZES):
+            return None
+        if v not in self.producers:
+            return v.name if v in self.top.inputs else None
+        return computed_operand(v, self.producers, self.top.inputs)
 
     def _fold(self, opdef, attrs: dict, inputs: list[Value | None], out_names: list[str], where: str) -> list[Value]:
         args = [None if v is None else (v.data if v.is_constant else _dummy(v.type)) for v in inputs]
@@ -422,7 +489,7 @@ class Importer:
         return [self.constant(n, np.array(r)) for n, r in zip(out_names, results)]
 
     def _dynamic(self, where: str, why: str, operands: list[Value]) -> DynamicShapeError:
-        sources = self.graph_inputs_behind(operands)
+        sources = sorted(set(self.graph_inputs_behind(operands)) | set(_value_sources(operands)))
         names = ", ".join(repr(s) for s in sources) or "(none)"
         return DynamicShapeError(
             f"{self.source}: {where}: {why}, and it is computed from graph input(s) {names}. Ember compiles "
@@ -453,6 +520,17 @@ class Importer:
             elif not v.is_constant and v.name not in found:
                 found.append(v.name)
         return sorted(found)
+
+
+def _value_sources(values: list[Value]) -> list[str]:
+    """The graph inputs that the sizes read at run time in the values' dims are read from."""
+    out: dict[str, None] = {}
+    for v in values:
+        for var in size_vars(v.type.shape):
+            for src in [getattr(var, "source", None), *getattr(var, "operands", ())]:
+                names = [src] if isinstance(src, str) else [x.name for x in getattr(src, "inputs", ())]
+                out.update(dict.fromkeys(n for n in names if n))
+    return list(out)
 
 
 def _dims_array(dims: list, shape: tuple) -> np.ndarray:
@@ -510,7 +588,7 @@ class NodeContext:
         """The elements of int input i as dims: a constant, or computed from symbolic shapes (Shape -> Concat);
         with `runtime`, a graph input's elements as sizes read at run time (`Importer.value_sizes`)."""
         v = self.input(i)
-        dims = None if v is None else self.importer.dims_of(v)
+        dims = None if v is None else self.importer.symbolic_dims(v)
         if dims is None and v is not None and runtime:
             dims = self.importer.value_sizes(v)
         return dims if dims is not None else tuple(int(x) for x in self.need(i, what).reshape(-1))

@@ -25,7 +25,7 @@ from ember.frontend.onnx_importer import (
     normal_domain,
     onnx_dtype,
 )
-from ember.graph.dims import DimError, is_static_dim, range_length, reads_values, simplify_dim
+from ember.graph.dims import DimError, dim_product, is_static_dim, range_length, reads_values, simplify_dim
 from ember.graph.ir import Graph, Value
 from ember.graph.types import TensorType
 from ember.ops import OPS
@@ -326,7 +326,7 @@ def _reshape(ctx: NodeContext) -> None:
         shape = ctx.attrs["shape"]
     else:
         v, allowzero = ctx.input(1), bool(ctx.attrs.get("allowzero", 0))
-        known = v is None or v.is_constant or ctx.importer.dims_of(v) is not None
+        known = v is None or v.is_constant or ctx.importer.symbolic_dims(v) is not None
         # a target fed as an input: its entries are sizes read at run time, 0 and -1 resolved there
         rule = "reshape_allowzero" if allowzero else "reshape"
         runtime = None if known else ctx.importer.value_sizes(v, rule, ctx.type(0).shape, tag="r")
@@ -402,6 +402,8 @@ def _slice(ctx: NodeContext) -> None:
     if ctx.version < 10:
         a = ctx.attrs
         attrs = {"starts": a["starts"], "ends": a["ends"], "axes": a.get("axes", ())}
+    elif _runtime_slice(ctx):
+        return
     else:
         attrs = {
             "starts": _ints(ctx.need(1, "starts")),
@@ -410,6 +412,27 @@ def _slice(ctx: NodeContext) -> None:
             "steps": _ints(ctx.need(4, "steps")) if ctx.input(4) is not None else (),
         }
     emit(ctx, inputs=ctx.inputs[:1], attrs=attrs)
+
+
+def _runtime_slice(ctx: NodeContext) -> bool:
+    """Slice with starts, ends, axes or steps fed as inputs: the kernel reads them, the output lengths are sizes
+    the run time reads from them (rule 'slice'); absent axes and steps become constants."""
+    x, operands = ctx.type(0), [ctx.input(i) for i in range(1, 5)]
+    fed = [v for v in operands if v is not None and not v.is_constant]
+    static = [v is None or v.is_constant for v in operands]
+    if not fed or static[0] and all(static[2:]) and ctx.importer.dims_of(operands[1]) is not None:
+        return False  # only the end is computed from symbolic shapes: the static rule follows it
+    hi = max(x.shape) if all(is_static_dim(d) for d in x.shape) and x.shape else None
+    lengths = ctx.importer.value_sizes(fed[0], "slice", x.shape, x.rank, tag="sl", hi=hi, operands=operands)
+    if lengths is None:
+        return False
+    n = operands[0].type.size
+    if operands[2] is None:
+        operands[2] = ctx.importer.constant(f"{ctx.name}/axes", np.arange(n, dtype=np.int64))
+    if operands[3] is None:
+        operands[3] = ctx.importer.constant(f"{ctx.name}/steps", np.ones(n, np.int64))
+    emit(ctx, inputs=[ctx.input(0), *operands], attrs={"lengths": lengths})
+    return True
 
 
 @converter("Expand")
@@ -449,22 +472,6 @@ def _non_zero(ctx: NodeContext) -> None:
     emit(ctx, attrs={"count": count[0]} if count else {})
 
 
-@converter("Range")
-def _range(ctx: NodeContext) -> None:
-    bounds = [ctx.importer.dims_of(v) for v in ctx.inputs]
-    symbolic = any(not v.is_constant for v in ctx.inputs)
-    if symbolic and all(b is not None and len(b) == 1 for b in bounds) and is_static_dim(bounds[2][0]) \
-            and ctx.type(0).dtype.startswith("int"):  # fmt: skip
-        # bounds computed from symbolic shapes (Range(0, S, 1) of a causal mask): the length is a dim
-        try:
-            length = range_length(bounds[0][0], bounds[1][0], int(bounds[2][0]))
-        except DimError as e:
-            raise ctx.error(str(e)) from None
-        emit(ctx, attrs={"length": length})
-        return
-    emit(ctx)
-
-
 @converter("Trilu")
 def _trilu(ctx: NodeContext) -> None:
     v = ctx.input(1)
@@ -475,8 +482,30 @@ def _trilu(ctx: NodeContext) -> None:
     emit(ctx, inputs=ctx.inputs[:1], attrs={"upper": ctx.attrs.get("upper", 1), "k": k})
 
 
+@converter("Range")
+def _range(ctx: NodeContext) -> None:
+    operands = ctx.inputs[:3]
+    fed = [v for v in operands if not v.is_constant]
+    dims = [ctx.importer.symbolic_dims(v) if fed and v.type.dtype.startswith("int") else None for v in operands]
+    if fed and all(d is not None and len(d) == 1 for d in dims) and is_static_dim(dims[2][0]):
+        # bounds computed from symbolic shapes and a constant delta (Range(0, S, 1) of a causal mask,
+        # Range(P, P + S, 1) of positions after a cache): the length is a dim
+        try:
+            length = range_length(dims[0][0], dims[1][0], int(dims[2][0]))
+        except DimError as e:
+            raise ctx.error(str(e)) from None
+        emit(ctx, attrs={"length": length})
+        return
+    # start, limit or delta fed as an input: the length is a size the run time reads from them
+    length = ctx.importer.value_sizes(fed[0], "range", count=1, tag="rg", operands=operands) if fed else None
+    emit(ctx, attrs={"length": length[0]} if length else {})
+
+
 @converter("CenterCropPad")
 def _center_crop_pad(ctx: NodeContext) -> None:
+    if not ctx.input(1).is_constant:  # the shape fed at run time: its function body (a Pad and a Slice read it)
+        expand_function(ctx)
+        return
     emit(ctx, inputs=ctx.inputs[:1], attrs={"shape": _ints(ctx.need(1, "shape")), "axes": ctx.attrs.get("axes", ())})
 
 
@@ -487,8 +516,10 @@ def _pad(ctx: NodeContext) -> None:
     if ctx.version < 11:
         pads, value_input, value = a["pads"], None, a.get("value", 0.0)
     else:
-        pads = _ints(ctx.need(1, "pads"))
         value_input = ctx.input(2)
+        if _runtime_pad(ctx, value_input):
+            return
+        pads = _ints(ctx.need(1, "pads"))
         value = 0.0
         axes = _ints(ctx.need(3, "axes")) if ctx.input(3) is not None else None
         if axes is not None:
@@ -504,6 +535,21 @@ def _pad(ctx: NodeContext) -> None:
         value_input = None
     inputs = [ctx.input(0)] + ([value_input] if value_input is not None else [])
     emit(ctx, inputs=inputs, attrs={"pads": tuple(pads), "mode": a.get("mode", "constant"), "value": value})
+
+
+def _runtime_pad(ctx: NodeContext, value: Value | None) -> bool:
+    """Pad with the pads (or axes) fed as an input: the kernel reads them, the padded dims are sizes the run time
+    reads from them (rule 'pad')."""
+    x, pads, axes = ctx.type(0), ctx.input(1), ctx.input(3)
+    fed = [v for v in (pads, axes) if v is not None and not v.is_constant]
+    if not fed or not all(is_static_dim(d) for d in x.shape):
+        return False
+    lengths = ctx.importer.value_sizes(fed[0], "pad", x.shape, x.rank, tag="pd", operands=[pads, axes])
+    if lengths is None:
+        return False
+    emit(ctx, inputs=[ctx.input(0), value, pads, axes], attrs={"mode": ctx.attrs.get("mode", "constant"),
+                                                              "lengths": lengths})  # fmt: skip
+    return True
 
 
 # -- elementwise ---------------------------------------------------------------------------------------
@@ -602,19 +648,42 @@ def _group_norm(ctx: NodeContext) -> None:
 
 @converter("Compress")
 def _compress(ctx: NodeContext) -> None:
-    """With a constant condition, Compress is a Gather of the selected positions."""
+    """Compress is a Gather of the selected positions: a constant condition's, or those NonZero finds in a
+    condition fed as an input (their number read by the run time, rule 'compress')."""
     cond = ctx.const(1)
-    if cond is None:
-        emit(ctx)
-        return
     axis = ctx.attrs.get("axis")
     data = ctx.input(0)
+    if cond is None:
+        v, x = ctx.input(1), ctx.type(0)
+        n = dim_product(x.shape) if axis is None else x.shape[norm_axes((axis,), x.rank)[0]]
+        count = ctx.importer.value_sizes(v, "compress", (n,), 1, tag="cp", hi=n if is_static_dim(n) else None)
+        if count is None or v.type.rank != 1:
+            emit(ctx)
+            return
+        (at,) = ctx.emit("NonZero", [v], {"count": count[0]})
+        (index,) = ctx.emit("Reshape", [at], {"shape": count})
     if axis is None:
-        (data,) = ctx.emit("Reshape", [data], {"shape": (ctx.type(0).size,)})
+        (data,) = ctx.emit("Reshape", [data], {"shape": (dim_product(ctx.type(0).shape),)})
         axis = 0
+    if cond is None:
+        emit(ctx, "Gather", [data, index], {"axis": axis})
+        return
     picked = np.flatnonzero(cond.reshape(-1).astype(bool)).astype(np.int64)
     index = ctx.importer.constant(f"{ctx.name}/indices", picked)
     emit(ctx, "Gather", [data, index], {"axis": axis})
+
+
+@converter("Unique")
+def _unique(ctx: NodeContext) -> None:
+    v, x = ctx.input(0), ctx.type(0)
+    # without an axis, of an input: the run time counts the distinct values before the kernels run
+    count = None if v.is_constant or ctx.attrs.get("axis") is not None or not x.is_static else \
+        ctx.importer.value_sizes(v, "unique", count=1, tag="uq", hi=x.size)  # fmt: skip
+    if not count:
+        emit(ctx)
+        return
+    (flat,) = ctx.emit("Reshape", [v], {"shape": (x.size,)}) if x.rank != 1 else (v,)
+    emit(ctx, inputs=[flat], attrs={"sorted": ctx.attrs.get("sorted", 1), "count": count[0]})
 
 
 @converter("Scatter")
@@ -632,6 +701,8 @@ def _resize(ctx: NodeContext) -> None:
     rank = x.rank
     axes = norm_axes(a.pop("axes", None) or tuple(range(rank)), rank)
     crop = a.get("coordinate_transformation_mode") == "tf_crop_and_resize"
+    if _runtime_resize(ctx, a, axes, crop):
+        return
     roi = ctx.need(1, "roi") if crop and ctx.input(1) is not None else None
     scales = ctx.need(2, "scales") if ctx.input(2) is not None and ctx.type(2).size else None
     sizes = ctx.need(3, "sizes") if ctx.input(3) is not None else None
@@ -652,9 +723,42 @@ def _resize(ctx: NodeContext) -> None:
     emit(ctx, "Resize", ctx.inputs[:1], attrs)
 
 
+def _runtime_resize(ctx: NodeContext, attrs: dict, axes: tuple[int, ...], crop: bool) -> bool:
+    """Resize with its scales or sizes (or roi) fed as inputs: the kernel reads them, the output dims are sizes the
+    run time reads from them (rule 'resize')."""
+    x = ctx.type(0)
+    roi, scales, sizes = (ctx.input(i) for i in (1, 2, 3))
+    if scales is not None and not scales.type.size:
+        scales = None  # (an empty scales input: the sizes are given)
+    roi = roi if crop else None
+    fed = [v for v in (roi, scales, sizes) if v is not None and not v.is_constant]
+    if not fed or not all(is_static_dim(d) for d in x.shape) or (scales is None) == (sizes is None):
+        return False
+    imp = ctx.importer
+    policy = attrs.pop("keep_aspect_ratio_policy", "stretch")
+    rule = [scales, sizes, roi, imp.constant(f"{ctx.name}/axes", np.array(axes, np.int64)),
+            imp.constant(f"{ctx.name}/policy", np.array([("stretch", "not_larger", "not_smaller").index(policy)]))]
+    lengths = imp.value_sizes(fed[0], "resize", x.shape, rank := x.rank, tag="rs", operands=rule)
+    if lengths is None:
+        return False
+    attrs = dict(attrs, sizes=lengths, axes=axes, keep_aspect_ratio_policy=policy)
+    if not crop:
+        attrs["roi"] = ()
+    elif roi is None:
+        attrs["roi"] = (0.0,) * rank + (1.0,) * rank
+    emit(ctx, "Resize", [ctx.input(0), roi, scales, sizes], attrs)
+    return True
+
+
 @converter("Upsample")
 def _upsample(ctx: NodeContext) -> None:
     x = ctx.type(0)
+    if ctx.version >= 9 and not ctx.input(1).is_constant:  # scales fed as an input: a Resize reads them
+        attrs = {"mode": ctx.attrs.get("mode", "nearest"), "coordinate_transformation_mode": "asymmetric",
+                 "nearest_mode": "floor"}  # fmt: skip
+        ctx.inputs = [ctx.input(0), None, ctx.input(1)]
+        if _runtime_resize(ctx, attrs, tuple(range(x.rank)), False):
+            return
     scales = [float(s) for s in (ctx.attrs["scales"] if ctx.version < 9 else ctx.need(1, "scales").reshape(-1))]
     sizes = tuple(int(np.floor(d * s)) for d, s in zip(x.shape, scales))
     mode = ctx.attrs.get("mode", "nearest")

@@ -75,30 +75,42 @@ VALUE_RULES = {
     "split": "v[index], the sizes v adding up to dims[0]",
     "nonzero": "the number of non-zero elements of v (of any size)",
     "axis_view": "(product of dims before axis v[0], dims[v[0]], product of dims after it)[index]",
+    # rules of several operands: v is the list of the values of `operands` (the source is one of them)
+    "slice": "the length of axis index of dims sliced by v = [starts, ends, axes or None, steps or None] (ONNX)",
+    "pad": "dims[index] plus its begin and end pads in v = [pads, axes or None] (negative pads crop)",
+    "range": "the length of Range(start, limit, delta) for v = [start, limit, delta] (read as numbers)",
+    "compress": "the number of non-zero elements of the condition v, no longer than dims[0]",
+    "resize": "dim index of Resize's output for v = [scales, sizes, roi, axes, (policy code,)] (ONNX)",
+    "unique": "the number of distinct values of v (of any size)",
 }
 
 
 @dataclass(frozen=True, eq=False, repr=False)
 class ValueSizeVar(SizeVar):
     """A size read at run time from the values of an int graph input (a shape operand fed as an input):
-    `VALUE_RULES[rule]` of input `source`'s values, at `index`, against the dims `dims`."""
+    `VALUE_RULES[rule]` of input `source`'s values, at `index`, against the dims `dims`. A rule of several
+    operands reads `operands` instead (`source` is one of them): each the name of a graph input, a constant's
+    values (a tuple) or None (an operand left out)."""
 
-    source: str = ""
+    source: object = ""  # the input's name, or a callable: the operand computed from the inputs' values by name
     index: int = 0
     rule: str = "element"
     dims: tuple = ()
+    operands: tuple = ()
 
     __hash__ = Var.__hash__
 
 
-def value_size_var(name: str, source: str, index: int, rule: str = "element", dims: tuple = (),
-                   hi: int | None = None) -> ValueSizeVar:
-    """A size in [0, hi] read at run time from the int graph input `source` by `VALUE_RULES[rule]`."""
+def value_size_var(name: str, source: object, index: int, rule: str = "element", dims: tuple = (),
+                   hi: int | None = None, operands: tuple = ()) -> ValueSizeVar:
+    """A size in [0, hi] read at run time from the int graph input `source` (and `operands`) by
+    `VALUE_RULES[rule]`; a source or operand may also be a callable that computes it from the inputs' values by
+    name (an operand other nodes compute from inputs: `ember.ops.evaluate.ComputedOperand`)."""
     if not name.isidentifier():
         raise DimError(f"size variable name {name!r} must be an identifier")
     if rule not in VALUE_RULES:
         raise DimError(f"size variable {name}: unknown rule {rule!r}; known: {', '.join(VALUE_RULES)}")
-    return ValueSizeVar(name, int64, 0, hi, source, int(index), rule, tuple(dims))
+    return ValueSizeVar(name, int64, 0, hi, source, int(index), rule, tuple(dims), tuple(operands))
 
 
 def reads_values(dims: Sequence[Dim]) -> bool:

@@ -7,10 +7,11 @@ folding, and a debugging aid (`evaluate(graph, inputs, keep_all=True)` returns e
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
-from ember.graph.dims import DimError, SizeVar, bind_attrs, bind_sizes, eval_shape
+from ember.graph.dims import DimError, SizeVar, bind_attrs, bind_sizes, eval_shape, size_vars
 from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops.opdef import get_op
@@ -112,3 +113,84 @@ def _run(graph: Graph, env: dict[Value, np.ndarray], check: bool, sizes: Mapping
     for node in graph.nodes:
         args = [None if v is None else _read(v, env) for v in node.inputs]
         env.update(zip(node.outputs, run_node(node, args, check, sizes)))
+
+
+SHAPE_READERS = ("Shape", "Size")  # ops that read only their input's shape
+
+
+@dataclass(frozen=True, eq=False)
+class ComputedOperand:
+    """An operand that nodes compute from graph inputs (`Pad`'s pads from a `shape` input, a window's length from
+    its size), re-evaluated on the host from the inputs' values by the nodes' references: what the run time reads
+    sizes from (`ember.graph.dims.ValueSizeVar.operands`); the nodes also stay in the graph for the kernels."""
+
+    value: Value
+    nodes: tuple[Node, ...]  # in graph order, each reading graph inputs, constants or an earlier node
+    inputs: tuple[Value, ...]  # the graph inputs they read
+
+    def __str__(self) -> str:
+        return f"{self.value.name} (computed from {', '.join(repr(v.name) for v in self.inputs)})"
+
+    @property
+    def needs(self) -> list[SizeVar]:
+        """The size variables whose values it reads (the dims of the symbolic values whose shape it takes)."""
+        return size_vars([n.inputs[0].type.shape for n in self.nodes
+                          if n.op in SHAPE_READERS and not n.inputs[0].type.is_static])  # fmt: skip
+
+    def __call__(self, arrays: Mapping[str, np.ndarray], sizes: Mapping[SizeVar, int] | None = None) -> np.ndarray:
+        """The operand's value from the inputs' values by name, and the values of the size variables bound so far
+        (a Shape of a symbolic value reads its dims)."""
+        env: dict[Value, np.ndarray] = {}
+        for node in self.nodes:
+            if node.op in SHAPE_READERS and not node.inputs[0].type.is_static:
+                shape = eval_shape(node.inputs[0].type.shape, sizes or {})
+                env[node.inputs[0]] = np.broadcast_to(np.zeros((), node.inputs[0].type.np_dtype), shape)
+        for v in self.inputs:
+            if v.name not in arrays:
+                raise ValueError(f"{self} reads input '{v.name}', which the model does not take")
+            env[v] = np.asarray(arrays[v.name])
+        try:
+            for node in self.nodes:
+                env.update(zip(node.outputs, run_node(node, [None if v is None else _read(v, env) for v in node.inputs],
+                                                      check=False)))  # fmt: skip
+        except EvaluationError as e:
+            raise ValueError(f"{self}: {e}") from None
+        return _read(self.value, env)
+
+
+def computed_operand(value: Value, producers: Mapping[Value, Node], inputs: list[Value],
+                     max_elements: int = 1024) -> ComputedOperand | None:  # fmt: skip
+    """`value` as a `ComputedOperand` when the nodes behind it read only constants and graph `inputs` of static
+    shape and at most `max_elements` elements in all, and every value they make has a static type; else None."""
+    nodes: dict[Node, None] = {}
+    reads: dict[Value, None] = {}
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if v in seen or v.is_constant:
+            continue
+        seen.add(v)
+        node = producers.get(v)
+        if node is None:
+            if v not in inputs or not v.type.is_static:
+                return None
+            reads[v] = None
+            continue
+        if not all(o.type.is_static for o in node.outputs) or any(isinstance(a, Graph) for a in node.attrs.values()):
+            return None
+        nodes[node] = None
+        if node.op not in SHAPE_READERS or node.inputs[0].type.is_static:
+            stack.extend(node.present_inputs)  # (the shape of a symbolic value is read from the sizes)
+    if not nodes or sum(v.type.size for v in reads) > max_elements:
+        return None
+    order = {v: i for i, v in enumerate(inputs)}
+    depth: dict[Node, int] = {}
+
+    def position(node: Node) -> int:  # a topological order: every node after those it reads
+        if node not in depth:
+            deps = [producers[v] for v in node.present_inputs if producers.get(v) in nodes]
+            depth[node] = 1 + max((position(d) for d in deps), default=0)
+        return depth[node]
+
+    ranked = sorted(nodes, key=position)
+    return ComputedOperand(value, tuple(ranked), tuple(sorted(reads, key=order.__getitem__)))

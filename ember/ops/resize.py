@@ -15,6 +15,7 @@ from ember.graph.types import TensorType
 from ember.ops.common import ShapeError
 from ember.ops.opdef import Attr, Pattern, one_of, op
 from ember.ops.te_lib import NotLowerable, keep, lowering, numel, rows
+from ember.runtime.plan import RESIZE_POLICIES
 from ember.templates.flat import schedule_tables
 from ember.tir.expr import Expr
 
@@ -117,7 +118,8 @@ def axis_weights(
 
 
 RESIZE_ATTRS = [
-    Attr("sizes", "ints"), Attr("scales", "floats"), Attr("roi", "floats", ()),
+    Attr("sizes", "dims"), Attr("scales", "floats", ()), Attr("roi", "floats", ()), Attr("axes", "ints", ()),
+    Attr("keep_aspect_ratio_policy", "str", "stretch", **one_of(*RESIZE_POLICIES)),
     Attr("mode", "str", "nearest", **one_of("nearest", "linear", "cubic")),
     Attr("coordinate_transformation_mode", "str", "half_pixel", **one_of(*COORDINATE_MODES)),
     Attr("nearest_mode", "str", "round_prefer_floor", **one_of(*NEAREST_MODES)),
@@ -126,15 +128,22 @@ RESIZE_ATTRS = [
 ]  # fmt: skip
 
 
-def _resize_infer(a: dict, x: TensorType) -> TensorType:
-    if len(a["sizes"]) != x.rank or len(a["scales"]) != x.rank:
-        raise ShapeError(f"Resize needs sizes and scales for all {x.rank} axes of {x}")
+def _resize_infer(a: dict, x: TensorType, roi: TensorType | None = None, scales: TensorType | None = None,
+                  sizes: TensorType | None = None) -> TensorType:  # fmt: skip
+    if len(a["sizes"]) != x.rank:
+        raise ShapeError(f"Resize needs the output sizes of all {x.rank} axes of {x}")
+    if scales is None and sizes is None and len(a["scales"]) != x.rank:
+        raise ShapeError(f"Resize needs scales for all {x.rank} axes of {x}, or its scales or sizes as an input")
     return x.with_shape(a["sizes"])
 
 
-@op("Resize", Pattern.INJECTIVE, infer=_resize_infer, attrs=RESIZE_ATTRS)
-def resize(a: dict, x: np.ndarray) -> np.ndarray:
-    """Resize to explicit `sizes`; `scales` drive the coordinate transform (ONNX semantics)."""
+@op("Resize", Pattern.INJECTIVE, infer=_resize_infer, inputs=(1, 4), attrs=RESIZE_ATTRS)
+def resize(a: dict, x: np.ndarray, roi: np.ndarray | None = None, scales: np.ndarray | None = None,
+           sizes: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Resize to explicit `sizes`; `scales` drive the coordinate transform (ONNX semantics). The scales or sizes
+    (and the roi) of `axes` may instead be tensors read at run time, ONNX's inputs."""
+    if scales is not None or sizes is not None:
+        a = dict(a, **_runtime_resize(a, x.shape, roi, scales, sizes))
     rank = x.ndim
     roi = a["roi"] or (0.0,) * rank + (1.0,) * rank
     y = x.astype(np.float64)
@@ -156,6 +165,22 @@ def resize(a: dict, x: np.ndarray) -> np.ndarray:
     return y.astype(x.dtype)
 
 
+def _runtime_resize(a: dict, shape: tuple[int, ...], roi: np.ndarray | None, scales: np.ndarray | None,
+                    sizes: np.ndarray | None) -> dict:  # fmt: skip
+    """The static attributes (full-rank sizes, scales, roi) of a Resize whose scales or sizes are tensors."""
+    rank = len(shape)
+    axes = tuple(a["axes"]) or tuple(range(rank))
+    full_roi = list(a["roi"] or (0.0,) * rank + (1.0,) * rank)
+    if roi is not None and roi.size == 2 * len(axes):
+        for k, ax in enumerate(axes):
+            full_roi[ax], full_roi[ax + rank] = float(roi[k]), float(roi[k + len(axes)])
+    crop = a["coordinate_transformation_mode"] == "tf_crop_and_resize"
+    out, sc = resize_output(shape, axes, None if scales is None else [float(v) for v in scales.reshape(-1)],
+                            None if sizes is None else tuple(int(v) for v in sizes.reshape(-1)),
+                            a["keep_aspect_ratio_policy"], tuple(full_roi) if crop else None)  # fmt: skip
+    return {"sizes": out, "scales": sc, "roi": tuple(full_roi)}
+
+
 # -- TE compute -------------------------------------------------------------------------------------
 # Per resized axis, small tables of (input index, weight) per output index and tap are computed
 # first (the same float64 arithmetic as the reference, in the same order, so nearest-neighbour
@@ -163,27 +188,37 @@ def resize(a: dict, x: np.ndarray) -> np.ndarray:
 MAX_TAPS = 256  # taps per output element (product over the resized axes) beyond which it runs by reference
 
 
-def _coordinate_te(o: Expr, scale: float, n_in: int, n_out: int, mode: str, roi: tuple[float, float]) -> Expr:
-    """`_coordinates` for one output index, in float64."""
+def _f64(v: float | Expr) -> Expr:
+    return te.const(float(v), "float64") if not isinstance(v, Expr) else te.cast(v, "float64")
+
+
+def _coordinate_te(o: Expr, scale: float | Expr, n_in: int, n_out: int | Expr, mode: str,
+                   roi: tuple[float | Expr, float | Expr]) -> Expr:  # fmt: skip
+    """`_coordinates` for one output index, in float64 (the scale, output length and roi may be read at run time)."""
     o = te.cast(o, "float64")
     zero = te.const(0.0, "float64")
-    if mode == "half_pixel" or (mode == "pytorch_half_pixel" and n_out > 1):
+
+    def many(value, single: Expr) -> Expr:  # `value()` where the output has more than one element, else `single`
+        if isinstance(n_out, Expr):
+            return te.if_then_else(n_out > 1, value(), single)
+        return value() if n_out > 1 else single
+
+    if mode == "half_pixel":
         return (o + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return many(lambda: (o + 0.5) / scale - 0.5, zero)
     if mode == "half_pixel_symmetric":
-        adjust = n_out / (scale * n_in)
+        adjust = _f64(n_out) / (scale * n_in)
         return n_in / 2 * (1 - adjust) + (o + 0.5) / scale - 0.5
     if mode == "align_corners":
-        return o * (n_in - 1) / (n_in * scale - 1) if n_out > 1 else zero
+        return many(lambda: o * (n_in - 1) / (n_in * scale - 1), zero)
     if mode == "asymmetric":
         return o / scale
     if mode == "tf_half_pixel_for_nn":
         return (o + 0.5) / scale
-    if mode == "pytorch_half_pixel":
-        return zero
-    start, end = roi  # tf_crop_and_resize
-    if n_out > 1:
-        return start * (n_in - 1) + o * (end - start) * (n_in - 1) / (n_out - 1)
-    return te.const(0.5 * (start + end) * (n_in - 1), "float64")
+    start, end = _f64(roi[0]), _f64(roi[1])  # tf_crop_and_resize
+    return many(lambda: start * (n_in - 1) + o * (end - start) * (n_in - 1) / (_f64(n_out) - 1.0),
+                0.5 * (start + end) * (n_in - 1))
 
 
 def _nearest_te(x: Expr, mode: str) -> Expr:
@@ -210,6 +245,8 @@ class _Axis:
         if a["mode"] == "nearest":
             self.taps, self.radius, self.s = 1, 0.0, 1.0
         else:
+            if a["antialias"] and isinstance(scale, Expr):
+                raise NotLowerable("antialiasing by a scale read at run time (its taps are not known)")
             antialias = bool(a["antialias"]) and scale < 1
             self.s = scale if antialias else 1.0
             self.radius = (1.0 if a["mode"] == "linear" else 2.0) / self.s
@@ -266,22 +303,49 @@ class _Axis:
         return index, te.compute((self.n_out, self.taps), weight, name=name + "_weight")
 
 
+def _runtime_axes(a: dict, x: te.Tensor, roi_in: te.Tensor | None, scales: te.Tensor | None,
+                  sizes: te.Tensor | None) -> list[_Axis]:  # fmt: skip
+    """The resized axes when the kernel reads the scales or sizes (and roi): every axis of `axes`, its scale read
+    from the scales, or the ratio of its size to its length (the least or greatest ratio for a policy)."""
+    rank, axes = x.ndim, tuple(a["axes"]) or tuple(range(x.ndim))
+    if not all(isinstance(d, int) for d in x.shape) or 0 in x.shape:
+        raise NotLowerable("Resize by scales or sizes read at run time takes an input of static, non-empty shape")
+    roi = list(a["roi"] or (0.0,) * rank + (1.0,) * rank)
+    if roi_in is not None and roi_in.shape[0] == 2 * len(axes):
+        for k, ax in enumerate(axes):
+            roi[ax], roi[ax + rank] = te.cast(roi_in[(k,)], "float64"), te.cast(roi_in[(k + len(axes),)], "float64")
+    if scales is not None:
+        ratio = [te.cast(scales[(k,)], "float64") for k in range(len(axes))]
+    else:
+        ratio = [te.cast(sizes[(k,)], "float64") / float(x.shape[ax]) for k, ax in enumerate(axes)]
+        if a["keep_aspect_ratio_policy"] != "stretch":
+            pick = te.minimum if a["keep_aspect_ratio_policy"] == "not_larger" else te.maximum
+            r = ratio[0]
+            for q in ratio[1:]:
+                r = pick(r, q)
+            ratio = [r] * len(axes)
+    return [_Axis(ax, x.shape[ax], a["sizes"][ax], ratio[k], a, (roi[ax], roi[ax + rank])) for k, ax in enumerate(axes)]
+
+
 @lowering("Resize", schedule=schedule_tables("resize"))
-def _resize_te(a: dict, x: te.Tensor) -> te.Tensor:
+def _resize_te(a: dict, x: te.Tensor, roi_in: te.Tensor | None = None, scales: te.Tensor | None = None,
+               sizes: te.Tensor | None = None) -> te.Tensor:  # fmt: skip
     rank, shape = x.ndim, tuple(a["sizes"])
     roi = a["roi"] or (0.0,) * rank + (1.0,) * rank
     crop = a["coordinate_transformation_mode"] == "tf_crop_and_resize"
     axes = []
-    for ax in range(rank):
+    for ax in range(rank) if scales is None and sizes is None else ():
         n_in, n_out, scale = x.shape[ax], shape[ax], a["scales"][ax]
         if n_in == n_out and scale == 1.0 and not (crop and (roi[ax], roi[ax + rank]) != (0.0, 1.0)):
             continue
         if n_in == 0 and n_out:
             raise NotLowerable(f"Resize of an empty axis {ax}")
         axes.append(_Axis(ax, n_in, n_out, scale, a, (roi[ax], roi[ax + rank])))
+    if scales is not None or sizes is not None:
+        axes = _runtime_axes(a, x, roi_in, scales, sizes)
     if math.prod(ra.taps for ra in axes) > MAX_TAPS:
         raise NotLowerable(f"more than {MAX_TAPS} interpolation taps per output element")
-    if not numel(shape) or not axes:
+    if isinstance(numel(shape), int) and not numel(shape) or not axes:
         value = (lambda *i: x[i]) if numel(shape) else (lambda *i: keep(te.const(0, x.dtype), x))
         return te.compute(shape, value, name="resize", tag="resize")
     tables = [ra.tables() for ra in axes]

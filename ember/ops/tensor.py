@@ -400,22 +400,61 @@ def _slice_len(start: int, end: int, step: int) -> int:
     return max(0, -(-(end - start) // step))
 
 
-SLICE_ATTRS = [Attr("starts", "ints"), Attr("ends", "dims"), Attr("axes", "ints", ()), Attr("steps", "ints", ())]
+SLICE_ATTRS = [Attr("starts", "ints", ()), Attr("ends", "dims", ()), Attr("axes", "ints", ()),
+               Attr("steps", "ints", ()), Attr("lengths", "dims", None)]  # fmt: skip
 
 
-def _slice_infer(a: dict, x: TensorType) -> TensorType:
+def _slice_infer(a: dict, x: TensorType, *operands: TensorType) -> TensorType:
+    if operands:  # starts, ends, axes, steps read at run time: the lengths are sizes read from them
+        if len(operands) != 4 or a["lengths"] is None or len(a["lengths"]) != x.rank:
+            raise ShapeError(f"Slice of {x} with starts, ends, axes and steps as inputs takes the {x.rank} lengths")
+        if any(not t.dtype.startswith("int") or t.rank != 1 or t.shape != operands[0].shape for t in operands):
+            raise ShapeError(f"Slice starts, ends, axes and steps must be 1-D int tensors of one length, got "
+                             f"{', '.join(map(str, operands))}")  # fmt: skip
+        return x.with_shape(a["lengths"])
     return x.with_shape(tuple(_slice_len(*b) for b in slice_bounds(x.shape, a)))
 
 
-@op("Slice", INJ, infer=_slice_infer, attrs=SLICE_ATTRS)
-def slice_(a: dict, x: np.ndarray) -> np.ndarray:
-    """ONNX Slice with starts/ends/axes/steps as attributes (clamped like ONNX)."""
+@op("Slice", INJ, infer=_slice_infer, inputs=(1, 5), attrs=SLICE_ATTRS)
+def slice_(a: dict, x: np.ndarray, *operands: np.ndarray) -> np.ndarray:
+    """ONNX Slice with starts/ends/axes/steps as attributes (clamped like ONNX), or as the int tensors
+    (starts, ends, axes, steps) read at run time, the output lengths then given as `lengths`."""
+    if operands:
+        index = [slice(None)] * x.ndim
+        for s, e, ax, st in zip(*(o.astype(np.int64).tolist() for o in operands)):
+            index[ax + x.ndim if ax < 0 else ax] = slice(s, e, st)
+        return x[tuple(index)].copy()
     index = tuple(slice(s, None if e < 0 else e, st) for s, e, st in slice_bounds(x.shape, a))
     return x[index].copy()
 
 
+def _index(v: Expr, dim) -> Expr:
+    """An index into an axis of length dim (int64 when the length is symbolic)."""
+    return index_dtype(v, dim) if is_static_dim(dim) else te.cast(v, "int64")
+
+
+def _runtime_slice_index(x: te.Tensor, o: tuple, starts, ends, axes, steps) -> tuple:
+    """The input index an output index copies when starts, axes and steps are tensors read by the kernel: per
+    input axis the start (made non-negative and clamped the ONNX way) and step of the entry naming that axis."""
+    n = starts.shape[0]
+    out = []
+    for d, dim in enumerate(x.shape):
+        start, step = te.const(0, "int64"), te.const(1, "int64")
+        for k in reversed(range(n)):
+            ax, s, st = (te.cast(t[(k,)], "int64") for t in (axes, starts, steps))
+            s = te.if_then_else(s < 0, s + dim, s)
+            s = te.if_then_else(st > 0, te.minimum(te.maximum(s, 0), dim), te.minimum(te.maximum(s, 0), dim - 1))
+            hit = te.any(ax == d, ax == d - x.ndim)
+            start, step = te.if_then_else(hit, s, start), te.if_then_else(hit, st, step)
+        out.append(_index(start + te.cast(o[d], "int64") * step, dim))
+    return tuple(out)
+
+
 @lowering("Slice", schedule=schedule_injective("slice"))
-def _slice_te(a: dict, x: te.Tensor) -> te.Tensor:
+def _slice_te(a: dict, x: te.Tensor, *operands: te.Tensor) -> te.Tensor:
+    if operands:
+        return te.compute(tuple(a["lengths"]), lambda *o: x[_runtime_slice_index(x, o, *operands)], name="slice",
+                          tag="slice")  # fmt: skip
     bounds = slice_bounds(x.shape, a)
     shape = tuple(_slice_len(*b) for b in bounds)
     whole = next((k for k in range(x.ndim) if bounds[x.ndim - 1 - k] != (0, x.shape[x.ndim - 1 - k], 1)), x.ndim)
@@ -692,7 +731,14 @@ def _tile_te(a: dict, x: te.Tensor) -> te.Tensor:
 
 
 # -- padding -------------------------------------------------------------------------------------
-def _pad_infer(a: dict, x: TensorType, value: TensorType | None = None) -> TensorType:
+def _pad_infer(a: dict, x: TensorType, value: TensorType | None = None, pads: TensorType | None = None,
+               axes: TensorType | None = None) -> TensorType:  # fmt: skip
+    if pads is not None:  # pads (and axes) read at run time: the padded dims are sizes read from them
+        if a["lengths"] is None or len(a["lengths"]) != x.rank:
+            raise ShapeError(f"Pad of {x} with the pads as an input takes the {x.rank} padded dims")
+        if any(t is not None and (not t.dtype.startswith("int") or t.rank != 1) for t in (pads, axes)):
+            raise ShapeError(f"Pad's pads and axes must be 1-D int tensors, got {pads} and {axes}")
+        return x.with_shape(a["lengths"])
     pads = a["pads"]
     if len(pads) != 2 * x.rank:
         raise ShapeError(f"Pad needs {2 * x.rank} pads for {x}, got {list(pads)}")
@@ -702,13 +748,15 @@ def _pad_infer(a: dict, x: TensorType, value: TensorType | None = None) -> Tenso
     return x.with_shape(shape)
 
 
-@op("Pad", INJ, infer=_pad_infer, inputs=(1, 2),
-    attrs=[Attr("pads", "ints"), Attr("mode", "str", "constant", **one_of("constant", "reflect", "edge", "wrap")),
-           Attr("value", "float", 0.0)])  # fmt: skip
-def pad(a: dict, x: np.ndarray, value: np.ndarray | None = None) -> np.ndarray:
-    """Pad with begin/end amounts per axis (ONNX order); negative pads crop."""
+@op("Pad", INJ, infer=_pad_infer, inputs=(1, 4),
+    attrs=[Attr("pads", "ints", ()), Attr("mode", "str", "constant", **one_of("constant", "reflect", "edge", "wrap")),
+           Attr("value", "float", 0.0), Attr("lengths", "dims", None)])  # fmt: skip
+def pad(a: dict, x: np.ndarray, value: np.ndarray | None = None, pads: np.ndarray | None = None,
+        axes: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Pad with begin/end amounts per axis (ONNX order); negative pads crop. The pads (and the axes they apply
+    to) are an attribute, or int tensors read at run time with the padded dims given as `lengths`."""
     rank = x.ndim
-    pads = a["pads"]
+    pads = a["pads"] if pads is None else full_pads(pads.astype(np.int64).tolist(), axes, rank)
     crop = tuple(slice(max(-pads[i], 0), x.shape[i] - max(-pads[i + rank], 0)) for i in range(rank))
     x = x[crop]
     widths = [(max(pads[i], 0), max(pads[i + rank], 0)) for i in range(rank)]
@@ -718,11 +766,24 @@ def pad(a: dict, x: np.ndarray, value: np.ndarray | None = None) -> np.ndarray:
     return np.pad(x, widths, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[a["mode"]])
 
 
+def full_pads(pads: list[int], axes: np.ndarray | None, rank: int) -> tuple[int, ...]:
+    """Begin and end pads of every axis from the pads of `axes` (None: all of them)."""
+    if axes is None:
+        return tuple(pads)
+    axes = norm_axes(tuple(int(v) for v in axes.reshape(-1)), rank)
+    full = [0] * (2 * rank)
+    for i, ax in enumerate(axes):
+        full[ax], full[ax + rank] = pads[i], pads[i + len(axes)]
+    return tuple(full)
+
+
 def _pad_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Schedule:
     """Padded axes keep their own loops, so loop partitioning splits each into its border parts and
     an interior without bounds checks or index folding (the interior conditions are monotone in the
     loop variable); the axes before the first padded one are fused (parallel), those after the last
     fused and vectorized."""
+    if a["lengths"] is not None:  # pads read at run time
+        return schedule_injective("pad")(a, outs, target)
     if not standalone(outs, "pad") or numel(outs[0].shape) == 0:
         return default_schedule(outs, target)
     (out,) = outs
@@ -748,8 +809,56 @@ def _pad_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Schedule
     return s
 
 
+def _runtime_pad_te(a: dict, x: te.Tensor, fill: Expr, pads: te.Tensor, axes: te.Tensor | None) -> te.Tensor:
+    """Pad by pads read by the kernel (a tensor, for `axes` or all axes): per axis, the begin and end amounts of
+    the entry naming it; negative ones crop. Reflect and wrap fold any distance, edge clamps."""
+    rank, mode, n_pads = x.ndim, a["mode"], pads.shape[0]
+    if numel(x.shape) == 0:
+        raise NotLowerable("Pad of an empty tensor by pads read at run time")
+
+    def amounts(d: int) -> tuple[Expr, Expr]:
+        if axes is None:
+            return te.cast(pads[(d,)], "int64"), te.cast(pads[(d + rank,)], "int64")
+        k_axes = n_pads // 2
+        b, e = te.const(0, "int64"), te.const(0, "int64")
+        for k in reversed(range(k_axes)):
+            ax = te.cast(axes[(k,)], "int64")
+            hit = te.any(ax == d, ax == d - rank)
+            b = te.if_then_else(hit, te.cast(pads[(k,)], "int64"), b)
+            e = te.if_then_else(hit, te.cast(pads[(k + k_axes,)], "int64"), e)
+        return b, e
+
+    def body(*o):
+        src, inside = [], []
+        for d in range(rank):
+            b, e = amounts(d)
+            crop = te.maximum(-b, 0)
+            kept = x.shape[d] - crop - te.maximum(-e, 0)  # the axis's length after cropping
+            t = te.cast(o[d], "int64") - te.maximum(b, 0)
+            last = te.maximum(kept - 1, 0)
+            if mode == "wrap":
+                t = t % te.maximum(kept, 1)
+            elif mode == "reflect":
+                period = te.maximum(2 * last, 1)
+                r = t % period
+                t = te.if_then_else(r < kept, r, period - r)
+            else:
+                inside += [t >= 0, t < kept]
+            at = te.minimum(te.maximum(t, 0), last) + crop  # never outside the input, whatever the pads
+            src.append(_index(te.minimum(at, x.shape[d] - 1), x.shape[d]))
+        v = x[tuple(src)]
+        return te.if_then_else(te.all(*inside), v, fill) if mode == "constant" else v
+
+    return te.compute(tuple(a["lengths"]), body, name="pad", tag="pad")
+
+
 @lowering("Pad", schedule=_pad_schedule)
-def _pad_te(a: dict, x: te.Tensor, value: te.Tensor | None = None) -> te.Tensor:
+def _pad_te(a: dict, x: te.Tensor, value: te.Tensor | None = None, pads_in: te.Tensor | None = None,
+            axes: te.Tensor | None = None) -> te.Tensor:  # fmt: skip
+    if pads_in is not None:
+        fill = (te.cast(value[(0,) * value.ndim], x.dtype) if value is not None and numel(value.shape)
+                else keep(const_of(a["value"], x.dtype.name), value))  # fmt: skip
+        return _runtime_pad_te(a, x, fill, pads_in, axes)
     rank, pads, mode = x.ndim, a["pads"], a["mode"]
     shape = _pad_infer(a, TensorType(x.shape, x.dtype.name)).shape
     before = [max(pads[d], 0) for d in range(rank)]
@@ -904,16 +1013,16 @@ def _eye_like_te(a: dict, x: te.Tensor) -> te.Tensor:
 def _range_infer(a: dict, start: TensorType, limit: TensorType, delta: TensorType) -> TensorType:
     if a["length"] is None:
         raise ShapeDependsOnData("the length of Range depends on the values of start, limit and delta")
-    for what, t in (("start", start), ("limit", limit), ("delta", delta)):
-        if not t.is_static or t.size != 1:
-            raise ShapeError(f"Range's {what} must be a scalar, got {t}")
+    if any(not t.is_static or t.size != 1 or t.dtype != start.dtype for t in (start, limit, delta)):
+        raise ShapeError(f"Range takes three scalars of one dtype, got {start}, {limit}, {delta}")
     return TensorType((a["length"],), start.dtype)
 
 
 @op("Range", INJ, infer=_range_infer, inputs=(3, 3), attrs=[Attr("length", "dim", None)])
 def range_(a: dict, start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> np.ndarray:
     """start, start + delta, ... up to limit (excluded); `length` is their number when the frontend knows it as a
-    dim (bounds computed from symbolic shapes), None when only the values tell."""
+    dim (bounds computed from symbolic shapes) or the run time reads it from the values
+    (`ember.graph.dims.ValueSizeVar`), None when only the data tells."""
     n = max(int(np.ceil((limit.item() - start.item()) / delta.item())), 0)
     return (start + np.arange(n, dtype=np.int64).astype(start.dtype) * delta).astype(start.dtype)
 
@@ -921,9 +1030,10 @@ def range_(a: dict, start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> 
 @lowering("Range", schedule=schedule_injective("range"))
 def _range_te(a: dict, start: te.Tensor, limit: te.Tensor, delta: te.Tensor) -> te.Tensor:
     if a["length"] is None:
-        raise NotLowerable("Range without a length known at compile time")
+        raise NotLowerable("Range without a length computed at run time")
+    dtype = native_dtype(start.dtype.name)
     first, step = start[(0,) * start.ndim], delta[(0,) * delta.ndim]
-    return te.compute((a["length"],), lambda i: keep(first + te.cast(i, start.dtype) * step, limit), name="range",
+    return te.compute((a["length"],), lambda i: keep(first + te.cast(i, dtype) * step, limit), name="range",
                       tag="range")  # fmt: skip
 
 
@@ -1053,10 +1163,20 @@ def compress(a: dict, x: np.ndarray, cond: np.ndarray) -> np.ndarray:
     return np.compress(cond.astype(bool), x, axis=a["axis"])
 
 
-@op("Unique", Pattern.OPAQUE, infer=_data_dependent("the number of unique elements depends on the data"),
-    attrs=[Attr("axis", "int", None), Attr("sorted", "int", 1)])  # fmt: skip
+def _unique_infer(a: dict, x: TensorType) -> tuple[TensorType, ...]:
+    if a["count"] is None:
+        raise ShapeDependsOnData("the number of unique elements depends on the data")
+    if a["axis"] is not None or x.rank != 1:
+        raise ShapeError(f"Unique with a count read at run time takes a 1-D input and no axis, got {x}")
+    n = a["count"]
+    return x.with_shape((n,)), TensorType((n,), "int64"), TensorType(x.shape, "int64"), TensorType((n,), "int64")
+
+
+@op("Unique", Pattern.OPAQUE, infer=_unique_infer,
+    attrs=[Attr("axis", "int", None), Attr("sorted", "int", 1), Attr("count", "dim", None)])  # fmt: skip
 def unique(a: dict, x: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Unique values, first indices, inverse indices, counts (ONNX order when unsorted)."""
+    """Unique values, first indices, inverse indices, counts (ONNX order when unsorted); `count` is the number of
+    unique values when the run time computes it from the input's values, None when only the data tells."""
     axis = a["axis"]
     _, first, inverse, counts = np.unique(x, axis=axis, return_index=True, return_inverse=True, return_counts=True)
     order = np.arange(len(first)) if a["sorted"] else np.argsort(first, kind="stable")
@@ -1066,6 +1186,53 @@ def unique(a: dict, x: np.ndarray) -> tuple[np.ndarray, ...]:
     values = np.take(x, first, axis=axis) if axis is not None else x.reshape(-1)[first]
     inverse = rank[inverse.reshape(-1)]
     return values, first.astype(np.int64), inverse.astype(np.int64), counts[order].astype(np.int64)
+
+
+@lowering("Unique")
+def _unique_te(a: dict, x: te.Tensor) -> list[te.Tensor]:
+    """Quadratic in the element count, like NonZero: an element is a first occurrence when no earlier one equals
+    it; its rank counts the first occurrences of smaller values (sorted) or before its own first occurrence; each
+    output slot j sums over the first occurrence of rank j (one term)."""
+    if a["count"] is None:
+        raise NotLowerable("Unique without a count computed at run time")
+    (n,) = x.shape
+    if not isinstance(n, int) or n * n > NONZERO_LIMIT:
+        raise NotLowerable(f"Unique of {n} elements: the quadratic compute would be too slow")
+    native_dtype(x.dtype.name)
+    i64 = lambda v: te.cast(v, "int64")  # noqa: E731
+
+    def count(cond) -> te.Tensor:  # (n,): for each element i, how many m satisfy cond(m, i)
+        def body(i):
+            m = te.reduce_axis((0, n), name="m")
+            return te.sum(te.const(1, "int64"), axis=m, where=cond(m.var, i))
+
+        return body
+
+    dups = te.compute((n,), count(lambda m, i: te.all(m < i, x[m] == x[i])), name="unique_dups")
+    first = lambda m: dups[m] == 0  # noqa: E731
+    m0 = te.reduce_axis((0, n), name="m")
+    first_at = te.compute((n,), lambda i: te.sum(i64(m0.var), axis=m0, where=te.all(first(m0.var), x[m0.var] == x[i])),
+                          name="unique_first")  # fmt: skip
+    if a["sorted"]:
+        rank = te.compute((n,), count(lambda m, i: te.all(first(m), x[m] < x[i])), name="unique_rank")
+    else:
+        rank = te.compute((n,), count(lambda m, i: te.all(first(m), i64(m) < first_at[i])), name="unique_rank")
+
+    def slot(value):  # output slot j: value(i) of the first occurrence of rank j
+        def body(j):
+            r = te.reduce_axis((0, n), name="r")
+            return te.sum(value(r.var), axis=r, where=te.all(first(r.var), rank[r.var] == i64(j)))
+
+        return body
+
+    k = a["count"]
+    values = te.compute((k,), slot(lambda i: x[i]), name="unique_values")
+    indices = te.compute((k,), slot(lambda i: i64(i)), name="unique_indices")
+    inverse = te.compute((n,), lambda i: rank[i], name="unique_inverse")
+    c = te.reduce_axis((0, n), name="c")
+    counts = te.compute((k,), lambda j: te.sum(te.const(1, "int64"), axis=c, where=rank[c.var] == i64(j)),
+                        name="unique_counts")  # fmt: skip
+    return [values, indices, inverse, counts]
 
 
 # -- moving data between axes ---------------------------------------------------------------------

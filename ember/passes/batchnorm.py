@@ -105,6 +105,8 @@ def _fold_affine(uses: Uses, node: Node) -> bool:
     for x, k in (node.inputs, node.inputs[::-1]):
         if not k.is_constant or x.is_constant or node.outputs[0].type != x.type or len(x.shape) < 2:
             continue
+        if not isinstance(x.shape[1], int):
+            continue  # symbolic channels: no per-channel vector to fold
         vec = _channel_vector(k.data, x.shape[1], len(x.shape))
         prod = _single_user_producer(uses, x)
         if vec is None or prod is None:

@@ -136,17 +136,38 @@ class Plan:
     def _bind_values(self, env: dict[Var, int], arrays: list[np.ndarray]) -> None:
         """Binds the sizes read from input values (after those given by shapes, which a Reshape's 0 and -1 need)."""
         by_name = {self.values[i].name: a for i, a in zip(self.inputs, arrays)}
-        for d in self.size_vars:
-            source = getattr(d, "source", "")
-            if not source or d in env:
-                continue
-            if source not in by_name:
-                raise ValueError(f"size {d.name} is read from input '{source}', which the model does not take")
-            flat = np.asarray(by_name[source]).reshape(-1)
-            n = _value_size(d, flat, env)
+        computed: dict[int, np.ndarray] = {}  # an operand computed from inputs (a callable) is evaluated once
+
+        def read(o: object) -> np.ndarray | None:
+            """An operand's values: a graph input's by name, a constant's (a tuple), or computed from the inputs."""
+            if o is None:
+                return None
+            if isinstance(o, str):
+                if o not in by_name:
+                    raise ValueError(f"size {d.name} is read from input '{o}', which the model does not take")
+                return np.asarray(by_name[o]).reshape(-1)
+            if callable(o):
+                if id(o) not in computed:
+                    computed[id(o)] = np.asarray(o(by_name, env)).reshape(-1)
+                return computed[id(o)]
+            return np.asarray(o).reshape(-1)
+
+        def ready(d: Var) -> bool:  # the sizes its rule's dims (and a computed operand's shapes) mention are bound
+            needs = [x for x in d.dims if isinstance(x, Expr)]
+            needs += [n for o in (d.source, *getattr(d, "operands", ())) for n in getattr(o, "needs", ())]
+            return all(n in env for x in needs for n in walk(x) if isinstance(n, Var))
+
+        pending = [d for d in self.size_vars if getattr(d, "source", "") and d not in env]
+        while pending:  # in order, each after the sizes it reads (a Slice of a Pad by values: the Pad's first)
+            d = next((d for d in pending if ready(d)), pending[0])
+            pending.remove(d)
+            source = d.source
+            flat = read(source)
+            operands = [read(o) for o in getattr(d, "operands", ())]
+            n = _value_size(d, flat, env, operands)
             lo, hi = getattr(d, "lo", 0), getattr(d, "hi", None)
             if n < lo or (hi is not None and n > hi):
-                raise ValueError(f"input '{source}' = {flat.tolist()} gives size {d.name} = {n}, outside its bounds "
+                raise ValueError(f"{_what(source)} = {flat.tolist()} gives size {d.name} = {n}, outside its bounds "
                                  f"[{lo}, {'inf' if hi is None else hi}]")  # fmt: skip
             env[d] = n
 
@@ -227,16 +248,27 @@ def _unjson_attrs(attrs: dict) -> dict:
     return out
 
 
-def _value_size(d: Var, flat: np.ndarray, env: dict[Var, int]) -> int:
-    """A `ValueSizeVar`'s value from its input's values (flattened) by its rule, its `dims` evaluated in `env`."""
+def _value_size(d: Var, flat: np.ndarray, env: dict[Var, int], operands: list[np.ndarray | None] = ()) -> int:
+    """A `ValueSizeVar`'s value from its input's values (flattened) by its rule, its `dims` evaluated in `env`;
+    a rule of several operands gets the list of their values (None for one left out; the source is one of them)."""
     if d.rule == "element" and d.index >= flat.size:
-        raise ValueError(f"input '{d.source}' has {flat.size} element(s); size {d.name} reads element {d.index}")
+        raise ValueError(f"{_what(d.source)} has {flat.size} element(s); size {d.name} reads element {d.index}")
     dims = [int(eval_int(x, env)) if isinstance(x, Expr) else int(x) for x in d.dims]
+
+    def read(a: np.ndarray | None) -> object:  # counts and Range read the values as they are, the rest as ints
+        return a if a is None or d.rule in RAW_RULES else a.astype(np.int64).tolist()
+
     try:
-        values = flat if d.rule == "nonzero" else flat.astype(np.int64).tolist()  # (a count reads them as they are)
+        values = [read(a) for a in operands] if d.rule in OPERAND_RULES else read(flat)
         return int(VALUE_RULES[d.rule](values, d.index, dims))
-    except ValueError as e:
-        raise ValueError(f"input '{d.source}' = {flat.tolist()}: {e}") from None
+    except (ValueError, IndexError, ZeroDivisionError, OverflowError) as e:
+        shown = ", ".join(str(a.tolist()) for a in operands if a is not None) if operands else str(flat.tolist())
+        raise ValueError(f"{_what(d.source)} = {shown}: {e}") from None
+
+
+def _what(source: object) -> str:
+    """A size's source in messages: a graph input by name, or an operand computed from inputs (it says which)."""
+    return f"input '{source}'" if isinstance(source, str) else str(source)
 
 
 def _reshape_target(v: list[int], dims: list[int], allowzero: bool) -> list[int]:
@@ -284,6 +316,87 @@ def _split(v: list[int], n: int) -> list[int]:
     return v
 
 
+def _slice_lengths(v: list, dims: list[int]) -> list[int]:
+    """The length of every axis of a tensor of shape dims sliced by v = [starts, ends, axes, steps] (ONNX)."""
+    starts, ends, axes, steps = v
+    axes = _axes(axes, len(dims)) if axes is not None else list(range(len(starts)))
+    steps = steps if steps is not None else [1] * len(axes)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ValueError("Slice starts, ends, axes and steps must have the same length")
+    out = list(dims)
+    for a, start, end, step in zip(axes, starts, ends, steps):
+        if step == 0:
+            raise ValueError("a Slice step cannot be 0")
+        out[a] = len(range(*slice(start, end, step).indices(dims[a])))
+    return out
+
+
+def _pads(v: list, dims: list[int]) -> list[int]:
+    """The padded dims of a tensor of shape dims by v = [pads, axes] (ONNX; negative pads crop)."""
+    pads, axes = v
+    axes = _axes(axes, len(dims)) if axes is not None else list(range(len(dims)))
+    if len(pads) != 2 * len(axes):
+        raise ValueError(f"Pad takes {2 * len(axes)} pads for {len(axes)} axes, got {len(pads)}")
+    out = list(dims)
+    for k, a in enumerate(axes):
+        out[a] += pads[k] + pads[k + len(axes)]
+    if min(out, default=0) < 0:
+        raise ValueError(f"pads {pads} remove more than the dims {dims} hold")
+    return out
+
+
+def _range_length(v: list) -> int:
+    start, limit, delta = (a.reshape(-1)[0].item() for a in v)
+    if delta == 0:
+        raise ValueError("Range's delta cannot be 0")
+    return max(int(np.ceil((limit - start) / delta)), 0)
+
+
+def _compress_count(v: np.ndarray, length: int) -> int:
+    if v.size > length:
+        raise ValueError(f"a Compress condition of {v.size} elements is longer than the axis ({length})")
+    return int(np.count_nonzero(v))
+
+
+RESIZE_POLICIES = ("stretch", "not_larger", "not_smaller")  # Resize's keep_aspect_ratio_policy, by its code
+
+
+def _resize_sizes(v: list, dims: list[int]) -> list[int]:
+    """The output dims of Resize for v = [scales, sizes, roi, axes, (policy code,)], one of scales and sizes None
+    (ONNX: floor(dim * roi extent * scale), or the sizes, or for a policy keeping the aspect ratio
+    floor(dim * r + 0.5) with r the least or greatest ratio of size to dim)."""
+    scales, sizes, roi, axes, (policy,) = v
+    rank, axes = len(dims), _axes([int(a) for a in axes], len(dims))
+    given = scales if scales is not None else sizes
+    if given is None or len(given) != len(axes):
+        raise ValueError(f"Resize takes one scale or size per resized axis ({len(axes)})")
+    out = list(dims)
+    if scales is not None:
+        full_roi = [0.0] * rank + [1.0] * rank
+        for k, a in enumerate(axes):
+            if roi is not None and len(roi) == 2 * len(axes):
+                full_roi[a], full_roi[a + rank] = float(roi[k]), float(roi[k + len(axes)])
+            if not scales[k] > 0:
+                raise ValueError(f"Resize scales must be positive, got {scales[k]} for axis {a}")
+            out[a] = int(np.floor(dims[a] * (full_roi[a + rank] - full_roi[a]) * float(scales[k]) + 1e-9))
+        return out
+    sizes = [int(x) for x in sizes]
+    if min(sizes) < 0:
+        raise ValueError(f"Resize sizes must be >= 0, got {sizes}")
+    if RESIZE_POLICIES[int(policy)] == "stretch":
+        for a, n in zip(axes, sizes):
+            out[a] = n
+        return out
+    ratios = [n / dims[a] for a, n in zip(axes, sizes)]
+    r = min(ratios) if RESIZE_POLICIES[int(policy)] == "not_larger" else max(ratios)
+    for a in axes:
+        out[a] = int(np.floor(dims[a] * r + 0.5))
+    return out
+
+
+RAW_RULES = {"nonzero", "range", "compress", "resize", "unique"}  # rules that read the values as they are
+OPERAND_RULES = {"slice", "pad", "range", "resize"}  # rules of several operands
+
 # `ember.graph.dims.VALUE_RULES`: rule -> f(values, index, dims)
 VALUE_RULES = {
     "element": lambda v, i, dims: v[i],
@@ -296,6 +409,12 @@ VALUE_RULES = {
     "split": lambda v, i, dims: _split(v, dims[0])[i],
     "squeeze": lambda v, i, dims: _squeeze(v, dims)[i],
     "unsqueeze": lambda v, i, dims: _unsqueeze(v, dims)[i],
+    "slice": lambda v, i, dims: _slice_lengths(v, dims)[i],
+    "pad": lambda v, i, dims: _pads(v, dims)[i],
+    "range": lambda v, i, dims: _range_length(v),
+    "compress": lambda v, i, dims: _compress_count(v, dims[0]),
+    "resize": lambda v, i, dims: _resize_sizes(v, dims)[i],
+    "unique": lambda v, i, dims: int(np.unique(v).size),
 }
 
 

@@ -105,18 +105,18 @@ def test_input_shapes_must_agree_with_the_model():
 
 
 def test_shape_operand_from_a_graph_input_names_it_and_can_be_bound():
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
-    starts = helper.make_tensor_value_info("starts", TensorProto.INT64, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])
-    ends = helper.make_tensor("ends", TensorProto.INT64, [1], [5])
-    node = helper.make_node("Slice", ["x", "starts", "ends"], ["y"], name="slice")
-    model = helper.make_model(helper.make_graph([node], "g", [x, starts], [y], [ends]))
-    expected = r"'slice' \(Slice\): its starts .* graph input\(s\) 'starts'"
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 1])
+    axis = helper.make_tensor_value_info("axis", TensorProto.INT64, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", 2])
+    node = helper.make_node("DFT", ["x", "", "axis"], ["y"], name="dft", onesided=1)
+    graph = helper.make_graph([node], "g", [x, axis], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    expected = r"'dft' \(DFT\): its axis .* graph input\(s\) 'axis'"
     with pytest.raises(DynamicShapeError, match=expected) as info:
         from_onnx(model)
-    assert info.value.inputs == ["starts"]
-    graph = from_onnx(model, input_values={"starts": np.array([1])})
-    assert [v.name for v in graph.inputs] == ["x"] and graph.outputs[0].shape == (1, 6)
+    assert info.value.inputs == ["axis"]
+    graph = from_onnx(model, input_values={"axis": np.array(1)})
+    assert [v.name for v in graph.inputs] == ["x"] and graph.outputs[0].shape == (2, 4, 2)
 
 
 def test_reshape_target_from_a_graph_input_is_read_at_run_time():
