@@ -704,7 +704,10 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
     done = {O.name}
     if k == 0:
         return done
-    row = O.fuse(*axes[:k]) if k > 1 else axes[0]
+    if k > 1 and any(isinstance(d, Expr) for d in out.shape[:k]):  # symbolic rows: nested loops (a fused row
+        outer, row = axes[0], axes[k - 1]  # index would unravel by a size at every access)
+    else:
+        outer = row = O.fuse(*axes[:k]) if k > 1 else axes[0]
     members = _row_members(s, O)
     for st in s.stages:
         if st not in members:
@@ -722,7 +725,7 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
                 _, fi = st.split(f, sl)
                 st.vectorize(fi)
     if target.num_cores > 1 and work(out) >= 1 << 16 and prod_hint(out.shape[:k]) > 1:
-        O.parallel(row)
+        O.parallel(outer)
     return done
 
 

@@ -465,6 +465,9 @@ class Analyzer:
         if op in ("min", "max"):
             if op == "min" and (self._mod_below(a, b) or self._mod_below(b, a)):
                 return a if self._mod_below(a, b) else b
+            for x, y in ((a, b), (b, a)):  # min(min(p, q), q) is min(p, q): clamps applied twice
+                if isinstance(x, BinOp) and x.op == op and (same(x.a, y) or same(x.b, y)):
+                    return x
             picked = self._minmax_of_quotients(op, a, b)
             if picked is not None:
                 return picked
