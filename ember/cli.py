@@ -95,7 +95,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     try:
         m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape),
-                          opt_level=args.opt_level, disabled_passes=args.disable_pass)  # fmt: skip
+                          opt_level=args.opt_level, disabled_passes=args.disable_pass,
+                          dynamic=False)  # saved: specialized (a symbolic model does not save yet)  # fmt: skip
     except (ModelError, FileNotFoundError, ValueError, NotImplementedError, ImportError) as e:
         return _fail("compile", e)
     out = m.save(args.output)
@@ -251,7 +252,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             m = ember.load(args.model)
         else:
             m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape),
-                              opt_level=args.opt_level)  # fmt: skip
+                              opt_level=args.opt_level, dynamic=False)  # exported: specialized  # fmt: skip
         out = m.export(args.output, build=not args.no_build, openmp=not args.no_openmp)
     except (ModelError, FileNotFoundError, ValueError, NotImplementedError, ImportError, CompileError) as e:
         return _fail("export", e)
@@ -340,7 +341,7 @@ def _bench_remote(args: argparse.Namespace, proto, feeds: dict) -> int:
         info = remote.info()
         target = device_target(args.target, info)
         try:
-            m = ember.compile(proto, target=target, input_shapes=_shapes(args.input_shape))
+            m = ember.compile(proto, target=target, input_shapes=_shapes(args.input_shape), dynamic=False)
             export = m.export(tmp)
             t0 = time.perf_counter()
             rm = remote.load(export)
