@@ -292,10 +292,28 @@ class _Partitioner:
                 ana.bind(s, *r)
         pieces: list[Stmt] = [For(v, loop.min, main, loop.kind, body, loop.thread_tag, loop.annotations)]
         rest = ana.simplify(loop.extent - main)
-        if not (isinstance(rest, Const) and rest.value <= 0):
+        if isinstance(rest, Const) and rest.value <= 0:
+            return pieces
+        with ana.scope(v, *ana.bind_loop(v, main, rest)):
+            tail = _no_guarded_unroll(self.stmt(_Simplifier(ana).stmt(loop.body)))
+        pieces.append(For(v, main, rest, loop.kind, tail, loop.thread_tag, loop.annotations))
+        if not facts:
+            return pieces
+        # after at least one full tile (main >= 1) the tail's tile clamps are decided (min(S, 12) is 12): a tail of
+        # its own for that case, its tile in registers, and the general one for sizes below one tile
+        after = transform(loop.body, lambda n: self._assumed(n, v, local, [], facts))
+        for s, lo in tightened.items():
+            ana.bind(s, max(lo, old[s][0] if old[s][0] is not None else lo), old[s][1])
+        try:
             with ana.scope(v, *ana.bind_loop(v, main, rest)):
-                tail = _no_guarded_unroll(self.stmt(_Simplifier(ana).stmt(loop.body)))
-            pieces.append(For(v, main, rest, loop.kind, tail, loop.thread_tag, loop.annotations))
+                after = _no_guarded_unroll(self.stmt(_Simplifier(ana).stmt(after)))
+        finally:
+            for s, r in old.items():
+                ana.bind(s, *r)
+        if same(after, tail):  # nothing decided
+            return pieces
+        full = For(v, main, rest, loop.kind, after, loop.thread_tag, loop.annotations)
+        pieces[-1] = IfThenElse(ana.simplify(main >= 1), full, pieces[-1])
         return pieces
 
     def _threshold(self, c: Expr, v: Var, local: set[Var]) -> Expr | None:
