@@ -95,8 +95,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     try:
         m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape),
-                          opt_level=args.opt_level, disabled_passes=args.disable_pass,
-                          dynamic=False)  # saved: specialized (a symbolic model does not save yet)  # fmt: skip
+                          opt_level=args.opt_level, disabled_passes=args.disable_pass)  # fmt: skip
     except (ModelError, FileNotFoundError, ValueError, NotImplementedError, ImportError) as e:
         return _fail("compile", e)
     out = m.save(args.output)
@@ -252,7 +251,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             m = ember.load(args.model)
         else:
             m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape),
-                              opt_level=args.opt_level, dynamic=False)  # exported: specialized  # fmt: skip
+                              opt_level=args.opt_level)  # fmt: skip
         out = m.export(args.output, build=not args.no_build, openmp=not args.no_openmp)
     except (ModelError, FileNotFoundError, ValueError, NotImplementedError, ImportError, CompileError) as e:
         return _fail("export", e)
@@ -341,7 +340,7 @@ def _bench_remote(args: argparse.Namespace, proto, feeds: dict) -> int:
         info = remote.info()
         target = device_target(args.target, info)
         try:
-            m = ember.compile(proto, target=target, input_shapes=_shapes(args.input_shape), dynamic=False)
+            m = ember.compile(proto, target=target, input_shapes=_shapes(args.input_shape))
             export = m.export(tmp)
             t0 = time.perf_counter()
             rm = remote.load(export)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +52,7 @@ def compile(  # noqa: A001
     tuning_log: str | os.PathLike | None = None,
     max_elements: int | None = None,
     max_iterations: int | None = None,
-    dynamic: bool | None = None,
+    dynamic: bool = False,
     dynamic_bounds: dict[str, tuple[int, int | None]] | None = None,
     example_inputs: Any = None,
 ) -> Model:
@@ -76,13 +75,10 @@ def compile(  # noqa: A001
     loops run more than `max_iterations` iterations (default 2^40, or EMBER_MAX_ITERATIONS) makes compile
     raise `WorkLimitError`, naming the node and the tensor.
 
-    Symbolic sizes: on the c target a model's symbolic dims (ONNX dim_params) stay symbolic by default, bounded by
-    `dynamic_bounds` ({"S": (1, 512)}: inclusive, None for unbounded; default [1, inf)): the kernels take the sizes
-    as arguments and the model runs at every size in the bounds, planning its memory once per new size (no
-    recompile); `summary()` lists the size variables and their bounds. `input_shapes` still fixes an input's dims.
-    `dynamic=False` specializes instead (a symbolic leading dim becomes 1, another symbolic dim asks for
-    `input_shapes`), as do the other targets by default, with a warning naming the dims; `dynamic=True` or
-    `dynamic_bounds` on them is an error."""
+    Symbolic sizes: with `dynamic=True` or `dynamic_bounds` ({"S": (1, 512)}: inclusive, None for unbounded), the
+    model's symbolic dims (ONNX dim_params) stay symbolic: the kernels take the sizes as arguments and the model
+    runs at every size in the bounds, planning its memory once per new size (no recompile). `input_shapes` still
+    fixes an input's dims. C target only so far; `summary()` lists the size variables."""
     t0 = time.perf_counter()
     if target is not None and not isinstance(target, str | Target):  # ember.compile(module, example_inputs)
         target, example_inputs = None, target
@@ -93,14 +89,10 @@ def compile(  # noqa: A001
         raise NotImplementedError(f"ember.compile: no model backend for target {target.kind!r} yet (have: {have})")
     if not target.runs_here:
         check_toolchain(target)
-    if dynamic is False and dynamic_bounds:
-        raise ValueError("ember.compile: dynamic_bounds is given with dynamic=False (the dims would be specialized)")
-    symbolic = bool(dynamic or dynamic_bounds) or (dynamic is None and target.kind == "c")
+    symbolic = bool(dynamic or dynamic_bounds)
     if symbolic and target.kind != "c":
         raise NotImplementedError(f"ember.compile: symbolic sizes (dynamic=True) are compiled for the c target only "
                                   f"so far, not {target.kind!r}; pass input_shapes= to specialize")  # fmt: skip
-    if dynamic is None and not symbolic:
-        _warn_specialized(model, input_shapes, target)
     lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits,
                           dynamic_bounds if symbolic else None, symbolic, example_inputs)  # fmt: skip
     if lowered.plan.is_symbolic and target.kind != "c":  # sizes read from input values (a Reshape target input...)
@@ -108,24 +100,6 @@ def compile(  # noqa: A001
         raise NotImplementedError(f"ember.compile: sizes known at run time ({names}) are compiled for the c "
                                   f"target only so far, not {target.kind!r}; bind their inputs as constants")
     return build_model(lowered)
-
-
-def _warn_specialized(model: Any, input_shapes: dict | None, target: Target) -> None:
-    """Warn that an ONNX model's symbolic input dims (those `input_shapes` leaves open) are specialized."""
-    if isinstance(model, Graph) or not (isinstance(model, str | os.PathLike | bytes) or hasattr(model, "graph")):
-        return
-    from .frontend.onnx import load_model
-
-    try:
-        proto, _ = load_model(model)
-    except Exception:  # not an ONNX model: its own frontend reports what it is
-        return
-    dims = sorted({d.dim_param or "?" for vi in proto.graph.input if vi.name not in (input_shapes or {})
-                   for d in vi.type.tensor_type.shape.dim if not d.HasField("dim_value")})  # fmt: skip
-    if dims:
-        warnings.warn(f"ember.compile: the model's symbolic dims ({', '.join(dims)}) are specialized on target "
-                      f"{target.kind!r} (symbolic sizes: c target only); a leading one becomes 1, pass input_shapes= "
-                      "to choose", stacklevel=3)  # fmt: skip
 
 
 @dataclass

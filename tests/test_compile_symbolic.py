@@ -62,23 +62,15 @@ def test_transformer_layer_with_a_symbolic_batch(monkeypatch):
         cm.export("unused")
 
 
-def test_symbolic_dims_stay_symbolic_by_default_on_c():
+def test_symbolic_compile_is_opt_in_and_checked():
     m = symbolic(zoo.mlp(batch=4), {"x": {0: "N"}})
-    dyn = ember.compile(m, target="c")  # the default on c: symbolic, unbounded above
-    assert dyn.summary()["symbolic_dims"] == {"N": [1, None]}
-    rng = np.random.default_rng(1)
-    check_sizes(m, dyn, lambda n: {"x": rng.standard_normal((n, 48)).astype(np.float32)}, (1, 5, 64))
-    static = ember.compile(m, target="c", dynamic=False)  # specialized: a symbolic leading dim is 1
-    assert static.plan.values[static.plan.inputs[0]].shape == (1, 48) and not static.plan.is_symbolic
-    fixed = ember.compile(m, target="c", input_shapes={"x": (3, 48)})
-    assert fixed.plan.values[fixed.plan.inputs[0]].shape == (3, 48) and not fixed.plan.is_symbolic
-    with pytest.warns(UserWarning, match=r"symbolic dims \(N\) are specialized on target 'llvm'"):
-        llvm = ember.compile(m, target="llvm")
-    assert llvm.plan.values[llvm.plan.inputs[0]].shape == (1, 48)
+    static = ember.compile(m, target="c")  # the documented default: a symbolic leading dim is 1
+    assert static.plan.values[static.plan.inputs[0]].shape == (1, 48)
     with pytest.raises(NotImplementedError, match="c target only"):
         ember.compile(m, target="llvm", dynamic=True)
-    with pytest.raises(ValueError, match="dynamic_bounds is given with dynamic=False"):
-        ember.compile(m, target="c", dynamic=False, dynamic_bounds={"N": (1, 4)})
+    dyn = ember.compile(m, target="c", dynamic=True)
+    rng = np.random.default_rng(1)
+    check_sizes(m, dyn, lambda n: {"x": rng.standard_normal((n, 48)).astype(np.float32)}, (1, 5, 64))
 
 
 def test_bert_with_symbolic_batch_and_sequence_compiles_once(monkeypatch):

@@ -382,7 +382,7 @@ class Model:
         a killed save leaves no half-written model."""
         if self.plan.is_symbolic:
             raise NotImplementedError(f"model {self.plan.name}: saving a model with symbolic sizes is not supported "
-                                      "yet; compile it with input_shapes= or dynamic=False to save it")  # fmt: skip
+                                      "yet; compile it with input_shapes= to save it")  # fmt: skip
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
         staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.saving.", dir=out.parent))
