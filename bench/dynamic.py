@@ -1,12 +1,15 @@
 #!/usr/bin/env python
-"""One BERT encoder compiled once with a symbolic sequence length vs one compiled for each length.
+"""One model compiled once with a symbolic size vs one compiled for each size: a BERT encoder's sequence length,
+or ResNet-18's batch.
 
-    python bench/dynamic.py                                  # 2 layers, d=128, lengths 1..384
+    python bench/dynamic.py                                  # BERT, 2 layers, d=128, lengths 1..384
     python bench/dynamic.py --layers 4 --d 768 --heads 12 --ff 3072 --threads 2
+    python bench/dynamic.py --model resnet18                 # batches 1, 3, 8 at 224 x 224
+    python bench/dynamic.py --model resnet18 --image 64 --width 16 --sizes 1,3,8
 
-For each length: the median latency of the dynamic model, of a model specialized to that length (the same ONNX
-model with input_shapes= fixing the length), their ratio, onnxruntime's, and the largest difference from
-onnxruntime's output. The dynamic model is compiled once: no compile happens at the lengths it runs at.
+For each size: the median latency of the dynamic model, of a model specialized to that size (the same ONNX
+model with input_shapes= fixing it), their ratio, onnxruntime's, and the largest difference from
+onnxruntime's output. The dynamic model is compiled once: no compile happens at the sizes it runs at.
 """
 
 from __future__ import annotations
@@ -35,24 +38,54 @@ def median_ms(fn, repeat: int) -> float:
     return 1e3 * statistics.median(runs)
 
 
+def bert_case(args) -> tuple:
+    """The model, its symbolic dims' bounds, feeds at a size, and the title line."""
+    model = zoo.bert_encoder(layers=args.layers, seq=max(args.sizes), d=args.d, heads=args.heads, ff=args.ff,
+                             dynamic=True)  # fmt: skip
+    rng = np.random.default_rng(0)
+
+    def feeds(n):
+        return {"input_ids": rng.integers(0, 1000, (1, n)), "attention_mask": np.ones((1, n), np.int64)}
+
+    title = f"BERT {args.layers} layers, d={args.d}, heads={args.heads}, ff={args.ff}"
+    return model, {"batch": (1, 1), "seq": (1, max(args.sizes))}, feeds, title, "length"
+
+
+def resnet_case(args) -> tuple:
+    model = zoo.resnet18(image=args.image, width=args.width)
+    for vi in (model.graph.input[0], model.graph.output[0]):  # a symbolic batch
+        vi.type.tensor_type.shape.dim[0].dim_param = "N"
+    del model.graph.value_info[:]
+    rng = np.random.default_rng(0)
+
+    def feeds(n):
+        return {model.graph.input[0].name: rng.standard_normal((n, 3, args.image, args.image)).astype(np.float32)}
+
+    title = f"ResNet-18, {args.image} x {args.image}, width {args.width}"
+    return model, {"N": (1, max(args.sizes))}, feeds, title, "batch"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=("bert", "resnet18"), default="bert")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ff", type=int, default=512)
-    p.add_argument("--lengths", default="1,7,16,64,128,200,384")
+    p.add_argument("--image", type=int, default=224, help="resnet18: image size")
+    p.add_argument("--width", type=int, default=64, help="resnet18: channels of the first stage")
+    p.add_argument("--sizes", "--lengths", default=None, help="sizes to run (BERT: 1,7,16,64,128,200,384; "
+                   "ResNet-18: 1,3,8)")  # fmt: skip
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeat", type=int, default=10)
     args = p.parse_args()
-    lengths = [int(x) for x in args.lengths.split(",")]
-    model = zoo.bert_encoder(layers=args.layers, seq=max(lengths), d=args.d, heads=args.heads, ff=args.ff,
-                             dynamic=True)  # fmt: skip
+    args.sizes = [int(x) for x in (args.sizes or ("1,3,8" if args.model == "resnet18" else "1,7,16,64,128,200,384"))
+                  .split(",")]  # fmt: skip
+    model, bounds, feeds_at, title, what = (resnet_case if args.model == "resnet18" else bert_case)(args)
     target = f"c -threads={args.threads}"
     t0 = time.perf_counter()
-    dyn = ember.compile(model, target=target, dynamic_bounds={"batch": (1, 1), "seq": (1, max(lengths))})
-    print(f"BERT {args.layers} layers, d={args.d}, heads={args.heads}, ff={args.ff}, {target}; dynamic model "
-          f"compiled once in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+    dyn = ember.compile(model, target=target, dynamic_bounds=bounds)
+    print(f"{title}, {target}; dynamic model compiled once in {time.perf_counter() - t0:.1f} s")
     try:
         import onnxruntime as ort
 
@@ -61,12 +94,11 @@ def main() -> None:
         sess = ort.InferenceSession(model.SerializeToString(), opts)
     except ImportError:
         sess = None
-    rng = np.random.default_rng(0)
-    print(f"{'length':>6} {'dynamic ms':>11} {'specialized ms':>15} {'ratio':>6} {'ort ms':>8} {'max err':>9} "
+    print(f"{what:>6} {'dynamic ms':>11} {'specialized ms':>15} {'ratio':>6} {'ort ms':>8} {'max err':>9} "
           f"{'compile s':>9}")  # fmt: skip
     ratios = []
-    for n in lengths:
-        feeds = {"input_ids": rng.integers(0, 1000, (1, n)), "attention_mask": np.ones((1, n), np.int64)}
+    for n in args.sizes:
+        feeds = feeds_at(n)
         t0 = time.perf_counter()
         spec = ember.compile(model, target=target, input_shapes={k: v.shape for k, v in feeds.items()})
         t_spec = time.perf_counter() - t0

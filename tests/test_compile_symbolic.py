@@ -140,3 +140,22 @@ def test_symbolic_gemm_reads_no_row_past_its_inputs():
         a[:], b[:] = rng.standard_normal((s, k)), rng.standard_normal((k, s))
         np.testing.assert_allclose(m.run({"a": a, "b": b})["y"], a @ b, rtol=1e-5, atol=1e-5)
         del a, b, keep_a, keep_b
+
+
+def test_reshapes_and_transposes_of_a_symbolic_length():
+    """Reshapes unravel each run of dims with equal products on their own ([N, 96] -> [1, N, 3, 32] and
+    [N, 6, 16]), and the tiled transpose after them has a main part and a tail; values match onnxruntime."""
+    nodes = [helper.make_node("Reshape", ["x", "s1"], ["r1"]),
+             helper.make_node("Transpose", ["r1"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Reshape", ["x", "s2"], ["r2"]),
+             helper.make_node("Transpose", ["r2"], ["u"], perm=[1, 0, 2])]  # fmt: skip
+    graph = helper.make_graph(nodes, "reshapes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 96])],
+                              [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 3, 32, "N"]),
+                               helper.make_tensor_value_info("u", TensorProto.FLOAT, [6, "N", 16])],
+                              [helper.make_tensor("s1", TensorProto.INT64, [4], [1, -1, 3, 32]),
+                               helper.make_tensor("s2", TensorProto.INT64, [3], [-1, 6, 16])])  # fmt: skip
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    cm = ember.compile(m, target="c", dynamic_bounds={"N": (1, 64)})
+    assert "floormod_int64(" not in cm.source and "floordiv_int64(" not in cm.source  # sizes >= 0: C division
+    rng = np.random.default_rng(5)
+    check_sizes(m, cm, lambda n: {"x": rng.standard_normal((n, 96)).astype(np.float32)}, (1, 5, 17, 64), atol=0)

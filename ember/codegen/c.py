@@ -731,6 +731,7 @@ class CCodegen:
         sizes = size_params(f.params)  # symbolic sizes: int64 arguments after the buffers
         for v in sizes:
             self.name(v)
+        self.ana.bind_sizes(sizes)  # sizes known >= 0: their quotients are plain C divisions
         self.stmt(f.body)
         body = self.lines
         params = []

@@ -87,17 +87,74 @@ def reshape_compute(x: te.Tensor, shape: tuple[int, ...], name: str = "reshape")
     if numel(shape) == 0:
         return te.compute(shape, lambda *i: keep(te.const(0, x.dtype), x), name=name)
 
-    def body(*i):
+    groups = _reshape_groups(tuple(shape), tuple(x.shape))
+
+    def unravel(i, out_dims, in_dims):
         flat = te.const(0)
-        for j, n in zip(i, shape):
+        for j, n in zip(i, out_dims):
             flat = flat * n + j
         idx = []
-        for n in reversed(x.shape):
-            idx.append(flat % n)
+        for d, n in enumerate(reversed(in_dims)):
+            last = d == len(in_dims) - 1  # the outermost index is below its dim already: no modulo
+            idx.append(flat if last else flat % n)
             flat = flat // n
-        return x[tuple(reversed(idx))]
+        return list(reversed(idx))
+
+    def body(*i):
+        idx = []
+        for (a, b), (c, d) in groups:  # dims [a, b) of the output hold dims [c, d) of the input
+            idx += unravel(i[a:b], shape[a:b], x.shape[c:d])
+        return x[tuple(idx)]
 
     return te.compute(shape, body, name=name)
+
+
+def _dim_factors(n: int | Expr) -> tuple[dict[str, int], int]:
+    """A dim as a product: its symbolic factors (by name, with multiplicity) and its constant factor."""
+    if isinstance(n, tx.BinOp) and n.op == "mul":
+        (fa, ca), (fb, cb) = _dim_factors(n.a), _dim_factors(n.b)
+        return {k: fa.get(k, 0) + fb.get(k, 0) for k in fa.keys() | fb.keys()}, ca * cb
+    if isinstance(n, tx.Const):
+        return {}, int(n.value)
+    return ({str(n): 1}, 1) if isinstance(n, Expr) else ({}, int(n))
+
+
+def _reshape_groups(out: tuple, inp: tuple) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Runs of output and input dims with equal products ([B * S, 128] -> [B, S, 4, 32]: (B, S) hold B * S, and
+    (4, 32) hold 128), so that each run unravels on its own: no division by a symbolic size across the runs.
+    One run of everything when the products do not line up."""
+    everything = [((0, len(out)), (0, len(inp)))]
+    if not out or not inp or 0 in out or 0 in inp:
+        return everything
+
+    def covers(a: tuple[dict, int], b: tuple[dict, int]) -> bool:  # b is a multiple of a
+        return all(b[0].get(k, 0) >= v for k, v in a[0].items()) and b[1] % a[1] == 0
+
+    groups, i, j = [], 0, 0
+    while i < len(out) and j < len(inp):
+        a, c = i, j
+        po, pi = _dim_factors(out[i]), _dim_factors(inp[j])
+        i, j = i + 1, j + 1
+        while not (covers(po, pi) and covers(pi, po)):
+            if covers(po, pi) and i < len(out):
+                po = _mul_factors(po, _dim_factors(out[i]))
+                i += 1
+            elif covers(pi, po) and j < len(inp):
+                pi = _mul_factors(pi, _dim_factors(inp[j]))
+                j += 1
+            else:
+                return everything
+        groups.append(((a, i), (c, j)))
+    if i < len(out) or j < len(inp):  # trailing dims of 1
+        if any(_dim_factors(n) != ({}, 1) for n in out[i:] + inp[j:]):
+            return everything
+        (a, _), (c, _) = groups[-1]
+        groups[-1] = ((a, len(out)), (c, len(inp)))
+    return groups
+
+
+def _mul_factors(a: tuple[dict, int], b: tuple[dict, int]) -> tuple[dict, int]:
+    return {k: a[0].get(k, 0) + b[0].get(k, 0) for k in a[0].keys() | b[0].keys()}, a[1] * b[1]
 
 
 @lowering("Reshape")
@@ -170,6 +227,9 @@ def _transpose_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Sc
     if rank < 2 or len(out.shape) != rank or perm[-1] == rank - 1 or numel(out.shape) < 1024:
         return schedule_injective("transpose")(a, outs, target)
     s = te.create_schedule(outs)
+    for other in s.stages:  # reshapes fused before the transpose: index arithmetic, not copies
+        if not (other.is_placeholder or other.is_output or isinstance(other.op.body, te.Reduce)):
+            other.compute_inline()
     st = s[out]
     axes = list(st.op.axis)
     p = perm.index(rank - 1)  # the output axis that walks the input's contiguous axis
@@ -178,7 +238,10 @@ def _transpose_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Sc
     lo, li = st.split(axes[-1], tile)
     outer = [ax for d, ax in enumerate(axes[:-1]) if d != p]
     st.reorder(*outer, po, lo, pi, li)
-    fused = st.fuse(*outer, po, lo)
+    if any(isinstance(d, Expr) for d in out.shape):  # symbolic: loops kept apart, for the tail's partition
+        fused = outer[0] if outer else po
+    else:
+        fused = st.fuse(*outer, po, lo)
     if numel(out.shape) >= 1 << 15 and target.num_cores > 1:
         st.parallel(fused)
     st.unroll(pi)

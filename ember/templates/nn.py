@@ -253,10 +253,7 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
     ia, ja = attrs.get("i_axis"), attrs.get("j_axis")
     lanes = min(lanes_of(acc.dtype, target), plan.nr)
     vec = plan.nr % lanes == 0 and lanes > 1
-    # symbolic sizes: no unrolling (every unrolled copy would carry its tail guards: C compile times explode)
-    symbolic = any(isinstance(d, Expr) for d in acc.shape) or any(isinstance(iv.dom[1], Expr)
-                                                                  for iv in acc.op.reduce_axis)  # fmt: skip
-    unroll = (lambda st, ax: None) if symbolic else (lambda st, ax: st.unroll(ax))
+    # symbolic sizes unroll too: the loop partition splits full tiles (no guards) from a guarded tail it keeps rolled
     accl = s.cache_write(acc, "local")
     s[acc].compute_inline()
     outer = [ax for d, ax in enumerate(axes) if d not in (ia, ja)]
@@ -265,7 +262,7 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
         io, ii = O.split(axes[ia], plan.mr)
         outer.append(io)
         inner.append(ii)
-        unroll(O, ii)
+        O.unroll(ii)
     if ja is not None:
         jo, ji = O.split(axes[ja], plan.nr)
         outer.append(jo)
@@ -275,7 +272,7 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
     O.reorder(*outer, *inner)
     if ja is not None and vec:
         jio, jii = O.split(inner[-1], lanes)
-        unroll(O, jio)
+        O.unroll(jio)
         O.vectorize(jii)
     L = s[accl]
     *lb, li, lj = L.op.axis
@@ -286,12 +283,12 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
         L.reorder(*lb, ko, ki, li, jco, jci)
         L.vectorize(jci)
         if plan.unroll[1] == "unroll":
-            unroll(L, jco)
+            L.unroll(jco)
     else:
         L.reorder(*lb, ko, ki, li, lj)
     if plan.unroll[0] == "unroll":
-        unroll(L, li)
-    unroll(L, ki)
+        L.unroll(li)
+    L.unroll(ki)
     L.compute_at(O, outer[-1])
     _parallel(O, outer, out, target)
     done = {O.name, L.name}
@@ -707,7 +704,10 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
     done = {O.name}
     if k == 0:
         return done
-    row = O.fuse(*axes[:k]) if k > 1 else axes[0]
+    if k > 1 and any(isinstance(d, Expr) for d in out.shape[:k]):  # symbolic rows: nested loops (a fused row
+        outer, row = axes[0], axes[k - 1]  # index would unravel by a size at every access)
+    else:
+        outer = row = O.fuse(*axes[:k]) if k > 1 else axes[0]
     members = _row_members(s, O)
     for st in s.stages:
         if st not in members:
@@ -725,7 +725,7 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
                 _, fi = st.split(f, sl)
                 st.vectorize(fi)
     if target.num_cores > 1 and work(out) >= 1 << 16 and prod_hint(out.shape[:k]) > 1:
-        O.parallel(row)
+        O.parallel(outer)
     return done
 
 

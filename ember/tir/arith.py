@@ -101,6 +101,13 @@ class Analyzer:
                 self.ranges[var] = old  # type: ignore[assignment]
             self._cache.clear()
 
+    def bind_sizes(self, sizes) -> None:
+        """Bind the size variables among `sizes` (variables with `lo`/`hi`, ember.graph.dims.SizeVar) to their
+        bounds, so that a kernel's passes know every size is at least its lower bound."""
+        for v in sizes:
+            if isinstance(v, Var) and hasattr(v, "lo"):
+                self.bind(v, v.lo, v.hi)
+
     def bind_loop(self, var: Var, lo: Expr, extent: Expr) -> Bound:
         """Constant bounds for a loop variable running over [lo, lo + extent)."""
         lb = self.bounds(lo)
@@ -458,6 +465,12 @@ class Analyzer:
         if op in ("min", "max"):
             if op == "min" and (self._mod_below(a, b) or self._mod_below(b, a)):
                 return a if self._mod_below(a, b) else b
+            for x, y in ((a, b), (b, a)):  # min(min(p, q), q) is min(p, q): clamps applied twice
+                if isinstance(x, BinOp) and x.op == op and (same(x.a, y) or same(x.b, y)):
+                    return x
+            picked = self._minmax_of_quotients(op, a, b)
+            if picked is not None:
+                return picked
             d_lo, d_hi = self._lin_bounds(*self._diff(a, b))
             if op == "min":
                 if d_hi is not None and d_hi <= 0:
@@ -473,6 +486,20 @@ class Analyzer:
         if op in CMP_OPS:
             return self._simplify_cmp(op, a, b)
         return BinOp(op, a, b, dt)
+
+    def _minmax_of_quotients(self, op: str, a: Expr, b: Expr) -> Expr | None:
+        """min/max of x // c and y // c where y - x has constant bounds of one sign: floor division by a positive
+        constant is monotone (min(S // 12, (S + 11) // 12) is S // 12: a symbolic loop's main part and its extent)."""
+        if not all(isinstance(t, BinOp) and t.op == "floordiv" and isinstance(t.b, Const) for t in (a, b)):
+            return None
+        if a.b.value != b.b.value or a.b.value <= 0:  # type: ignore[attr-defined]
+            return None
+        lo, hi = self._lin_bounds(*self._diff(a.a, b.a))  # type: ignore[attr-defined]
+        if hi is not None and hi <= 0:  # a <= b
+            return a if op == "min" else b
+        if lo is not None and lo >= 0:
+            return b if op == "min" else a
+        return None
 
     def _mod_below(self, m: Expr, other: Expr) -> bool:
         """Whether m is x % y with y >= 1 and other >= y - 1, so min(m, other) is m: the rule a symbolic divisor

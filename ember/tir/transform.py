@@ -7,9 +7,24 @@ from collections.abc import Callable
 
 from . import expr as E
 from .arith import Analyzer
-from .expr import BinOp, Const, Expr, Load, Select, Var, const
-from .functor import map_children, substitute, transform, walk
-from .stmt import NOP, Allocate, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store, seq
+from .dtype import boolean
+from .expr import BinOp, Cast, Const, Expr, Load, Select, Var, const, same
+from .functor import map_children, substitute, transform, uses_var, walk
+from .stmt import (
+    NOP,
+    Allocate,
+    Evaluate,
+    For,
+    ForKind,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+    Store,
+    seq,
+    size_params,
+)
 from .vectorize import vectorize_loops
 
 log = logging.getLogger("ember.lower")
@@ -107,7 +122,7 @@ class _Simplifier:
 
 
 def simplify(func: PrimFunc) -> PrimFunc:
-    return func.with_body(_Simplifier(Analyzer()).stmt(func.body))
+    return func.with_body(_Simplifier(_analyzer(func)).stmt(func.body))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,6 +202,8 @@ class _Partitioner:
     def partition(self, loop: For) -> list[Stmt] | None:
         if loop.kind in (ForKind.THREAD_BINDING, ForKind.UNROLLED, ForKind.PARALLEL):
             return None  # a parallel loop stays one parallel region (its pieces would be one each, or serial)
+        if isinstance(loop.min, Const) and loop.min.value == 0 and not isinstance(loop.extent, Const):
+            return self.partition_symbolic(loop)
         if not (isinstance(loop.min, Const) and isinstance(loop.extent, Const)):
             return None
         m, n = int(loop.min.value), int(loop.extent.value)
@@ -235,6 +252,123 @@ class _Partitioner:
                 )
         return pieces
 
+    def partition_symbolic(self, loop: For) -> list[Stmt] | None:
+        """A loop of symbolic extent whose guards (or clamps, min/max) hold on a prefix of its range: the tail
+        tests of tiles that may not divide a size. Pieces: the main part [0, T), where they hold for every value
+        of the inner loops and are dropped (T from the guards themselves: `v * 12 + i < S` with 0 <= i < 12 holds
+        for v < S // 12), then the guarded tail [T, extent), whose guarded loops are not unrolled."""
+        ana, v = self.ana, loop.var
+        local = {n.var for n in walk(loop.body) if isinstance(n, For | LetStmt)}
+        saved = dict(ana.ranges)
+        for var, r in _inner_loop_ranges(loop.body, ana).items():
+            ana.ranges[var] = r
+        try:
+            cuts: list[Expr] = []
+            for c in _atoms(loop.body):
+                t = self._threshold(c, v, local)
+                if t is not None and not any(same(t, x) for x in cuts):
+                    cuts.append(t)
+            main = loop.extent
+            for t in cuts:
+                main = ana.simplify(BinOp("min", main, t, v.dtype))
+            if not cuts or (isinstance(main, Const) and main.value <= 0):
+                return None
+            facts = _lower_bounds_when_positive(cuts, ana)
+            body = transform(loop.body, lambda n: self._assumed(n, v, local, cuts, facts))
+        finally:
+            ana.ranges.clear()
+            ana.ranges.update(saved)
+            ana._cache.clear()
+        self.budget -= 2
+        tightened = {x: lo for x, lo in facts if isinstance(x, Var)}
+        old = {s: ana.ranges.get(s, (None, None)) for s in tightened}
+        for s, lo in tightened.items():
+            ana.bind(s, max(lo, old[s][0] if old[s][0] is not None else lo), old[s][1])
+        try:
+            with ana.scope(v, *ana.bind_loop(v, const(0, v.dtype), main)):
+                body = self.stmt(_Simplifier(ana).stmt(body))
+        finally:
+            for s, r in old.items():
+                ana.bind(s, *r)
+        pieces: list[Stmt] = [For(v, loop.min, main, loop.kind, body, loop.thread_tag, loop.annotations)]
+        rest = ana.simplify(loop.extent - main)
+        if isinstance(rest, Const) and rest.value <= 0:
+            return pieces
+        with ana.scope(v, *ana.bind_loop(v, main, rest)):
+            tail = _no_guarded_unroll(self.stmt(_Simplifier(ana).stmt(loop.body)))
+        pieces.append(For(v, main, rest, loop.kind, tail, loop.thread_tag, loop.annotations))
+        if not facts:
+            return pieces
+        # after at least one full tile (main >= 1) the tail's tile clamps are decided (min(S, 12) is 12): a tail of
+        # its own for that case, its tile in registers, and the general one for sizes below one tile
+        after = transform(loop.body, lambda n: self._assumed(n, v, local, [], facts))
+        for s, lo in tightened.items():
+            ana.bind(s, max(lo, old[s][0] if old[s][0] is not None else lo), old[s][1])
+        try:
+            with ana.scope(v, *ana.bind_loop(v, main, rest)):
+                after = _no_guarded_unroll(self.stmt(_Simplifier(ana).stmt(after)))
+        finally:
+            for s, r in old.items():
+                ana.bind(s, *r)
+        if same(after, tail):  # nothing decided
+            return pieces
+        full = For(v, main, rest, loop.kind, after, loop.thread_tag, loop.annotations)
+        pieces[-1] = IfThenElse(ana.simplify(main >= 1), full, pieces[-1])
+        return pieces
+
+    def _threshold(self, c: Expr, v: Var, local: set[Var]) -> Expr | None:
+        """T such that integer comparison c holds for v < T and every value of the loops inside (`local`, bound in
+        the analyzer); c must be `a * v + rest < 0` (or an equivalent form) with a > 0 and v nowhere else. None
+        when there is no such form."""
+        if not (isinstance(c, BinOp) and c.op in ("lt", "le", "gt", "ge") and c.a.dtype == v.dtype):
+            return None
+        lhs, rhs = (c.a, c.b) if c.op in ("lt", "le") else (c.b, c.a)
+        terms, k0 = self.ana.lin(lhs - rhs)
+        k0 -= 1 if c.op in ("le", "ge") else 0  # d <= 0  <=>  d - 1 < 0
+        a = terms.pop(v, 0)
+        if a <= 0 or any(uses_var(t, v) for t in terms):
+            return None
+        inner = [t * k for t, k in terms.items() if uses_var(t, local)]
+        outer = [t * k for t, k in terms.items() if not uses_var(t, local)]
+        if any(not isinstance(n, Var | Const | BinOp | Cast) for t in outer for n in walk(t)):
+            return None  # a term read from memory: no loop bound
+        hi = self.ana.bounds(sum(inner[1:], inner[0]))[1] if inner else 0
+        if hi is None:
+            return None
+        num: Expr = const(a - 1 - k0 - hi, v.dtype)
+        for t in outer:
+            num = num - t
+        return self.ana.simplify(num // a if a > 1 else num)
+
+    def _assumed(self, n, v: Var, local: set[Var], cuts: list[Expr], facts: list[tuple[Expr, int]]):
+        """n rewritten for the main part of a symbolic partition, where every comparison whose threshold is one of
+        `cuts` holds, as does every comparison `x >= lo` that follows from `facts` (x >= lo): such a guard is
+        true and such a clamp (min/max) picks its side."""
+
+        def holds(c: Expr) -> bool:
+            t = self._threshold(c, v, local)
+            if t is not None:
+                return any(same(t, x) for x in cuts)
+            if not (isinstance(c, BinOp) and c.op in ("lt", "le", "gt", "ge") and c.a.dtype.is_int):
+                return False
+            lhs, rhs = (c.a, c.b) if c.op in ("lt", "le") else (c.b, c.a)
+            terms, k0 = self.ana.lin(lhs - rhs)  # c: sum(terms) + k0 < 0 (or <= 0)
+            k0 -= 1 if c.op in ("le", "ge") else 0
+            if len(terms) != 1:
+                return False
+            ((x, k),) = terms.items()
+            return k < 0 and any(same(x, y) and k * lo + k0 < 0 for y, lo in facts)
+
+        if not isinstance(n, BinOp) or n.dtype.lanes != 1:
+            return None
+        if n.op in ("lt", "le", "gt", "ge") and holds(n):
+            return const(True, boolean)
+        if n.op in ("min", "max") and n.dtype.is_int:
+            for keep, other in ((n.a, n.b), (n.b, n.a)):
+                if holds(BinOp("le", keep, other, boolean) if n.op == "min" else BinOp("le", other, keep, boolean)):
+                    return keep
+        return None
+
     def _true_span(self, c: Expr, v: Var, m: int, last: int) -> tuple[int, int] | None:
         """[start, end) of v in [m, last] where c holds for every value of the other loop variables."""
 
@@ -258,8 +392,51 @@ class _Partitioner:
         return good, last + 1
 
 
+def _atoms(s: Stmt) -> list[Expr]:
+    """The guards' conjuncts and, for each integer min/max, the comparisons that decide it."""
+    out = _conditions(s)
+    for n in walk(s):
+        if isinstance(n, BinOp) and n.op in ("min", "max") and n.dtype.is_int and n.dtype.lanes == 1:
+            out += [BinOp("le", n.a, n.b, boolean), BinOp("le", n.b, n.a, boolean)]
+    return out
+
+
+def _lower_bounds_when_positive(cuts: list[Expr], ana: Analyzer) -> list[tuple[Expr, int]]:
+    """Lower bounds (x, lo) implied by every cut being at least 1 (a main part that runs): a cut (k * x + c) // a
+    >= 1 gives x >= ceil((a - c) / k), so min(S, 12) is 12 in the main part of S // 12 (x: a size or a product)."""
+    out: list[tuple[Expr, int]] = []
+    for t in cuts:
+        num, a = (t.a, int(t.b.value)) if isinstance(t, BinOp) and t.op == "floordiv" and isinstance(t.b, Const) \
+            else (t, 1)  # fmt: skip
+        terms, c = ana.lin(num)
+        if len(terms) == 1:
+            ((x, k),) = terms.items()
+            if k > 0:
+                out.append((x, -(-(a - c) // k)))
+    return out
+
+
+def _no_guarded_unroll(s: Stmt) -> Stmt:
+    """Unrolled loops that still hold a guard become serial loops (a tail's copies would each carry it)."""
+
+    def post(n):
+        if isinstance(n, For) and n.kind is ForKind.UNROLLED and any(isinstance(x, IfThenElse | Select)
+                                                                      for x in walk(n.body)):  # fmt: skip
+            return For(n.var, n.min, n.extent, ForKind.SERIAL, n.body, n.thread_tag, n.annotations)
+        return None
+
+    return transform(s, post)  # type: ignore[return-value]
+
+
+def _analyzer(func: PrimFunc) -> Analyzer:
+    """An analyzer that knows the bounds of the function's size arguments."""
+    ana = Analyzer()
+    ana.bind_sizes(size_params(func.params))
+    return ana
+
+
 def partition_loops(func: PrimFunc) -> PrimFunc:
-    return func.with_body(_Partitioner(Analyzer()).stmt(func.body))
+    return func.with_body(_Partitioner(_analyzer(func)).stmt(func.body))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 import ember
 from ember import te
 from ember.codegen.c import codegen_c
+from ember.graph.dims import size_var
 from ember.runtime.module import ArgumentError
 
 SIZES = (0, 1, 7, 8, 33)
@@ -90,3 +91,27 @@ def test_symbolic_sizes_are_checked():
     B = te.compute((n,), lambda i: A[i] + 1, name="B")
     with pytest.raises(NotImplementedError, match="c target only"):
         ember.build(te.create_schedule(B), [A, B], target="llvm")
+
+
+def test_symbolic_tiles_split_into_an_unguarded_main_part_and_a_guarded_tail():
+    """The loop partition of a symbolic extent: full tiles [0, n // 4) run unrolled and vectorized with no guard,
+    the tail [n // 4, (n + 3) // 4) keeps the guard and stays rolled; every size matches numpy."""
+    n = size_var("n", 0, 64)
+    A = te.placeholder((n, 16), "float32", name="A")
+    B = te.compute((n, 16), lambda i, j: A[i, j] * 3 - 1, name="B")
+    s = te.create_schedule(B)
+    _, ii = s[B].split(B.op.axis[0], 4)
+    s[B].unroll(ii)
+    s[B].vectorize(B.op.axis[1])
+    text = str(ember.lower(s, [A, B]))
+    main, tail = text.split("for i.outer in range(n // 4, ")
+    assert "for i.outer in range(n // 4):" in main and "if " not in main and "i.inner" not in main  # unrolled
+    assert "for i.inner in range(4):" in tail and "if i.outer * 4 + i.inner - n < 0" in tail
+    assert "ember_floordiv_int64" not in codegen_c(ember.lower(s, [A, B]))  # sizes are >= 0: plain division
+    f = ember.build(s, [A, B], target="c")
+    rng = np.random.default_rng(4)
+    for size in (0, 1, 3, 4, 5, 18):
+        a = rng.standard_normal((size, 16)).astype(np.float32)
+        b = np.full_like(a, np.nan)
+        f(a, b)
+        np.testing.assert_allclose(b, a * 3 - 1, rtol=1e-6, atol=1e-6)  # the C compiler may fuse a * 3 - 1

@@ -87,6 +87,10 @@ RULES = [
     (mx(x, 0), True, "x"),
     (mn(x, y), True, "min(x, y)"),
     (mx(x + 1, x), False, "x + 1"),
+    (mn(mn(x, y), y), False, "min(x, y)"),  # a clamp applied twice
+    (mx(z, mx(y, z)), False, "max(y, z)"),
+    (mn(x // 12, (x + 11) // 12), True, "x // 12"),  # quotients by one constant: monotone in the numerator
+    (mx(x // 4, (x + 2) // 4), True, "(x + 2) // 4"),
     # selects and casts
     (Select(x < 16, y, z), True, "y"),
     (Select(x < 3, y, y), False, "y"),
