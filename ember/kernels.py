@@ -199,7 +199,8 @@ def kernel_te(node: Node, target: Target, cfg: Any = None, schedule: dict | None
         opdef = get_op(m.op)
         if opdef.compute is None:
             raise LoweringUnsupported(f"{m.op} has no TE compute yet")
-        attrs = {**m.attrs, CONFIG_ATTR: cfg} if m is anchor and cfg is not None else m.attrs
+        # on GPUs the config answers the GPU templates' knobs (below), not the CPU templates' (in the compute)
+        attrs = {**m.attrs, CONFIG_ATTR: cfg} if m is anchor and cfg is not None and not is_gpu(target) else m.attrs
         try:
             outs = opdef.compute(attrs, *[None if v is None else tensors[v] for v in m.inputs])
         except NarrowArithmeticError as e:  # an op that computes on float8/int4/... values it does not convert
@@ -220,7 +221,7 @@ def kernel_te(node: Node, target: Target, cfg: Any = None, schedule: dict | None
         except ScheduleError:
             pass
     if is_gpu(target):  # the GPU targets' own schedules (threads, shared memory) for the same computes
-        sch = schedule_gpu(outs, target)
+        sch = schedule_gpu(outs, target, cfg if anchor is not None else None)
     elif anchor is not None:
         sch = get_op(anchor.op).schedule(anchor.attrs, outs, target)
     else:

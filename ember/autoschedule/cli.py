@@ -37,7 +37,7 @@ def run_auto(args: argparse.Namespace) -> int:
             tune_tasks(templated, args.tuner, args.template_trials, args.log, measurer=m, seed=args.seed,
                        batch_size=args.batch_size)  # fmt: skip
         result = tune_auto(tasks, budget, m, args.log, batch_size=args.batch_size, seed=args.seed,
-                           time_budget=args.time_budget)  # fmt: skip
+                           time_budget=args.time_budget, confirm_rounds=args.confirm)  # fmt: skip
     print()
     print(summary_table(result))
     errors = sum(s.search.errors for s in result.states)

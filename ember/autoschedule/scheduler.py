@@ -6,6 +6,12 @@ time so far is its share of the model's latency, and the gain expected from one 
 its recent rate of improvement (how much its best dropped over its last rounds, plus a small floor so that
 a task never measured much is still explored). A task whose best has not improved for `patience` rounds is
 stopped. Each round prints one progress line; `summary_table` and `plot_progress` show the outcome.
+
+A best found once can be a lucky measurement (on a shared machine, the best of many noisy timings is biased low):
+when the budget is spent, `confirm` measures each task's best against its default schedule again, in turns,
+`confirm_rounds` times, and logs both with their median as records marked "confirmed", which the log reader
+prefers for that workload (`ember.te.config.load_tuned`): a kernel keeps its default unless the best is faster
+in that fair comparison.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ember.tune.log import TuningLog
-from ember.tune.measure import Measurer
+from ember.tune.log import TuningLog, make_record
+from ember.tune.measure import Measurer, MeasureResult
 
 from .search import EvolutionarySearch
 from .task import AutoTask
@@ -61,7 +67,7 @@ def estimated_latency(states: Sequence[TaskState]) -> tuple[float, float]:
 
 def tune_auto(tasks: Sequence[AutoTask], n_trials: int, measurer: Measurer, log: str | None = None,
               batch_size: int = 8, patience: int = 3, seed: int = 0, time_budget: float | None = None,
-              out=sys.stdout) -> ScheduleResult:  # fmt: skip
+              confirm_rounds: int = 3, out=sys.stdout) -> ScheduleResult:  # fmt: skip
     """Auto-schedule `tasks` with `n_trials` measurements in all (see the module doc); records go to `log`."""
     t0 = time.perf_counter()
     tlog = TuningLog(log) if log else None
@@ -97,7 +103,37 @@ def tune_auto(tasks: Sequence[AutoTask], n_trials: int, measurer: Measurer, log:
         if not live:
             break
         run_round(max(live, key=lambda i: states[i].expected_gain()))
+    if confirm_rounds > 0:
+        for st in states:
+            confirm(st, measurer, tlog, confirm_rounds, out)
     return ScheduleResult(states, curve, time.perf_counter() - t0)
+
+
+def confirm(st: TaskState, measurer: Measurer, tlog: TuningLog | None, rounds: int, out=sys.stdout) -> None:
+    """Measure the task's best and its default again, in turns, `rounds` times; log each one's median as a
+    "confirmed" record, and keep the median times as the task's default and best."""
+    search, best = st.search, st.search.best
+    if best is None or search.default_cost is None or not best[1].cost < search.default_cost:
+        return
+    task = st.task
+    configs = [task.space.fallback(), task.config(best[0].sketch, best[0].decisions)]
+    runs: list[list[MeasureResult]] = [[], []]
+    for _ in range(rounds):
+        for i, r in enumerate(measurer.measure(task, configs)):
+            runs[i].append(r)
+    medians = []
+    for rs in runs:
+        ok = sorted((r for r in rs if r.ok), key=lambda r: r.cost)
+        if len(ok) < len(rs):  # the pair is not comparable: leave the records as they are
+            return
+        medians.append(ok[len(ok) // 2])
+    if tlog is not None:
+        tlog.append([{**make_record(task, r), "confirmed": True} for r in medians])  # type: ignore[attr-defined]
+    d, b = medians[0].cost, medians[1].cost
+    print(f"confirm {task.name[:48]:<48} default {_us(d)}  best {_us(b)}  ({d / b:.2f}x, medians of {rounds}: "
+          f"{'kept' if b < d else 'the default wins'})", file=out, flush=True)  # fmt: skip
+    search.default_cost = d
+    search.measured[best[0].key] = (best[0], medians[1])
 
 
 def _us(cost: float | None) -> str:

@@ -10,7 +10,9 @@ A *sketch* is the structure of a schedule, decided by rules over the stages of a
 - such a reduction that is the kernel's output gets a write cache ("local"), and one read by an elementwise
   output of its shape (a fused epilogue: bias, activation) is computed inside that output's tile instead of a
   loop nest of its own (a consumer fused into the tiled producer);
-- a long reduction without reuse (a row sum) may be split by `rfactor` into vectorized partial sums;
+- a long reduction without reuse (a row sum) may be split by `rfactor` into vectorized partial sums (on GPUs,
+  `gpu.rfactor`: partial sums computed by as many threads per row, a kernel of their own, then combined by
+  one thread per row, so that a few long rows still fill the device);
 - on CPUs, a reuse reduction may instead be a register tile (`tile.reg`, what the GEMM and conv templates do):
   the output's last axis in whole vectors and its other axes a few rows each, as many as the vector registers
   hold, accumulated in a local tile at the output's tile loop, the reduction split outside the unrolled tile;
@@ -151,6 +153,8 @@ def sketches(outs: Sequence[Tensor], target: Target) -> list[Sketch]:
         out = [Sketch("gpu.flat", gpu=True)]
         if reuse:
             out += [Sketch("gpu.tile", gpu=True), Sketch("gpu.tile.shared", gpu=True, shared=True)]
+        if long_rows:
+            out.append(Sketch("gpu.rfactor", gpu=True, rfactor=True))
         return out
     out = [Sketch("tile" if reuse else "rows")]
     if reuse and any(st.is_output and has_reuse(st) for st in stages):
@@ -517,7 +521,19 @@ def _bind_flat(st: Stage, d: Decider) -> IterVar | None:
     return tx
 
 
+def _gpu_rfactor(s: Schedule, d: Decider) -> None:
+    """Each long reduction without reuse split into partial sums (a stage of their own, bound flat like any
+    root stage: rows x parts threads); its own stage then combines the parts."""
+    for st in _roots(s):
+        if is_reduce(st) and not has_reuse(st) and st.op.reduce_axis[-1].dom[1] >= RFACTOR_MIN:
+            f = d.pick(f"{st.name}.rfactor", [0, 8, 16, 32, 64])
+            if f:
+                s.rfactor(st.op.output(), st.op.reduce_axis[-1].name, f)
+
+
 def _apply_gpu(sketch: Sketch, s: Schedule, d: Decider) -> None:
+    if sketch.rfactor:
+        _gpu_rfactor(s, d)
     outputs = [st for st in _roots(s) if st.is_output]
     O = outputs[0]
     tiled = sketch.name.startswith("gpu.tile")

@@ -431,8 +431,10 @@ class Tuned:
 
 def load_tuned(path: str | Path, target: str) -> dict[str, Tuned]:
     """Best (lowest cost) record per workload among the log's successful records for `target`:
-    records of exactly this target win over records of the same target kind ("c", "llvm")."""
-    best: dict[str, tuple[tuple[int, float], dict]] = {}
+    records of exactly this target win over records of the same target kind ("c", "llvm"), and records marked
+    "confirmed" (a best and the default measured again in turns: `ember.autoschedule.scheduler.confirm`) over
+    single measurements."""
+    best: dict[str, tuple[tuple[int, int, float], dict]] = {}
     for rec in read_records(path):
         cost = rec.get("cost")
         if rec.get("error") or cost is None:
@@ -444,7 +446,7 @@ def load_tuned(path: str | Path, target: str) -> dict[str, Tuned]:
             rank = 1
         else:
             continue
-        score = (rank, float(cost))
+        score = (rank, 0 if rec.get("confirmed") is True else 1, float(cost))
         w = rec["workload"]
         if w not in best or score < best[w][0]:
             best[w] = (score, rec)

@@ -23,6 +23,14 @@ lowers natively on the CPU lowers here too; only the schedule differs. `schedule
     (depthwise: each weight loaded once for all of them); pooling uses the generic schedule (one output each).
   Accumulators computed in a thread are "local": the renderer keeps them in registers.
 
+Each template has knobs (a tuning config, `ember.te.config`, given to `schedule_gpu`; without one, every knob
+takes its default, the shapes above): "gemm" the block and register tiles (`gpu_tile_m`: (-1, ty, tm) threads and
+accumulators per thread along the rows, `gpu_tile_n` along the columns: each thread's tn consecutive columns are
+its vector of work; the GPU renderers emit scalar code, so vector width here means that run), the reduction step
+`gpu_tk` and whether its steps are unrolled (`gpu_unroll_k`); "conv_oc"/"conv_ow" the register tile
+(`gpu_conv_tile`: (-1, channels, width positions)) and threads per block (`gpu_threads`); "rows" the threads per
+row (`gpu_row_threads`). So `ember tune --target opencl|cuda` searches the GPU schedules themselves.
+
 Every template's result is checked by bound inference before it is used (a per-thread buffer larger than
 `LOCAL_LIMIT` elements, or shared memory over `SHARED_LIMIT` bytes, falls back to the generic schedule), so an
 unusual shape gets a slower kernel, never a failing one.
@@ -36,6 +44,7 @@ from collections.abc import Sequence
 
 from ember import te
 from ember.target import Target
+from ember.te.config import ConfigBase, as_config
 from ember.te.lower import Lowering
 from ember.te.schedule import Schedule, ScheduleError, Stage
 from ember.te.tensor import ComputeOp, IterVar, Reduce, Tensor
@@ -45,6 +54,7 @@ log = logging.getLogger(__name__)
 
 GPU_KINDS = ("cuda", "opencl")
 THREADS = 256  # threads per block of the generic schedule
+MAX_BLOCK_THREADS = 1024  # threads per block a template may ask for
 LOCAL_LIMIT = 64  # elements of a per-thread buffer made by compute_at
 SHARED_LIMIT = 48 * 1024  # bytes of shared memory per block (CUDA's static limit)
 ROW_MIN = 32  # rows shorter than this run one per thread
@@ -55,12 +65,14 @@ def is_gpu(target: Target) -> bool:
     return target.kind in GPU_KINDS
 
 
-def schedule_gpu(outs: Sequence[Tensor], target: Target) -> Schedule:
-    """The GPU schedule of a kernel computing `outs` (see the module's doc)."""
+def schedule_gpu(outs: Sequence[Tensor], target: Target, cfg: ConfigBase | None = None) -> Schedule:
+    """The GPU schedule of a kernel computing `outs` (see the module's doc); `cfg` answers the templates' knobs
+    (None: their defaults)."""
+    cfg = as_config(cfg)
     s = te.create_schedule(list(outs))
     try:
         _inline(s, set())
-        done = _templates(s, outs, target)
+        done = _templates(s, outs, target, cfg)
         if done:
             _generic(s, outs, done)
             if _fits(s, outs):
@@ -184,7 +196,7 @@ def _fits(s: Schedule, outs: Sequence[Tensor]) -> bool:
 
 
 # -- templates ---------------------------------------------------------------------------------------
-def _templates(s: Schedule, outs: Sequence[Tensor], target: Target) -> set[str]:
+def _templates(s: Schedule, outs: Sequence[Tensor], target: Target, cfg: ConfigBase) -> set[str]:
     """Apply the GPU template of every stage that names one; returns the stages they scheduled."""
     done: set[str] = set()
     for st in list(s.stages):
@@ -197,7 +209,7 @@ def _templates(s: Schedule, outs: Sequence[Tensor], target: Target) -> set[str]:
             continue
         if anchor is not st:
             st.compute_inline()
-        done |= TEMPLATES[kind](s, anchor, op.attrs, target)
+        done |= TEMPLATES[kind](s, anchor, op.attrs, target, cfg)
     return done
 
 
@@ -230,7 +242,32 @@ def _gemm_tiles(batch: int, m: int, n: int) -> tuple[int, int, int, int]:
     return best  # type: ignore[return-value]
 
 
-def _gemm(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
+GPU_TILE_THREADS = (4, 8, 16, 32)  # threads of a block along the rows or the columns (knob choices)
+GPU_TILE_REGS = (1, 2, 4, 8)  # accumulators per thread along the rows or the columns
+
+
+def _tile_choices(size: int, dflt: tuple[int, int]) -> list[tuple[int, int, int]]:
+    """(-1, threads, accumulators) along one output axis of `size`: the default and the shapes whose block fits
+    within the axis (a block past its end leaves threads without a part of the shared tiles to load)."""
+    out = {(-1, t, r) for t in GPU_TILE_THREADS for r in GPU_TILE_REGS if t * r <= size}
+    return sorted(out | {(-1, *dflt)})
+
+
+def _gemm_knobs(cfg: ConfigBase, m: int, n: int, k: int, dflt: tuple[int, int, int, int]) -> tuple[int, ...]:
+    """(tm, ty, tn, tx, tk, unroll): the GEMM template's knobs, defaults from `_gemm_tiles`."""
+    cfg.template = cfg.template or "gpu_gemm"
+    tm, ty, tn, tx = dflt
+    tk = min(8 if tm * tn >= 64 else 16, k)
+    _, ty, tm = cfg.define_split("gpu_tile_m", m, 3, policy="candidate", candidates=_tile_choices(m, (ty, tm)),
+                                 default=(-1, ty, tm))  # fmt: skip
+    _, tx, tn = cfg.define_split("gpu_tile_n", n, 3, policy="candidate", candidates=_tile_choices(n, (tx, tn)),
+                                 default=(-1, tx, tn))  # fmt: skip
+    tk = cfg.define_knob("gpu_tk", sorted({t for t in (4, 8, 16, 32) if t <= k} | {tk}), default=tk)
+    unroll = cfg.define_knob("gpu_unroll_k", [False, True], default=False)
+    return tm, ty, tn, tx, tk, unroll
+
+
+def _gemm(s: Schedule, O: Stage, attrs: dict, target: Target, cfg: ConfigBase) -> set[str]:
     """Block tile (ty*tm) x (tx*tn) of the output, a tm x tn accumulator per thread, operand tiles in shared memory."""
     ia, ja = attrs.get("i_axis"), attrs.get("j_axis")
     A = s[attrs["acc"]]
@@ -238,8 +275,10 @@ def _gemm(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
         return set()
     axes, shape = list(O.op.axis), O.op.shape
     nbatch = math.prod(n for d, n in enumerate(shape) if d not in (ia, ja))
-    tm, ty, tn, tx = _gemm_tiles(nbatch, shape[ia], shape[ja])
-    tk = min(8 if tm * tn >= 64 else 16, A.op.reduce_axis[0].dom[1])
+    dflt = _gemm_tiles(nbatch, shape[ia], shape[ja])
+    tm, ty, tn, tx, tk, unroll_k = _gemm_knobs(cfg, shape[ia], shape[ja], A.op.reduce_axis[0].dom[1], dflt)
+    if ty * tx > MAX_BLOCK_THREADS:
+        raise ScheduleError(f"stage '{O.name}': a block of {ty} x {tx} threads")
     batch = [ax for d, ax in enumerate(axes) if d not in (ia, ja)]
     io, ii = O.split(axes[ia], tm * ty)
     yo, ri = O.split(ii, tm)
@@ -261,6 +300,8 @@ def _gemm(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
     A.reorder(*lb, ko, ki, li, lj)
     A.unroll(li)
     A.unroll(lj)
+    if unroll_k:
+        A.unroll(ki)
     for C in caches:
         C.compute_at(A, ko)
         f = C.fuse(*C.op.axis) if len(C.op.axis) > 1 else C.op.axis[0]
@@ -269,7 +310,7 @@ def _gemm(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
     return {O.name, A.name} | {C.name for C in caches}
 
 
-def _conv(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
+def _conv(s: Schedule, O: Stage, attrs: dict, target: Target, cfg: ConfigBase) -> set[str]:
     """Direct convolution, one thread per output pixel and a register tile of `tc` output channels (dense convs:
     each input value read once for all of them), or of `tw` positions along the width (depthwise: each weight
     read once for all of them); the reduction over input channels and the window runs in the thread."""
@@ -281,10 +322,15 @@ def _conv(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
         return set()
     co, width = shape[1], shape[-1]
     block = plan.block if A.op.tag == "conv_oc" else co  # conv_oc: channels in blocks of the CPU's vectors
-    tc = next((c for c in (8, 4, 2) if rc[0].dom[1] >= 4 and block % c == 0 and co >= 2 * c), 1)
+    channels = [c for c in (8, 4, 2) if rc[0].dom[1] >= 4 and block % c == 0 and co >= 2 * c]
+    tc = channels[0] if channels else 1
     tw = 1 if tc > 1 else 4 if width >= 8 else 2 if width >= 4 else 1
     if tc == 1 and tw == 1:
         return set()
+    cfg.template = cfg.template or "gpu_conv"
+    tiles = [(-1, c, 1) for c in channels] + [(-1, 1, w) for w in (2, 4) if width >= 2 * w]
+    _, tc, tw = cfg.define_split("gpu_conv_tile", co, 3, policy="candidate", candidates=tiles, default=(-1, tc, tw))
+    threads = cfg.define_knob("gpu_threads", [32, 64, 128, 256], default=128)
     if tc > 1:
         outer = [axes[0]]
         c = axes[1]
@@ -298,7 +344,7 @@ def _conv(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
         outer = [*axes[:-1], w]
     O.reorder(*outer, tile)
     fused = O.fuse(*outer)
-    bx, tx = O.split(fused, min(128, math.prod(shape) // (tc * tw) or 1))
+    bx, tx = O.split(fused, min(threads, math.prod(shape) // (tc * tw) or 1))
     O.bind(bx, "blockIdx.x")
     O.bind(tx, "threadIdx.x")
     O.unroll(tile)
@@ -317,7 +363,7 @@ def _conv(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
 ROW_TAGS = ("row_partial", "row_reduce")
 
 
-def _rows(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
+def _rows(s: Schedule, O: Stage, attrs: dict, target: Target, cfg: ConfigBase) -> set[str]:
     """A block per row (its threads over the row), or a thread per row for short rows; the row's reductions
     computed in the row's loop."""
     k = attrs.get("rows") or 0
@@ -337,6 +383,9 @@ def _rows(s: Schedule, O: Stage, attrs: dict, target: Target) -> set[str]:
         O.bind(at, "threadIdx.x")
     else:
         threads = min(THREADS, 1 << (length - 1).bit_length())
+        cfg.template = cfg.template or "gpu_rows"
+        choices = sorted({t for t in (32, 64, 128, 256, 512) if t < 2 * length} | {threads})
+        threads = cfg.define_knob("gpu_row_threads", choices, default=threads)
         at = row
         O.bind(row, "blockIdx.x")
         _, ti = O.split(inner, threads)

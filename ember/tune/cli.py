@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--template-trials", type=int, default=0, metavar="N",
                    help="with --auto: also tune the templated workloads N trials each (the log keeps the faster)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S", help="with --auto: stop after S seconds")
+    p.add_argument("--confirm", type=int, default=3, metavar="N",
+                   help="with --auto: measure each kernel's best against its default N more times, in turns, and "
+                   "keep the faster by their medians (0: off)")
     r = p.add_argument_group("measuring on remote devices (device servers: `ember rpc server`)")
     r.add_argument("--rpc", metavar="HOST:PORT[,...]", help="measure on these device servers (a device pool)")
     r.add_argument("--key", help="with --rpc: the device key to measure on")

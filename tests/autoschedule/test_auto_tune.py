@@ -111,3 +111,28 @@ def test_heap_buffer_of_a_partitioned_loop_is_declared_once():
     y = np.zeros(args[-1].shape, "float32")
     ember.build(sch, args, target="c")(*xs, y)
     np.testing.assert_allclose(y, task.reference(xs)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_confirm_measures_best_and_default_again_and_the_log_prefers_it(tmp_path):
+    """After the budget, a task's best and its default are measured again in turns; their medians are logged as
+    "confirmed" records, which load_tuned prefers to single (maybe lucky) measurements of the workload."""
+    from ember.autoschedule.scheduler import TaskState, confirm
+    from ember.tune.log import TuningLog
+
+    task = AutoTask.from_op("Softmax", [(8, 40)], {"axis": -1}, target="c")
+    log = str(tmp_path / "auto.jsonl")
+    with fast_measurer() as m:
+        search = EvolutionarySearch(task, m, seed=1, population=8, generations=1, log=TuningLog(log))
+        search.round(4)
+        best = search.best
+        search.default_cost = best[1].cost * 2  # as if the default had measured slow once
+        confirm(TaskState(search), m, TuningLog(log), rounds=3)
+    confirmed = [r for r in read_records(log) if r.get("confirmed")]
+    assert len(confirmed) == 2 and [r["config"]["knobs"].get("sketch") for r in confirmed] == [None, best[0].sketch]
+    assert search.default_cost == confirmed[0]["cost"]  # the median of the new measurements, not the lucky one
+    winner = min(confirmed, key=lambda r: r["cost"])
+    assert load_tuned(log, "c")[task.workload].config.values == winner["config"]["knobs"]
+    # a single measurement cheaper than both confirmed records does not win over them
+    with open(log, "a") as f:
+        f.write(json.dumps({**confirmed[1], "confirmed": False, "cost": winner["cost"] / 10}) + "\n")
+    assert load_tuned(log, "c")[task.workload].config.values == winner["config"]["knobs"]
