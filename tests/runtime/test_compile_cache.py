@@ -93,7 +93,8 @@ def test_every_option_that_changes_the_result_is_in_the_key(cache, tmp_path, mon
         assert len(cache.lowerings) == i + 2, f"{kwargs} hit the entry of another compile"
         check_against_ort(m, model, seed=i)
     n = len(cache.lowerings)
-    record = {"workload": "w", "error": {"kind": "build", "message": "a failed build"}, "target": "c", "config": {"knobs": {}}}
+    record = {"workload": "w", "error": {"kind": "build", "message": "a failed build"}, "target": "c",
+              "config": {"knobs": {}}}  # fmt: skip
     log.write_text(json.dumps(record) + "\n")
     ember.compile(model, target="c -threads=1", tuning_log=str(log))  # another log: its contents count
     monkeypatch.setenv("EMBER_MAX_ITERATIONS", str(2**39))  # an environment knob
