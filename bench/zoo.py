@@ -448,7 +448,8 @@ def main() -> None:
             print(f"  {name}, {threads} thread(s): " + ", ".join(f"{s} {v:.2f} ms" for s, v in r["ms"].items())
                   + (f", rel err {r['rel_err']:.1e}" if "rel_err" in r else "")
                   + (f", errors: {r['errors']}" if r["errors"] else ""), flush=True)  # fmt: skip
-        (cache / "last_sweep.json").write_text(json.dumps({str(t): v for t, v in rows.items()}, default=str))
+        (cache / f"sweep-{os.getpid()}.json").write_text(  # what a cut-short sweep measured
+            json.dumps({str(t): v for t, v in rows.items()}, default=str))
     for threads in thread_counts:
         gm = print_table(rows[threads], threads)
         worst = print_worst(rows[threads], threads)
