@@ -391,6 +391,17 @@ def print_worst(rows: list[dict], threads: int, top: int = 10) -> list[dict]:
     return worst
 
 
+def report(files: list[str]) -> None:
+    """The tables of saved sweeps ({threads: rows}), rows of the same model and thread count from later files win."""
+    merged: dict[str, dict[str, dict]] = {}
+    for f in files:
+        for threads, rows in json.loads(Path(f).read_text()).items():
+            merged.setdefault(threads, {}).update({r["model"]: r for r in rows})
+    for threads in sorted(merged, key=int):
+        print_table(list(merged[threads].values()), int(threads))
+        print_worst(list(merged[threads].values()), int(threads))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=None, help="comma-separated names (default: all; --list prints them)")
@@ -402,6 +413,8 @@ def main() -> None:
     p.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "ember-zoo"))
     p.add_argument("--json", action="store_true")
     p.add_argument("--list", action="store_true")
+    p.add_argument("--report", nargs="+", metavar="JSON",
+                   help="print the tables of earlier sweeps' results (their sweep-<pid>.json files) merged")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--path", help=argparse.SUPPRESS)
     p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
@@ -411,6 +424,9 @@ def main() -> None:
         return
     if args.list:
         print("\n".join(f"{n:<20} {config_note(n)}" for n in MODELS))
+        return
+    if args.report:
+        report(args.report)
         return
     threads_default = p.get_default("threads")
     if args.quick:
