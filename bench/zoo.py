@@ -215,9 +215,13 @@ def export(name: str, cache: Path) -> Path:
     torch.manual_seed(0)
     module, args, names = _vision(name) if name in VISION else TRANSFORMERS[name][0]()
     module = first_output(module.eval(), names if name in TRANSFORMERS else None)
-    for bn in (b for b in module.modules() if isinstance(b, torch.nn.BatchNorm2d)):  # statistics other than 0/1
-        bn.running_mean.copy_(torch.randn(bn.num_features) * 0.1)
-        bn.running_var.copy_(torch.rand(bn.num_features) + 0.5)
+    with torch.no_grad():
+        for bn in (b for b in module.modules() if isinstance(b, torch.nn.BatchNorm2d)):  # statistics other than 0/1
+            bn.running_mean.copy_(torch.randn(bn.num_features) * 0.1)
+            bn.running_var.copy_(torch.rand(bn.num_features) + 0.5)
+        for w in module.parameters():  # zero-initialized layers (torchvision's ViT head) would make the output 0
+            if w.numel() > 1 and not w.any():
+                w.normal_(0.0, 0.02)
     staged = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache))
     try:
         with warnings.catch_warnings():  # grad mode: inference mode takes nn.MultiheadAttention's fused path
