@@ -74,6 +74,7 @@ def model_key(model_parts: Iterable[bytes], target: Target, options: dict[str, A
         "machine": platform.machine(),
         "cc": cc_version(cc) if cc else None,
         "python": sys.version_info[:2],
+        "versions": {m: getattr(sys.modules.get(m), "__version__", None) for m in ("numpy", "onnx")},
         "options": options,
         "env": environment(),
         "ember": source_fingerprint(),
