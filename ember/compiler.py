@@ -10,11 +10,13 @@ passed to every backend and to `load` for the nodes without a native kernel.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from .kernels import GraphLowering, Limits, LoweringUnsupported, WorkLimitError,
 from .ops import get_op
 from .ops.te_lib import NotLowerable
 from .passes import run_passes
+from .runtime import compile_cache
 from .runtime.executor import build_c_model
 from .runtime.load import load as runtime_load
 from .runtime.model import Model
@@ -96,13 +99,78 @@ def compile(  # noqa: A001
     if symbolic and target.kind != "c":
         raise NotImplementedError(f"ember.compile: symbolic sizes (dynamic=True) are compiled for the c target only "
                                   f"so far, not {target.kind!r}; pass input_shapes= to specialize")  # fmt: skip
+    options = {"input_shapes": input_shapes, "fallback": fallback, "opt_level": opt_level,
+               "disabled_passes": sorted(disabled_passes), "limits": [limits.max_elements, limits.max_iterations]}
+    key = None if symbolic else compile_key(model, target, options, tuning_log)
+    if key is not None and (cached := compile_cache.lookup(key, load)) is not None:
+        cached.update_summary(compile_seconds=time.perf_counter() - t0, compile_cache="hit", lower_seconds=0.0,
+                              build_seconds=0.0)  # fmt: skip
+        return cached
     lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits,
                           dynamic_bounds if symbolic else None, symbolic, example_inputs, dynamic_shapes)  # fmt: skip
     if lowered.plan.is_symbolic and target.kind != "c":  # sizes read from input values (a Reshape target input...)
         names = ", ".join(v.name for v in lowered.plan.size_vars)
         raise NotImplementedError(f"ember.compile: sizes known at run time ({names}) are compiled for the c "
                                   f"target only so far, not {target.kind!r}; bind their inputs as constants")
-    return build_model(lowered)
+    built = build_model(lowered)
+    if key is not None and not lowered.plan.is_symbolic:  # a symbolic plan does not save yet
+        built.update_summary(compile_cache="stored" if compile_cache.store(key, built) else "not stored")
+    return built
+
+
+def compile_key(model: Any, target: Target, options: dict, tuning_log: str | os.PathLike | None) -> str | None:
+    """The whole-model cache key of a compile (`runtime.compile_cache`), or None where the result is not cached: the
+    cache is off (EMBER_COMPILE_CACHE=0), the target is not this machine's CPU, the model is not bytes (a torch module,
+    a Keras model, a SavedModel directory, an ember Graph) or refers to external data, or the tuning log is
+    unreadable (the compile then reports it)."""
+    if not compile_cache.cache_enabled() or target.kind not in ("c", "llvm") or not target.runs_here:
+        return None
+    parts = model_bytes(model)
+    if parts is None:
+        return None
+    if tuning_log is not None:
+        try:
+            options = options | {"tuning_log": hashlib.sha256(Path(tuning_log).read_bytes()).hexdigest()}
+        except OSError:
+            return None
+    return compile_cache.model_key(parts, target, options)
+
+
+def model_bytes(model: Any) -> list[bytes] | None:
+    """The bytes that define a model given as a file path, bytes or an ONNX ModelProto (with a file's name, which
+    names the compiled model), or None for anything else and for ONNX models with external data."""
+    if isinstance(model, bytes | bytearray):
+        data, name = bytes(model), b""
+    elif isinstance(model, str | os.PathLike) and os.path.isfile(model):
+        data, name = Path(model).read_bytes(), os.path.basename(model).encode()
+    elif type(model).__name__ == "ModelProto" and hasattr(model, "SerializeToString"):
+        data, name = model.SerializeToString(), b""
+    else:
+        return None
+    if b"location" in data and uses_external_data(data):
+        return None
+    return [name, data]
+
+
+def uses_external_data(data: bytes) -> bool:
+    """Whether ONNX model bytes keep tensors in external files (not ONNX, e.g. TFLite: False)."""
+    import onnx
+
+    try:
+        proto = onnx.load_from_string(data)
+    except Exception:  # noqa: BLE001 - not an ONNX model
+        return False
+
+    def graph_tensors(g) -> list:
+        tensors = list(g.initializer) + [s.values for s in g.sparse_initializer]
+        for node in g.node:
+            for a in node.attribute:
+                tensors += ([a.t] if a.HasField("t") else []) + list(a.tensors)
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    tensors += graph_tensors(sub)
+        return tensors
+
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph_tensors(proto.graph))
 
 
 @dataclass

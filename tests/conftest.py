@@ -7,6 +7,7 @@ runs the kernel and compares every output with `ref(*inputs)`.
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Callable, Sequence
 
@@ -15,6 +16,10 @@ import pytest
 
 import ember
 from ember import te
+
+# Tests patch the compiler's internals and expect each compile to lower again: the whole-model compile cache is off
+# in the test session (tests/runtime/test_compile_cache.py turns it on with its own cache directory).
+os.environ.setdefault("EMBER_COMPILE_CACHE", "0")
 
 
 def random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, low=-2.0, high=2.0) -> np.ndarray:
