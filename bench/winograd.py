@@ -70,8 +70,9 @@ def main() -> None:
     ap.add_argument("--layers", nargs="*", default=list(LAYERS))
     args = ap.parse_args()
     print(f"3x3 conv + bias + relu, batch 1, {args.threads} thread(s), medians; GFLOP/s of the direct convolution")
-    print(f"{'layer':18} {'C,K,HW':>13} {'direct ms':>9} {'wino ms':>8} {'ort ms':>8} {'dir GF/s':>8} "
-          f"{'wino GF/s':>9} {'ort GF/s':>8} {'wino/dir':>8} {'wino/ort':>8} {'gain est':>8} {'rel err':>8}")  # fmt: skip
+    heads = [("layer", 18), ("C,K,HW", 13), ("direct ms", 9), ("wino ms", 8), ("ort ms", 8), ("dir GF/s", 8),
+             ("wino GF/s", 9), ("ort GF/s", 8), ("wino/dir", 8), ("wino/ort", 8), ("gain est", 8), ("rel err", 8)]
+    print(" ".join(f"{h:<{n}}" if i == 0 else f"{h:>{n}}" for i, (h, n) in enumerate(heads)))
     for name in args.layers:
         c, k, hw = LAYERS[name]
         model = conv_model(c, k, hw)
@@ -87,7 +88,7 @@ def main() -> None:
         for _ in range(4):
             runs["d"] += direct.benchmark([x], repeat=per, warmup=1)["runs"]
             runs["w"] += wino.benchmark([x], repeat=per, warmup=1)["runs"]
-            runs["o"] += timed(lambda: sess.run(None, {"x": x}), per)
+            runs["o"] += timed(lambda s=sess, f={"x": x}: s.run(None, f), per)
         d, w, o = (statistics.median(runs[key]) for key in "dwo")
         gf = 2 * c * k * 9 * hw * hw / 1e9
         print(f"{name:18} {f'{c},{k},{hw}':>13} {d * 1e3:9.2f} {w * 1e3:8.2f} {o * 1e3:8.2f} {gf / d:8.1f} "

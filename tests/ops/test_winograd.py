@@ -46,8 +46,8 @@ def conv_model(n, c, k, h, w, pads, residual=False, bias=True, seed=0):
         inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [n, k, oh, ow]))
         last = "a"
     nodes.append(helper.make_node("Relu", [last], ["y"]))
-    g = helper.make_graph(nodes, "conv", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, k, oh, ow])],
-                          inits)  # fmt: skip
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, k, oh, ow])
+    g = helper.make_graph(nodes, "conv", inputs, [out], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -95,7 +95,8 @@ def test_winograd_matches_onnxruntime(always_winograd, n, c, k, h, w, pads, resi
     rng = np.random.default_rng(k + h)
     feeds = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
     if residual:
-        feeds["r"] = rng.standard_normal((n, k, h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2)).astype(np.float32)
+        oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+        feeds["r"] = rng.standard_normal((n, k, oh, ow)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     got = ember.compile(model, fallback=False).run(feeds)["y"]
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4 * float(np.abs(ref).max()))
