@@ -8,7 +8,7 @@ Algorithms for Convolutional Neural Networks", 2016; points 0, +-1, +-2):
 
 - the weight transform U = G g G^T is done at compile time (`winograd_weight`, the reference of the
   `WinogradWeight` op that `fold_constant` evaluates): [36, K/kb, C/cb, cb, kb];
-- the input transform V = B^T d B of each 6x6 tile, channel vectors at each point: [36, C/cb, P, cb]
+- the input transform V = B^T d B of each 6x6 tile, channel vectors at each point: [6, 6, C/cb, P, cb]
   (P = N x tile rows x tile columns), from a padded copy of the input;
 - 36 independent products M[e] = U[e] V[e] over the input channels: a 1x1 convolution in the blocked
   layout, computed and scheduled by the dense template of `ember.templates.nchwc` ("conv_nchwc": a
@@ -17,7 +17,9 @@ Algorithms for Convolutional Neural Networks", 2016; points 0, +-1, +-2):
   each output vector as it is stored.
 
 The transforms are written out as sums of the non-zero terms of the matrices (a select over the
-point, folded once the loops over points are unrolled), so they cost additions, not 6x6 products.
+point, folded once the loops over points are unrolled), so they cost additions, not 6x6 products;
+each is done in two passes (columns, then rows: B^T d in a 6x6 buffer per tile, A^T M in a buffer of
+the product's size) so that the expressions stay small.
 `winograd_gain` estimates when this beats the direct template; float32 rounding grows with the
 transform constants (errors around 1e-5 relative at 3x3 kernels, see the tests).
 """
@@ -116,27 +118,27 @@ def _select(index: Expr, cases: list[Expr]) -> Expr:
 
 
 def winograd_input(x: Tensor, pads, out: tuple[int, int], name: str = "wino_in") -> Tensor:
-    """V [36, C/cb, P, cb]: B^T d B of each 6x6 input tile d of x [N, C/cb, H, W, cb] padded by pads
-    (top, left, bottom, right), and further at the bottom/right to whole tiles."""
+    """V [6, 6, C/cb, P, cb]: B^T d B of each 6x6 input tile d of x [N, C/cb, H, W, cb] padded by pads
+    (top, left, bottom, right), and further at the bottom/right to whole tiles. In two passes: the
+    columns (B^T d: stage "_cols", [6, C/cb, P, 6, cb]), then the rows of that."""
     N, CB, H, W, cb = x.shape
     th, tw = tiles_of(out)
     after = (th * M + R - 1 - H - pads[0], tw * M + R - 1 - W - pads[1])
     xp = pad_nchwc(x, pads[:2], after, zero(x.dtype), name=f"{name}_pad")
     dt = x.dtype
 
-    def body(e, c, p, v):
+    def cols(a, c, p, j, v):
         n, t = p // (th * tw), p % (th * tw)
         r0, c0 = t // tw * M, t % tw * M
+        return _select(a, [_lincomb(BT[ai], lambda i: xp[n, c, r0 + i, c0 + j, v], dt) for ai in range(ALPHA)])
 
-        def point(a: int, b: int) -> Expr:
-            def row(j: int) -> Expr:  # (B^T d)[a, j]
-                return _lincomb(BT[a], lambda i: xp[n, c, r0 + i, c0 + j, v], dt)
+    bt_d = te.compute((ALPHA, CB, N * th * tw, ALPHA, cb), cols, name=f"{name}_cols")
 
-            return _lincomb(BT[b], row, dt)
+    def rows(a, b, c, p, v):
+        return _select(b, [_lincomb(BT[bi], lambda j: bt_d[a, c, p, j, v], dt) for bi in range(ALPHA)])
 
-        return _select(e, [point(a, b) for a in range(ALPHA) for b in range(ALPHA)])
-
-    return te.compute((ALPHA * ALPHA, CB, N * th * tw, cb), body, name=name, tag="winograd_input")
+    return te.compute((ALPHA, ALPHA, CB, N * th * tw, cb), rows, name=name, tag="winograd_input",
+                      attrs={"cols": bt_d})  # fmt: skip
 
 
 def winograd_conv_nchwc(x: Tensor, u: Tensor, bias: Tensor | None, pads, name: str = "conv_wino") -> Tensor:
@@ -151,27 +153,27 @@ def winograd_conv_nchwc(x: Tensor, u: Tensor, bias: Tensor | None, pads, name: s
     rcb = te.reduce_axis((0, CB), name="rcb")
     rc = te.reduce_axis((0, cb), name="rc")
     plan = nchwc_plan(KB, kb, (1, P), x.dtype, panel=CB * cb * kb * x.dtype.bits // 8)
-    acc = te.compute((E, KB, 1, P, kb), lambda e, k, _, p, j: te.sum(v[e, rcb, p, rc] * u[e, k, rcb, rc, j],
-                                                                    axis=[rcb, rc]),
-                     name=f"{name}_acc", tag="conv_nchwc", attrs={"plan": plan})  # fmt: skip
+
+    def product(e, k, _, p, j):
+        return te.sum(v[e // ALPHA, e % ALPHA, rcb, p, rc] * u[e, k, rcb, rc, j], axis=[rcb, rc])
+
+    acc = te.compute((E, KB, 1, P, kb), product, name=f"{name}_acc", tag="conv_nchwc", attrs={"plan": plan})
     prod = te.compute(acc.shape, lambda *i: acc[i], name=f"{name}_gemm",
                       attrs={"template": "conv_nchwc", "acc": acc})  # fmt: skip
     dt = x.dtype
 
+    def cols(y, k, p, b, j):  # (A^T M)[y, b]
+        return _select(y, [_lincomb(AT[yi], lambda a: prod[a * ALPHA + b, k, 0, p, j], dt) for yi in range(M)])
+
+    at_m = te.compute((M, KB, P, ALPHA, kb), cols, name=f"{name}_out_cols", attrs={"materialize": True})
+
     def body(n, k, oh, ow, j):
         p = n * (th * tw) + oh // M * tw + ow // M
-
-        def at(y: int, z: int) -> Expr:
-            def row(b: int) -> Expr:  # (A^T M)[y, b]
-                return _lincomb(AT[y], lambda a: prod[a * ALPHA + b, k, 0, p, j], dt)
-
-            return _lincomb(AT[z], row, dt)
-
-        val = _select(oh % M, [_select(ow % M, [at(y, z) for z in range(M)]) for y in range(M)])
+        val = _select(ow % M, [_lincomb(AT[z], lambda b: at_m[oh % M, k, p, b, j], dt) for z in range(M)])
         return val + bias[k * kb + j] if bias is not None else val
 
     return te.compute((N, KB, *out, kb), body, name=name,
-                      attrs={"template": "winograd_nchwc", "input": v, "gemm": prod})  # fmt: skip
+                      attrs={"template": "winograd_nchwc", "input": v, "out_cols": at_m})  # fmt: skip
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -195,13 +197,28 @@ def _schedule_winograd(s: te.Schedule, out: Tensor, attrs: dict, target: Target)
         O.parallel(O.fuse(n, kb, oho))
     v: Tensor = attrs["input"]
     V = s[v]
-    e, c, p, vj = V.op.axis
-    V.reorder(c, p, e, vj)
-    V.unroll(e)
+    a, b, c, p, vj = V.op.axis
+    V.reorder(c, p, a, b, vj)
+    V.unroll(a)
+    V.unroll(b)
     _vector(V, vj, v.shape[-1], lanes)
-    if target.num_cores > 1 and size_hint(v.shape[2]) * v.shape[1] >= target.num_cores:
+    C = s[v.op.attrs["cols"]]
+    C.compute_at(V, p)
+    ca, _, _, cj, cv = C.op.axis
+    C.unroll(ca)
+    C.unroll(cj)
+    _vector(C, cv, v.shape[-1], lanes)
+    if target.num_cores > 1 and size_hint(v.shape[3]) * v.shape[2] >= target.num_cores:
         V.parallel(V.fuse(c, p))
-    return {O.name, V.name}
+    T = s[attrs["out_cols"]]
+    ty, tk, tp, tb, tj = T.op.axis
+    T.reorder(tk, tp, ty, tb, tj)
+    T.unroll(ty)
+    T.unroll(tb)
+    _vector(T, tj, out.shape[-1], lanes)
+    if target.num_cores > 1:
+        T.parallel(T.fuse(tk, tp))
+    return {O.name, V.name, C.name, T.name}
 
 
 def _vector(st: te.Stage, axis, block: int, lanes: int) -> None:
