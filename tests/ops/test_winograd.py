@@ -129,3 +129,17 @@ def test_bad_operands_are_named():
         _infer({"pads": (1, 1, 1, 1)}, x, TensorType((36, 2, 2, 8, 8), "float32"), TensorType((8,), "float32"))
     with pytest.raises(ValueError, match="3, 3"):
         winograd_weight(np.zeros((1, 1, 5, 5, 4, 4), np.float32))
+
+
+@pytest.mark.parametrize("target", ["llvm", "c -threads=2"])
+def test_winograd_on_llvm_and_threads(target):
+    """The default choice (a 32-channel layer takes Winograd) on the LLVM backend and with parallel loops."""
+    model = conv_model(2, 32, 32, 11, 13, (1, 1, 1, 1), residual=True, seed=5)
+    g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True)
+    assert Counter(nd.op for nd in g.nodes)["ConvWinogradNCHWc"] == 1
+    rng = np.random.default_rng(6)
+    feeds = {"x": rng.standard_normal((2, 32, 11, 13)).astype(np.float32),
+             "r": rng.standard_normal((2, 32, 11, 13)).astype(np.float32)}  # fmt: skip
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ember.compile(model, target=target, fallback=False).run(feeds)["y"]
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4 * float(np.abs(ref).max()))
