@@ -6,10 +6,10 @@ Algorithms for Convolutional Neural Networks", 2016; points 0, +-1, +-2):
 
     Y = A^T [ (G g G^T) . (B^T d B) ] A
 
-- the weight transform U = G g G^T is done at compile time (`winograd_weight`, the reference of the
-  `WinogradWeight` op that `fold_constant` evaluates): [36, K/kb, C/cb, cb, kb];
+- the weight transform U = G g G^T is done at compile time (`winograd_weight`, called by
+  `ember.passes.layout` on the constant weights): [36, K/kb, C/cb, cb, kb];
 - the input transform V = B^T d B of each 6x6 tile, channel vectors at each point: [6, 6, C/cb, P, cb]
-  (P = N x tile rows x tile columns), from a padded copy of the input;
+  (P = N x tile rows x tile columns), the padding inlined into its reads (bounds checks);
 - 36 independent products M[e] = U[e] V[e] over the input channels: a 1x1 convolution in the blocked
   layout, computed and scheduled by the dense template of `ember.templates.nchwc` ("conv_nchwc": a
   register tile of positions x output channel vectors, broadcast inputs);
@@ -181,9 +181,10 @@ def winograd_conv_nchwc(x: Tensor, u: Tensor, bias: Tensor | None, pads, name: s
 # -----------------------------------------------------------------------------------------------------
 def _schedule_winograd(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
     """The output (with its epilogue) in 4x4 tiles, the points unrolled (the selects fold), channel
-    vectors stored whole, parallel over batch, channel blocks and tile rows. The input transform: per
-    channel block and tile, the 36 points unrolled over one channel vector. (The product is the
-    "conv_nchwc" stage, scheduled by its own template.)"""
+    vectors stored whole, parallel over batch, channel blocks and tile rows; A^T M before it, per
+    channel block and tile. The input transform: per channel block and tile (in parallel), B^T d into
+    a 6x6 buffer of channel vectors, then the 36 points, unrolled. (The product is the "conv_nchwc"
+    stage, scheduled by its own template.)"""
     lanes = lanes_of(out.dtype, target)
     O = s[out]
     n, kb, oh, ow, j = O.op.axis
