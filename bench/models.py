@@ -29,6 +29,7 @@ import onnx
 
 import ember
 from ember import zoo
+from ember.passes import layout
 from ember.runtime.compare import interleaved_medians, onnxruntime_session
 
 try:
@@ -93,7 +94,11 @@ def main() -> None:
     p.add_argument("--cold-compile", action="store_true",
                    help="also time each model's compile with an empty kernel cache (the compile column is warm)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-winograd", action="store_true",
+                   help="3x3 convolutions by the direct template only (ember.passes.layout.WINOGRAD_MIN_GAIN = inf)")
     args = p.parse_args()
+    if args.no_winograd:
+        layout.WINOGRAD_MIN_GAIN = math.inf
     results: dict = {}
     if args.cold_compile:
         results["cold_compile_s"] = cold = {}

@@ -29,6 +29,7 @@ from ember.ops import (  # noqa: F401  (registers operators)
     softmax,
     tensor,
     vision,
+    winograd,
 )
 from ember.ops.common import ShapeError
 from ember.ops.opdef import (

@@ -7,7 +7,9 @@ largest power of two >= 4 below them that divides C (`block_of`; None: it stays 
   becomes `ConvNCHWc` (one whose input is not blocked yet only when it has at least `MIN_MACS`
   multiply-adds: a small one would not pay for the transforms around it). Its weights go through
   `LayoutTransform(OIHW -> OIHW{cb}i{kb}o)`, which `fold_constant` evaluates at compile time (the
-  pass after this one). Its input is taken blocked: as its producer made it, else through a
+  pass after this one). A stride-1 3x3 one with constant weights becomes `ConvWinogradNCHWc` instead
+  where `winograd_gain` (`ember.templates.winograd`) is at least `WINOGRAD_MIN_GAIN`, its weights
+  transformed here. Its input is taken blocked: as its producer made it, else through a
   LayoutTransform, or for a channel count without a block (an RGB image) as [N, C, H, W, 1], a free
   reshape of NCHW;
 - elementwise and broadcast ops (relu, clip, residual add, ...) whose operand is blocked run blocked;
@@ -31,9 +33,12 @@ import math
 from ember.graph.ir import Graph, Node, Uses, Value, node_reads
 from ember.graph.types import TensorType
 from ember.ops import Pattern, get_op
+from ember.ops.common import spatial_attrs
+from ember.ops.layout import relayout
 from ember.target import Target
 from ember.te.tensor import prod_hint
 from ember.templates.gpu import is_gpu
+from ember.templates.winograd import winograd_gain, winograd_weight
 
 from .cleanup import dead_code_elimination
 
@@ -41,6 +46,7 @@ FLOATS = ("float32", "float64")
 NOT_CHANNELWISE = {"BatchNormalization", "Expand", "Dropout", "QuantizeLinear", "DequantizeLinear"}
 POOLS = {"MaxPool": "max", "AveragePool": "avg"}
 GLOBAL_POOLS = {"GlobalMaxPool": "max", "GlobalAveragePool": "avg"}
+WINOGRAD_MIN_GAIN = 1.5  # estimated direct / Winograd time from which a 3x3 convolution takes Winograd
 MIN_MACS = 1 << 20  # a convolution whose input is not blocked yet starts a blocked region only from this size
 
 
@@ -69,13 +75,16 @@ class _Converter:
         self.names = {v.name for v in graph.values()}
 
     # -- helpers -----------------------------------------------------------------------------------
-    def emit(self, op: str, inputs: list[Value | None], out_type: TensorType, attrs: dict, name: str) -> Value:
+    def fresh(self, name: str) -> str:
         fresh, i = name, 0
         while fresh in self.names:
             i += 1
             fresh = f"{name}_{i}"
         self.names.add(fresh)
-        out = Value(fresh, out_type)
+        return fresh
+
+    def emit(self, op: str, inputs: list[Value | None], out_type: TensorType, attrs: dict, name: str) -> Value:
+        out = Value(self.fresh(name), out_type)
         self.nodes.append(Node(op, inputs, [out], attrs, out.name))
         return out
 
@@ -139,6 +148,8 @@ class _Converter:
             cb = block_of(c, self.lanes[x.dtype]) or 1
         xb = self.to_blocked(x, cb)
         kh, kw = w.shape[2:]
+        if not depthwise and self.winograd(node, xb, cb, kb):
+            return True
         wl = f"OIHW{1 if depthwise else cb}i{kb}o"
         wshape = (k // kb, 1 if depthwise else c // cb, kh, kw, 1 if depthwise else cb, kb)
         wb = self.emit("LayoutTransform", [w], w.type.with_shape(wshape), {"src_layout": "OIHW", "dst_layout": wl},
@@ -176,6 +187,26 @@ class _Converter:
         computed map with channels and pixels that is not blocked yet)."""
         full = (1,) * (4 - len(v.shape)) + tuple(v.shape)
         return not v.is_constant and v not in self.blocked and full[1] > 1 and full[2] * full[3] > 1
+
+    def winograd(self, node: Node, xb: Value, cb: int, kb: int) -> bool:
+        """A stride-1 undilated 3x3 convolution with constant weights as `ConvWinogradNCHWc` when
+        `winograd_gain` expects it faster than the direct template; the weights re-laid out and
+        transformed here, at compile time."""
+        x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        strides, pads, dil = spatial_attrs(node.attrs, 2)
+        if not (w.is_constant and tuple(w.shape[2:]) == (3, 3) and node.attrs["group"] == 1 and y.type.is_static
+                and set(strides) | set(dil) == {1}):
+            return False
+        n, c, k = y.shape[0], x.shape[1], y.shape[1]
+        if winograd_gain(n, c, k, tuple(y.shape[2:])) < WINOGRAD_MIN_GAIN:
+            return False
+        u = winograd_weight(relayout(w.data, "OIHW", f"OIHW{cb}i{kb}o"))
+        uv = Value(self.fresh(f"{w.name}_winograd"), w.type.with_shape(u.shape), u)
+        b = node.inputs[2] if len(node.inputs) > 2 else None
+        out = y.type.with_shape((n, k // kb, *y.shape[2:], kb))
+        self.produce_blocked(node, self.emit("ConvWinogradNCHWc", [xb, uv, b], out, {"pads": tuple(pads)},
+                                             f"{y.name}_winograd"), kb)  # fmt: skip
+        return True
 
     def operand(self, v: Value, shape: tuple[int, ...], b: int) -> Value:
         """Operand v (that `fits`) of a broadcasting op with NCHW output `shape`, in the blocked layout: a

@@ -25,6 +25,13 @@ from ember.passes.layout import MIN_MACS, block_of, cancel_transforms, convert_l
 ort = pytest.importorskip("onnxruntime")
 
 
+@pytest.fixture(autouse=True)
+def direct_convolutions(monkeypatch):
+    """These cases check the direct blocked template (ConvNCHWc); Winograd's choice of 3x3 layers is
+    tested in tests/ops/test_winograd.py."""
+    monkeypatch.setattr("ember.passes.layout.WINOGRAD_MIN_GAIN", float("inf"))
+
+
 def passes(model: onnx.ModelProto, target: str | None = None) -> Graph:
     g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True, target=target)
     return g

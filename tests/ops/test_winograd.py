@@ -1,0 +1,145 @@
+"""Winograd F(4x4, 3x3) convolution in NCHWc (`ember.templates.winograd`, op ConvWinogradNCHWc, chosen by
+`ember.passes.layout`).
+
+Numerics against onnxruntime on fresh random inputs. Tolerance: Winograd F(4x4, 3x3) in float32 rounds
+the transformed input (B^T d B sums up to 16 terms with coefficients up to 25), the 36 products and the
+output transform (coefficients up to 64); measured errors are 2e-6..2e-5 of the output's largest magnitude
+(bench/winograd.py, up to 512 channels), so the tests allow 1e-4 of it (the direct template's tests
+allow 1e-5)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ember
+from ember.frontend.onnx import from_onnx
+from ember.graph.types import TensorType
+from ember.ops import ShapeError
+from ember.ops.conv import conv
+from ember.ops.layout import relayout
+from ember.ops.winograd import _infer, conv_winograd_nchwc
+from ember.passes import layout, run_passes
+from ember.templates.winograd import AT, BT, G, winograd_gain, winograd_weight
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
+
+
+def conv_model(n, c, k, h, w, pads, residual=False, bias=True, seed=0):
+    rng = np.random.default_rng(seed)
+    wt = (rng.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    inits = [numpy_helper.from_array(wt, "w")]
+    ins = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(k).astype(np.float32), "b"))
+        ins.append("b")
+    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+    nodes = [helper.make_node("Conv", ins, ["c"], pads=list(pads), kernel_shape=[3, 3])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, w])]
+    last = "c"
+    if residual:
+        nodes.append(helper.make_node("Add", ["c", "r"], ["a"]))
+        inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, [n, k, oh, ow]))
+        last = "a"
+    nodes.append(helper.make_node("Relu", [last], ["y"]))
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, k, oh, ow])
+    g = helper.make_graph(nodes, "conv", inputs, [out], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture
+def always_winograd(monkeypatch):
+    """Every eligible convolution takes Winograd, even small ones (tests use small shapes)."""
+    monkeypatch.setattr(layout, "WINOGRAD_MIN_GAIN", 0.0)
+    monkeypatch.setattr(layout, "MIN_MACS", 0)
+
+
+def test_transform_matrices_compute_a_correlation():
+    """A^T [(G g) . (B^T d)] is the 1-d correlation of d (6) with g (3), exactly (rationals)."""
+    rng = np.random.default_rng(0)
+    d = [Fraction(int(v)) for v in rng.integers(-9, 10, 6)]
+    g = [Fraction(int(v)) for v in rng.integers(-9, 10, 3)]
+    gg = [sum(Fraction(G[a][i]) * g[i] for i in range(3)) for a in range(6)]
+    dd = [sum(BT[a][i] * d[i] for i in range(6)) for a in range(6)]
+    y = [sum(AT[o][a] * gg[a] * dd[a] for a in range(6)) for o in range(4)]
+    assert y == [sum(d[o + i] * g[i] for i in range(3)) for o in range(4)]
+
+
+def test_reference_matches_direct_convolution():
+    rng = np.random.default_rng(1)
+    x, w, b = rng.standard_normal((2, 8, 9, 7)), rng.standard_normal((8, 8, 3, 3)), rng.standard_normal(8)
+    pads = (1, 0, 2, 1)
+    u = winograd_weight(relayout(w, "OIHW", "OIHW4i8o"))
+    y = conv_winograd_nchwc({"pads": pads}, relayout(x, "NCHW", "NCHW4c"), u, b)
+    ref = conv({"strides": (1, 1), "pads": pads, "dilations": (1, 1), "group": 1}, x, w, b)
+    np.testing.assert_allclose(relayout(y, "NCHW8c", "NCHW"), ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "n, c, k, h, w, pads, residual",
+    [
+        (1, 16, 16, 8, 8, (1, 1, 1, 1), False),  # whole tiles
+        (2, 20, 24, 9, 11, (1, 1, 1, 1), True),  # batch 2, channels in blocks of 4 and 8, partial tiles
+        (1, 12, 32, 7, 13, (0, 1, 2, 0), False),  # asymmetric padding, no bias below
+        (1, 32, 16, 5, 5, (0, 0, 0, 0), True),  # unpadded: a 3x3 output, one partial tile
+    ],
+)
+def test_winograd_matches_onnxruntime(always_winograd, n, c, k, h, w, pads, residual):
+    model = conv_model(n, c, k, h, w, pads, residual=residual, bias=c != 12, seed=n * c + k)
+    g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True)
+    assert Counter(nd.op for nd in g.nodes)["ConvWinogradNCHWc"] == 1
+    rng = np.random.default_rng(k + h)
+    feeds = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
+    if residual:
+        oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+        feeds["r"] = rng.standard_normal((n, k, oh, ow)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ember.compile(model, fallback=False).run(feeds)["y"]
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4 * float(np.abs(ref).max()))
+
+
+def test_layout_pass_chooses_by_cost():
+    """ResNet-like 3x3 layers take Winograd; an RGB-like 4-channel input, stride 2 and 1x1 do not."""
+    assert winograd_gain(1, 64, 64, (56, 56)) > layout.WINOGRAD_MIN_GAIN
+    assert winograd_gain(1, 4, 16, (32, 32)) < layout.WINOGRAD_MIN_GAIN
+
+    def chosen(model):
+        g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True)
+        return Counter(nd.op for nd in g.nodes)
+
+    assert chosen(conv_model(1, 64, 64, 20, 20, (1, 1, 1, 1)))["ConvWinogradNCHWc"] == 1
+    ops = chosen(conv_model(1, 4, 16, 64, 64, (1, 1, 1, 1)))
+    assert ops["ConvWinogradNCHWc"] == 0 and ops["ConvNCHWc"] == 1
+    strided = conv_model(1, 64, 64, 20, 20, (1, 1, 1, 1))
+    strided.graph.node[0].attribute.append(helper.make_attribute("strides", [2, 2]))
+    strided.graph.output[0].type.tensor_type.shape.dim[2].dim_value = 10
+    strided.graph.output[0].type.tensor_type.shape.dim[3].dim_value = 10
+    assert chosen(strided)["ConvWinogradNCHWc"] == 0
+
+
+def test_bad_operands_are_named():
+    x = TensorType((1, 2, 8, 8, 8), "float32")
+    with pytest.raises(ShapeError, match="weight"):
+        _infer({"pads": (1, 1, 1, 1)}, x, TensorType((36, 2, 4, 4, 8), "float32"))
+    with pytest.raises(ShapeError, match="bias"):
+        _infer({"pads": (1, 1, 1, 1)}, x, TensorType((36, 2, 2, 8, 8), "float32"), TensorType((8,), "float32"))
+    with pytest.raises(ValueError, match="3, 3"):
+        winograd_weight(np.zeros((1, 1, 5, 5, 4, 4), np.float32))
+
+
+@pytest.mark.parametrize("target", ["llvm", "c -threads=2"])
+def test_winograd_on_llvm_and_threads(target):
+    """The default choice (a 32-channel layer takes Winograd) on the LLVM backend and with parallel loops."""
+    model = conv_model(2, 32, 32, 11, 13, (1, 1, 1, 1), residual=True, seed=5)
+    g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True)
+    assert Counter(nd.op for nd in g.nodes)["ConvWinogradNCHWc"] == 1
+    rng = np.random.default_rng(6)
+    feeds = {"x": rng.standard_normal((2, 32, 11, 13)).astype(np.float32),
+             "r": rng.standard_normal((2, 32, 11, 13)).astype(np.float32)}  # fmt: skip
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ember.compile(model, target=target, fallback=False).run(feeds)["y"]
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4 * float(np.abs(ref).max()))
