@@ -243,13 +243,10 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
         w_kn[:k] = w
     nb = I8.choose_nb(co, target, _row_block(core, xq, w.shape[3]) if conv else 0)
     xzu = xz + (128 if xq.dtype == "int8" else 0)
-    colsum = w_kn.astype(np.int64).sum(axis=0)
-    bias = np.broadcast_to(b_int, (co,)) - xzu * colsum
-    if np.any(np.abs(bias) >= 2**31):
+    folded = _bias_and_scale(b_int, xzu * w_kn.astype(np.int64).sum(axis=0), xs, ws, ys)
+    if folded is None:
         return None
-    scale = np.float32(xs) * np.broadcast_to(ws.astype(np.float32).reshape(-1), (co,))
-    if ys is not None:
-        scale = scale / np.float32(ys)
+    bias, scale = folded
     attrs = _requant_attrs(co, xz, ys, yz, clamp)
     if conv:
         nd = 2
@@ -306,6 +303,19 @@ def _depthwise(core: Node, w: np.ndarray, xq: Value) -> bool:
             and w.shape[2] * w.shape[3] * 255 * 128 < 2**24)  # fmt: skip
 
 
+def _bias_and_scale(b_int: np.ndarray, zero_sums: np.ndarray, xs: float, ws: np.ndarray,
+                    ys: float | None) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
+    """Per output channel: the int32 bias with the input zero point's share (`zero_sums`: u(x_z) x each filter's sum)
+    folded in, and the requantization scale x_s * w_s / y_s (float32, as the reference computes it); None when the
+    bias leaves int32."""
+    n = len(zero_sums)
+    bias = np.broadcast_to(b_int, (n,)) - zero_sums
+    if np.any(np.abs(bias) >= 2**31):
+        return None
+    scale = np.float32(xs) * np.broadcast_to(ws.astype(np.float32).reshape(-1), (n,))
+    return bias, scale if ys is None else scale / np.float32(ys)
+
+
 def _requant_attrs(co: int, xz: int, ys: float | None, yz: np.ndarray | None, clamp: tuple[int, int] | None) -> dict:
     if ys is None or yz is None:
         return {"n": co, "x_zero": xz, "y_zero": 0, "y_dtype": "float32"}
@@ -322,12 +332,10 @@ def _make_depthwise(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: 
     c, _, kh, kw = w.shape
     xzu = xz + (128 if xq.dtype == "int8" else 0)
     wf = w.reshape(c, kh * kw)
-    bias = np.broadcast_to(b_int, (c,)) - xzu * wf.astype(np.int64).sum(axis=1)
-    if np.any(np.abs(bias) >= 2**31):
+    folded = _bias_and_scale(b_int, xzu * wf.astype(np.int64).sum(axis=1), xs, ws, ys)
+    if folded is None:
         return None
-    scale = np.float32(xs) * np.broadcast_to(ws.astype(np.float32).reshape(-1), (c,))
-    if ys is not None:
-        scale = scale / np.float32(ys)
+    bias, scale = folded
     attrs = _requant_attrs(c, xz, ys, yz, clamp)
     attrs.update(kernel_shape=(kh, kw), strides=tuple(core.attrs.get("strides") or (1, 1)),
                  pads=tuple(core.attrs.get("pads") or (0, 0, 0, 0)),
