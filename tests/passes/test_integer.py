@@ -275,22 +275,27 @@ def test_convs_as_weights_times_activations(c, mid, size, k):
     assert worst_steps(m, sess, model, output_step(q)) == 0
 
 
+def conv_relu(c: int, co: int, size: int, k: int, stride: int, pad: int, seed: int):
+    """Conv (bias) -> Relu on a [1, c, size, size] image with random weights."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal((co, c, k, k)) * 0.3).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal(co) * 0.1).astype(np.float32), "b")]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["cv"], strides=[stride] * 2, pads=[pad] * 4),
+             helper.make_node("Relu", ["cv"], ["y"])]  # fmt: skip
+    out = (size + 2 * pad - k) // stride + 1
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, co, out, out])
+    g = helper.make_graph(nodes, "conv_relu", [x], [y], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
 @pytest.mark.parametrize("c, co, size, stride", [(16, 32, 12, 2), (8, 24, 11, 2), (12, 16, 15, 3)])
 def test_strided_pointwise_conv_as_weights_times_activations(c, co, size, stride):
     """A strided 1 x 1 convolution without padding (ResNet's downsampling shortcut) runs as W x X on every s-th
     pixel (the copy of the input samples them): packed with one column per panel, equal to onnxruntime's output."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(c)
-    inits = [numpy_helper.from_array((rng.standard_normal((co, c, 1, 1)) * 0.3).astype(np.float32), "w"),
-             numpy_helper.from_array((rng.standard_normal(co) * 0.1).astype(np.float32), "b")]  # fmt: skip
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["cv"], strides=[stride] * 2),
-             helper.make_node("Relu", ["cv"], ["y"])]  # fmt: skip
-    out = (size - 1) // stride + 1
-    g = helper.make_graph(nodes, "strided", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, co, out, out])],
-                          inits)  # fmt: skip
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model = conv_relu(c, co, size, 1, stride, 0, seed=c)
     q = quantize(model, True)
     g, _ = run_passes(from_onnx(q), opt_level=1, disabled=["fuse_ops"], verify=True)
     (conv,) = [n for n in g.nodes if n.op == "QConvPacked"]
@@ -309,18 +314,7 @@ def test_stem_conv_on_phase_planes(c, co, size, k, stride, pad):
     """A strided convolution of an image's few channels (ResNet's 7 x 7 / 2 stem) runs as the stride-1 convolution
     of its s x s phase planes (space to depth, W x X: no im2col), equal to onnxruntime's output, and its numpy
     reference (on the packed phase-plane weights) agrees."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(k)
-    inits = [numpy_helper.from_array((rng.standard_normal((co, c, k, k)) * 0.3).astype(np.float32), "w"),
-             numpy_helper.from_array((rng.standard_normal(co) * 0.1).astype(np.float32), "b")]  # fmt: skip
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["cv"], strides=[stride] * 2, pads=[pad] * 4),
-             helper.make_node("Relu", ["cv"], ["y"])]  # fmt: skip
-    out = (size + 2 * pad - k) // stride + 1
-    g = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, co, out, out])],
-                          inits)  # fmt: skip
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model = conv_relu(c, co, size, k, stride, pad, seed=k)
     q = quantize(model, True)
     g, _ = run_passes(from_onnx(q), opt_level=1, disabled=["fuse_ops"], verify=True)
     (conv,) = [n for n in g.nodes if n.op == "QConvPacked"]
