@@ -23,6 +23,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 import ember
+from ember.runtime.compare import timed
 
 # name -> (op, input shapes, attrs, flops or None, opset)
 CASES: dict[str, tuple] = {
@@ -69,15 +70,6 @@ def model_of(op: str, shapes: list[tuple[int, ...]], attrs: dict, opset: int = 1
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     return onnx.shape_inference.infer_shapes(model)
-
-
-def timed(fn, repeat: int) -> list[float]:
-    runs = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return runs
 
 
 def run_case(name: str, threads: int, repeat: int, rounds: int = 5) -> dict:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import time
 
 import numpy as np
 import onnxruntime as ort
@@ -18,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import ember
 from ember.passes import layout
+from ember.runtime.compare import timed
 from ember.templates.winograd import winograd_gain
 
 LAYERS = {  # name: (channels in, out, map size)
@@ -52,15 +52,6 @@ def compile_with(model, threads: int, min_gain: float):
         return ember.compile(model, target=f"c -threads={threads}", fallback=False)
     finally:
         layout.WINOGRAD_MIN_GAIN = saved
-
-
-def timed(fn, repeat: int) -> list[float]:
-    runs = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return runs
 
 
 def main() -> None:

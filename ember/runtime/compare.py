@@ -18,6 +18,16 @@ BLOCK = 5  # counted runs of one system in a row
 PAUSE = 0.05  # seconds before each block
 
 
+def timed(fn: Callable[[], object], repeat: int, clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Seconds of each of `repeat` calls of `fn`, in order."""
+    runs = []
+    for _ in range(repeat):
+        t0 = clock()
+        fn()
+        runs.append(clock() - t0)
+    return runs
+
+
 def interleaved_medians(systems: dict[str, Callable[[], object]], repeat: int, warmup: int = 3,
                         clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Median seconds of one call per system, over about `repeat` counted calls each, taken in turns. `clock`:
@@ -33,10 +43,7 @@ def interleaved_medians(systems: dict[str, Callable[[], object]], repeat: int, w
         for k, fn in systems.items():
             time.sleep(PAUSE)
             fn()  # wakes this system's threads and warms its caches: not counted
-            for _ in range(per_block):
-                t0 = clock()
-                fn()
-                times[k].append(clock() - t0)
+            times[k] += timed(fn, per_block, clock)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
