@@ -188,7 +188,9 @@ def main() -> None:
                 ember.compile(model, target=target).save(workdir / "ember")
             if BASE in systems:
                 cmd = [sys.executable, "-c", COMPILE, str(workdir / "model.onnx"), target, str(workdir / BASE)]
-                subprocess.run(cmd, check=True, env=with_path(args.baseline))
+                # run in the baseline's directory: `python -c` puts the working directory first on sys.path, where
+                # this checkout's `ember` would shadow the baseline's
+                subprocess.run(cmd, check=True, env=with_path(args.baseline), cwd=args.baseline)
             times: dict = {(k, busy): [] for k in systems for busy in (False, True)}
             per_round = max(1, -(-args.repeat // args.rounds))
             for _ in range(args.rounds):  # turns: a drift of the machine's load hits every system alike
