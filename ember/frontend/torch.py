@@ -36,7 +36,7 @@ from torch import fx
 from ember.frontend.onnx_importer import ModelError, UnsupportedOperatorError
 from ember.frontend.torch_ops import CONVERTERS, Ctx, converter_of, module_path, torch_dtype_name
 from ember.graph.dims import Dim, SizeVar, SizeVars, simplify_dim, size_vars
-from ember.graph.ir import Graph, Node, Value
+from ember.graph.ir import Graph, Node, Value, unique_name
 from ember.graph.types import TensorType
 from ember.ops import get_op
 from ember.ops.verify import verify as verify_graph
@@ -209,12 +209,7 @@ class TorchImporter:
 
     # -- values ----------------------------------------------------------------------------------------
     def fresh(self, base: str) -> str:
-        name, i = base, 0
-        while name in self.taken:
-            i += 1
-            name = f"{base}_{i}"
-        self.taken.add(name)
-        return name
+        return unique_name(base, self.taken)
 
     def const(self, data: Any, dtype: str | None = None, name: str = "const") -> Value:
         array = np.asarray(data, dtype=dtype)

@@ -13,7 +13,6 @@ of a subgraph may read Values of the enclosing graph directly.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -166,13 +165,21 @@ class Graph:
 
     def fresh_name(self, base: str) -> str:
         """A value name not yet used in this graph, derived from `base`."""
-        used = {v.name for v in self.values()}
-        if base not in used:
-            return base
-        return next(f"{base}_{i}" for i in itertools.count(1) if f"{base}_{i}" not in used)
+        return unique_name(base, {v.name for v in self.values()})
 
     def __str__(self) -> str:
         return format_graph(self)
+
+
+def unique_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_1`, `base_2`... the first not in `taken`; added to `taken` (for callers that name many
+    values in a row and keep the set)."""
+    name, i = base, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    taken.add(name)
+    return name
 
 
 class Uses:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from ember.graph.ir import Graph, Node, Uses, Value, node_reads
+from ember.graph.ir import Graph, Node, Uses, Value, node_reads, unique_name
 from ember.graph.types import TensorType
 from ember.ops import Pattern, get_op
 from ember.ops.common import spatial_attrs
@@ -76,12 +76,7 @@ class _Converter:
 
     # -- helpers -----------------------------------------------------------------------------------
     def fresh(self, name: str) -> str:
-        fresh, i = name, 0
-        while fresh in self.names:
-            i += 1
-            fresh = f"{name}_{i}"
-        self.names.add(fresh)
-        return fresh
+        return unique_name(name, self.names)
 
     def emit(self, op: str, inputs: list[Value | None], out_type: TensorType, attrs: dict, name: str) -> Value:
         out = Value(self.fresh(name), out_type)
