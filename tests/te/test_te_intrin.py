@@ -47,14 +47,19 @@ def run(s, tensors, m, n, k, nb, target="c", seed=0):
 
 def tiled(m, n, k, mr, nb):
     A, B, C = gemm(m, n, k, nb)
+    return tensorized(C, mr, nb, "dot_u8s8", rows_outer=False), (A, B, C)
+
+
+def tensorized(C, mr: int, nb: int, intrin: str, rows_outer: bool):
+    """C's rows split by `mr`, columns by `nb`, the 4-wide reduction tile under the (mr x nb) tile done by `intrin`."""
     s = te.create_schedule(C)
     i, j = C.op.axis
     k4, kk = C.op.reduce_axis
     io, ii = s[C].split(i, mr)
     jo, ji = s[C].split(j, nb)
-    s[C].reorder(jo, io, k4, ii, ji, kk)
-    s[C].tensorize(k4, "dot_u8s8")
-    return s, (A, B, C)
+    s[C].reorder(*((io, jo) if rows_outer else (jo, io)), k4, ii, ji, kk)
+    s[C].tensorize(k4, intrin)
+    return s
 
 
 @pytest.mark.parametrize("target, isa", [("c", None), ("c -mcpu=haswell", "avx2"), ("c -mcpu=x86-64", "c")])
@@ -89,13 +94,7 @@ def test_dot_s8u8_implementations(target, isa, mr, nb):
         pytest.skip(f"this CPU has no {isa}")
     m, n, k = 2 * mr, 2 * nb, 40
     A, B, C = gemm_s8u8(m, n, k)
-    s = te.create_schedule(C)
-    i, j = C.op.axis
-    k4, kk = C.op.reduce_axis
-    io, ii = s[C].split(i, mr)
-    jo, ji = s[C].split(j, nb)
-    s[C].reorder(io, jo, k4, ii, ji, kk)
-    s[C].tensorize(k4, "dot_s8u8")
+    s = tensorized(C, mr, nb, "dot_s8u8", rows_outer=True)
     f = ember.build(s, [A, B, C], target=target)
     want = dot_u8s8_isa(Target.parse(target).simd_features(), nb, True)
     assert f"ember_dot_s8u8_{mr}x{nb}_{want}(" in f.source
