@@ -18,7 +18,7 @@ pytestmark = pytest.mark.tensorflow  # run apart from the OpenCL tests (tests/co
 for _module in ("tensorflow", "tf2onnx"):
     if importlib.util.find_spec(_module) is None:
         pytest.skip(f"TensorFlow/Keras models need {_module} (pip install ember[tf])", allow_module_level=True)
-from lazy_modules import Lazy  # noqa: E402
+from lazy_modules import Lazy, random_batchnorm  # noqa: E402
 
 tf = Lazy("tensorflow")
 keras = Lazy("keras")
@@ -36,14 +36,7 @@ def transformer_block() -> keras.Model:
 def mobilenet_v2() -> keras.Model:
     """Random batch-norm statistics too: with keras's (0 and 1) every activation dies by the last layers and the
     output is a uniform 0.1, which any port gets right."""
-    model = keras.applications.MobileNetV2((32, 32, 3), alpha=0.35, weights=None, classes=10)
-    rng = np.random.default_rng(0)
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            g, b, m, v = layer.get_weights()
-            layer.set_weights([rng.uniform(0.5, 1.5, g.shape), rng.normal(0, 0.1, b.shape),
-                               rng.normal(0, 0.1, m.shape), rng.uniform(0.5, 1.5, v.shape)])  # fmt: skip
-    return model
+    return random_batchnorm(keras.applications.MobileNetV2((32, 32, 3), alpha=0.35, weights=None, classes=10))
 
 
 def check(model, x: np.ndarray, compiled) -> None:

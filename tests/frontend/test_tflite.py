@@ -24,21 +24,10 @@ if importlib.util.find_spec("tflite") is None:
     pytest.skip("reading .tflite files needs the tflite package (pip install ember[tflite])", allow_module_level=True)
 if importlib.util.find_spec("tensorflow") is None:
     pytest.skip("the TFLite converter and interpreter come with tensorflow (ember[tf])", allow_module_level=True)
-from lazy_modules import Lazy  # noqa: E402
+from lazy_modules import Lazy, random_batchnorm  # noqa: E402
 
 tf = Lazy("tensorflow")
 keras = Lazy("keras")
-
-
-def _randomize(model: keras.Model, seed: int = 0) -> keras.Model:
-    """Random batch-norm statistics (keras initializes them to 0 and 1, which hides layout mistakes)."""
-    rng = np.random.default_rng(seed)
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            g, b, m, v = layer.get_weights()
-            layer.set_weights([rng.uniform(0.5, 1.5, g.shape), rng.normal(0, 0.1, b.shape),
-                               rng.normal(0, 0.1, m.shape), rng.uniform(0.5, 1.5, v.shape)])  # fmt: skip
-    return model
 
 
 def small_cnn() -> keras.Model:
@@ -57,15 +46,15 @@ def small_cnn() -> keras.Model:
     x = L.Multiply()([x, L.Activation("sigmoid")(L.GlobalAveragePooling2D(keepdims=True)(x))])
     x = L.Flatten()(x)
     x = L.Dense(16, activation="tanh")(x)
-    return _randomize(keras.Model(x0, L.Softmax()(L.Dense(10)(x))))
+    return random_batchnorm(keras.Model(x0, L.Softmax()(L.Dense(10)(x))))
 
 
 def mobilenet_v2() -> keras.Model:
-    return _randomize(keras.applications.MobileNetV2((32, 32, 3), alpha=0.35, weights=None, classes=10))
+    return random_batchnorm(keras.applications.MobileNetV2((32, 32, 3), alpha=0.35, weights=None, classes=10))
 
 
 def mobilenet_v3() -> keras.Model:
-    return _randomize(keras.applications.MobileNetV3Small((32, 32, 3), alpha=0.75, weights=None, classes=10,
+    return random_batchnorm(keras.applications.MobileNetV3Small((32, 32, 3), alpha=0.75, weights=None, classes=10,
                                                           include_preprocessing=False))  # fmt: skip
 
 
