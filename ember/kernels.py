@@ -31,6 +31,7 @@ from .graph.ir import Graph, Node, Value
 from .ops import Pattern, get_op
 from .ops.te_lib import NotLowerable
 from .passes.fuse import pattern as pattern_of
+from .passes.inplace import VIEW_OPS, channel_view, place_concats
 from .runtime.plan import KernelInfo, Plan, Step, ValueInfo
 from .target import Target
 from .te.config import CONFIG_ATTR, ConfigError, Tuned
@@ -42,9 +43,6 @@ from .templates.gpu import is_gpu, schedule_gpu
 from .tir.dtype import NarrowArithmeticError
 from .tir.stmt import size_params
 from .tir.transform import optimize
-
-VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "BitCast"}  # outputs share their input's bytes
-
 
 LoweringUnsupported = NotLowerable  # an op instance without a native kernel (dtype, attribute value)
 
@@ -261,6 +259,7 @@ class GraphLowering:
     tuned: Mapping[str, Tuned] = field(default_factory=dict)  # workload key -> best tuning record (te.config)
     limits: Limits = field(default_factory=Limits)
     replayed: set[str] = field(default_factory=set)  # workloads whose kernels replayed the record's schedule
+    in_place: list[Node] = field(default_factory=list)  # ConcatInPlace nodes: no kernel, inputs written in place
 
     def vid(self, v: Value, kind: str = "temp") -> int:
         if v not in self.ids:
@@ -286,6 +285,18 @@ class GraphLowering:
             i = self.vid(v)
             if self.values[i].kind == "temp":
                 self.values[i].kind = "output"
+        self.place_in_place()
+
+    def place_in_place(self) -> None:
+        """The inputs of the ConcatInPlace nodes as aliases at their offsets in the output's storage (producers
+        write them there), then every alias pointed at its storage (not at another alias)."""
+        for v, (root, offset) in place_concats(self.in_place, self.graph).items():
+            info = self.values[self.ids[v]]
+            info.kind, info.alias_of, info.view_offset = "alias", self.ids[root], offset
+        for info in self.values:
+            while info.kind == "alias" and self.values[info.alias_of].kind == "alias":
+                src = self.values[info.alias_of]
+                info.alias_of, info.view_offset = src.alias_of, info.view_offset + src.view_offset
 
     def plan(self) -> Plan:
         """The run plan of the lowered graph, its workspace not planned yet (`runtime.plan.assign_offsets`)."""
@@ -310,6 +321,17 @@ class GraphLowering:
             src = self.vid(data)
             out = self.vid(node.outputs[0], "alias")
             self.values[out].alias_of = self.values[src].alias_of if self.values[src].kind == "alias" else src
+            return
+        offsets = channel_view(node) if not is_gpu(self.target) else None
+        if offsets is not None:  # a Split/Slice of contiguous ranges: views at their offsets (roots in `run`)
+            src = self.vid(data)
+            for v, off in zip(node.outputs, offsets):
+                info = self.values[self.vid(v, "alias")]
+                info.alias_of, info.view_offset = src, off
+            return
+        if node.op == "ConcatInPlace" and not is_gpu(self.target):
+            self.vid(node.outputs[0])
+            self.in_place.append(node)
             return
         kernel = None
         if opdef.compute is not None or node.op == "Fused":

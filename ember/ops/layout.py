@@ -28,7 +28,7 @@ from ember import te
 from ember.graph.types import TensorType
 from ember.ops.common import ShapeError, spatial_attrs, window_out_dim
 from ember.ops.conv import CONV_ATTRS, conv
-from ember.ops.opdef import Attr, Pattern, one_of, op
+from ember.ops.opdef import Attr, Pattern, get_op, one_of, op
 from ember.ops.pool import (
     POOL_ATTRS,
     average_pool,
@@ -39,6 +39,7 @@ from ember.ops.pool import (
     window_count,
 )
 from ember.ops.te_lib import NotLowerable, lowering
+from ember.target import Target
 from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
 from ember.templates import nchwc as B
@@ -323,3 +324,25 @@ def _global_pool_nchwc_compute(a: dict, x: Tensor) -> Tensor:
 
     return te.compute(acc.shape, body, name=f"global_{a['mode']}pool_nchwc",
                       attrs={"template": "window_nchwc", "acc": acc})  # fmt: skip
+
+
+# -- concatenation in place -------------------------------------------------------------------------------
+def _concat_in_place_infer(a: dict, *xs: TensorType) -> tuple[TensorType, ...]:
+    return get_op("Concat").infer(a, *xs)
+
+
+@op("ConcatInPlace", Pattern.OPAQUE, infer=_concat_in_place_infer, inputs=(1, None), attrs=[Attr("axis", "int")])
+def concat_in_place(a: dict, *xs: np.ndarray) -> np.ndarray:
+    """Concat whose inputs are written by their producers straight into their slices of the output
+    (`ember.passes.inplace`): the CPU lowering gives it no kernel. Opaque, so that fusion keeps it and its
+    producers apart; where it does get a kernel (GPU targets), it is Concat's."""
+    return get_op("Concat").reference(a, *xs)[0]
+
+
+def _concat_in_place_schedule(a: dict, outs: list[Tensor], target: Target) -> te.Schedule:
+    return get_op("Concat").schedule(a, outs, target)
+
+
+@lowering("ConcatInPlace", schedule=_concat_in_place_schedule)
+def _concat_in_place_compute(a: dict, *xs: Tensor) -> Tensor:
+    return get_op("Concat").compute(a, *xs)

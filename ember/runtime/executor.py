@@ -48,7 +48,7 @@ from ..tir.stmt import PrimFunc
 from .cross import CrossCompiledModel
 from .export import ExportsC
 from .model import Fallback, Model
-from .plan import ALIGN, Plan, Step
+from .plan import ALIGN, Plan, Step, alias_view
 
 INTERRUPTIBLE_FLOPS = 1e9  # segments this large run where Ctrl-C reaches them (a thread start is ~1% of them)
 
@@ -174,9 +174,8 @@ class CompiledModel(ExportsC, Model):
                 table[vid] = a.ctypes.data
         for i, v in enumerate(plan.values):
             if v.kind == "alias":
-                src = views[v.alias_of]
-                views[i] = None if src is None else src.view(numpy_dtype(v.dtype)).reshape(v.shape)
-                table[i] = table[v.alias_of]
+                views[i] = alias_view(views[v.alias_of], v)
+                table[i] = table[v.alias_of] + v.view_offset if table[v.alias_of] else table[v.alias_of]
 
     def _execute(self, arrays: list[np.ndarray] | None, times: dict[int, float] | None = None) -> None:
         table = self._values().table

@@ -149,7 +149,9 @@ def export_c(plan: Plan, weights: Mapping[int, np.ndarray], source: str, directo
             copies.append(f"  memcpy(outputs[{i}], m->table[{vid}], {v.nbytes});  // {v.name}")
     for vid, v in enumerate(plan.values):
         if v.kind == "alias":
-            lines.append(f"  m->table[{vid}] = m->table[{v.alias_of}];  // {v.name} (view)")
+            at = f"(unsigned char*)m->table[{v.alias_of}] + {v.view_offset}" if v.view_offset else \
+                f"m->table[{v.alias_of}]"  # fmt: skip
+            lines.append(f"  m->table[{vid}] = {at};  // {v.name} (view)")
     for s in plan.steps:
         lines.append(f"  if ((status = {s.function}(m->table)) != 0) return status;")
     lines += copies + ["  return 0;", "}", ""]

@@ -3,7 +3,8 @@
 A plan is plain data (saved as `plan.json`): every backend runs the same plan.
 
 - values: graph inputs, weights, intermediates ("temp": a workspace slice), outputs, and aliases (views such
-  as Reshape, which share their source's storage);
+  as Reshape, which share their source's storage; or a slice of it at `view_offset` bytes: a part of a Concat
+  that its producer writes in place, a channel slice of a Split);
 - steps: a *segment* is consecutive native kernels called by one generated function; a *fallback* step runs
   one node through its numpy reference;
 - offsets: `plan_offsets` places the temporaries in one workspace, reusing memory by liveness, each aligned
@@ -36,6 +37,7 @@ class ValueInfo:
     kind: str  # "input" | "weight" | "temp" | "output" | "alias"
     offset: int = -1  # workspace offset of temps
     alias_of: int = -1  # for aliases: the value whose storage this one shares
+    view_offset: int = 0  # for aliases: where this one starts in its source's storage, in bytes
 
     @property
     def nbytes(self) -> int:
@@ -178,7 +180,8 @@ class Plan:
         out = copy.copy(self)
         out.__dict__.pop("_size_vars", None)
         out.values = [ValueInfo(v.name, tuple(int(eval_int(d, env)) if isinstance(d, Expr) else d for d in v.shape),
-                                v.dtype, v.kind, v.offset, v.alias_of) for v in self.values]  # fmt: skip
+                                v.dtype, v.kind, v.offset, v.alias_of, v.view_offset)
+                      for v in self.values]  # fmt: skip
         out.info = {**self.info, "sizes": {d.name: n for d, n in env.items()}}
         assign_offsets(out, align)
         return out
@@ -453,8 +456,10 @@ def check_plan(plan: Plan, weights: dict[int, np.ndarray]) -> None:
             problems.append(f"value {i} ({v.name!r}): bytes {v.offset}..{v.offset + nbytes[i]} outside the workspace "
                             f"of {plan.workspace}")  # fmt: skip
         if v.kind == "alias" and not (valid(v.alias_of) and plan.values[v.alias_of].kind != "alias"
-                                      and nbytes.get(v.alias_of) == nbytes[i]):  # fmt: skip
-            problems.append(f"value {i} ({v.name!r}): a view of value {v.alias_of} with another size or no source")
+                                      and isinstance(v.view_offset, int) and v.view_offset >= 0
+                                      and v.view_offset + nbytes[i] <= nbytes.get(v.alias_of, -1)):  # fmt: skip
+            problems.append(f"value {i} ({v.name!r}): a view of value {v.alias_of} at byte {v.view_offset} that "
+                            "does not fit in it, or no source")  # fmt: skip
         if v.kind == "weight":
             w = weights.get(i)
             if w is None:
@@ -481,6 +486,17 @@ def check_plan(plan: Plan, weights: dict[int, np.ndarray]) -> None:
 
 
 # -- memory --------------------------------------------------------------------------------------------
+def alias_view(src: np.ndarray | None, v: ValueInfo) -> np.ndarray | None:
+    """An alias's numpy view of its source's array: the same bytes (from `view_offset` on) as v's shape and dtype."""
+    if src is None:
+        return None
+    dt = numpy_dtype(v.dtype)
+    if v.view_offset == 0 and src.nbytes == v.nbytes:
+        return src.view(dt).reshape(v.shape)
+    raw = src.reshape(-1).view(np.uint8)
+    return raw[v.view_offset : v.view_offset + v.nbytes].view(dt).reshape(v.shape)
+
+
 def live_ranges(plan: Plan) -> tuple[dict[int, int], dict[int, int]]:
     """First and last use of each storage (aliases count as their source), in events: one per kernel call or
     fallback step, in run order; the graph outputs live past the last event."""
