@@ -33,8 +33,9 @@ import math
 from ember.graph.ir import Graph, Node, Uses, Value, node_reads, unique_name
 from ember.graph.types import TensorType
 from ember.ops import Pattern, get_op
-from ember.ops.common import spatial_attrs
+from ember.ops.common import norm_axis, spatial_attrs
 from ember.ops.layout import relayout
+from ember.ops.tensor import slice_bounds
 from ember.target import Target
 from ember.te.tensor import prod_hint
 from ember.templates.gpu import is_gpu
@@ -72,6 +73,7 @@ class _Converter:
         self.nodes: list[Node] = []
         self.blocked: dict[Value, tuple[Value, int]] = {}  # NCHW value -> (its blocked form, block)
         self.missing: set[Value] = set()  # NCHW values whose producer was converted (not computed yet)
+        self.reblocked: dict[tuple[Value, int], Value] = {}  # (value, block) -> it in a block other than its own
         self.names = {v.name for v in graph.values()}
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -95,6 +97,12 @@ class _Converter:
         n, c, h, w = v.shape
         shape = (n, c // b, h, w, b)
         name = f"{v.name}_{nchwc(b)}"
+        if v in self.blocked and b > 1:  # blocked by another block: re-blocked directly, not through NCHW (once)
+            if (v, b) not in self.reblocked:
+                bv, vb = self.blocked[v]
+                attrs = {"src_layout": nchwc(vb), "dst_layout": nchwc(b)}
+                self.reblocked[v, b] = self.emit("LayoutTransform", [bv], v.type.with_shape(shape), attrs, name)
+            return self.reblocked[v, b]
         if b == 1 or h * w == 1:  # the same memory order: a view
             bv = self.emit("Reshape", [self.to_nchw(v)], v.type.with_shape(shape), {"shape": shape}, name)
         else:
@@ -246,11 +254,60 @@ class _Converter:
         self.produce_blocked(node, out, b)
         return True
 
+    def concat(self, node: Node) -> bool:
+        """A Concat along the channels of 4-d values, one of them blocked: in the blocked layout with the largest
+        block that divides every input's channels (so each input is a whole number of blocks of the output)."""
+        y = node.outputs[0]
+        if len(y.shape) != 4 or y.dtype not in self.lanes or norm_axis(node.attrs["axis"], 4) != 1:
+            return False
+        channels = [v.shape[1] for v in node.inputs]
+        if not any(v in self.blocked for v in node.inputs) or not all(isinstance(c, int) for c in channels):
+            return False
+        b = block_of(math.gcd(*channels), self.lanes[y.dtype])
+        if b is None:
+            return False
+        parts = [self.to_blocked(v, b) for v in node.inputs]
+        out = y.type.with_shape(self.blocked_shape(y.shape, b))
+        self.produce_blocked(node, self.emit("Concat", parts, out, {"axis": 1}, f"{y.name}_{nchwc(b)}"), b)
+        return True
+
+    def split(self, node: Node) -> bool:
+        """A Split or Slice of a blocked value along whole channel blocks: in the blocked layout (a view when
+        the batch is 1, `ember.passes.inplace.channel_view`)."""
+        x = node.inputs[0]
+        if x not in self.blocked or len(node.present_inputs) != 1 or not x.type.is_static:
+            return False
+        xb, b = self.blocked[x]
+        if node.op == "Split":
+            sizes = node.attrs["split"]
+            if norm_axis(node.attrs["axis"], 4) != 1 or any(n % b for n in sizes):
+                return False
+            attrs = {"axis": 1, "split": tuple(n // b for n in sizes)}
+        else:
+            bounds = slice_bounds(tuple(x.shape), node.attrs)
+            (start, end, step) = bounds[1]
+            if any(bd != (0, d, 1) for k, (bd, d) in enumerate(zip(bounds, x.shape)) if k != 1):
+                return False
+            if step != 1 or start % b or end % b or end <= start:
+                return False
+            attrs = {"starts": (start // b,), "ends": (end // b,), "axes": (1,), "steps": (1,)}
+        outs = [Value(self.fresh(f"{v.name}_{nchwc(b)}"), v.type.with_shape(self.blocked_shape(v.shape, b)))
+                for v in node.outputs]  # fmt: skip
+        self.nodes.append(Node(node.op, [xb], outs, attrs, outs[0].name))
+        for v, bv in zip(node.outputs, outs):
+            self.blocked[v] = (bv, b)
+            self.missing.add(v)
+        return True
+
     def convert(self, node: Node) -> bool:
         if node.subgraphs():
             return False
         if node.op == "Conv":
             return self.conv(node)
+        if node.op == "Concat":
+            return self.concat(node)
+        if node.op in ("Split", "Slice") and node.inputs and node.inputs[0] is not None:
+            return self.split(node)
         if node.op in POOLS:
             return self.pool(node)
         if node.op in GLOBAL_POOLS:
