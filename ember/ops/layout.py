@@ -38,7 +38,7 @@ from ember.ops.pool import (
     pool_dims,
     window_count,
 )
-from ember.ops.te_lib import NotLowerable, lowering
+from ember.ops.te_lib import NotLowerable, lowering, rows
 from ember.target import Target
 from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
@@ -346,3 +346,29 @@ def _concat_in_place_schedule(a: dict, outs: list[Tensor], target: Target) -> te
 @lowering("ConcatInPlace", schedule=_concat_in_place_schedule)
 def _concat_in_place_compute(a: dict, *xs: Tensor) -> Tensor:
     return get_op("Concat").compute(a, *xs)
+
+
+# -- channel shuffle ----------------------------------------------------------------------------------
+def _shuffle_infer(a: dict, x: TensorType) -> TensorType:
+    g = a["group"]
+    if x.rank != 4 or not isinstance(x.shape[1], int) or g < 1 or x.shape[1] % g:
+        raise ShapeError(f"ChannelShuffle(group={g}) takes [N, C, H, W] with C a multiple of the group, got {x}")
+    return x
+
+
+@op("ChannelShuffle", Pattern.OPAQUE, infer=_shuffle_infer, attrs=[Attr("group", "int")])
+def channel_shuffle(a: dict, x: np.ndarray) -> np.ndarray:
+    """ShuffleNet's channel shuffle, Reshape [N, g, C/g, H, W] -> Transpose(0, 2, 1, 3, 4) -> Reshape [N, C, H, W]:
+    output channel c is input channel (c % g) * (C / g) + c // g. Opaque: its own kernel copies one
+    plane (H x W, contiguous on both sides) per channel, vectorized along it, where a fused group would
+    compute the index of every element."""
+    n, c, h, w = x.shape
+    g = a["group"]
+    return x.reshape(n, g, c // g, h, w).transpose(0, 2, 1, 3, 4).reshape(n, c, h, w)
+
+
+@lowering("ChannelShuffle", schedule=schedule_injective("channel_shuffle"))
+def _channel_shuffle_compute(a: dict, x: Tensor) -> Tensor:
+    g, per = a["group"], x.shape[1] // a["group"]
+    return te.compute(x.shape, lambda n, c, h, w: x[n, c % g * per + c // g, h, w], name="channel_shuffle",
+                      tag="channel_shuffle", attrs=rows(2))  # fmt: skip

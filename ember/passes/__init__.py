@@ -22,7 +22,7 @@ from .batchnorm import fold_batchnorm
 from .cleanup import dead_code_elimination, eliminate_common_subexpr, fold_constant
 from .control import unroll_scan
 from .fuse import fuse_ops
-from .inplace import concat_in_place
+from .inplace import channel_shuffle, concat_in_place
 from .integer import integer_ops
 from .layout import convert_layout
 from .pack import pack_weights
@@ -51,6 +51,7 @@ PASSES: list[Pass] = [
     Pass("convert_layout", convert_layout, 3, "convolutions and the ops between them to NCHW[x]c", takes_target=True),
     Pass("fold_constant", fold_constant, 3, "evaluate subgraphs whose inputs are all constants (re-laid out weights)"),
     Pass("pack_weights", pack_weights, 3, "constant B of MatMul/Gemm packed into GEMM panels", takes_target=True),
+    Pass("channel_shuffle", channel_shuffle, 2, "Reshape -> Transpose -> Reshape channel shuffles as ChannelShuffle"),
     Pass("concat_in_place", concat_in_place, 2, "Concat inputs written by their producers into the output (no copy)",
          takes_target=True),
     Pass("fuse_ops", fuse_ops, 1, "group operators into kernels by pattern kind (Fused nodes)"),

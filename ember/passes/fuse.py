@@ -22,6 +22,8 @@ from __future__ import annotations
 from ember.graph.ir import Graph, Node, Value
 from ember.ops import Pattern, get_op
 
+from .inplace import channel_view
+
 VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 EPILOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST)
 PROLOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST, Pattern.INJECTIVE)
@@ -33,6 +35,8 @@ def pattern(node: Node) -> Pattern:
     if node.op in VIEWS:
         return Pattern.INJECTIVE
     if node.subgraphs() or node.op == "BitCast":  # BitCast: a view of its input's bytes, never a kernel
+        return Pattern.OPAQUE
+    if channel_view(node) is not None:  # a Split/Slice of contiguous ranges: views, kept out of groups
         return Pattern.OPAQUE
     return get_op(node.op).pattern
 

@@ -31,6 +31,8 @@ from ember.ops.tensor import slice_bounds
 from ember.target import Target
 from ember.templates.gpu import is_gpu
 
+from .cleanup import dead_code_elimination
+
 VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "BitCast"}  # outputs share their input's bytes
 
 Slot = tuple[Value, int]  # (the value whose storage holds it, byte offset)
@@ -141,6 +143,31 @@ def place_concats(nodes: list[Node], graph: Graph) -> dict[Value, Slot]:
     return placer.placed
 
 
+def _single_reader(v: Value, readers: dict[Value, list[Node]], outputs: set[Value]) -> Node | None:
+    users = readers.get(v, [])
+    return users[0] if len(users) == 1 and v not in outputs else None
+
+
+def channel_shuffle(graph: Graph) -> Graph:
+    """ShuffleNet's Reshape [N, g, C/g, H, W] -> Transpose(0, 2, 1, 3, 4) -> Reshape [N, C, H, W] as one
+    `ChannelShuffle(group=g)` (its own kernel: one vectorized plane copy per channel)."""
+    producers, readers, outputs = graph.producers(), graph.consumers(), set(graph.outputs)
+    for k, node in enumerate(graph.nodes):
+        t = producers.get(node.inputs[0]) if node.op == "Reshape" and node.inputs else None
+        r1 = producers.get(t.inputs[0]) if t is not None and t.op == "Transpose" else None
+        if r1 is None or r1.op != "Reshape" or _single_reader(t.outputs[0], readers, outputs) is not node:
+            continue
+        x, mid, y = r1.inputs[0], r1.outputs[0], node.outputs[0]
+        if _single_reader(mid, readers, outputs) is not t or not _static(x, mid, y) or len(x.shape) != 4:
+            continue
+        n, c, h, w = x.shape
+        g = mid.shape[1]
+        if tuple(t.attrs["perm"]) != (0, 2, 1, 3, 4) or mid.shape != (n, g, c // g, h, w) or y.shape != x.shape:
+            continue
+        graph.nodes[k] = Node("ChannelShuffle", [x], [y], {"group": g}, node.name)
+    return dead_code_elimination(graph)
+
+
 def concat_in_place(graph: Graph, target: Target | str | None = None) -> Graph:
     """Each Concat whose inputs can all be written in place becomes `ConcatInPlace` (CPU targets: the GPU
     backends keep their buffers whole)."""
@@ -155,4 +182,4 @@ def concat_in_place(graph: Graph, target: Target | str | None = None) -> Graph:
     return graph
 
 
-__all__ = ["VIEW_OPS", "channel_view", "concat_in_place", "concat_slots", "is_view", "place_concats"]
+__all__ = ["VIEW_OPS", "channel_shuffle", "channel_view", "concat_in_place", "concat_slots", "is_view", "place_concats"]

@@ -51,9 +51,9 @@ class Net:
         """The model, its outputs' shapes as onnxruntime gives them."""
         shapes = [list("nchw")] * len(outputs)
         for _ in range(2):
-            g = helper.make_graph(self.nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, self.shape)],
-                                  [helper.make_tensor_value_info(o, TensorProto.FLOAT, s)
-                                   for o, s in zip(outputs, shapes)], self.inits)  # fmt: skip
+            x = helper.make_tensor_value_info("x", TensorProto.FLOAT, self.shape)
+            ys = [helper.make_tensor_value_info(o, TensorProto.FLOAT, s) for o, s in zip(outputs, shapes)]
+            g = helper.make_graph(self.nodes, "net", [x], ys, self.inits)
             model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
             sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             shapes = [r.shape for r in sess.run(None, {"x": np.zeros(self.shape, np.float32)})]
@@ -194,14 +194,16 @@ def shuffle_unit(n: Net, x: str, c: int, name: str) -> str:
 
 @pytest.mark.parametrize("blocked", [False, True])
 def test_shuffle_units(monkeypatch, blocked):
-    """Two ShuffleNet units: the split halves are views of their input (no Split kernel)."""
-    n = Net(32)
-    x = n.conv("x", 32, "stem")
-    n.conv(shuffle_unit(n, shuffle_unit(n, x, 32, "u1"), 32, "u2"), 16, "y", relu=False)
-    m = check(n.model(["y"]), blocked, monkeypatch)
-    assert not kernel_ops(m)["Split"]
-    assert sum(v.kind == "alias" and v.name.endswith(("x1", "x2", "x1_NCHW16c", "x2_NCHW16c"))
-               for v in m.plan.values) >= 2  # fmt: skip
+    """Two ShuffleNet units: the split halves are views of their input (no Split kernel), each shuffle is one
+    ChannelShuffle kernel (no Transpose); 58-channel halves (ShuffleNet v2 1.0x) have no block."""
+    for c in (32, 116):
+        n = Net(c)
+        x = n.conv("x", c, "stem")
+        n.conv(shuffle_unit(n, shuffle_unit(n, x, c, "u1"), c, "u2"), 16, "y", relu=False)
+        m = check(n.model(["y"]), blocked, monkeypatch)
+        ops = kernel_ops(m)
+        assert not ops["Split"] and not ops["Transpose"] and ops["ChannelShuffle"] == 2
+        assert sum(v.kind == "alias" and "_x" in v.name for v in m.plan.values) >= 4
 
 
 def test_pass_leaves_gpu_graphs_and_symbolic_concats():
