@@ -13,9 +13,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ember
+from ember.codegen.toolchain import find_cc
 from ember.frontend.onnx import from_onnx
 from ember.passes import run_passes
 from ember.runtime.plan import check_plan, live_ranges
+from ember.runtime.standalone import run_exported
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
 
@@ -214,3 +216,39 @@ def test_pass_leaves_gpu_graphs_and_symbolic_concats():
     gpu, _ = run_passes(from_onnx(n.model(["y"])), opt_level=3, disabled=["fuse_ops"], verify=True, target="opencl")
     assert Counter(x.op for x in cpu.nodes)["ConcatInPlace"] == 1
     assert Counter(x.op for x in gpu.nodes)["Concat"] == 1
+
+
+def dense_and_shuffle(c: int = 32) -> Net:
+    """A growing concat (views of a prefix) then a shuffle unit (channel views): every kind of offset view."""
+    n = Net(c)
+    f0 = n.conv("x", c, "f0")
+    f1 = n.conv(f0, c // 2, "f1")
+    f2 = n.conv(n.concat([f0, f1], "cat1"), c // 2, "f2")
+    n.conv(shuffle_unit(n, n.conv(n.concat([f0, f1, f2], "cat2"), c, "mix"), c, "u"), 8, "y", relu=False)
+    return n
+
+
+def test_views_survive_save_load_and_the_llvm_backend(tmp_path, monkeypatch):
+    """The aliases' offsets are part of the saved plan; the LLVM backend reads the same table of addresses."""
+    model = dense_and_shuffle().model(["y"])
+    m = check(model, False, monkeypatch)
+    assert in_place(m)
+    m.save(tmp_path / "m")
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, 32, 10, 10)).astype(np.float32)}
+    np.testing.assert_array_equal(ember.load(tmp_path / "m").run(feeds)["y"], m.run(feeds)["y"])
+    pytest.importorskip("llvmlite", reason="the LLVM backend needs llvmlite")
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(ember.compile(model, target="llvm").run(feeds)["y"], ref, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(ref).max()))  # fmt: skip
+
+
+@pytest.mark.skipif(find_cc() is None, reason="needs a C compiler")
+def test_exported_program_points_views_at_their_offsets(tmp_path, monkeypatch):
+    """ember_run (the standalone C export) sets each view's address at its byte offset: the same outputs."""
+    model = dense_and_shuffle().model(["y"])
+    m = check(model, True, monkeypatch)
+    out = m.export(tmp_path / "exp", extra_cflags=["-Werror"])
+    assert "(unsigned char*)m->table[" in (out / "ember_model.c").read_text()
+    feeds = {"x": np.random.default_rng(4).standard_normal((1, 32, 10, 10)).astype(np.float32)}
+    outputs, _ = run_exported(out, feeds)
+    np.testing.assert_array_equal(outputs["y"], m.run(feeds)["y"])
