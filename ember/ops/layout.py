@@ -352,26 +352,41 @@ def _concat_in_place_compute(a: dict, *xs: Tensor) -> Tensor:
 
 
 # -- channel shuffle ----------------------------------------------------------------------------------
-def _shuffle_infer(a: dict, x: TensorType) -> TensorType:
-    g = a["group"]
-    if x.rank != 4 or not isinstance(x.shape[1], int) or g < 1 or x.shape[1] % g:
-        raise ShapeError(f"ChannelShuffle(group={g}) takes [N, C, H, W] with C a multiple of the group, got {x}")
-    return x
+def _shuffle_infer(a: dict, *xs: TensorType) -> TensorType:
+    g, x = a["group"], xs[0]
+    channels = [t.shape[1] if t.rank == 4 else None for t in xs]
+    if any(not isinstance(c, int) for c in channels) or g < 1 or sum(channels) % g:
+        raise ShapeError(f"ChannelShuffle(group={g}) takes [N, C, H, W] tensors with C in all a multiple of the "
+                         f"group, got {', '.join(map(str, xs))}")  # fmt: skip
+    if any(t.dtype != x.dtype or (t.shape[0],) + t.shape[2:] != (x.shape[0],) + x.shape[2:] for t in xs):
+        raise ShapeError(f"ChannelShuffle inputs {', '.join(map(str, xs))} differ outside the channels")
+    return x.with_shape((x.shape[0], sum(channels), *x.shape[2:]))
 
 
-@op("ChannelShuffle", Pattern.OPAQUE, infer=_shuffle_infer, attrs=[Attr("group", "int")])
-def channel_shuffle(a: dict, x: np.ndarray) -> np.ndarray:
-    """ShuffleNet's channel shuffle, Reshape [N, g, C/g, H, W] -> Transpose(0, 2, 1, 3, 4) -> Reshape [N, C, H, W]:
-    output channel c is input channel (c % g) * (C / g) + c // g. Opaque: its own kernel copies one
-    plane (H x W, contiguous on both sides) per channel, vectorized along it, where a fused group would
-    compute the index of every element."""
+@op("ChannelShuffle", Pattern.OPAQUE, infer=_shuffle_infer, inputs=(1, None), attrs=[Attr("group", "int")])
+def channel_shuffle(a: dict, *xs: np.ndarray) -> np.ndarray:
+    """ShuffleNet's channel shuffle of the inputs concatenated along the channels, Reshape [N, g, C/g, H, W] ->
+    Transpose(0, 2, 1, 3, 4) -> Reshape [N, C, H, W]: output channel c is channel (c % g) * (C / g) + c // g of
+    the concatenation. Opaque: its own kernel copies one plane (H x W, contiguous on both sides) per channel,
+    vectorized along it, where a fused group would compute the index of every element."""
+    x = np.concatenate(xs, axis=1)
     n, c, h, w = x.shape
     g = a["group"]
     return x.reshape(n, g, c // g, h, w).transpose(0, 2, 1, 3, 4).reshape(n, c, h, w)
 
 
 @lowering("ChannelShuffle", schedule=schedule_injective("channel_shuffle"))
-def _channel_shuffle_compute(a: dict, x: Tensor) -> Tensor:
-    g, per = a["group"], x.shape[1] // a["group"]
-    return te.compute(x.shape, lambda n, c, h, w: x[n, c % g * per + c // g, h, w], name="channel_shuffle",
-                      tag="channel_shuffle", attrs=rows(2))  # fmt: skip
+def _channel_shuffle_compute(a: dict, *xs: Tensor) -> Tensor:
+    g = a["group"]
+    offsets = np.cumsum([0] + [x.shape[1] for x in xs]).tolist()
+    per = offsets[-1] // g
+
+    def body(n, c, h, w):
+        src = c % g * per + c // g  # the channel of the concatenation, then the input that holds it
+        out = xs[-1][n, src - offsets[-2], h, w]
+        for x, start in zip(reversed(xs[:-1]), reversed(offsets[:-2])):
+            out = te.if_then_else(src < start + x.shape[1], x[n, src - start, h, w], out)
+        return out
+
+    shape = (xs[0].shape[0], offsets[-1], *xs[0].shape[2:])
+    return te.compute(shape, body, name="channel_shuffle", tag="channel_shuffle", attrs=rows(2))

@@ -150,7 +150,8 @@ def _single_reader(v: Value, readers: dict[Value, list[Node]], outputs: set[Valu
 
 def channel_shuffle(graph: Graph) -> Graph:
     """ShuffleNet's Reshape [N, g, C/g, H, W] -> Transpose(0, 2, 1, 3, 4) -> Reshape [N, C, H, W] as one
-    `ChannelShuffle(group=g)` (its own kernel: one vectorized plane copy per channel)."""
+    `ChannelShuffle(group=g)` (its own kernel: one vectorized plane copy per channel), reading the inputs of the
+    channel Concat before it where only the shuffle reads that (ShuffleNet v2: concat, then shuffle)."""
     producers, readers, outputs = graph.producers(), graph.consumers(), set(graph.outputs)
     for k, node in enumerate(graph.nodes):
         t = producers.get(node.inputs[0]) if node.op == "Reshape" and node.inputs else None
@@ -164,7 +165,12 @@ def channel_shuffle(graph: Graph) -> Graph:
         g = mid.shape[1]
         if tuple(t.attrs["perm"]) != (0, 2, 1, 3, 4) or mid.shape != (n, g, c // g, h, w) or y.shape != x.shape:
             continue
-        graph.nodes[k] = Node("ChannelShuffle", [x], [y], {"group": g}, node.name)
+        parts = [x]  # a channel Concat read only by the shuffle: the shuffle reads its inputs (one copy, not two)
+        cat = producers.get(x)
+        if cat is not None and cat.op == "Concat" and norm_axis(cat.attrs["axis"], 4) == 1 and \
+                _single_reader(x, readers, outputs) is r1:  # fmt: skip
+            parts = list(cat.inputs)
+        graph.nodes[k] = Node("ChannelShuffle", parts, [y], {"group": g}, node.name)
     return dead_code_elimination(graph)
 
 
