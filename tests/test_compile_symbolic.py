@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
+from conftest import opencl_missing
 from onnx import TensorProto, helper
 
 import ember
@@ -57,20 +58,33 @@ def test_transformer_layer_with_a_symbolic_batch(monkeypatch):
     with pytest.raises(ArgumentError, match=r"wants rank 3"):
         cm(np.zeros((8, 32), np.float32))
     with pytest.raises(NotImplementedError, match="symbolic sizes"):
-        cm.save("unused")
-    with pytest.raises(NotImplementedError, match="symbolic sizes"):
         cm.export("unused")
 
 
-def test_symbolic_compile_is_opt_in_and_checked():
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_symbolic_dims_stay_symbolic_by_default_on_cpu_targets(target):
     m = symbolic(zoo.mlp(batch=4), {"x": {0: "N"}})
-    static = ember.compile(m, target="c")  # the documented default: a symbolic leading dim is 1
-    assert static.plan.values[static.plan.inputs[0]].shape == (1, 48)
-    with pytest.raises(NotImplementedError, match="c target only"):
-        ember.compile(m, target="llvm", dynamic=True)
-    dyn = ember.compile(m, target="c", dynamic=True)
+    dyn = ember.compile(m, target=target)  # the default on the CPU targets: symbolic, unbounded above
+    assert dyn.summary()["symbolic_dims"] == {"N": [1, None]}
     rng = np.random.default_rng(1)
     check_sizes(m, dyn, lambda n: {"x": rng.standard_normal((n, 48)).astype(np.float32)}, (1, 5, 64))
+    static = ember.compile(m, target=target, dynamic=False)  # specialized: a symbolic leading dim is 1
+    assert static.plan.values[static.plan.inputs[0]].shape == (1, 48) and not static.plan.is_symbolic
+    fixed = ember.compile(m, target=target, input_shapes={"x": (3, 48)})
+    assert fixed.plan.values[fixed.plan.inputs[0]].shape == (3, 48) and not fixed.plan.is_symbolic
+    with pytest.raises(ValueError, match="dynamic_bounds or dynamic_shapes is given with dynamic=False"):
+        ember.compile(m, target=target, dynamic=False, dynamic_bounds={"N": (1, 4)})
+
+
+def test_gpu_targets_specialize_symbolic_dims_with_a_warning():
+    m = symbolic(zoo.mlp(batch=4), {"x": {0: "N"}})
+    with pytest.raises(NotImplementedError, match="symbolic sizes .* not 'opencl'"):
+        ember.compile(m, target="opencl", dynamic=True)
+    if opencl_missing() is not None:
+        pytest.skip(f"no OpenCL platform: {opencl_missing()}")
+    with pytest.warns(UserWarning, match=r"symbolic dims \(N\) are specialized on target 'opencl'"):
+        gpu = ember.compile(m, target="opencl")
+    assert gpu.plan.values[gpu.plan.inputs[0]].shape == (1, 48)
 
 
 def test_bert_with_symbolic_batch_and_sequence_compiles_once(monkeypatch):

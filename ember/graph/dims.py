@@ -14,7 +14,6 @@ A `SizeVar` compares by identity, like every loop IR variable: the frontend make
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,35 +21,10 @@ from ember.tir.arith import Analyzer, eval_int
 from ember.tir.dtype import int64
 from ember.tir.expr import BinOp, Const, Expr, Var, binop, const
 from ember.tir.functor import walk
+from ember.tir.sizevar import DimError, SizeVar, ValueSizeVar
 
 Dim = int | Expr
 Shape = tuple[Dim, ...]
-
-
-class DimError(ValueError):
-    """A size variable's bounds or a dim's value is wrong (names the variable)."""
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class SizeVar(Var):
-    """A named size known at run time: `lo <= value <= hi` (hi None: unbounded)."""
-
-    lo: int = 0
-    hi: int | None = None
-
-    __hash__ = Var.__hash__
-
-    def __repr__(self) -> str:
-        return self.name
-
-    @property
-    def bounds(self) -> tuple[int, int | None]:
-        return self.lo, self.hi
-
-    def check(self, value: int, where: str = "") -> None:
-        if value < self.lo or (self.hi is not None and value > self.hi):
-            hi = "inf" if self.hi is None else self.hi
-            raise DimError(f"{where}size {self.name} = {value} is outside its bounds [{self.lo}, {hi}]")
 
 
 def size_var(name: str, lo: int = 0, hi: int | None = None) -> SizeVar:
@@ -83,22 +57,6 @@ VALUE_RULES = {
     "resize": "dim index of Resize's output for v = [scales, sizes, roi, axes, (policy code,)] (ONNX)",
     "unique": "the number of distinct values of v (of any size)",
 }
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class ValueSizeVar(SizeVar):
-    """A size read at run time from the values of an int graph input (a shape operand fed as an input):
-    `VALUE_RULES[rule]` of input `source`'s values, at `index`, against the dims `dims`. A rule of several
-    operands reads `operands` instead (`source` is one of them): each the name of a graph input, a constant's
-    values (a tuple) or None (an operand left out)."""
-
-    source: object = ""  # the input's name, or a callable: the operand computed from the inputs' values by name
-    index: int = 0
-    rule: str = "element"
-    dims: tuple = ()
-    operands: tuple = ()
-
-    __hash__ = Var.__hash__
 
 
 def value_size_var(name: str, source: object, index: int, rule: str = "element", dims: tuple = (),

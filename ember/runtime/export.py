@@ -267,7 +267,7 @@ class ExportsC:
     def _c_source(self, what: str) -> str:
         if self.plan.is_symbolic:
             raise NotImplementedError(f"{what}: a model with symbolic sizes cannot be exported yet; compile it with "
-                                      "input_shapes= to export it")  # fmt: skip
+                                      "input_shapes= or dynamic=False to export it")  # fmt: skip
         if Target.parse(self.plan.target).kind != "c":
             raise ValueError(f"{what} writes the model's C source, and this model was compiled for target "
                              f"'{self.plan.target}': compile it with target='c' to export it")  # fmt: skip

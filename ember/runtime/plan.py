@@ -24,6 +24,7 @@ from ..tir.arith import eval_int
 from ..tir.dtype import numpy_dtype
 from ..tir.expr import Expr, Var
 from ..tir.functor import walk
+from ..tir.sizevar import SizeJSONError, dim_from_json, dim_to_json, size_var_to_json, size_vars_from_json
 
 ALIGN = 64  # bytes: the CPU backends' workspace alignment
 
@@ -202,14 +203,24 @@ class Plan:
             return d
 
         return {
-            "name": self.name, "values": [vars(v) | {"shape": list(v.shape)} for v in self.values],
+            "name": self.name, "values": [vars(v) | {"shape": [dim_to_json(x) for x in v.shape]} for v in self.values],
             "inputs": self.inputs, "outputs": self.outputs, "steps": [step(s) for s in self.steps],
             "workspace": self.workspace, "target": self.target, "info": self.info,
+            **({"size_vars": [size_var_to_json(v) for v in self.size_vars]} if self.is_symbolic else {}),
         }  # fmt: skip
 
     @staticmethod
     def from_json(d: dict) -> Plan:
-        values = [ValueInfo(**(v | {"shape": tuple(v["shape"])})) for v in d["values"]]
+        """The plan `to_json` wrote; a symbolic plan's dims refer to its `size_vars` by name (SizeJSONError: a dim
+        or size that is not one)."""
+        sizes = size_vars_from_json(d.get("size_vars", []))
+
+        def size(name: str) -> Var:
+            if name not in sizes:
+                raise SizeJSONError(f"size {name!r} is used but not declared among the plan's size variables")
+            return sizes[name]
+
+        values = [ValueInfo(**(v | {"shape": tuple(dim_from_json(x, size) for x in v["shape"])})) for v in d["values"]]
         steps = []
         for s in d["steps"]:
             if s["kind"] == "segment":
@@ -429,7 +440,24 @@ class PlanError(ValueError):
 def check_plan(plan: Plan, weights: dict[int, np.ndarray]) -> None:
     """Refuse a plan whose parts contradict each other before any native code sees it: value ids out of range,
     unknown kinds or dtypes, temporaries outside the workspace, views of another size than their source, a kernel
-    argument of another size than the kernel was compiled for, weights missing or of another shape or dtype."""
+    argument of another size than the kernel was compiled for, weights missing or of another shape or dtype. A
+    symbolic plan is checked at its sizes' lower bounds (at least 1 where allowed), its kernels' size indices
+    against its size variables; a view of a symbolic shape is the size of its source at the sizes of a call
+    (Plan.bind relates sizes read from values), not necessarily at those bounds."""
+    symbolic = {i for i, v in enumerate(plan.values) if not v.is_static}
+    if plan.is_symbolic:
+        n = len(plan.size_vars)
+        bad = [k.name for s in plan.steps for k in s.kernels if not all(isinstance(i, int) and 0 <= i < n
+                                                                           for i in k.sizes)]  # fmt: skip
+        if bad:
+            raise PlanError(f"plan of model {plan.name!r} is inconsistent:\n  kernel(s) {', '.join(bad)}: size "
+                            f"indices outside the {n} size variables")  # fmt: skip
+        low = tuple(max(getattr(v, "lo", 0), min(1, getattr(v, "hi", None) or 1)) for v in plan.size_vars)
+        try:
+            plan = plan.at(low)
+        except (TypeError, ValueError, ZeroDivisionError) as e:
+            raise PlanError(f"plan of model {plan.name!r}: its shapes cannot be evaluated at sizes {low}: "
+                            f"{e}") from None  # fmt: skip
     problems: list[str] = []
     n = len(plan.values)
 
@@ -452,8 +480,8 @@ def check_plan(plan: Plan, weights: dict[int, np.ndarray]) -> None:
         if v.kind == "temp" and not (v.offset >= 0 and v.offset + nbytes[i] <= plan.workspace):
             problems.append(f"value {i} ({v.name!r}): bytes {v.offset}..{v.offset + nbytes[i]} outside the workspace "
                             f"of {plan.workspace}")  # fmt: skip
-        if v.kind == "alias" and not (valid(v.alias_of) and plan.values[v.alias_of].kind != "alias"
-                                      and nbytes.get(v.alias_of) == nbytes[i]):  # fmt: skip
+        same_size = nbytes.get(v.alias_of) == nbytes[i] or bool({i, v.alias_of} & symbolic)
+        if v.kind == "alias" and not (valid(v.alias_of) and plan.values[v.alias_of].kind != "alias" and same_size):
             problems.append(f"value {i} ({v.name!r}): a view of value {v.alias_of} with another size or no source")
         if v.kind == "weight":
             w = weights.get(i)
