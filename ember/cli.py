@@ -252,7 +252,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             m = ember.load(args.model)
         else:
             m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape),
-                              opt_level=args.opt_level, dynamic=False)  # exported: specialized  # fmt: skip
+                              opt_level=args.opt_level, dynamic=False if args.static else None)  # fmt: skip
         out = m.export(args.output, build=not args.no_build, openmp=not args.no_openmp)
     except (ModelError, FileNotFoundError, ValueError, NotImplementedError, ImportError, CompileError) as e:
         return _fail("export", e)
@@ -599,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("-o", "--output", required=True, help="directory to write the export to")
     e.add_argument("--target", default="c", help='a C target, with options ("c -mcpu=native -threads=2"); default c')
     e.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
+    e.add_argument("--static", action="store_true", help="specialize the model's symbolic dims instead of exporting "
+                   "them as sizes read from the input shapes")  # fmt: skip
     e.add_argument("--opt-level", type=int, default=3, help="graph optimization level 0..3 (default 3)")
     e.add_argument("--no-build", action="store_true", help="write the files and the Makefile, do not build ember_run")
     e.add_argument("--no-openmp", action="store_true", help="build ember_run without OpenMP (one thread)")

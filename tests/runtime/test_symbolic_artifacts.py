@@ -17,8 +17,10 @@ from onnx import TensorProto, helper
 
 import ember
 from ember import compiler, zoo
+from ember.codegen.toolchain import find_cc
 from ember.runtime.model import ArtifactError
 from ember.runtime.plan import Plan
+from ember.runtime.standalone import StandaloneError, run_exported
 from ember.tir.sizevar import SizeJSONError
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
@@ -147,3 +149,35 @@ def test_symbolic_mlp_bounds_survive_a_save(tmp_path):
         loaded(np.zeros((7, 48), np.float32))
     x = np.random.default_rng(0).standard_normal((5, 48)).astype(np.float32)
     np.testing.assert_allclose(loaded(x), cm(x), rtol=1e-6)
+
+
+needs_cc = pytest.mark.skipif(find_cc() is None, reason="the standalone export builds with a C compiler")
+
+
+@needs_cc
+def test_a_symbolic_export_runs_at_every_size_with_ember_run(tmp_path):
+    """ember_run reads the sizes from the input shapes (ember_model_set_shapes), plans the workspace for them and
+    writes outputs of those sizes: equal to the in-process model's bit for bit, and to onnxruntime's."""
+    model = batch_seq_model()
+    cm = ember.compile(model, target="c", dynamic_bounds={"B": (1, 8)})
+    out = cm.export(tmp_path / "e", extra_cflags=["-Werror"])
+    description = json.loads((out / "model.json").read_text())
+    assert description["inputs"][0]["shape"] == ["B", "S", 16] and description["sizes"] == {"B": [1, 8], "S": [1, None]}
+    assert "int ember_model_set_shapes(" in (out / "ember_model.h").read_text()
+    sess = ort.InferenceSession(model.SerializeToString())
+    for size in ((1, 3), (4, 7), (2, 1), (8, 5)):
+        feeds = feeds_at("batch_seq", size, sum(size))
+        outputs, _ = run_exported(out, feeds)
+        assert outputs["y"].shape == (*size, 16)
+        np.testing.assert_array_equal(outputs["y"], cm.run(feeds)["y"])
+        np.testing.assert_allclose(outputs["y"], sess.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(StandaloneError, match=r"size B = 9, outside its bounds \[1, 8\]"):
+        run_exported(out, {"x": np.zeros((9, 2, 16), np.float32)})
+    with pytest.raises(StandaloneError, match=r"holds shape \(2, 3\), the model takes \(\?, \?, 16\)"):
+        run_exported(out, {"x": np.zeros((2, 3), np.float32)})
+
+
+def test_sizes_read_from_values_do_not_export_yet(tmp_path):
+    cm = ember.compile(reshape_by_input_model(), target="c")
+    with pytest.raises(NotImplementedError, match="read from input values"):
+        cm.export(tmp_path / "e", build=False)
