@@ -27,6 +27,7 @@ from .codegen.toolchain import check_toolchain
 from .graph.ir import Graph
 from .kernels import GraphLowering, Limits, LoweringUnsupported, WorkLimitError, check_tensor_sizes
 from .ops import get_op
+from .ops.common import SizeBoundError
 from .ops.te_lib import NotLowerable
 from .passes import run_passes
 from .runtime import compile_cache
@@ -119,8 +120,8 @@ def compile(  # noqa: A001
         cached.update_summary(compile_seconds=time.perf_counter() - t0, compile_cache="hit", lower_seconds=0.0,
                               build_seconds=0.0)  # fmt: skip
         return cached
-    lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits,
-                          dynamic_bounds if symbolic else None, symbolic, example_inputs, dynamic_shapes)  # fmt: skip
+    lowered = _lower_bounded(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0,
+                             limits, dynamic_bounds if symbolic else None, symbolic, example_inputs, dynamic_shapes)
     if lowered.plan.is_symbolic and target.kind not in SYMBOLIC_KINDS:  # sizes read from values (a Reshape target)
         names = ", ".join(v.name for v in lowered.plan.size_vars)
         raise NotImplementedError(f"ember.compile: sizes known at run time ({names}) are compiled for targets "
@@ -130,6 +131,44 @@ def compile(  # noqa: A001
     if key is not None:
         built.update_summary(compile_cache="stored" if compile_cache.store(key, built) else "not stored")
     return built
+
+
+def _lower_bounded(model: Any, target: Target, input_shapes: dict | None, fallback: bool, opt_level: int,
+                   disabled_passes: Sequence[str], tuning_log: Any, t0: float, limits: Limits,
+                   dynamic_bounds: dict | None, symbolic: bool, example_inputs: Any,
+                   dynamic_shapes: Any) -> LoweredModel:  # fmt: skip
+    """`lower_model`; where a symbolic model needs a size no larger than a bound it implies (S against min(S, c): a
+    Slice of a c-long table, BERT's positions) and no bound was given for that size, lowered again with it (a
+    warning names it; a larger size is then an ArgumentError at run time, where the kernels would read past the
+    table), each size at most once."""
+    bounds = dict(dynamic_bounds or {})
+    while True:
+        try:
+            lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log,
+                                  t0, limits, bounds if symbolic else None, symbolic, example_inputs,
+                                  dynamic_shapes)  # fmt: skip
+        except ValueError as e:
+            hint = _size_bound(e)
+            if not symbolic or hint is None or hint.size in bounds:
+                raise
+            bounds[hint.size] = (1, hint.bound)
+            warnings.warn(f"ember.compile: the model needs {hint.size} <= {hint.bound} ({e}); compiled with "
+                          f"{hint.size} in [1, {hint.bound}]", stacklevel=4)  # fmt: skip
+            continue
+        if bounds != dict(dynamic_bounds or {}):
+            lowered.summary["inferred_bounds"] = {k: list(v) for k, v in bounds.items()
+                                                  if k not in (dynamic_bounds or {})}  # fmt: skip
+        return lowered
+
+
+def _size_bound(e: BaseException) -> SizeBoundError | None:
+    """The SizeBoundError behind an error (a frontend's ModelError wraps the shape rule's), or None."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, SizeBoundError):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
 
 
 def compile_key(model: Any, target: Target, options: dict, tuning_log: str | os.PathLike | None) -> str | None:

@@ -171,3 +171,23 @@ def test_reshapes_and_transposes_of_a_symbolic_length():
     assert "floormod_int64(" not in cm.source and "floordiv_int64(" not in cm.source  # sizes >= 0: C division
     rng = np.random.default_rng(5)
     check_sizes(m, cm, lambda n: {"x": rng.standard_normal((n, 96)).astype(np.float32)}, (1, 5, 17, 64), atol=0)
+
+
+def test_a_size_the_model_bounds_is_bounded_by_default():
+    """BERT slices its 16-row position table by seq and adds it to the embeddings ([B, seq] + [1, min(seq, 16)]):
+    without dynamic_bounds the default compile bounds seq by 16 (a warning names it) instead of failing."""
+    m = zoo.bert_encoder(layers=1, seq=16, d=32, heads=2, ff=64, vocab=50, dynamic=True)
+    with pytest.warns(UserWarning, match=r"needs seq <= 16 .*compiled with seq in \[1, 16\]"):
+        cm = ember.compile(m, target="c")
+    s = cm.summary()
+    assert s["symbolic_dims"] == {"batch": [1, None], "seq": [1, 16]} and s["inferred_bounds"] == {"seq": [1, 16]}
+    rng = np.random.default_rng(4)
+
+    def feeds(bs):
+        return {"input_ids": rng.integers(0, 50, bs), "attention_mask": np.ones(bs, np.int64)}
+
+    check_sizes(m, cm, feeds, [(1, 16), (3, 5)])
+    with pytest.raises(ArgumentError, match=r"size seq = 17 is outside its bounds \[1, 16\]"):
+        cm.run(feeds((1, 17)))
+    with pytest.raises(ember.frontend.onnx.ModelError, match=r"dynamic_bounds=\{'seq': \(1, 16\)\}"):
+        ember.compile(m, target="c", dynamic_bounds={"seq": (1, 32)})  # a bound given: not changed, the fix named

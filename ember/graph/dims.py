@@ -220,6 +220,17 @@ def broadcast_dim(a: Dim, b: Dim) -> Dim | None:
     return a if dims_equal(a, b) else None
 
 
+def clamped_size(a: Dim, b: Dim) -> tuple[SizeVar, int] | None:
+    """(S, c) where one dim is the size S and the other min(S, c) (a Slice of a c-long table by S): they are equal
+    exactly when S <= c, which the model then needs. None for any other pair."""
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, SizeVar) and isinstance(y, BinOp) and y.op == "min":
+            for u, v in ((y.a, y.b), (y.b, y.a)):
+                if u is x and isinstance(v, Const):
+                    return x, int(v.value)
+    return None
+
+
 def dim_str(d: Dim) -> str:
     return str(int(d)) if is_static_dim(d) else str(d).replace(" ", "")
 
