@@ -39,11 +39,12 @@ def check_sizes(model: onnx.ModelProto, compiled, feeds_at, sizes, atol=1e-4) ->
             np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=atol, err_msg=f"size {size}")
 
 
-def test_transformer_layer_with_a_symbolic_batch(monkeypatch):
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_transformer_layer_with_a_symbolic_batch(monkeypatch, target):
     m = zoo.transformer_encoder_layer(seq=8, batch=2)
     out = m.graph.output[0].name
     m = symbolic(m, {"x": {0: "B"}, out: {0: "B"}})
-    cm = ember.compile(m, target="c", dynamic_bounds={"B": (1, 16)})
+    cm = ember.compile(m, target=target, dynamic_bounds={"B": (1, 16)})
     s = cm.summary()
     assert s["symbolic_dims"] == {"B": [1, 16]} and s["input_shapes"] == {"x": "[B, 8, 32]"}
     assert s["fallback_ops"] == []
