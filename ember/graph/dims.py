@@ -56,6 +56,7 @@ VALUE_RULES = {
     "compress": "the number of non-zero elements of the condition v, no longer than dims[0]",
     "resize": "dim index of Resize's output for v = [scales, sizes, roi, axes, (policy code,)] (ONNX)",
     "unique": "the number of distinct values of v (of any size)",
+    "unique_slices": "the number of distinct slices along axis 1 of v viewed as dims (before, length, after)",
 }
 
 

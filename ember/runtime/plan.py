@@ -405,7 +405,8 @@ def _resize_sizes(v: list, dims: list[int]) -> list[int]:
     return out
 
 
-RAW_RULES = {"nonzero", "range", "compress", "resize", "unique"}  # rules that read the values as they are
+# rules that read the values as they are
+RAW_RULES = {"nonzero", "range", "compress", "resize", "unique", "unique_slices"}
 OPERAND_RULES = {"slice", "pad", "range", "resize"}  # rules of several operands
 
 # `ember.graph.dims.VALUE_RULES`: rule -> f(values, index, dims)
@@ -426,6 +427,7 @@ VALUE_RULES = {
     "compress": lambda v, i, dims: _compress_count(v, dims[0]),
     "resize": lambda v, i, dims: _resize_sizes(v, dims)[i],
     "unique": lambda v, i, dims: int(np.unique(v).size),
+    "unique_slices": lambda v, i, dims: int(np.unique(np.asarray(v).reshape(dims), axis=1).shape[1]),
 }
 
 
