@@ -297,3 +297,31 @@ def test_unique_along_an_axis_counts_distinct_slices_at_run_time(axis, sorted_):
         got = compiled.run({"x": x})
         for name, w in zip(["y", "i", "inv", "c"], want):
             np.testing.assert_array_equal(got[name], w, err_msg=f"{name} with {distinct} distinct slices")
+
+
+@pytest.mark.parametrize("inverse, onesided", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_dft_axis_fed_as_an_input(inverse, onesided):
+    """DFT (opset 20) with its axis an input: the signal viewed as (before, along, after) the axis (rule 'dft_view',
+    a negative axis counting the trailing complex one), a onesided transform's output dims read at run time too;
+    every axis of one compiled model vs numpy's FFT."""
+    c = 2 if inverse else 1
+    ins = [helper.make_tensor_value_info("x", F, [2, 6, 4, c]), helper.make_tensor_value_info("axis", I64, [])]
+    node = helper.make_node("DFT", ["x", "", "axis"], ["y"], inverse=inverse, onesided=onesided)
+    graph = helper.make_graph([node], "dft", ins, [helper.make_tensor_value_info("y", F, [None] * 4)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    compiled = ember.compile(model, target="c", fallback=False)
+    rng = np.random.default_rng(inverse + 2 * onesided)
+    x = rng.standard_normal((2, 6, 4, c)).astype(np.float32)
+    z = x[..., 0] + 1j * x[..., 1] if c == 2 else x[..., 0]
+    for axis in (0, 1, 2, -2, -3):
+        a = axis + 4 if axis < 0 else axis
+        if inverse and onesided:
+            want = np.fft.irfft(z, axis=a)[..., None]
+        else:
+            w = (np.fft.ifft if inverse else np.fft.rfft if onesided else np.fft.fft)(z, axis=a)
+            want = np.stack([w.real, w.imag], axis=-1)
+        got = compiled.run({"x": x, "axis": np.array(axis, np.int64)})["y"]
+        assert got.shape == want.shape, (axis, got.shape, want.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"axis {axis}")
+    with pytest.raises(ArgumentError, match="DFT axis"):
+        compiled.run({"x": x, "axis": np.array(3, np.int64)})

@@ -791,6 +791,21 @@ def _scalar_input(ctx: NodeContext, i: int, what: str) -> int | None:
 def _dft(ctx: NodeContext) -> None:
     attrs = {"inverse": ctx.attrs.get("inverse", 0), "onesided": ctx.attrs.get("onesided", 0),
              "dft_length": _scalar_input(ctx, 1, "dft_length")}  # fmt: skip
+    v, x = ctx.input(2), ctx.type(0)
+    if ctx.version >= 20 and v is not None and not v.is_constant and x.is_static and attrs["dft_length"] is None:
+        # an axis fed as an input: the signal viewed as (before, along, after) the axis, sizes read at run time
+        dims = x.shape[:-1]
+        view = ctx.importer.value_sizes(v, "dft_view", dims, 3, tag="a", hi=max(1, math.prod(dims)))
+        if view is not None:
+            (x4,) = ctx.emit("Reshape", [ctx.input(0)], {"shape": view + x.shape[-1:]})
+            (y4,) = ctx.emit("DFT", [x4], dict(attrs, axis=1))
+            out = dims
+            if attrs["onesided"]:  # the axis's length changes: each output dim read at run time
+                rule = "dft_irfft" if attrs["inverse"] else "dft_rfft"
+                out = ctx.importer.value_sizes(v, rule, dims, len(dims), tag="o", hi=2 * max(dims, default=1))
+            last = 1 if attrs["inverse"] and attrs["onesided"] else 2
+            emit(ctx, "Reshape", [y4], {"shape": tuple(out) + (last,)})
+            return
     if ctx.version >= 20:
         axis = _scalar_input(ctx, 2, "axis")
         attrs["axis"] = -2 if axis is None else axis

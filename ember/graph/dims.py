@@ -57,6 +57,9 @@ VALUE_RULES = {
     "resize": "dim index of Resize's output for v = [scales, sizes, roi, axes, (policy code,)] (ONNX)",
     "unique": "the number of distinct values of v (of any size)",
     "unique_slices": "the number of distinct slices along axis 1 of v viewed as dims (before, length, after)",
+    "dft_view": "axis_view of a DFT's signal dims (all but the trailing complex one; a negative axis v[0] counts it)",
+    "dft_rfft": "dims[index], or n // 2 + 1 of it at the DFT axis v[0] (a onesided transform)",
+    "dft_irfft": "dims[index], or 2 * (n - 1) of it at the DFT axis v[0] (an inverse onesided transform)",
 }
 
 

@@ -356,6 +356,19 @@ def _pads(v: list, dims: list[int]) -> list[int]:
     return out
 
 
+def _dft_axis(axis: int, dims: list[int]) -> int:
+    """A DFT's signal axis among `dims` (the input's dims but the trailing complex one; a negative axis counts it)."""
+    a = axis + len(dims) + 1 if axis < 0 else axis
+    if not 0 <= a < len(dims):
+        raise ValueError(f"the DFT axis must be in [{-len(dims) - 1}, -2] or [0, {len(dims) - 1}], got {axis}")
+    return a
+
+
+def _dft_out(v: list[int], dims: list[int], length) -> list[int]:
+    a = _dft_axis(v[0], dims)
+    return [length(n) if k == a else n for k, n in enumerate(dims)]
+
+
 def _range_length(v: list) -> int:
     start, limit, delta = (a.reshape(-1)[0].item() for a in v)
     if delta == 0:
@@ -428,6 +441,9 @@ VALUE_RULES = {
     "resize": lambda v, i, dims: _resize_sizes(v, dims)[i],
     "unique": lambda v, i, dims: int(np.unique(v).size),
     "unique_slices": lambda v, i, dims: int(np.unique(np.asarray(v).reshape(dims), axis=1).shape[1]),
+    "dft_view": lambda v, i, dims: _axis_view(_dft_axis(v[0], dims), dims)[i],
+    "dft_rfft": lambda v, i, dims: _dft_out(v, dims, lambda n: n // 2 + 1)[i],
+    "dft_irfft": lambda v, i, dims: _dft_out(v, dims, lambda n: 2 * (n - 1))[i],
 }
 
 
