@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 
 def compile(model, target=None, input_shapes=None, fallback=True, opt_level=3, disabled_passes=(),  # noqa: A001
-            tuning_log=None, max_elements=None, max_iterations=None, dynamic=False, dynamic_bounds=None,
+            tuning_log=None, max_elements=None, max_iterations=None, dynamic=None, dynamic_bounds=None,
             example_inputs=None, dynamic_shapes=None):  # fmt: skip
     """Compile a model (ONNX file path, onnx.ModelProto, ember Graph, torch nn.Module with its example inputs,
     torch.export.ExportedProgram, .tflite file, Keras model or SavedModel directory); see `ember.compiler.compile`.
@@ -27,9 +27,10 @@ def compile(model, target=None, input_shapes=None, fallback=True, opt_level=3, d
     `tuning_log`: a log written by `ember tune`, whose best config per workload is applied.
     `max_elements` (per tensor, default 2^34 or $EMBER_MAX_ELEMENTS) and `max_iterations` (per kernel's loops,
     default 2^40 or $EMBER_MAX_ITERATIONS) bound the work: a model beyond them raises WorkLimitError.
-    `dynamic=True` (or `dynamic_bounds={"S": (1, 512)}`) keeps the model's symbolic dims symbolic: compiled once,
-    it runs at every size within the bounds (c target); a torch module's `dynamic_shapes` (torch.export.Dim)
-    are kept symbolic the same way."""
+    A model's symbolic dims (ONNX dim_params, an ExportedProgram's or `dynamic_shapes`' torch.export.Dims) stay
+    symbolic on the c target, bounded by `dynamic_bounds={"S": (1, 512)}`: compiled once, it runs at every size
+    within the bounds. `input_shapes` fixes an input's dims; `dynamic=False` (and the GPU targets, with a warning)
+    specialize them (a symbolic leading dim becomes 1)."""
     from .compiler import compile as _compile
 
     return _compile(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, max_elements,

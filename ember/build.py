@@ -56,9 +56,9 @@ def build(
     written = {n.buffer for n in walk(func.body) if isinstance(n, Store)}
     specs = [ArgSpec(b.name, b.shape, b.dtype.name, b in written) for b in func.params]
     sizes = size_params(func.params)
-    if sizes and target.kind != "c":
+    if sizes and target.kind not in ("c", "llvm"):
         raise NotImplementedError(f"build: kernels with symbolic sizes ({', '.join(v.name for v in sizes)}) are built "
-                                  f"for the c target only so far, not {target.kind!r}")  # fmt: skip
+                                  f"for the c and llvm targets only so far, not {target.kind!r}")  # fmt: skip
     if target.kind == "llvm":
         return _build_llvm(func, target, specs)
     if target.kind == "opencl":

@@ -95,10 +95,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     try:
         m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape),
-                          opt_level=args.opt_level, disabled_passes=args.disable_pass)  # fmt: skip
+                          opt_level=args.opt_level, disabled_passes=args.disable_pass,
+                          dynamic=False if args.static else None)  # fmt: skip
+        out = m.save(args.output)
     except (ModelError, FileNotFoundError, ValueError, NotImplementedError, ImportError) as e:
         return _fail("compile", e)
-    out = m.save(args.output)
     s = m.summary()
     print(f"compiled {args.model} -> {out}")
     print(f"  nodes {s['nodes']}, kernels {s['kernels']} ({s['distinct_kernels']} distinct), "
@@ -251,7 +252,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             m = ember.load(args.model)
         else:
             m = ember.compile(args.model, target=args.target, input_shapes=_shapes(args.input_shape),
-                              opt_level=args.opt_level)  # fmt: skip
+                              opt_level=args.opt_level, dynamic=False if args.static else None)  # fmt: skip
         out = m.export(args.output, build=not args.no_build, openmp=not args.no_openmp)
     except (ModelError, FileNotFoundError, ValueError, NotImplementedError, ImportError, CompileError) as e:
         return _fail("export", e)
@@ -340,7 +341,7 @@ def _bench_remote(args: argparse.Namespace, proto, feeds: dict) -> int:
         info = remote.info()
         target = device_target(args.target, info)
         try:
-            m = ember.compile(proto, target=target, input_shapes=_shapes(args.input_shape))
+            m = ember.compile(proto, target=target, input_shapes=_shapes(args.input_shape), dynamic=False)
             export = m.export(tmp)
             t0 = time.perf_counter()
             rm = remote.load(export)
@@ -553,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("-o", "--output", required=True, help="directory to write the compiled model to")
     c.add_argument("--target", default=None, help=TARGET_HELP)
     c.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
+    c.add_argument("--static", action="store_true", help="specialize the model's symbolic dims (a leading one is 1; "
+                   "others need --input-shape) instead of keeping them symbolic")  # fmt: skip
     c.add_argument("--opt-level", type=int, default=3, help="graph optimization level 0..3 (default 3)")
     c.add_argument("--disable-pass", action="append", default=[], metavar="NAME")
     c.set_defaults(fn=cmd_compile)
@@ -596,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("-o", "--output", required=True, help="directory to write the export to")
     e.add_argument("--target", default="c", help='a C target, with options ("c -mcpu=native -threads=2"); default c')
     e.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")
+    e.add_argument("--static", action="store_true", help="specialize the model's symbolic dims instead of exporting "
+                   "them as sizes read from the input shapes")  # fmt: skip
     e.add_argument("--opt-level", type=int, default=3, help="graph optimization level 0..3 (default 3)")
     e.add_argument("--no-build", action="store_true", help="write the files and the Makefile, do not build ember_run")
     e.add_argument("--no-openmp", action="store_true", help="build ember_run without OpenMP (one thread)")

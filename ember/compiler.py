@@ -14,6 +14,7 @@ import hashlib
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from .codegen.toolchain import check_toolchain
 from .graph.ir import Graph
 from .kernels import GraphLowering, Limits, LoweringUnsupported, WorkLimitError, check_tensor_sizes
 from .ops import get_op
+from .ops.common import SizeBoundError
 from .ops.te_lib import NotLowerable
 from .passes import run_passes
 from .runtime import compile_cache
@@ -38,6 +40,9 @@ from .te.config import load_tuned
 
 __all__ = ["BACKENDS", "Limits", "LoweredModel", "LoweringUnsupported", "NotLowerable", "WorkLimitError",
            "build_model", "compile", "import_model", "load", "lower_model", "reference_fallback"]  # fmt: skip
+
+
+SYMBOLIC_KINDS = ("c", "llvm")  # target kinds whose kernels take sizes as arguments (a symbolic model's default)
 
 
 def reference_fallback(op: str, attrs: dict, arrays: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -55,7 +60,7 @@ def compile(  # noqa: A001
     tuning_log: str | os.PathLike | None = None,
     max_elements: int | None = None,
     max_iterations: int | None = None,
-    dynamic: bool = False,
+    dynamic: bool | None = None,
     dynamic_bounds: dict[str, tuple[int, int | None]] | None = None,
     example_inputs: Any = None,
     dynamic_shapes: Any = None,
@@ -79,12 +84,14 @@ def compile(  # noqa: A001
     loops run more than `max_iterations` iterations (default 2^40, or EMBER_MAX_ITERATIONS) makes compile
     raise `WorkLimitError`, naming the node and the tensor.
 
-    Symbolic sizes: with `dynamic=True` or `dynamic_bounds` ({"S": (1, 512)}: inclusive, None for unbounded), the
-    model's symbolic dims (ONNX dim_params) stay symbolic: the kernels take the sizes as arguments and the model
-    runs at every size in the bounds, planning its memory once per new size (no recompile). `input_shapes` still
-    fixes an input's dims. C target only so far; `summary()` lists the size variables. A torch module's
-    `dynamic_shapes` (`torch.export.Dim`s, as `torch.export.export` takes them) make its dims symbolic the same
-    way, each size variable named as its Dim."""
+    Symbolic sizes: a model's symbolic dims (ONNX dim_params; an ExportedProgram's, or a torch module's
+    `dynamic_shapes`: `torch.export.Dim`s as `torch.export.export` takes them, each size variable named as its Dim)
+    stay symbolic by default on the CPU targets (`SYMBOLIC_KINDS`), bounded by `dynamic_bounds` ({"S": (1, 512)}:
+    inclusive, None for unbounded; default [1, inf)): the kernels take the sizes as arguments and the model runs at
+    every size in the bounds, planning its memory once per new size (no recompile); `summary()["symbolic_dims"]`
+    lists the size variables and their bounds. `input_shapes` still fixes an input's dims. `dynamic=False`
+    specializes instead (a symbolic leading dim becomes 1, another symbolic dim asks for `input_shapes`), as do the
+    GPU targets by default, with a warning naming the dims; `dynamic=True` or `dynamic_bounds` there is an error."""
     t0 = time.perf_counter()
     if target is not None and not isinstance(target, str | Target):  # ember.compile(module, example_inputs)
         target, example_inputs = None, target
@@ -95,27 +102,73 @@ def compile(  # noqa: A001
         raise NotImplementedError(f"ember.compile: no model backend for target {target.kind!r} yet (have: {have})")
     if not target.runs_here:
         check_toolchain(target)
-    symbolic = bool(dynamic or dynamic_bounds or dynamic_shapes)
-    if symbolic and target.kind != "c":
-        raise NotImplementedError(f"ember.compile: symbolic sizes (dynamic=True) are compiled for the c target only "
-                                  f"so far, not {target.kind!r}; pass input_shapes= to specialize")  # fmt: skip
+    if dynamic is False and (dynamic_bounds or dynamic_shapes):
+        raise ValueError("ember.compile: dynamic_bounds or dynamic_shapes is given with dynamic=False (the dims would "
+                         "be specialized)")  # fmt: skip
+    symbolic = bool(dynamic or dynamic_bounds or dynamic_shapes) or (dynamic is None and target.kind in SYMBOLIC_KINDS)
+    if symbolic and target.kind not in SYMBOLIC_KINDS:
+        raise NotImplementedError(f"ember.compile: symbolic sizes (dynamic=True) are compiled for targets "
+                                  f"{', '.join(SYMBOLIC_KINDS)} only so far, not {target.kind!r}; pass input_shapes= "
+                                  "or dynamic=False to specialize")  # fmt: skip
+    if dynamic is None and not symbolic:
+        _warn_specialized(model, input_shapes, target)
     options = {"input_shapes": input_shapes, "fallback": fallback, "opt_level": opt_level,
-               "disabled_passes": sorted(disabled_passes), "limits": [limits.max_elements, limits.max_iterations]}
-    key = None if symbolic else compile_key(model, target, options, tuning_log)
+               "disabled_passes": sorted(disabled_passes), "limits": [limits.max_elements, limits.max_iterations],
+               "symbolic": symbolic, "dynamic_bounds": sorted((dynamic_bounds or {}).items())}  # fmt: skip
+    key = None if dynamic_shapes else compile_key(model, target, options, tuning_log)
     if key is not None and (cached := compile_cache.lookup(key, load)) is not None:
         cached.update_summary(compile_seconds=time.perf_counter() - t0, compile_cache="hit", lower_seconds=0.0,
                               build_seconds=0.0)  # fmt: skip
         return cached
-    lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0, limits,
-                          dynamic_bounds if symbolic else None, symbolic, example_inputs, dynamic_shapes)  # fmt: skip
-    if lowered.plan.is_symbolic and target.kind != "c":  # sizes read from input values (a Reshape target input...)
+    lowered = _lower_bounded(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log, t0,
+                             limits, dynamic_bounds if symbolic else None, symbolic, example_inputs, dynamic_shapes)
+    if lowered.plan.is_symbolic and target.kind not in SYMBOLIC_KINDS:  # sizes read from values (a Reshape target)
         names = ", ".join(v.name for v in lowered.plan.size_vars)
-        raise NotImplementedError(f"ember.compile: sizes known at run time ({names}) are compiled for the c "
-                                  f"target only so far, not {target.kind!r}; bind their inputs as constants")
+        raise NotImplementedError(f"ember.compile: sizes known at run time ({names}) are compiled for targets "
+                                  f"{', '.join(SYMBOLIC_KINDS)} only so far, not {target.kind!r}; bind their inputs "
+                                  "as constants")  # fmt: skip
     built = build_model(lowered)
-    if key is not None and not lowered.plan.is_symbolic:  # a symbolic plan does not save yet
+    if key is not None:
         built.update_summary(compile_cache="stored" if compile_cache.store(key, built) else "not stored")
     return built
+
+
+def _lower_bounded(model: Any, target: Target, input_shapes: dict | None, fallback: bool, opt_level: int,
+                   disabled_passes: Sequence[str], tuning_log: Any, t0: float, limits: Limits,
+                   dynamic_bounds: dict | None, symbolic: bool, example_inputs: Any,
+                   dynamic_shapes: Any) -> LoweredModel:  # fmt: skip
+    """`lower_model`; where a symbolic model needs a size no larger than a bound it implies (S against min(S, c): a
+    Slice of a c-long table, BERT's positions) and no bound was given for that size, lowered again with it (a
+    warning names it; a larger size is then an ArgumentError at run time, where the kernels would read past the
+    table), each size at most once."""
+    bounds = dict(dynamic_bounds or {})
+    while True:
+        try:
+            lowered = lower_model(model, target, input_shapes, fallback, opt_level, disabled_passes, tuning_log,
+                                  t0, limits, bounds if symbolic else None, symbolic, example_inputs,
+                                  dynamic_shapes)  # fmt: skip
+        except ValueError as e:
+            hint = _size_bound(e)
+            if not symbolic or hint is None or hint.size in bounds:
+                raise
+            bounds[hint.size] = (1, hint.bound)
+            warnings.warn(f"ember.compile: the model needs {hint.size} <= {hint.bound} ({e}); compiled with "
+                          f"{hint.size} in [1, {hint.bound}]", stacklevel=4)  # fmt: skip
+            continue
+        if bounds != dict(dynamic_bounds or {}):
+            lowered.summary["inferred_bounds"] = {k: list(v) for k, v in bounds.items()
+                                                  if k not in (dynamic_bounds or {})}  # fmt: skip
+        return lowered
+
+
+def _size_bound(e: BaseException) -> SizeBoundError | None:
+    """The SizeBoundError behind an error (a frontend's ModelError wraps the shape rule's), or None."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, SizeBoundError):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
 
 
 def compile_key(model: Any, target: Target, options: dict, tuning_log: str | os.PathLike | None) -> str | None:
@@ -171,6 +224,24 @@ def uses_external_data(data: bytes) -> bool:
         return tensors
 
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph_tensors(proto.graph))
+
+
+def _warn_specialized(model: Any, input_shapes: dict | None, target: Target) -> None:
+    """Warn that an ONNX model's symbolic input dims (those `input_shapes` leaves open) are specialized."""
+    if isinstance(model, Graph) or not (isinstance(model, str | os.PathLike | bytes) or hasattr(model, "graph")):
+        return
+    from .frontend.onnx import load_model
+
+    try:
+        proto, _ = load_model(model)
+    except Exception:  # not an ONNX model: its own frontend reports what it is
+        return
+    dims = sorted({d.dim_param or "?" for vi in proto.graph.input if vi.name not in (input_shapes or {})
+                   for d in vi.type.tensor_type.shape.dim if not d.HasField("dim_value")})  # fmt: skip
+    if dims:
+        warnings.warn(f"ember.compile: the model's symbolic dims ({', '.join(dims)}) are specialized on target "
+                      f"{target.kind!r} (symbolic sizes: targets {', '.join(SYMBOLIC_KINDS)} only); a leading one "
+                      "becomes 1, pass input_shapes= to choose", stacklevel=3)  # fmt: skip
 
 
 @dataclass

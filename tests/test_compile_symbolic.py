@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
+from conftest import opencl_missing
 from onnx import TensorProto, helper
 
 import ember
@@ -38,11 +39,12 @@ def check_sizes(model: onnx.ModelProto, compiled, feeds_at, sizes, atol=1e-4) ->
             np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=atol, err_msg=f"size {size}")
 
 
-def test_transformer_layer_with_a_symbolic_batch(monkeypatch):
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_transformer_layer_with_a_symbolic_batch(monkeypatch, target):
     m = zoo.transformer_encoder_layer(seq=8, batch=2)
     out = m.graph.output[0].name
     m = symbolic(m, {"x": {0: "B"}, out: {0: "B"}})
-    cm = ember.compile(m, target="c", dynamic_bounds={"B": (1, 16)})
+    cm = ember.compile(m, target=target, dynamic_bounds={"B": (1, 16)})
     s = cm.summary()
     assert s["symbolic_dims"] == {"B": [1, 16]} and s["input_shapes"] == {"x": "[B, 8, 32]"}
     assert s["fallback_ops"] == []
@@ -56,21 +58,32 @@ def test_transformer_layer_with_a_symbolic_batch(monkeypatch):
         cm(np.zeros((17, 8, 32), np.float32))
     with pytest.raises(ArgumentError, match=r"wants rank 3"):
         cm(np.zeros((8, 32), np.float32))
-    with pytest.raises(NotImplementedError, match="symbolic sizes"):
-        cm.save("unused")
-    with pytest.raises(NotImplementedError, match="symbolic sizes"):
-        cm.export("unused")
 
 
-def test_symbolic_compile_is_opt_in_and_checked():
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_symbolic_dims_stay_symbolic_by_default_on_cpu_targets(target):
     m = symbolic(zoo.mlp(batch=4), {"x": {0: "N"}})
-    static = ember.compile(m, target="c")  # the documented default: a symbolic leading dim is 1
-    assert static.plan.values[static.plan.inputs[0]].shape == (1, 48)
-    with pytest.raises(NotImplementedError, match="c target only"):
-        ember.compile(m, target="llvm", dynamic=True)
-    dyn = ember.compile(m, target="c", dynamic=True)
+    dyn = ember.compile(m, target=target)  # the default on the CPU targets: symbolic, unbounded above
+    assert dyn.summary()["symbolic_dims"] == {"N": [1, None]}
     rng = np.random.default_rng(1)
     check_sizes(m, dyn, lambda n: {"x": rng.standard_normal((n, 48)).astype(np.float32)}, (1, 5, 64))
+    static = ember.compile(m, target=target, dynamic=False)  # specialized: a symbolic leading dim is 1
+    assert static.plan.values[static.plan.inputs[0]].shape == (1, 48) and not static.plan.is_symbolic
+    fixed = ember.compile(m, target=target, input_shapes={"x": (3, 48)})
+    assert fixed.plan.values[fixed.plan.inputs[0]].shape == (3, 48) and not fixed.plan.is_symbolic
+    with pytest.raises(ValueError, match="dynamic_bounds or dynamic_shapes is given with dynamic=False"):
+        ember.compile(m, target=target, dynamic=False, dynamic_bounds={"N": (1, 4)})
+
+
+def test_gpu_targets_specialize_symbolic_dims_with_a_warning():
+    m = symbolic(zoo.mlp(batch=4), {"x": {0: "N"}})
+    with pytest.raises(NotImplementedError, match="symbolic sizes .* not 'opencl'"):
+        ember.compile(m, target="opencl", dynamic=True)
+    if opencl_missing() is not None:
+        pytest.skip(f"no OpenCL platform: {opencl_missing()}")
+    with pytest.warns(UserWarning, match=r"symbolic dims \(N\) are specialized on target 'opencl'"):
+        gpu = ember.compile(m, target="opencl")
+    assert gpu.plan.values[gpu.plan.inputs[0]].shape == (1, 48)
 
 
 def test_bert_with_symbolic_batch_and_sequence_compiles_once(monkeypatch):
@@ -159,3 +172,23 @@ def test_reshapes_and_transposes_of_a_symbolic_length():
     assert "floormod_int64(" not in cm.source and "floordiv_int64(" not in cm.source  # sizes >= 0: C division
     rng = np.random.default_rng(5)
     check_sizes(m, cm, lambda n: {"x": rng.standard_normal((n, 96)).astype(np.float32)}, (1, 5, 17, 64), atol=0)
+
+
+def test_a_size_the_model_bounds_is_bounded_by_default():
+    """BERT slices its 16-row position table by seq and adds it to the embeddings ([B, seq] + [1, min(seq, 16)]):
+    without dynamic_bounds the default compile bounds seq by 16 (a warning names it) instead of failing."""
+    m = zoo.bert_encoder(layers=1, seq=16, d=32, heads=2, ff=64, vocab=50, dynamic=True)
+    with pytest.warns(UserWarning, match=r"needs seq <= 16 .*compiled with seq in \[1, 16\]"):
+        cm = ember.compile(m, target="c")
+    s = cm.summary()
+    assert s["symbolic_dims"] == {"batch": [1, None], "seq": [1, 16]} and s["inferred_bounds"] == {"seq": [1, 16]}
+    rng = np.random.default_rng(4)
+
+    def feeds(bs):
+        return {"input_ids": rng.integers(0, 50, bs), "attention_mask": np.ones(bs, np.int64)}
+
+    check_sizes(m, cm, feeds, [(1, 16), (3, 5)])
+    with pytest.raises(ArgumentError, match=r"size seq = 17 is outside its bounds \[1, 16\]"):
+        cm.run(feeds((1, 17)))
+    with pytest.raises(ember.frontend.onnx.ModelError, match=r"dynamic_bounds=\{'seq': \(1, 16\)\}"):
+        ember.compile(m, target="c", dynamic_bounds={"seq": (1, 32)})  # a bound given: not changed, the fix named

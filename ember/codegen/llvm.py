@@ -39,11 +39,24 @@ import numpy as np
 
 from ..target import Target
 from ..tir.arith import Analyzer
-from ..tir.dtype import DType
+from ..tir.dtype import DType, int64
 from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
 from ..tir.functor import walk
 from ..tir.narrow import CONVERSIONS
-from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, Seq, Stmt, Store
+from ..tir.stmt import (
+    Allocate,
+    Buffer,
+    Evaluate,
+    For,
+    ForKind,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    Seq,
+    Stmt,
+    Store,
+    size_params,
+)
 from . import llvm_pool
 from .c import STACK_LIMIT, CodegenError, c_symbol, const_offset, register_slots
 from .toolchain import cache_dir, link_object
@@ -261,6 +274,11 @@ class LLVMCodegen:
             a, b = self.splat(a, lanes), self.splat(b, lanes)
         odt = e.a.dtype  # operand dtype (comparisons)
         B = self.b
+        if not odt.is_float and not odt.is_bool and a.type != b.type:  # an int32 index beside an int64 size
+            wide = a.type if _int_width(a.type) >= _int_width(b.type) else b.type
+            a, b = self.fit_int(a, wide), self.fit_int(b, wide)
+        if op not in _CMP and not dt.is_float and not dt.is_bool:
+            a, b = self.fit_int(a, ltype(dt)), self.fit_int(b, ltype(dt))
         if op in _CMP:
             if odt.is_float:
                 if op == "ne":
@@ -331,8 +349,19 @@ class LLVMCodegen:
         r = B.select(B.or_(is0, is_neg), zero, B.srem(a, safe))
         return q, r
 
+    def fit_int(self, v, t):
+        """An integer value (or vector) as integer type `t`: sign-extended or truncated where the loop IR mixes an
+        int32 index with an int64 size in one operation (C converts them implicitly)."""
+        if v.type == t or not isinstance(t.element if isinstance(t, ir.VectorType) else t, ir.IntType):
+            return v
+        if _int_width(v.type) < _int_width(t):
+            return self.b.sext(v, t)
+        return self.b.trunc(v, t) if _int_width(v.type) > _int_width(t) else v
+
     def cast(self, v, src: DType, dst: DType):
         B = self.b
+        if not src.is_float and not src.is_bool and not src.is_narrow:
+            v = self.fit_int(v, ltype(src))
         if src.is_narrow or dst.is_narrow:
             raise CodegenError(f"LLVM codegen: cast {src} -> {dst}: narrow formats convert through "
                                "ember.tir.narrow.convert (te.cast), not a plain cast")  # fmt: skip
@@ -610,7 +639,10 @@ class LLVMCodegen:
     def parallel_loop(self, s: For) -> None:
         """Outline the loop body into a region function run by `ember_parallel_for`."""
         bound = {n.var for n in walk(s.body) if isinstance(n, For | LetStmt)} | {s.var}
-        used_vars = [v for v in _unique(n for n in walk(s) if isinstance(n, Var)) if v not in bound]
+        # a buffer of symbolic size allocated in the body: the variables of its size too
+        sizes = [x for n in walk(s.body) if isinstance(n, Allocate) and isinstance(n.buffer.size, Expr)
+                 for x in walk(n.buffer.size)]  # fmt: skip
+        used_vars = [v for v in _unique([*walk(s), *sizes]) if isinstance(v, Var) and v not in bound]
         used_bufs = [b for b in _unique(n.buffer for n in walk(s.body) if isinstance(n, Load | Store))]
         outer_bufs = [b for b in used_bufs if b in self.st.bufs]
         slot_bufs = [b for b in used_bufs if b in self.st.slots]  # register buffers: their slots' addresses
@@ -683,17 +715,22 @@ class LLVMCodegen:
             del st.slots[b]
             return
         t = mtype(b.dtype)
-        if b.nbytes <= STACK_LIMIT:
+        if b.is_static and b.nbytes <= STACK_LIMIT:
             arr = self.alloca(t, b.name, count=max(b.size, 1), align=64)
             st.bufs[b] = arr
             self.stmt(s.body)
             del st.bufs[b]
             return
         B = self.b
-        nbytes = -(-b.nbytes // 64) * 64
+        if b.is_static:
+            nbytes = ir.Constant(self.i64, -(-b.nbytes // 64) * 64)
+        else:  # symbolic size: bytes computed from the size arguments, rounded up to 64 (as the C target does)
+            size = self.expr(Cast(int64, b.size) if isinstance(b.size, Expr) else Const(b.size, int64))
+            raw = B.add(B.mul(size, ir.Constant(self.i64, b.dtype.itemsize)), ir.Constant(self.i64, 63 + 64))
+            nbytes = B.mul(B.sdiv(raw, ir.Constant(self.i64, 64)), ir.Constant(self.i64, 64))
         alloc = self.declare("aligned_alloc", self.ptr, [self.i64, self.i64])
         free = self.declare("free", ir.VoidType(), [self.ptr])
-        p = B.call(alloc, [ir.Constant(self.i64, 64), ir.Constant(self.i64, nbytes)], name=b.name)
+        p = B.call(alloc, [ir.Constant(self.i64, 64), nbytes], name=b.name)
         with B.if_else(B.icmp_unsigned("==", p, ir.Constant(self.ptr, None))) as (failed, ok):
             with failed:
                 B.store(ir.Constant(self.i32, -1), st.status)
@@ -713,13 +750,20 @@ class LLVMCodegen:
         return _FnState(fn, ir.IRBuilder(start), eb)
 
     def function(self, f: PrimFunc):
-        fty = ir.FunctionType(self.i32, [self.ptr] * len(f.params))
+        """`i32 name(ptr buffers..., i64 sizes...)`: the size variables of the buffers' shapes (`size_params`) are
+        i64 arguments after the buffers, as the C target's `int64_t` ones."""
+        sizes = size_params(f.params)
+        fty = ir.FunctionType(self.i32, [self.ptr] * len(f.params) + [self.i64] * len(sizes))
         fn = ir.Function(self.module, fty, c_symbol(f.name))
         for arg, p in zip(fn.args, f.params):
             arg.name = c_symbol(p.name)
             arg.add_attribute("noalias")
+        self.ana.bind_sizes(sizes)  # sizes known >= their lower bounds
         self.st = st = self._new_state(fn)
         st.bufs = dict(zip(f.params, fn.args))
+        for arg, v in zip(fn.args[len(f.params) :], sizes):
+            arg.name = c_symbol(v.name)
+            st.vars[v] = arg if v.dtype.bits == 64 else st.entry.trunc(arg, ltype(v.dtype))
         st.status = self.alloca(self.i32, "status")
         st.entry.store(ir.Constant(self.i32, 0), st.status)
         self.stmt(f.body)
@@ -748,6 +792,12 @@ def _unique(items) -> list:
             seen.add(id(x))
             out.append(x)
     return out
+
+
+def _int_width(t) -> int:
+    """The bits of an integer type or of a vector's integer lanes (0 for anything else)."""
+    t = t.element if isinstance(t, ir.VectorType) else t
+    return t.width if isinstance(t, ir.IntType) else 0
 
 
 def _suffix(t) -> str:

@@ -71,9 +71,10 @@ define internal double @ember_now() {{
 """
 
 
-def runner_ir(steps: Iterable[Any]) -> str:
+def runner_ir(steps: Iterable[Any], sized: bool = False) -> str:
     """LLVM IR of each segment's runner (plain and timed): the kernels called in order, the first nonzero
-    status returned. The timed variant writes each kernel's seconds to `t[j]`."""
+    status returned. The timed variant writes each kernel's seconds to `t[j]`. `sized`: the runners take the
+    sizes' values (`ptr %s`, i64 each) after the table and pass each kernel its own, as `runner_source`'s."""
     clock = _CLOCK_MONOTONIC.get(sys.platform, 1)
     out = [_CLOCK_IR.format(clock=clock)]
     for s in steps:
@@ -81,7 +82,8 @@ def runner_ir(steps: Iterable[Any]) -> str:
             continue
         for timed in (False, True):
             name = s.function + ("_profiled" if timed else "")
-            out.append(f'define i32 @"{name}"(ptr noalias %v{", ptr noalias %t" if timed else ""}) {{')
+            params = "ptr noalias %v" + (", ptr noalias %s" if sized else "") + (", ptr noalias %t" if timed else "")
+            out.append(f'define i32 @"{name}"({params}) {{')
             out.append("entry:")
             for j, k in enumerate(s.kernels):
                 out.append(f"  ; {', '.join(k.nodes)}")
@@ -90,6 +92,10 @@ def runner_ir(steps: Iterable[Any]) -> str:
                     out.append(f"  %p{j}.{n} = getelementptr ptr, ptr %v, i64 {a}")
                     out.append(f"  %a{j}.{n} = load ptr, ptr %p{j}.{n}")
                     args.append(f"ptr %a{j}.{n}")
+                for n, i in enumerate(getattr(k, "sizes", [])):
+                    out.append(f"  %sp{j}.{n} = getelementptr i64, ptr %s, i64 {i}")
+                    out.append(f"  %sv{j}.{n} = load i64, ptr %sp{j}.{n}")
+                    args.append(f"i64 %sv{j}.{n}")
                 if timed:
                     out.append(f"  %t{j}.0 = call double @ember_now()")
                 out.append(f'  %s{j} = call i32 @"{k.name}"({", ".join(args)})')

@@ -414,7 +414,7 @@ class Importer:
             known = self.symbolic_dims(v)
             if known is not None:
                 return known
-        source = self._readable(v, rule in ("nonzero", "compress", "unique"))
+        source = self._readable(v, rule in ("nonzero", "compress", "unique", "unique_slices"))
         if source is None:
             return None
         read: list = []

@@ -676,8 +676,23 @@ def _compress(ctx: NodeContext) -> None:
 @converter("Unique")
 def _unique(ctx: NodeContext) -> None:
     v, x = ctx.input(0), ctx.type(0)
+    axis = ctx.attrs.get("axis")
+    if axis is not None and not v.is_constant and x.is_static and x.rank:
+        # along an axis, of an input: the run time counts the distinct slices of the (before, length, after) view
+        a = norm_axes((axis,), x.rank)[0]
+        view = (math.prod(x.shape[:a]), x.shape[a], math.prod(x.shape[a + 1 :]))
+        count = ctx.importer.value_sizes(v, "unique_slices", view, count=1, tag="uq", hi=x.shape[a])
+        if count:
+            (x3,) = ctx.emit("Reshape", [v], {"shape": view})
+            names = ctx.out_names + [f"{ctx.name}:unused{i}" for i in range(len(ctx.out_names), 4)]
+            attrs = {"sorted": ctx.attrs.get("sorted", 1), "axis": 1, "count": count[0]}
+            y3, *_ = ctx.importer.add_node("Unique", [x3], attrs, [ctx.importer.unique(f"{ctx.name}/values")]
+                                           + names[1:4], ctx.name)  # fmt: skip
+            shape = x.shape[:a] + (count[0],) + x.shape[a + 1 :]
+            ctx.importer.add_node("Reshape", [y3], {"shape": shape}, names[:1], f"{ctx.name}/Reshape")
+            return
     # without an axis, of an input: the run time counts the distinct values before the kernels run
-    count = None if v.is_constant or ctx.attrs.get("axis") is not None or not x.is_static else \
+    count = None if v.is_constant or axis is not None or not x.is_static else \
         ctx.importer.value_sizes(v, "unique", count=1, tag="uq", hi=x.size)  # fmt: skip
     if not count:
         emit(ctx)
@@ -776,6 +791,21 @@ def _scalar_input(ctx: NodeContext, i: int, what: str) -> int | None:
 def _dft(ctx: NodeContext) -> None:
     attrs = {"inverse": ctx.attrs.get("inverse", 0), "onesided": ctx.attrs.get("onesided", 0),
              "dft_length": _scalar_input(ctx, 1, "dft_length")}  # fmt: skip
+    v, x = ctx.input(2), ctx.type(0)
+    if ctx.version >= 20 and v is not None and not v.is_constant and x.is_static and attrs["dft_length"] is None:
+        # an axis fed as an input: the signal viewed as (before, along, after) the axis, sizes read at run time
+        dims = x.shape[:-1]
+        view = ctx.importer.value_sizes(v, "dft_view", dims, 3, tag="a", hi=max(1, math.prod(dims)))
+        if view is not None:
+            (x4,) = ctx.emit("Reshape", [ctx.input(0)], {"shape": view + x.shape[-1:]})
+            (y4,) = ctx.emit("DFT", [x4], dict(attrs, axis=1))
+            out = dims
+            if attrs["onesided"]:  # the axis's length changes: each output dim read at run time
+                rule = "dft_irfft" if attrs["inverse"] else "dft_rfft"
+                out = ctx.importer.value_sizes(v, rule, dims, len(dims), tag="o", hi=2 * max(dims, default=1))
+            last = 1 if attrs["inverse"] and attrs["onesided"] else 2
+            emit(ctx, "Reshape", [y4], {"shape": tuple(out) + (last,)})
+            return
     if ctx.version >= 20:
         axis = _scalar_input(ctx, 2, "axis")
         attrs["axis"] = -2 if axis is None else axis

@@ -14,7 +14,6 @@ A `SizeVar` compares by identity, like every loop IR variable: the frontend make
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,35 +21,10 @@ from ember.tir.arith import Analyzer, eval_int
 from ember.tir.dtype import int64
 from ember.tir.expr import BinOp, Const, Expr, Var, binop, const
 from ember.tir.functor import walk
+from ember.tir.sizevar import DimError, SizeVar, ValueSizeVar
 
 Dim = int | Expr
 Shape = tuple[Dim, ...]
-
-
-class DimError(ValueError):
-    """A size variable's bounds or a dim's value is wrong (names the variable)."""
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class SizeVar(Var):
-    """A named size known at run time: `lo <= value <= hi` (hi None: unbounded)."""
-
-    lo: int = 0
-    hi: int | None = None
-
-    __hash__ = Var.__hash__
-
-    def __repr__(self) -> str:
-        return self.name
-
-    @property
-    def bounds(self) -> tuple[int, int | None]:
-        return self.lo, self.hi
-
-    def check(self, value: int, where: str = "") -> None:
-        if value < self.lo or (self.hi is not None and value > self.hi):
-            hi = "inf" if self.hi is None else self.hi
-            raise DimError(f"{where}size {self.name} = {value} is outside its bounds [{self.lo}, {hi}]")
 
 
 def size_var(name: str, lo: int = 0, hi: int | None = None) -> SizeVar:
@@ -82,23 +56,11 @@ VALUE_RULES = {
     "compress": "the number of non-zero elements of the condition v, no longer than dims[0]",
     "resize": "dim index of Resize's output for v = [scales, sizes, roi, axes, (policy code,)] (ONNX)",
     "unique": "the number of distinct values of v (of any size)",
+    "unique_slices": "the number of distinct slices along axis 1 of v viewed as dims (before, length, after)",
+    "dft_view": "axis_view of a DFT's signal dims (all but the trailing complex one; a negative axis v[0] counts it)",
+    "dft_rfft": "dims[index], or n // 2 + 1 of it at the DFT axis v[0] (a onesided transform)",
+    "dft_irfft": "dims[index], or 2 * (n - 1) of it at the DFT axis v[0] (an inverse onesided transform)",
 }
-
-
-@dataclass(frozen=True, eq=False, repr=False)
-class ValueSizeVar(SizeVar):
-    """A size read at run time from the values of an int graph input (a shape operand fed as an input):
-    `VALUE_RULES[rule]` of input `source`'s values, at `index`, against the dims `dims`. A rule of several
-    operands reads `operands` instead (`source` is one of them): each the name of a graph input, a constant's
-    values (a tuple) or None (an operand left out)."""
-
-    source: object = ""  # the input's name, or a callable: the operand computed from the inputs' values by name
-    index: int = 0
-    rule: str = "element"
-    dims: tuple = ()
-    operands: tuple = ()
-
-    __hash__ = Var.__hash__
 
 
 def value_size_var(name: str, source: object, index: int, rule: str = "element", dims: tuple = (),
@@ -260,6 +222,17 @@ def broadcast_dim(a: Dim, b: Dim) -> Dim | None:
     if is_static_dim(b) and int(b) == 1:
         return a
     return a if dims_equal(a, b) else None
+
+
+def clamped_size(a: Dim, b: Dim) -> tuple[SizeVar, int] | None:
+    """(S, c) where one dim is the size S and the other min(S, c) (a Slice of a c-long table by S): they are equal
+    exactly when S <= c, which the model then needs. None for any other pair."""
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, SizeVar) and isinstance(y, BinOp) and y.op == "min":
+            for u, v in ((y.a, y.b), (y.b, y.a)):
+                if u is x and isinstance(v, Const):
+                    return x, int(v.value)
+    return None
 
 
 def dim_str(d: Dim) -> str:

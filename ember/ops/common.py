@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.graph.dims import dim_bounds, dim_str, is_static_dim, shape_str, simplify_dim
+from ember.graph.dims import clamped_size, dim_bounds, dim_str, is_static_dim, shape_str, simplify_dim
 from ember.graph.types import TensorType
 
 
 class ShapeError(ValueError):
     """Input types that an operator's shape rule rejects."""
+
+
+class SizeBoundError(ShapeError):
+    """Shapes that agree only where a size is at most a bound the model implies (S against min(S, c): a Slice of a
+    c-long table by S): `size` and `bound` name it (ember.compile then bounds an unbounded size by it)."""
+
+    def __init__(self, message: str, size: str, bound: int):
+        super().__init__(message)
+        self.size, self.bound = size, bound
 
 
 def norm_axis(axis: int, rank: int, what: str = "axis") -> int:
@@ -34,6 +43,11 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     for i in range(rank):
         dims = {s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0}
         dims.discard(1)
+        if len(dims) == 2 and (clamped := clamped_size(*dims)) is not None:
+            v, c = clamped
+            raise SizeBoundError(f"shapes {', '.join(map(shape_str, shapes))} broadcast only where {v.name} <= {c} "
+                                 f"(axis {i}); give it that bound: dynamic_bounds={{{v.name!r}: ({v.lo}, {c})}}",
+                                 v.name, c)  # fmt: skip
         if len(dims) > 1:
             raise ShapeError(f"shapes {', '.join(map(shape_str, shapes))} do not broadcast (axis {i})")
         out.append(dims.pop() if dims else 1)

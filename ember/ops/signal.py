@@ -144,7 +144,7 @@ def _dft_te(a: dict, x: te.Tensor) -> te.Tensor:
     n, _ = _dft_lengths(a, xt)
     shape = _dft_infer(a, xt).shape
     size, inverse = x.shape[axis], bool(a["inverse"])
-    if n <= 0:
+    if isinstance(n, int) and n <= 0:
         raise NotLowerable("DFT of length 0")
     cos_t, sin_t = _twiddles(n)
 
@@ -162,7 +162,9 @@ def _dft_te(a: dict, x: te.Tensor) -> te.Tensor:
     else:
 
         def acc_body(*o):
-            t = te.reduce_axis((0, min(size, n)), name="t")  # the signal is cut or zero-padded to n
+            static = isinstance(size, int) and isinstance(n, int)
+            length = min(size, n) if static else size if n is size else te.minimum(size, n)
+            t = te.reduce_axis((0, length), name="t")  # the signal is cut or zero-padded to n
             idx = o[:axis] + (t.var,) + o[axis + 1 : -1]
             ph = _phase(o[axis], t.var, n)
             zr, zi, cs, sn = _component(x, idx, 0), _component(x, idx, 1), cos_t[ph], sin_t[ph]

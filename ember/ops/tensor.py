@@ -1229,9 +1229,15 @@ def compress(a: dict, x: np.ndarray, cond: np.ndarray) -> np.ndarray:
 def _unique_infer(a: dict, x: TensorType) -> tuple[TensorType, ...]:
     if a["count"] is None:
         raise ShapeDependsOnData("the number of unique elements depends on the data")
-    if a["axis"] is not None or x.rank != 1:
-        raise ShapeError(f"Unique with a count read at run time takes a 1-D input and no axis, got {x}")
     n = a["count"]
+    if a["axis"] is not None:  # slices along axis 1 of a (before, length, after) view
+        if a["axis"] != 1 or x.rank != 3:
+            raise ShapeError(f"Unique with a count read at run time and an axis takes a 3-D view and axis 1, got {x}")
+        b, length, after = x.shape
+        return (x.with_shape((b, n, after)), TensorType((n,), "int64"), TensorType((length,), "int64"),
+                TensorType((n,), "int64"))  # fmt: skip
+    if x.rank != 1:
+        raise ShapeError(f"Unique with a count read at run time takes a 1-D input and no axis, got {x}")
     return x.with_shape((n,)), TensorType((n,), "int64"), TensorType(x.shape, "int64"), TensorType((n,), "int64")
 
 
@@ -1258,6 +1264,8 @@ def _unique_te(a: dict, x: te.Tensor) -> list[te.Tensor]:
     output slot j sums over the first occurrence of rank j (one term)."""
     if a["count"] is None:
         raise NotLowerable("Unique without a count computed at run time")
+    if a["axis"] is not None:
+        return _unique_slices_te(a, x)
     (n,) = x.shape
     if not isinstance(n, int) or n * n > NONZERO_LIMIT:
         raise NotLowerable(f"Unique of {n} elements: the quadratic compute would be too slow")
@@ -1291,6 +1299,66 @@ def _unique_te(a: dict, x: te.Tensor) -> list[te.Tensor]:
     k = a["count"]
     values = te.compute((k,), slot(lambda i: x[i]), name="unique_values")
     indices = te.compute((k,), slot(lambda i: i64(i)), name="unique_indices")
+    inverse = te.compute((n,), lambda i: rank[i], name="unique_inverse")
+    c = te.reduce_axis((0, n), name="c")
+    counts = te.compute((k,), lambda j: te.sum(te.const(1, "int64"), axis=c, where=rank[c.var] == i64(j)),
+                        name="unique_counts")  # fmt: skip
+    return [values, indices, inverse, counts]
+
+
+def _unique_slices_te(a: dict, x: te.Tensor) -> list[te.Tensor]:
+    """Unique along axis 1 of x (before, n, after): slice i is x[:, i, :], its S = before * after elements in C
+    order. For each pair of slices, the first element where they differ (S: equal) decides equality and the
+    lexicographic order numpy's unique(axis=) sorts by; then as `_unique_te` for single values."""
+    b, n, after = x.shape
+    size = b * after
+    if not all(isinstance(d, int) for d in x.shape) or n * n * max(size, 1) > NONZERO_LIMIT:
+        raise NotLowerable(f"Unique of {n} slices of {size} elements: the quadratic compute would be too slow")
+    native_dtype(x.dtype.name)
+    i64 = lambda v: te.cast(v, "int64")  # noqa: E731
+
+    def at(slice_: Expr, p: Expr) -> Expr:  # element p of slice `slice_`
+        return x[p // after, slice_, p % after]
+
+    def first_difference(m, i):
+        p = te.reduce_axis((0, size), name="p")
+        return te.min(i64(p.var), axis=p, where=at(m, p.var) != at(i, p.var))
+
+    diff = te.compute((n, n), first_difference, name="unique_diff")  # >= size: the slices are equal
+    same = lambda m, i: diff[m, i] >= size  # noqa: E731
+
+    def less(m, i):  # slice m before slice i in numpy's (lexicographic) order
+        d = te.minimum(diff[m, i], te.const(max(size - 1, 0), "int64"))
+        return te.all(diff[m, i] < size, at(m, d) < at(i, d))
+
+    def count(cond):
+        def body(i):
+            m = te.reduce_axis((0, n), name="m")
+            return te.sum(te.const(1, "int64"), axis=m, where=cond(m.var, i))
+
+        return body
+
+    dups = te.compute((n,), count(lambda m, i: te.all(m < i, same(m, i))), name="unique_dups")
+    first = lambda m: dups[m] == 0  # noqa: E731
+    m0 = te.reduce_axis((0, n), name="m")
+    first_at = te.compute((n,), lambda i: te.sum(i64(m0.var), axis=m0, where=te.all(first(m0.var), same(m0.var, i))),
+                          name="unique_first")  # fmt: skip
+    if a["sorted"]:
+        rank = te.compute((n,), count(lambda m, i: te.all(first(m), less(m, i))), name="unique_rank")
+    else:
+        rank = te.compute((n,), count(lambda m, i: te.all(first(m), i64(m) < first_at[i])), name="unique_rank")
+    k = a["count"]
+
+    def slot_value(bi, j, ai):
+        r = te.reduce_axis((0, n), name="r")
+        return te.sum(x[bi, r.var, ai], axis=r, where=te.all(first(r.var), rank[r.var] == i64(j)))
+
+    def slot_index(j):
+        r = te.reduce_axis((0, n), name="r")
+        return te.sum(i64(r.var), axis=r, where=te.all(first(r.var), rank[r.var] == i64(j)))
+
+    values = te.compute((b, k, after), slot_value, name="unique_values")
+    indices = te.compute((k,), slot_index, name="unique_indices")
     inverse = te.compute((n,), lambda i: rank[i], name="unique_inverse")
     c = te.reduce_axis((0, n), name="c")
     counts = te.compute((k,), lambda j: te.sum(te.const(1, "int64"), axis=c, where=rank[c.var] == i64(j)),

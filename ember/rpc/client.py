@@ -124,6 +124,11 @@ class RemoteDevice:
         return f"RemoteDevice({self.address!r}, key={self.key!r}, arch={self._info['arch']!r})"
 
 
+def _shape(dims: list) -> tuple[int, ...] | None:
+    """A tensor's shape from model.json; None where a dim is symbolic (named: ember_run checks it on the device)."""
+    return tuple(dims) if all(isinstance(d, int) for d in dims) else None
+
+
 class RemoteModel:
     """A model uploaded to a device server: `run(dict)`, `model(*arrays)`, `benchmark(repeat=)`, `close()`."""
 
@@ -132,8 +137,8 @@ class RemoteModel:
         self.module_id = module_id
         self.name = meta.get("name", "model")
         self.target = meta.get("target")
-        self.inputs = [(t["name"], numpy_dtype(t["dtype"]), tuple(t["shape"])) for t in meta["inputs"]]
-        self.outputs = [(t["name"], numpy_dtype(t["dtype"]), tuple(t["shape"])) for t in meta["outputs"]]
+        self.inputs = [(t["name"], numpy_dtype(t["dtype"]), _shape(t["shape"])) for t in meta["inputs"]]
+        self.outputs = [(t["name"], numpy_dtype(t["dtype"]), _shape(t["shape"])) for t in meta["outputs"]]
         self.input_names = [n for n, _, _ in self.inputs]
         self.output_names = [n for n, _, _ in self.outputs]
         self.closed = False

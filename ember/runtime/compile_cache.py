@@ -104,7 +104,8 @@ def lookup(key: str, load: Callable[[Path], Model]) -> Model | None:
 
 def store(key: str, model: Model) -> Path | None:
     """Save `model` as the entry of `key` (atomically: a concurrent or killed compile leaves either no entry or a
-    whole one). A model that cannot be saved (symbolic sizes) or a cache that cannot be written is skipped."""
+    whole one). A model that cannot be saved (a size computed on the host from input values, control flow on the
+    reference fallback) or a cache that cannot be written is skipped."""
     path = entry_path(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
      ember_run --input NAME=FILE.npy [...] --output-dir OUT [--repeat N] [--warmup N] [--weights PATH] [--threads N]
 
-   Reads every model input from a .npy file (C order, the model's dtype and shape), loads the weights (default:
+   Reads every model input from a .npy file (C order, the model's dtype and shape; a model with symbolic sizes takes
+   them from the inputs' shapes: ember_model_set_shapes), loads the weights (default:
    weights.bin beside this program), runs the model `warmup` times untimed and `repeat` times timed, writes each
    output to OUT/<output name>.npy (OUT and its parents are created if missing; characters other than letters,
    digits, '.', '-' and '_' become '_') and prints one JSON line on stdout (times in seconds; threads: the count
@@ -62,11 +63,12 @@ static double now(void) {
 
 /* ---- .npy files --------------------------------------------------------------------------------------------- */
 
-/* "(2, 3)" for a shape, into buf. */
+/* "(2, 3)" for a shape, into buf ("?" for a symbolic dim, -1 in the model's tables). */
 static const char* shape_text(char* buf, size_t size, int rank, const int64_t* dims) {
   size_t n = (size_t)snprintf(buf, size, "(");
   for (int i = 0; i < rank && n < size; i++)
-    n += (size_t)snprintf(buf + n, size - n, "%s%lld", i ? ", " : "", (long long)dims[i]);
+    n += dims[i] < 0 ? (size_t)snprintf(buf + n, size - n, "%s?", i ? ", " : "")
+                     : (size_t)snprintf(buf + n, size - n, "%s%lld", i ? ", " : "", (long long)dims[i]);
   if (n < size) snprintf(buf + n, size - n, rank == 1 ? ",)" : ")");
   return buf;
 }
@@ -93,13 +95,16 @@ static int same_dtype(const char* a, const char* b) {
          strchr("<>|=", b[0]);
 }
 
-/* The data of an .npy file checked against the model's tensor `t`, in a fresh aligned buffer; NULL after an error
-   message naming the input. */
-static void* read_npy(const char* path, const ember_model_tensor* t) {
+/* The bytes of one element of a numpy descr ("<f4": 4). */
+static size_t descr_itemsize(const char* descr) { return (size_t)strtoul(descr + 2, NULL, 10); }
+
+/* The data of an .npy file checked against the model's tensor `t` (its dtype, rank and static dims; a symbolic dim,
+   -1, takes any size and ember_model_set_shapes checks it), in a fresh aligned buffer, its dims in `dims` (the
+   model's rank); NULL after an error message naming the input. */
+static void* read_npy(const char* path, const ember_model_tensor* t, int64_t* dims) {
   void* data = NULL;
   char* header = NULL;
   char want[256], got[256], descr[32];
-  int64_t dims[64];
   int rank = 0;
   FILE* f = fopen(path, "rb");
   unsigned char pre[10];
@@ -156,15 +161,17 @@ static void* read_npy(const char* path, const ember_model_tensor* t) {
     goto done;
   }
   int same = rank == t->rank;
-  for (int i = 0; same && i < rank; i++) same = dims[i] == t->dims[i];
+  for (int i = 0; same && i < rank; i++) same = t->dims[i] < 0 || dims[i] == t->dims[i];
   if (!same) {
     fail(2, "input '%s': %s holds shape %s, the model takes %s", t->name, path, shape_text(got, sizeof got, rank, dims),
          shape_text(want, sizeof want, t->rank, t->dims));
     goto done;
   }
-  data = alloc_aligned(t->nbytes);
-  if (data == NULL || fread(data, 1, t->nbytes, f) != t->nbytes) {
-    fail(2, "input '%s': %s holds fewer than the %zu bytes of data its header promises", t->name, path, t->nbytes);
+  size_t nbytes = descr_itemsize(t->dtype);
+  for (int i = 0; i < rank; i++) nbytes *= (size_t)dims[i];
+  data = alloc_aligned(nbytes);
+  if (data == NULL || fread(data, 1, nbytes, f) != nbytes) {
+    fail(2, "input '%s': %s holds fewer than the %zu bytes of data its header promises", t->name, path, nbytes);
     free(data);
     data = NULL;
   }
@@ -174,11 +181,12 @@ done:
   return data;
 }
 
-/* Write `data` as a version 1.0 .npy file; 0 on success. */
-static int write_npy(const char* path, const ember_model_tensor* t, const void* data) {
+/* Write `data` (`nbytes`, of shape `dims`) as a version 1.0 .npy file; 0 on success. */
+static int write_npy(const char* path, const ember_model_tensor* t, const int64_t* dims, size_t nbytes,
+                     const void* data) {
   char header[1024], shape[512];
   int n = snprintf(header, sizeof header, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", t->dtype,
-                   shape_text(shape, sizeof shape, t->rank, t->dims));
+                   shape_text(shape, sizeof shape, t->rank, dims));
   if (n < 0 || (size_t)n + 64 >= sizeof header) return -1;
   while ((10 + n + 1) % 64 != 0) header[n++] = ' ';
   header[n++] = '\n';
@@ -186,7 +194,7 @@ static int write_npy(const char* path, const ember_model_tensor* t, const void* 
   FILE* f = fopen(path, "wb");
   if (f == NULL) return -1;
   int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(header, 1, (size_t)n, f) == (size_t)n &&
-           fwrite(data, 1, t->nbytes, f) == t->nbytes;
+           fwrite(data, 1, nbytes, f) == nbytes;
   return (fclose(f) == 0 && ok) ? 0 : -1;
 }
 
@@ -309,14 +317,19 @@ int main(int argc, char** argv) {
   void* outputs[EMBER_MODEL_NUM_OUTPUTS + 1] = {NULL};
   double* times = (double*)calloc((size_t)repeat, sizeof(double));
   ember_model* m = NULL;
-  for (int k = 0; k < EMBER_MODEL_NUM_INPUTS && status == 0; k++)
-    if ((inputs[k] = read_npy(files[k], &ember_model_inputs[k])) == NULL) status = 2;
-  for (int k = 0; k < EMBER_MODEL_NUM_OUTPUTS && status == 0; k++)
-    if ((outputs[k] = alloc_aligned(ember_model_outputs[k].nbytes)) == NULL) status = fail(1, "out of memory");
+  int64_t shapes[EMBER_MODEL_NUM_INPUTS + 1][64];
+  const int64_t* dims[EMBER_MODEL_NUM_INPUTS + 1];
+  for (int k = 0; k < EMBER_MODEL_NUM_INPUTS && status == 0; k++) {
+    dims[k] = shapes[k];
+    if ((inputs[k] = read_npy(files[k], &ember_model_inputs[k], shapes[k])) == NULL) status = 2;
+  }
   if (status == 0 && times == NULL) status = fail(1, "out of memory");
   if (status == 0 && (m = ember_model_create(weights)) == NULL)
     status = fail(1, "cannot load the weights from %s (missing, short, or out of memory); pass --weights PATH",
                   weights);
+  if (status == 0 && ember_model_set_shapes(m, dims) != 0) status = fail(2, "%s", ember_model_error(m));
+  for (int k = 0; k < EMBER_MODEL_NUM_OUTPUTS && status == 0; k++)
+    if ((outputs[k] = alloc_aligned(ember_model_output_nbytes(m, k))) == NULL) status = fail(1, "out of memory");
   if (threads == 0) threads = EMBER_MODEL_THREADS;
   if (threads > 0) ember_set_num_threads(threads);
   int used_threads = ember_get_num_threads();
@@ -348,7 +361,7 @@ int main(int argc, char** argv) {
       p[dir + 1 + j] = safe ? c : '_';
     }
     memcpy(p + dir + 1 + len, ".npy", 5);
-    if (write_npy(p, t, outputs[k]) != 0)
+    if (write_npy(p, t, ember_model_output_dims(m, k), ember_model_output_nbytes(m, k), outputs[k]) != 0)
       status = fail(1, "output '%s': cannot write %s: %s", t->name, p, strerror(errno));
   }
 

@@ -57,7 +57,8 @@ def build_llvm_model(
 ) -> LLVMCompiledModel | CrossCompiledModel:
     """The model backend of target kind "llvm": every kernel and the segment runners in one LLVM module, JIT-compiled,
     or for another machine compiled to its shared library (`codegen.llvm.shared_library`), not run here."""
-    source = codegen_llvm([f for _, f in kernels], target) + "\n" + runner_ir(plan.steps)  # (ImportError: llvmlite)
+    runners = runner_ir(plan.steps, sized=plan.is_symbolic)
+    source = codegen_llvm([f for _, f in kernels], target) + "\n" + runners  # (ImportError: llvmlite)
     if not target.runs_here:
         return CrossCompiledModel(shared_library(source, target), plan, weights, source, fallback, summary)
     jit = ModelJIT(source, target)

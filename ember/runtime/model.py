@@ -380,15 +380,13 @@ class Model:
         (every file's SHA-256, every weight's dtype and shape), which `ember.load` checks before it runs the model
         again without the compiler. The files are written to a fresh directory first and moved into place whole, so
         a killed save leaves no half-written model."""
-        if self.plan.is_symbolic:
-            raise NotImplementedError(f"model {self.plan.name}: saving a model with symbolic sizes is not supported "
-                                      "yet; compile it with input_shapes= to save it")  # fmt: skip
+        plan_json = self.plan.to_json()  # (a size computed on the host from inputs: NotImplementedError)
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
         staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.saving.", dir=out.parent))
         try:
             self._save_files(staged)
-            (staged / "plan.json").write_text(json.dumps(self.plan.to_json(), indent=1) + "\n")
+            (staged / "plan.json").write_text(json.dumps(plan_json, indent=1) + "\n")
             (staged / "summary.json").write_text(json.dumps(self._summary, indent=1, default=str) + "\n")
             np.savez(staged / "weights.npz", **{f"v{i}": w for i, w in self._weights.items()})
             files = {p.relative_to(staged).as_posix(): sha256_of(p) for p in sorted(staged.rglob("*")) if p.is_file()}

@@ -25,6 +25,7 @@ from ..tir.arith import eval_int
 from ..tir.dtype import numpy_dtype
 from ..tir.expr import Expr, Var
 from ..tir.functor import walk
+from ..tir.sizevar import SizeJSONError, dim_from_json, dim_to_json, size_var_to_json, size_vars_from_json
 
 ALIGN = 64  # bytes: the CPU backends' workspace alignment
 
@@ -205,14 +206,24 @@ class Plan:
             return d
 
         return {
-            "name": self.name, "values": [vars(v) | {"shape": list(v.shape)} for v in self.values],
+            "name": self.name, "values": [vars(v) | {"shape": [dim_to_json(x) for x in v.shape]} for v in self.values],
             "inputs": self.inputs, "outputs": self.outputs, "steps": [step(s) for s in self.steps],
             "workspace": self.workspace, "target": self.target, "info": self.info,
+            **({"size_vars": [size_var_to_json(v) for v in self.size_vars]} if self.is_symbolic else {}),
         }  # fmt: skip
 
     @staticmethod
     def from_json(d: dict) -> Plan:
-        values = [ValueInfo(**(v | {"shape": tuple(v["shape"])})) for v in d["values"]]
+        """The plan `to_json` wrote; a symbolic plan's dims refer to its `size_vars` by name (SizeJSONError: a dim
+        or size that is not one)."""
+        sizes = size_vars_from_json(d.get("size_vars", []))
+
+        def size(name: str) -> Var:
+            if name not in sizes:
+                raise SizeJSONError(f"size {name!r} is used but not declared among the plan's size variables")
+            return sizes[name]
+
+        values = [ValueInfo(**(v | {"shape": tuple(dim_from_json(x, size) for x in v["shape"])})) for v in d["values"]]
         steps = []
         for s in d["steps"]:
             if s["kind"] == "segment":
@@ -348,6 +359,19 @@ def _pads(v: list, dims: list[int]) -> list[int]:
     return out
 
 
+def _dft_axis(axis: int, dims: list[int]) -> int:
+    """A DFT's signal axis among `dims` (the input's dims but the trailing complex one; a negative axis counts it)."""
+    a = axis + len(dims) + 1 if axis < 0 else axis
+    if not 0 <= a < len(dims):
+        raise ValueError(f"the DFT axis must be in [{-len(dims) - 1}, -2] or [0, {len(dims) - 1}], got {axis}")
+    return a
+
+
+def _dft_out(v: list[int], dims: list[int], length) -> list[int]:
+    a = _dft_axis(v[0], dims)
+    return [length(n) if k == a else n for k, n in enumerate(dims)]
+
+
 def _range_length(v: list) -> int:
     start, limit, delta = (a.reshape(-1)[0].item() for a in v)
     if delta == 0:
@@ -397,7 +421,8 @@ def _resize_sizes(v: list, dims: list[int]) -> list[int]:
     return out
 
 
-RAW_RULES = {"nonzero", "range", "compress", "resize", "unique"}  # rules that read the values as they are
+# rules that read the values as they are
+RAW_RULES = {"nonzero", "range", "compress", "resize", "unique", "unique_slices"}
 OPERAND_RULES = {"slice", "pad", "range", "resize"}  # rules of several operands
 
 # `ember.graph.dims.VALUE_RULES`: rule -> f(values, index, dims)
@@ -418,6 +443,10 @@ VALUE_RULES = {
     "compress": lambda v, i, dims: _compress_count(v, dims[0]),
     "resize": lambda v, i, dims: _resize_sizes(v, dims)[i],
     "unique": lambda v, i, dims: int(np.unique(v).size),
+    "unique_slices": lambda v, i, dims: int(np.unique(np.asarray(v).reshape(dims), axis=1).shape[1]),
+    "dft_view": lambda v, i, dims: _axis_view(_dft_axis(v[0], dims), dims)[i],
+    "dft_rfft": lambda v, i, dims: _dft_out(v, dims, lambda n: n // 2 + 1)[i],
+    "dft_irfft": lambda v, i, dims: _dft_out(v, dims, lambda n: 2 * (n - 1))[i],
 }
 
 
@@ -432,7 +461,24 @@ class PlanError(ValueError):
 def check_plan(plan: Plan, weights: dict[int, np.ndarray]) -> None:
     """Refuse a plan whose parts contradict each other before any native code sees it: value ids out of range,
     unknown kinds or dtypes, temporaries outside the workspace, views of another size than their source, a kernel
-    argument of another size than the kernel was compiled for, weights missing or of another shape or dtype."""
+    argument of another size than the kernel was compiled for, weights missing or of another shape or dtype. A
+    symbolic plan is checked at its sizes' lower bounds (at least 1 where allowed), its kernels' size indices
+    against its size variables; a view of a symbolic shape is the size of its source at the sizes of a call
+    (Plan.bind relates sizes read from values), not necessarily at those bounds."""
+    symbolic = {i for i, v in enumerate(plan.values) if not v.is_static}
+    if plan.is_symbolic:
+        n = len(plan.size_vars)
+        bad = [k.name for s in plan.steps for k in s.kernels if not all(isinstance(i, int) and 0 <= i < n
+                                                                           for i in k.sizes)]  # fmt: skip
+        if bad:
+            raise PlanError(f"plan of model {plan.name!r} is inconsistent:\n  kernel(s) {', '.join(bad)}: size "
+                            f"indices outside the {n} size variables")  # fmt: skip
+        low = tuple(max(getattr(v, "lo", 0), min(1, getattr(v, "hi", None) or 1)) for v in plan.size_vars)
+        try:
+            plan = plan.at(low)
+        except (TypeError, ValueError, ZeroDivisionError) as e:
+            raise PlanError(f"plan of model {plan.name!r}: its shapes cannot be evaluated at sizes {low}: "
+                            f"{e}") from None  # fmt: skip
     problems: list[str] = []
     n = len(plan.values)
 
@@ -457,7 +503,8 @@ def check_plan(plan: Plan, weights: dict[int, np.ndarray]) -> None:
                             f"of {plan.workspace}")  # fmt: skip
         if v.kind == "alias" and not (valid(v.alias_of) and plan.values[v.alias_of].kind != "alias"
                                       and isinstance(v.view_offset, int) and v.view_offset >= 0
-                                      and v.view_offset + nbytes[i] <= nbytes.get(v.alias_of, -1)):  # fmt: skip
+                                      and (bool({i, v.alias_of} & symbolic)
+                                           or v.view_offset + nbytes[i] <= nbytes.get(v.alias_of, -1))):  # fmt: skip
             problems.append(f"value {i} ({v.name!r}): a view of value {v.alias_of} at byte {v.view_offset} that "
                             "does not fit in it, or no source")  # fmt: skip
         if v.kind == "weight":

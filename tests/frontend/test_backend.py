@@ -82,24 +82,28 @@ def slice_model() -> onnx.ModelProto:
     return helper.make_model(helper.make_graph([node], "g", [x, starts, ends], [y], [axes]))
 
 
-def dft_model() -> onnx.ModelProto:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 1])
-    axis = helper.make_tensor_value_info("axis", TensorProto.INT64, [])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6, 2])
-    node = helper.make_node("DFT", ["x", "", "axis"], ["y"])
-    graph = helper.make_graph([node], "g", [x, axis], [y])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+def stft_model() -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 1])
+    step = helper.make_tensor_value_info("step", TensorProto.INT64, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", "c", 2])
+    length = helper.make_tensor("length", TensorProto.INT64, [], [4])
+    node = helper.make_node("STFT", ["x", "step", "", "length"], ["y"])
+    graph = helper.make_graph([node], "g", [x, step], [y], [length])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_backend_specializes_shape_operands_and_caches_by_value():
-    """A DFT axis fed as an input is bound as a constant: one import per value."""
-    rep = EmberBackend.prepare(dft_model())
-    x = np.random.default_rng(0).standard_normal((2, 6, 1)).astype(np.float32)
-    for axis in (1, 0):
-        (y,) = rep.run({"x": x, "axis": np.array(axis)})
-        want = np.fft.fft(x[..., 0].astype(np.float64), axis=axis)
-        np.testing.assert_allclose(y, np.stack([want.real, want.imag], -1), rtol=1e-4, atol=1e-4)
-    assert rep.bound == {"axis"} and len(rep.cache) == 2
+    """An STFT frame step fed as an input is bound as a constant: one import per value."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = stft_model()
+    rep = EmberBackend.prepare(model)
+    x = np.random.default_rng(0).standard_normal((1, 16, 1)).astype(np.float32)
+    for step in (4, 2):
+        feeds = {"x": x, "step": np.array(step, np.int64)}
+        (y,) = rep.run(feeds)
+        np.testing.assert_allclose(y, ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+    assert rep.bound == {"step"} and len(rep.cache) == 2
 
 
 def test_backend_reads_slice_operands_at_run_time():

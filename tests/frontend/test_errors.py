@@ -104,19 +104,26 @@ def test_input_shapes_must_agree_with_the_model():
         from_onnx(tiny_model(), {"nope": (1,)})
 
 
+def stft_model() -> onnx.ModelProto:
+    """STFT of a 16-sample signal in frames of 4, its frame step a graph input (a shape operand read only at
+    compile time so far)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 1])
+    step = helper.make_tensor_value_info("step", TensorProto.INT64, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", "c", 2])
+    length = helper.make_tensor("length", TensorProto.INT64, [], [4])
+    node = helper.make_node("STFT", ["x", "step", "", "length"], ["y"], name="stft")
+    graph = helper.make_graph([node], "g", [x, step], [y], [length])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def test_shape_operand_from_a_graph_input_names_it_and_can_be_bound():
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 1])
-    axis = helper.make_tensor_value_info("axis", TensorProto.INT64, [])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", 2])
-    node = helper.make_node("DFT", ["x", "", "axis"], ["y"], name="dft", onesided=1)
-    graph = helper.make_graph([node], "g", [x, axis], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    expected = r"'dft' \(DFT\): its axis .* graph input\(s\) 'axis'"
+    model = stft_model()
+    expected = r"'stft' \(STFT\): its frame_step .* graph input\(s\) 'step'"
     with pytest.raises(DynamicShapeError, match=expected) as info:
         from_onnx(model)
-    assert info.value.inputs == ["axis"]
-    graph = from_onnx(model, input_values={"axis": np.array(1)})
-    assert [v.name for v in graph.inputs] == ["x"] and graph.outputs[0].shape == (2, 4, 2)
+    assert info.value.inputs == ["step"]
+    graph = from_onnx(model, input_values={"step": np.array(4)})
+    assert [v.name for v in graph.inputs] == ["x"] and graph.outputs[0].shape == (1, 4, 3, 2)
 
 
 def test_reshape_target_from_a_graph_input_is_read_at_run_time():

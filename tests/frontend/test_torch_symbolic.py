@@ -33,18 +33,18 @@ def test_a_dim_declared_dynamic_stays_symbolic():
         cm(np.zeros((17, 784), np.float32))
 
 
-def test_an_exported_program_with_dynamic_true_names_its_dims_by_input_and_axis():
+def test_an_exported_program_keeps_its_dims_symbolic_named_by_input_and_axis():
     torch.manual_seed(1)
     m = zoo_torch.MLP().eval()
     x = torch.randn(5, 784)
     with torch.no_grad():
         want = m(x).numpy()
     ep = torch.export.export(m, (torch.randn(3, 784),), dynamic_shapes=({0: torch.export.Dim("b", max=8)},))
-    cm = ember.compile(ep, target="c", dynamic=True)
+    cm = ember.compile(ep, target="c")  # symbolic by default
     assert cm.summary()["input_shapes"] == {"x": "[x_0, 784]"} and cm.summary()["symbolic_dims"]["x_0"][1] == 8
     np.testing.assert_allclose(cm(x.numpy()), want, rtol=1e-4, atol=1e-5)
-    with warnings.catch_warnings(record=True):  # without dynamic=True the Dim is bound to the example's size
-        static = ember.compile(ep, target="c")
+    with warnings.catch_warnings(record=True):  # with dynamic=False the Dim is bound to the example's size
+        static = ember.compile(ep, target="c", dynamic=False)
     assert static.plan.values[static.plan.inputs[0]].shape == (3, 784)
 
 

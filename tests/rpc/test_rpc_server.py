@@ -170,3 +170,24 @@ def test_a_hanging_module_is_killed_at_the_run_timeout(mlp, tmp_path):
                 assert np.array_equal(good(x), mlp[1](x))
     finally:
         s.stop()
+
+
+@needs_cc
+def test_a_symbolic_export_runs_remotely_at_the_sizes_of_its_inputs(server, tmp_path):
+    """model.json names the symbolic dims; the client leaves their check to ember_run on the device."""
+    import ember
+    from ember import zoo
+
+    model = zoo.mlp(batch=2, features=16, hidden=(32,), classes=5)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    m = ember.compile(model, "c", dynamic_bounds={"N": (1, 8)})
+    out = m.export(tmp_path / "e")
+    rng = np.random.default_rng(0)
+    with connect(addr(server), key="host", token=TOKEN, timeout=60) as remote, remote.load(out) as rm:
+        for n in (1, 5):
+            x = rng.standard_normal((n, 16)).astype(np.float32)
+            got = rm.run({"x": x})
+            for k, want in m.run({"x": x}).items():
+                assert np.array_equal(got[k], want)
+        with pytest.raises(RemoteError, match="outside its bounds"):
+            rm.run({"x": np.zeros((9, 16), np.float32)})
