@@ -262,10 +262,11 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
     r, s_, c4, kk = L.op.reduce_axis
     L.reorder(r, s_, c4, lb, lo, lp, kk)  # one micro-kernel call per kernel tap
     L.tensorize(c4, "dot_s8u8")
-    L.compute_at(O, oo)
     big = target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16
-    if big:
-        O.parallel(O.fuse(b, po))
+    if big:  # the threads share the pixel panels and the channel tiles: a 7 x 7 or 14 x 14 image is one panel
+        oo = O.fuse(b, po, oo)
+        O.parallel(oo)
+    L.compute_at(O, oo)
     done = {O.name, L.name}
     for t in acc.op.inputs:
         st = s[t]

@@ -346,3 +346,30 @@ def test_grouped_conv_stays_float_and_correct():
     m = ember.compile(q, target="c")
     sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
     assert worst_steps(m, sess, model, output_step(q)) <= 1 + 1e-3
+
+
+def bottleneck_with_projection(cin: int, mid: int, size: int):
+    """ResNet-50's first block of a stage: 1 x 1, 3 x 3, 1 x 1 to 4 * mid channels, plus a 1 x 1 projection of x,
+    added, Relu."""
+    b = zoo.Builder(4)
+    main = b.conv_bn_relu("x", cin, mid, k=1)
+    main = b.conv_bn_relu(main, mid, mid, k=3)
+    main = b.conv_bn_relu(main, mid, 4 * mid, k=1, relu=None)
+    short = b.conv_bn_relu("x", cin, 4 * mid, k=1, relu=None)
+    y = b.op("Relu", [b.op("Add", [main, short])])
+    return b.model({"x": (1, cin, size, size)}, y, "bottleneck")
+
+
+def test_projection_shortcut_stays_8_bit_and_small_images_run_on_two_threads():
+    """The projection's output is dequantized for the residual Add of the other branch's kernel: that kernel reads
+    the 8-bit value (the DequantizeLinear is its prologue, not the projection's epilogue, which would write float32).
+    On a 7 x 7 image (one tile of pixels) the two threads share the channel tiles. Equal to onnxruntime, 0 steps."""
+    model = bottleneck_with_projection(128, 64, 7)
+    q = quantize(model, True)
+    m = ember.compile(q, target="c -threads=2")
+    kernels = [k.ops for s in m.plan.steps if s.kind == "segment" for k in s.kernels]
+    assert ["QConvPacked", "DequantizeLinear"] not in kernels, kernels
+    assert sum("QConvPacked" in ops for ops in kernels) == 4
+    assert "ember_parallel_for" in m.source
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert worst_steps(m, sess, model, output_step(q)) == 0
