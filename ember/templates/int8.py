@@ -299,9 +299,11 @@ def schedule_int8_dw(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -
     _, _, p = L.op.axis
     r, s_ = L.op.reduce_axis
     po, pi = L.split(p, 16)
-    L.reorder(po, r, s_, pi)
-    L.unroll(r)  # the taps unrolled: the vector of accumulators stays in a register across them
+    po, pc = L.split(po, acc.op.attrs["chains"])
+    L.reorder(po, r, s_, pc, pi)  # a few vectors at a time: independent FMA chains over the taps
+    L.unroll(r)  # the taps unrolled: the vectors of accumulators stay in registers across them
     L.unroll(s_)
+    L.unroll(pc)
     L.vectorize(pi)
     L.compute_at(O, bc)
     G = s[attrs["grid"]]

@@ -152,7 +152,7 @@ def test_depthwise_and_unquantized_outputs_become_integer():
         assert np.abs(np.asarray(m(*feeds.values())) - want).max() <= step * (1 + 1e-3)
 
 
-def depthwise_model(c: int, size: int, stride: int, dilation: int, k: int, xdtype: int, clip: bool):
+def depthwise_model(c: int, size: int, stride: int, dilation: int, k: int, xdtype: int, clip: bool, ys: float = 0.3):
     """DequantizeLinear(x) -> Conv(group = c, k x k, int32 bias) -> [Clip(0, 6)] -> QuantizeLinear, per-channel
     weights."""
     from onnx import TensorProto, helper, numpy_helper
@@ -165,7 +165,7 @@ def depthwise_model(c: int, size: int, stride: int, dilation: int, k: int, xdtyp
              numpy_helper.from_array(rng.integers(-300, 300, c).astype(np.int32), "b"),
              numpy_helper.from_array(np.array(0.05, np.float32), "xs"),
              numpy_helper.from_array(np.array(zero, np.uint8 if zero == 128 else np.int8), "xz"),
-             numpy_helper.from_array(np.array(0.3, np.float32), "ys"),
+             numpy_helper.from_array(np.array(ys, np.float32), "ys"),
              numpy_helper.from_array(np.array(5, np.uint8), "yz"),
              numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
              numpy_helper.from_array(np.array(6.0, np.float32), "hi")]  # fmt: skip
@@ -373,3 +373,23 @@ def test_projection_shortcut_stays_8_bit_and_small_images_run_on_two_threads():
     assert "ember_parallel_for" in m.source
     sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
     assert worst_steps(m, sess, model, output_step(q)) == 0
+
+
+@pytest.mark.parametrize("ys, int_clamp", [(0.3, 1), (1e-9, 0)])
+def test_requantization_clamps_integers_where_the_range_is_proven(ys, int_clamp):
+    """Where every accumulator the weights allow, requantized, stays far inside int32 (the usual case), the kernel
+    rounds to int32 and clamps integers; an output scale so small that it might not (1e-9: the values saturate)
+    keeps the float clamp. Both equal onnxruntime's output within 1 step (a tie rounded the other way)."""
+    from onnx import TensorProto
+
+    model = depthwise_model(16, 9, 1, 1, 3, TensorProto.UINT8, False, ys=ys)
+    g, _ = run_passes(from_onnx(model), opt_level=1, disabled=["fuse_ops"], verify=True)
+    (conv,) = g.nodes
+    assert conv.attrs.get("int_clamp", 0) == int_clamp
+    m = ember.compile(model, target="c")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).integers(0, 256, (1, 16, 9, 10)).astype(np.uint8)
+    got, want = np.asarray(m(x)).astype(int), sess.run(None, {"x": x})[0].astype(int)
+    assert np.abs(got - want).max() <= 1
+    if not int_clamp:
+        assert (got == 255).mean() > 0.3 and (got == 0).mean() > 0.3  # saturated both ways
