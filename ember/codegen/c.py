@@ -273,6 +273,9 @@ class CCodegen:
         nan = " | (a != a)" if dt.is_float else ""
         if dt.lanes == 1:
             code = f"static inline {t} {name}({t} a, {t} b) {{ return ((a {cmp} b){nan}) ? a : b; }}"
+        elif not dt.is_float:  # per lane: the compilers make one vector min/max of it (a select takes 2-3)
+            code = (f"static inline {t} {name}({t} a, {t} b) {{ {t} r; for (int i = 0; i < {dt.lanes}; i++) "
+                    f"r[i] = a[i] {cmp} b[i] ? a[i] : b[i]; return r; }}")
         else:
             sel = self.vselect_helper(dt)
             vnan = " | (a != a)" if dt.is_float else ""
