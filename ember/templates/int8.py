@@ -319,8 +319,11 @@ def schedule_int8_dw(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -
         st = s[t]
         if st.is_placeholder or st.op.tag != "int8_rows":
             continue
-        q = st.op.axis[-1]
-        st.split(q, int(acc.op.attrs["plane_width"]))  # rows of the plane: no division per pixel
+        _, _, pr, pc, q = st.op.axis
+        qo, qi = st.split(q, int(acc.op.attrs["plane_width"]))  # rows of the plane: no division per pixel
+        if t.shape[3] > 1:  # strided: a row of every column phase at once (one read of the input row, a pair
+            st.reorder(pr, qo, qi, pc)  # of interleaved loads that the C compiler vectorizes)
+            st.unroll(pc)
         st.compute_at(O, bc)  # one channel's planes at a time: they stay in cache for the taps
         done.add(st.name)
     return done
