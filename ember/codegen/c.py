@@ -422,7 +422,8 @@ class CCodegen:
             return f"&{self.name(ld.buffer)}[{self.expr(ld.indices[0])}]"
         if e.name in INTRINSICS:  # a tensorized micro-kernel, specialized on its constant shape
             m, n = (const_value(a) for a in e.args[6:8])
-            fname, code = INTRINSICS[e.name].c_impl(int(m), int(n), isa_features(self.target))
+            zero = len(e.args) > 9 and bool(const_value(e.args[9]))  # C = A . B (`intrin._fold_zero_init`)
+            fname, code = INTRINSICS[e.name].c_impl(int(m), int(n), isa_features(self.target), zero)
             args = [self.expr(a) for a in e.args[:6]] + [self.expr(e.args[8])]
             return f"{self.helper(fname, code)}({', '.join(args)})"
         text = self.lanewise(e.name, list(e.args), e.dtype)
