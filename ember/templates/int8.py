@@ -64,20 +64,24 @@ def _accumulators(nb: int, rows: int) -> int:
 
 
 WX_ACCUMULATORS = 28  # zmm registers for the accumulators of a W x X tile (the rest: columns of X, a row of W)
+WX_REGISTERS = 32  # all of them: accumulators, the tile's vectors of X (loaded once per k) and one broadcast of W
+ROW_WEIGHT = {1: 0.5, 2: 0.9}  # a W x X tile's worth by its rows (measured on ResNet-50's layers; 4 or more: 1)
 
 
 def wx_tile(height: int, width: int, rows: int) -> tuple[int, int]:
     """(mr output channels, nb pixels) of a W x X tile (`int8_acc_wx`) for an image of height x width: nb whole
     image rows (the tile's pixels are then one range of the NCHW image), in vectors of 16 pixels (the last one
-    masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS. Best: the most lanes used, times
-    the rows up to 4 (a row of W broadcast per vector of X loaded), then the most accumulators."""
+    masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS, and with the vectors of X and a
+    broadcast within WX_REGISTERS (else the compiler reloads X for every row: a load per vpdpbusd, 7 x 4 tiles
+    of 14 x 14 images at 60% of the 8 x 2 tile's speed). Best: the most lanes used, times ROW_WEIGHT (a row of W
+    broadcast per vector of X loaded: one row is slow, two nearly as good as four), then the most accumulators."""
     best, key = (0, 0), (0.0, 0)
     for k in (k for k in range(1, height + 1) if height % k == 0):
         nb = k * width
         nv = -(-nb // 16)
         for mr in (8, 6, 4, 2, 1):
-            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS:
-                score = (nb / (16 * nv) * min(mr, 4) / 4, mr * nv)
+            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS and (mr + 1) * nv + 1 <= WX_REGISTERS:
+                score = (nb / (16 * nv) * ROW_WEIGHT.get(mr, 1.0), mr * nv)
                 if score > key:
                     best, key = (mr, nb), score
     return best

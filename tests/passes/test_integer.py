@@ -394,3 +394,18 @@ def test_requantization_clamps_integers_where_the_range_is_proven(ys, int_clamp)
     assert np.abs(got - want).max() <= 1
     if not int_clamp:
         assert (got == 255).mean() > 0.3 and (got == 0).mean() > 0.3  # saturated both ways
+
+
+@pytest.mark.parametrize("height, width, rows", [(56, 56, 256), (56, 58, 64), (28, 28, 512), (28, 30, 128),
+                                                 (14, 14, 1024), (14, 16, 256), (7, 7, 2048), (7, 9, 512),
+                                                 (112, 112, 96), (56, 56, 144)])  # fmt: skip
+def test_wx_tiles_fit_the_registers(height, width, rows):
+    """A W x X tile (ResNet-50's and MobileNetV2's images): whole rows of pixels, its accumulators plus its vectors
+    of X plus one broadcast within the 32 vector registers (a tile past them reloads X for every row), mr dividing
+    the output channels, and no single-row tile where two rows fit."""
+    from ember.templates.int8 import WX_REGISTERS, wx_tile
+
+    mr, nb = wx_tile(height, width, rows)
+    nv = -(-nb // 16)
+    assert nb % width == 0 and height % (nb // width) == 0 and rows % mr == 0
+    assert (mr + 1) * nv + 1 <= WX_REGISTERS and mr >= 2
