@@ -273,6 +273,9 @@ class CCodegen:
         nan = " | (a != a)" if dt.is_float else ""
         if dt.lanes == 1:
             code = f"static inline {t} {name}({t} a, {t} b) {{ return ((a {cmp} b){nan}) ? a : b; }}"
+        elif not dt.is_float:  # per lane: the compilers make one vector min/max of it (a select takes 2-3)
+            code = (f"static inline {t} {name}({t} a, {t} b) {{ {t} r; for (int i = 0; i < {dt.lanes}; i++) "
+                    f"r[i] = a[i] {cmp} b[i] ? a[i] : b[i]; return r; }}")
         else:
             sel = self.vselect_helper(dt)
             vnan = " | (a != a)" if dt.is_float else ""
@@ -419,7 +422,8 @@ class CCodegen:
             return f"&{self.name(ld.buffer)}[{self.expr(ld.indices[0])}]"
         if e.name in INTRINSICS:  # a tensorized micro-kernel, specialized on its constant shape
             m, n = (const_value(a) for a in e.args[6:8])
-            fname, code = INTRINSICS[e.name].c_impl(int(m), int(n), isa_features(self.target))
+            zero = len(e.args) > 9 and bool(const_value(e.args[9]))  # C = A . B (`intrin._fold_zero_init`)
+            fname, code = INTRINSICS[e.name].c_impl(int(m), int(n), isa_features(self.target), zero)
             args = [self.expr(a) for a in e.args[:6]] + [self.expr(e.args[8])]
             return f"{self.helper(fname, code)}({', '.join(args)})"
         text = self.lanewise(e.name, list(e.args), e.dtype)

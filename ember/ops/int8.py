@@ -9,8 +9,11 @@ with W int8 packed as [Np / nb, K / 4, nb, 4] (`ember.templates.int8.pack_weight
 convolution's padding is u(x_zero), a real zero), int32 accumulation, and bias the int32 bias minus
 u(x_zero) times W's column sums (folded by the pass: the product then needs no zero-point terms), rounding
 half to even. With y_dtype float32 the output is float32(sum u(x) * W + bias) * scale, the dequantized product
-(scale = x_scale * w_scale), for float ops after it. `y_min` above the dtype's minimum is a fused Relu
-(max(q, y_zero) is exactly Relu then QuantizeLinear), and `y_max` below the maximum a fused Clip (ReLU6).
+(scale = x_scale * w_scale), for float ops after it. `int_clamp` (set by the pass where it proves
+|float32(acc + bias) * scale| + |y_zero| < 2^31 for every accumulator the weights allow) rounds to int32 first
+and clamps integers, the same values in fewer instructions than clamping floats. `y_min` above the dtype's
+minimum is a fused Relu (max(q, y_zero) is exactly Relu then QuantizeLinear), and `y_max` below the maximum a
+fused Clip (ReLU6).
 ONNX's QLinearConv divides the real value by y's scale; the pass's `scale` is x_scale * w_scale / y_scale
 rounded to float32 once, as onnxruntime's kernels do: the two can differ by one step where the quotient is
 within float32 rounding of a tie.
@@ -36,7 +39,7 @@ from ember.templates import nn as T
 
 OUT = Pattern.OUT_ELEMWISE_FUSABLE
 COMMON = [Attr("n", "int"), Attr("x_zero", "int", 0), Attr("y_zero", "int", 0), Attr("y_dtype", "dtype", "uint8"),
-          Attr("y_min", "int", -(2**31)), Attr("y_max", "int", 2**31 - 1)]  # fmt: skip
+          Attr("y_min", "int", -(2**31)), Attr("y_max", "int", 2**31 - 1), Attr("int_clamp", "int", 0)]  # fmt: skip
 CONV = [Attr("kernel_shape", "ints"), Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints")]
 S2D = [Attr("s2d", "int", 1)]  # QConvPacked's weights packed for its phase planes (`_wx_view`)
 
@@ -132,6 +135,9 @@ def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
 
     def f(idx, j):
         v = te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
+        if a.get("int_clamp"):  # |v| + |y_zero| < 2^31 proven by the pass: rounded to int32, clamped as integers
+            q = te.cast(te.round(v), "int32") + a["y_zero"]
+            return te.cast(te.minimum(te.maximum(q, lo), hi), a["y_dtype"])
         q = te.round(v) + float(a["y_zero"])
         clamped = te.minimum(te.maximum(q, float(lo)), float(hi))  # by way of int32: one vector conversion in C
         return te.cast(te.cast(clamped, "int32"), a["y_dtype"])
@@ -300,9 +306,20 @@ def dw_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
         raise ShapeError(f"QConvDepthwise needs equal strides, got {(sh, sw)}")
     kh, kw = a["kernel_shape"]
     w2 = -(-(x_shape[3] + pads[1] + pads[3]) // sh)
-    q = -(-oh * w2 // 16) * 16  # the accumulator's pixels: whole vectors
+    q = dw_pixels(oh, w2)
     rows = -(-(q + ((kh - 1) * dh // sh) * w2 + (kw - 1) * dw // sh) // w2)
     return sh, w2, rows
+
+
+DW_CHAINS = 4  # vectors of 16 pixels accumulated side by side (an FMA's latency covered by independent chains)
+
+
+def dw_pixels(oh: int, w2: int) -> int:
+    """The accumulator's pixels of a QConvDepthwise: OH rows of the plane width W2 rounded up to whole vectors of
+    16, and to groups of DW_CHAINS vectors (`ember.templates.int8.schedule_int8_dw` accumulates them together)."""
+    vectors = -(-oh * w2 // 16)
+    chains = min(DW_CHAINS, vectors)
+    return -(-vectors // chains) * chains * 16
 
 
 def _dw_infer(a: dict, x: TensorType, w: TensorType, bias: TensorType, scale: TensorType) -> TensorType:
@@ -350,10 +367,11 @@ def _qconv_dw_compute(a: dict, x: Tensor, w: Tensor, bias: Tensor, scale: Tensor
     def plane(b, ch, pr, pc, p):  # phase planes of the padded image as float32, the padding u(x_zero)
         ih, iw = (p // w2) * st + pr - pads[0], (p % w2) * st + pc - pads[1]
         inside = te.all(ih >= 0, ih < h, iw >= 0, iw < wd)
-        return te.if_then_else(inside, te.cast(_u8(x[b, ch, ih, iw], signed), "float32"), te.const(zero, "float32"))
+        v = te.cast(te.cast(_u8(x[b, ch, ih, iw], signed), "int32"), "float32")  # by way of int32: vectorized
+        return te.if_then_else(inside, v, te.const(zero, "float32"))
 
     xs = I8.rows_stage((n_, c, st, st, rows * w2), plane, "planes")
-    q = -(-oh * w2 // 16) * 16
+    q = dw_pixels(oh, w2)
     r = te.reduce_axis((0, kh), name="r")
     s = te.reduce_axis((0, kw), name="s")
 
@@ -361,7 +379,8 @@ def _qconv_dw_compute(a: dict, x: Tensor, w: Tensor, bias: Tensor, scale: Tensor
         dr, ds = r * dh, s * dw
         return te.sum(xs[b, ch, dr % st, ds % st, p + (dr // st) * w2 + ds // st] * w[ch, r * kw + s], axis=[r, s])
 
-    acc = te.compute((n_, c, q), body, name="qdw_acc", tag="int8_dw", attrs={"plane_width": w2})
+    acc = te.compute((n_, c, q), body, name="qdw_acc", tag="int8_dw",
+                     attrs={"plane_width": w2, "chains": min(DW_CHAINS, q // 16)})  # fmt: skip
     epi = _epilogue(lambda idx: te.cast(acc[idx], "int32"), bias, scale, a)
     grid = te.compute((n_, c, q), lambda *idx: epi(idx, idx[1]), name="qdw_grid")  # requantized in vectors
     return te.compute((n_, c, oh, ow), lambda b, ch, i, j: grid[b, ch, i * w2 + j], name="qconv_dw",

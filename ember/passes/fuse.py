@@ -81,6 +81,7 @@ def fuse_ops(graph: Graph) -> Graph:
             members.append(c)
             absorbed.add(c)
             tail = c
+        members = _without_widening_tail(members, consumers, absorbed)
         if len(members) > 1:
             for m in members:
                 group[m] = members
@@ -112,6 +113,19 @@ def fuse_ops(graph: Graph) -> Graph:
     graph.nodes = [fused.get(n, n) for n in graph.nodes if fused.get(n, n) is not None]
     graph.topo_sort()
     return graph
+
+
+def _without_widening_tail(members: list[Node], consumers: dict[Value, list[Node]], absorbed: set[Node]) -> list[Node]:
+    """An epilogue that ends in DequantizeLinear whose reader is in another group (an integer convolution's output
+    dequantized for the residual Add of another convolution's epilogue) is left to that reader, as its prologue:
+    the kernel then writes the 8-bit value, not 4 bytes per element, and the reader widens it as it reads."""
+    while len(members) > 1 and members[-1].op == "DequantizeLinear":
+        users = consumers.get(members[-1].outputs[0], [])
+        if len(users) != 1 or users[0] not in absorbed:
+            break
+        absorbed.discard(members[-1])
+        members = members[:-1]
+    return members
 
 
 def _make_fused(members: list[Node], consumers: dict[Value, list[Node]], outputs: set[Value]) -> Node:

@@ -247,7 +247,7 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
     if folded is None:
         return None
     bias, scale = folded
-    attrs = _requant_attrs(co, xz, ys, yz, clamp)
+    attrs = _requant_attrs(co, xz, ys, yz, clamp, _acc_bound(w_kn, bias, scale))
     if conv:
         nd = 2
         attrs.update(kernel_shape=tuple(w.shape[2:]), strides=tuple(core.attrs.get("strides") or (1,) * nd),
@@ -316,12 +316,24 @@ def _bias_and_scale(b_int: np.ndarray, zero_sums: np.ndarray, xs: float, ws: np.
     return bias, scale if ys is None else scale / np.float32(ys)
 
 
-def _requant_attrs(co: int, xz: int, ys: float | None, yz: np.ndarray | None, clamp: tuple[int, int] | None) -> dict:
+def _acc_bound(w_kn: np.ndarray, bias: np.ndarray, scale: np.ndarray) -> float:
+    """The largest |float32(acc + bias) * scale| any uint8 input allows, per output column j at most
+    255 * sum |W[:, j]| + |bias[j]|, times scale[j] (with a margin for float32 rounding)."""
+    acc = 255.0 * np.abs(w_kn.astype(np.float64)).sum(axis=0) + np.abs(bias.astype(np.float64))
+    return float(np.max(acc * np.abs(scale.astype(np.float64)))) * (1 + 1e-6)
+
+
+def _requant_attrs(co: int, xz: int, ys: float | None, yz: np.ndarray | None, clamp: tuple[int, int] | None,
+                   bound: float = np.inf) -> dict:  # fmt: skip
+    """`bound`: the largest |requantized value| before rounding (`_acc_bound`); below 2^31 with the zero point,
+    the kernel rounds to int32 and clamps integers (`int_clamp`)."""
     if ys is None or yz is None:
         return {"n": co, "x_zero": xz, "y_zero": 0, "y_dtype": "float32"}
     attrs = {"n": co, "x_zero": xz, "y_zero": int(yz), "y_dtype": yz.dtype.name}
     if clamp is not None:
         attrs.update(y_min=clamp[0], y_max=clamp[1])
+    if bound + abs(int(yz)) + 1 < 2**31:
+        attrs["int_clamp"] = 1
     return attrs
 
 
@@ -336,7 +348,7 @@ def _make_depthwise(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: 
     if folded is None:
         return None
     bias, scale = folded
-    attrs = _requant_attrs(c, xz, ys, yz, clamp)
+    attrs = _requant_attrs(c, xz, ys, yz, clamp, _acc_bound(wf.T, bias, scale))
     attrs.update(kernel_shape=(kh, kw), strides=tuple(core.attrs.get("strides") or (1, 1)),
                  pads=tuple(core.attrs.get("pads") or (0, 0, 0, 0)),
                  dilations=tuple(core.attrs.get("dilations") or (1, 1)))  # fmt: skip

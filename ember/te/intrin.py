@@ -34,7 +34,7 @@ from ..tir import expr as E
 from ..tir.arith import Analyzer
 from ..tir.dtype import int32, int64
 from ..tir.functor import substitute, transform, walk
-from ..tir.stmt import Evaluate, For, PrimFunc, Stmt, Store
+from ..tir.stmt import Evaluate, For, PrimFunc, Seq, Stmt, Store
 from .tensor import Tensor, compute, placeholder, reduce_axis
 from .tensor import sum as te_sum
 
@@ -53,7 +53,7 @@ class Intrinsic:
     name: str
     doc: str
     decl: Callable[[int, int, int], tuple[Tensor, Tensor, Tensor]]
-    c_impl: Callable[[int, int, frozenset[str]], tuple[str, str]]  # (m, n, isa) -> (function name, code)
+    c_impl: Callable[..., tuple[str, str]]  # (m, n, isa, zero=False) -> (function name, code); zero: C = A . B
 
 
 def _dot_decl(a_dtype: str, b_dtype: str) -> Callable[[int, int, int], tuple[Tensor, Tensor, Tensor]]:
@@ -108,19 +108,20 @@ def dot_u8s8_isa(features: frozenset[str], n: int, a_signed: bool = False) -> st
     return "c"
 
 
-def _dot_u8s8_c(m: int, n: int, features: frozenset[str]) -> tuple[str, str]:
-    return _dot_c(m, n, features, False)
+def _dot_u8s8_c(m: int, n: int, features: frozenset[str], zero: bool = False) -> tuple[str, str]:
+    return _dot_c(m, n, features, False, zero)
 
 
-def _dot_s8u8_c(m: int, n: int, features: frozenset[str]) -> tuple[str, str]:
-    return _dot_c(m, n, features, True)
+def _dot_s8u8_c(m: int, n: int, features: frozenset[str], zero: bool = False) -> tuple[str, str]:
+    return _dot_c(m, n, features, True, zero)
 
 
-def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool) -> tuple[str, str]:
+def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool, zero: bool = False) -> tuple[str, str]:
     """The C of C[m x n] += A . B: A uint8 and B int8 (`dot_u8s8`), or A int8 and B uint8 (`a_signed`, `dot_s8u8`:
-    the same instruction with the broadcast row operand as its signed source)."""
+    the same instruction with the broadcast row operand as its signed source). `zero`: C = A . B (the tile is not
+    read: its accumulators start at zero in registers)."""
     isa = dot_u8s8_isa(features, n, a_signed)
-    name = f"ember_dot_{'s8u8' if a_signed else 'u8s8'}_{m}x{n}_{isa}"
+    name = f"ember_dot_{'s8u8' if a_signed else 'u8s8'}_{m}x{n}_{isa}{'_set' if zero else ''}"
     head = f"static inline void {name}{_signature(a_signed)} {{\n"
     if isa == "avx512_vnni":
         nv, tail = -(-n // 16), n % 16
@@ -135,11 +136,13 @@ def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool) -> tuple[st
                 return f"  _mm512_mask_storeu_epi32({addr}, tail, {cs[r][v]});"
             return f"  _mm512_storeu_si512({addr}, {cs[r][v]});"
 
-        lines = [f"  /* C[{m}x{n}] += A[{m}x4k] . B[k][{n}][4] with vpdpbusd: {m * nv} accumulators of 16 columns */"]
+        op = "=" if zero else "+="
+        lines = [f"  /* C[{m}x{n}] {op} A[{m}x4k] . B[k][{n}][4] with vpdpbusd: {m * nv} accumulators of 16 columns */"]
         if tail:
             lines.append(f"  const __mmask16 tail = 0x{(1 << tail) - 1:x};  /* the last {tail} columns */")
-        lines += [f"  __m512i {cs[r][v]} = {load(v, f'c + {r} * ldc + {16 * v}')};" for r in range(m)
-                  for v in range(nv)]  # fmt: skip
+        init = ["_mm512_setzero_si512()" if zero else load(v, f"c + {r} * ldc + {16 * v}") for r in range(m)
+                for v in range(nv)]  # fmt: skip
+        lines += [f"  __m512i {cs[r][v]} = {init[r * nv + v]};" for r in range(m) for v in range(nv)]
         lines.append("  for (long p = 0; p < k4; ++p) {")
         lines += [f"    const __m512i b{v} = {load(v, f'b + p * ldb + {64 * v}')};" for v in range(nv)]
         for r in range(m):
@@ -179,14 +182,16 @@ def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool) -> tuple[st
             f"    for (int v = 0; v < {nv}; ++v) {{\n"
             "      const __m256i s = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[r][v], hi[r][v]), 0xD8);\n"
             "      __m256i* cp = (__m256i*)(c + r * ldc + 8 * v);\n"
-            "      _mm256_storeu_si256(cp, _mm256_add_epi32(_mm256_loadu_si256(cp), s));\n"
-            "    }\n"
+            + ("      _mm256_storeu_si256(cp, s);\n" if zero else
+               "      _mm256_storeu_si256(cp, _mm256_add_epi32(_mm256_loadu_si256(cp), s));\n")
+            + "    }\n"
         )
     elif isa == "neon_dotprod":
         nv = n // 4
         lines = [f"  /* C[{m}x{n}] += A[{m}x4k] . B[k][{n}][4] with sdot (int8 x int8): a ^ 0x80 = a - 128 as int8,",
                  "     so C += sdot(a ^ 0x80, B) + 128 * (B's column sums, one more sdot against ones) */"]
-        lines += [f"  int32x4_t c{r}_{v} = vld1q_s32(c + {r} * ldc + {4 * v});" for r in range(m) for v in range(nv)]
+        lines += [f"  int32x4_t c{r}_{v} = {'vdupq_n_s32(0)' if zero else f'vld1q_s32(c + {r} * ldc + {4 * v})'};"
+                  for r in range(m) for v in range(nv)]  # fmt: skip
         lines += [f"  int32x4_t s{v} = vdupq_n_s32(0);" for v in range(nv)]
         lines += ["  const int8x16_t ones = vdupq_n_s8(1);", "  const uint8x16_t flip = vdupq_n_u8(0x80);"]
         lines.append("  for (long p = 0; p < k4; ++p) {")
@@ -205,7 +210,7 @@ def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool) -> tuple[st
         body = (
             f"  for (int r = 0; r < {m}; ++r)\n"
             f"    for (int j = 0; j < {n}; ++j) {{\n"
-            "      int32_t s = c[r * ldc + j];\n"
+            f"      int32_t s = {'0' if zero else 'c[r * ldc + j]'};\n"
             "      for (long p = 0; p < k4; ++p)\n"
             "        for (int q = 0; q < 4; ++q)\n"
             "          s += (int32_t)a[r * lda + 4 * p + q] * (int32_t)b[p * ldb + 4 * j + q];\n"
@@ -383,7 +388,8 @@ MATCHERS: dict[str, Callable[[For, Analyzer], Stmt]] = {
 
 
 def tensorize_loops(func: PrimFunc) -> PrimFunc:
-    """Replace each loop marked by a tensorize step by its intrinsic's call (accesses as flat offsets)."""
+    """Replace each loop marked by a tensorize step by its intrinsic's call (accesses as flat offsets); a call
+    right after the loops that zero exactly its tile computes C = A . B instead (`_fold_zero_init`)."""
     if not any(isinstance(n, For) and any(k == TENSORIZE for k, _ in n.annotations) for n in walk(func.body)):
         return func
 
@@ -392,9 +398,64 @@ def tensorize_loops(func: PrimFunc) -> PrimFunc:
             for key, name in n.annotations:
                 if key == TENSORIZE:
                     return MATCHERS[name](n, Analyzer())
+        if isinstance(n, Seq):
+            return _fold_zero_init(n)
         return None
 
     return func.with_body(transform(func.body, post))  # type: ignore[arg-type]
+
+
+def _fold_zero_init(block: Seq) -> Stmt | None:
+    """[loops storing 0 to C[base + i] for every i < m * n, dot(&C[base], ldc = n, ..., m, n, k4)] -> the call
+    alone with a 10th argument 1: its accumulators start at zero (a reduction that one call covers whole: the tile
+    of a 1 x 1 convolution is neither zeroed in memory nor loaded)."""
+    out, changed = list(block.stmts), False
+    i = 0
+    while i + 1 < len(out):
+        call = _single_call(out[i + 1])
+        if isinstance(call, E.Call) and call.name in INTRINSICS and len(call.args) == 9 and _zeroes_tile(out[i], call):
+            out[i : i + 2] = [Evaluate(E.Call(call.name, (*call.args, E.const(1, int64)), call.dtype))]
+            changed = True
+        i += 1
+    return (Seq(tuple(out)) if len(out) > 1 else out[0]) if changed else None  # type: ignore[return-value]
+
+
+def _single_call(s: Stmt) -> E.Expr | None:
+    """The call of `s`: Evaluate(call), possibly under loops of one iteration (a 1 x 1 kernel's taps)."""
+    while isinstance(s, For) and isinstance(s.extent, E.Const) and s.extent.value == 1:
+        s = substitute(s.body, {s.var: s.min})
+    return s.value if isinstance(s, Evaluate) else None
+
+
+def _zeroes_tile(init: Stmt, call: E.Call) -> bool:
+    """Whether `init` is a nest of constant loops storing 0 to exactly the call's tile, a contiguous m x n block
+    (ldc = n) at the call's C address."""
+    loops, s = [], init
+    while isinstance(s, For):
+        if not (isinstance(s.extent, E.Const) and isinstance(s.min, E.Const) and s.min.value == 0):
+            return False
+        loops.append(s)
+        s = s.body
+    c, ldc, m, n = call.args[0], call.args[1], call.args[6], call.args[7]
+    if not (isinstance(s, Store) and isinstance(s.value, E.Const) and s.value.value == 0 and loops):
+        return False
+    if not (isinstance(c, E.Call) and c.name == ADDRESS and c.args[0].buffer is s.buffer):
+        return False
+    if not all(isinstance(v, E.Const) for v in (ldc, m, n)) or ldc.value != n.value:
+        return False
+    ana = Analyzer()
+    try:
+        coefs = _coefs(_flat(s, ana), loops, ana, "C", loops[0])
+    except TensorizeError:
+        return False
+    size, dense = 1, True
+    for f, k in sorted(zip(loops, coefs), key=lambda fk: fk[1]):
+        dense = dense and k == size
+        size *= int(f.extent.value)
+    base = ana.simplify(substitute(_flat(s, ana), {f.var: E.const(0, f.var.dtype) for f in loops}))
+    start = ana.simplify(_flat(c.args[0], ana))
+    return dense and size == m.value * n.value and isinstance(ana.simplify(base - start), E.Const) and \
+        ana.simplify(base - start).value == 0
 
 
 __all__ = ["ADDRESS", "INTRINSICS", "TENSORIZE", "Intrinsic", "TensorizeError", "address_of", "dot_u8s8_isa",

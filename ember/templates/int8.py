@@ -64,20 +64,24 @@ def _accumulators(nb: int, rows: int) -> int:
 
 
 WX_ACCUMULATORS = 28  # zmm registers for the accumulators of a W x X tile (the rest: columns of X, a row of W)
+WX_REGISTERS = 32  # all of them: accumulators, the tile's vectors of X (loaded once per k) and one broadcast of W
+ROW_WEIGHT = {1: 0.5, 2: 0.9}  # a W x X tile's worth by its rows (measured on ResNet-50's layers; 4 or more: 1)
 
 
 def wx_tile(height: int, width: int, rows: int) -> tuple[int, int]:
     """(mr output channels, nb pixels) of a W x X tile (`int8_acc_wx`) for an image of height x width: nb whole
     image rows (the tile's pixels are then one range of the NCHW image), in vectors of 16 pixels (the last one
-    masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS. Best: the most lanes used, times
-    the rows up to 4 (a row of W broadcast per vector of X loaded), then the most accumulators."""
+    masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS, and with the vectors of X and a
+    broadcast within WX_REGISTERS (else the compiler reloads X for every row: a load per vpdpbusd, 7 x 4 tiles
+    of 14 x 14 images at 60% of the 8 x 2 tile's speed). Best: the most lanes used, times ROW_WEIGHT (a row of W
+    broadcast per vector of X loaded: one row is slow, two nearly as good as four), then the most accumulators."""
     best, key = (0, 0), (0.0, 0)
     for k in (k for k in range(1, height + 1) if height % k == 0):
         nb = k * width
         nv = -(-nb // 16)
         for mr in (8, 6, 4, 2, 1):
-            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS:
-                score = (nb / (16 * nv) * min(mr, 4) / 4, mr * nv)
+            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS and (mr + 1) * nv + 1 <= WX_REGISTERS:
+                score = (nb / (16 * nv) * ROW_WEIGHT.get(mr, 1.0), mr * nv)
                 if score > key:
                     best, key = (mr, nb), score
     return best
@@ -262,10 +266,11 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
     r, s_, c4, kk = L.op.reduce_axis
     L.reorder(r, s_, c4, lb, lo, lp, kk)  # one micro-kernel call per kernel tap
     L.tensorize(c4, "dot_s8u8")
-    L.compute_at(O, oo)
     big = target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16
-    if big:
-        O.parallel(O.fuse(b, po))
+    if big:  # the threads share the pixel panels and the channel tiles: a 7 x 7 or 14 x 14 image is one panel
+        oo = O.fuse(b, po, oo)
+        O.parallel(oo)
+    L.compute_at(O, oo)
     done = {O.name, L.name}
     for t in acc.op.inputs:
         st = s[t]
@@ -298,9 +303,11 @@ def schedule_int8_dw(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -
     _, _, p = L.op.axis
     r, s_ = L.op.reduce_axis
     po, pi = L.split(p, 16)
-    L.reorder(po, r, s_, pi)
-    L.unroll(r)  # the taps unrolled: the vector of accumulators stays in a register across them
+    po, pc = L.split(po, acc.op.attrs["chains"])
+    L.reorder(po, r, s_, pc, pi)  # a few vectors at a time: independent FMA chains over the taps
+    L.unroll(r)  # the taps unrolled: the vectors of accumulators stay in registers across them
     L.unroll(s_)
+    L.unroll(pc)
     L.vectorize(pi)
     L.compute_at(O, bc)
     G = s[attrs["grid"]]
@@ -316,8 +323,11 @@ def schedule_int8_dw(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -
         st = s[t]
         if st.is_placeholder or st.op.tag != "int8_rows":
             continue
-        q = st.op.axis[-1]
-        st.split(q, int(acc.op.attrs["plane_width"]))  # rows of the plane: no division per pixel
+        _, _, pr, pc, q = st.op.axis
+        qo, qi = st.split(q, int(acc.op.attrs["plane_width"]))  # rows of the plane: no division per pixel
+        if t.shape[3] > 1:  # strided: a row of every column phase at once (one read of the input row, a pair
+            st.reorder(pr, qo, qi, pc)  # of interleaved loads that the C compiler vectorizes)
+            st.unroll(pc)
         st.compute_at(O, bc)  # one channel's planes at a time: they stay in cache for the taps
         done.add(st.name)
     return done

@@ -328,3 +328,24 @@ def test_vector_exp_below_the_smallest_normal():
     assert np.all(c[under] == 0) and np.isnan(c[6]) and c[5] == 0
     ok = ~under & ~np.isnan(a)
     np.testing.assert_allclose(c[ok], want[ok], rtol=4 * np.finfo(np.float32).eps, atol=tiny)
+
+
+@pytest.mark.parametrize("dt", ["int32", "uint8", "int8"])
+def test_vector_integer_min_max_are_lane_loops(dt):
+    """Integer vector min/max (the int8 kernels' clamps) are per-lane helpers, which the C compiler turns into one
+    vector min/max instruction (a select takes two or three); equal to numpy's on random values."""
+    n = 64
+    A = te.placeholder((n,), dt, name="A")
+    B = te.placeholder((n,), dt, name="B")
+    C = te.compute((n,), lambda i: te.minimum(te.maximum(A[i], B[i]), te.const(100, dt)), name="C")
+    s = te.create_schedule(C)
+    _, vi = s[C].split(C.op.axis[0], 16)
+    s[C].vectorize(vi)
+    f = ember.build(s, [A, B, C], target="c")
+    assert f"static inline {dt}x16 ember_max_{dt}x16({dt}x16 a, {dt}x16 b) {{ {dt}x16 r; for" in f.source
+    info = np.iinfo(dt)
+    rng = np.random.default_rng(3)
+    a, b = (rng.integers(info.min, info.max, n, endpoint=True).astype(dt) for _ in range(2))
+    c = np.zeros(n, dt)
+    f(a, b, c)
+    np.testing.assert_array_equal(c, np.minimum(np.maximum(a, b), np.array(100, dt)))

@@ -18,6 +18,7 @@ quantization scale:
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -152,7 +153,7 @@ def test_depthwise_and_unquantized_outputs_become_integer():
         assert np.abs(np.asarray(m(*feeds.values())) - want).max() <= step * (1 + 1e-3)
 
 
-def depthwise_model(c: int, size: int, stride: int, dilation: int, k: int, xdtype: int, clip: bool):
+def depthwise_model(c: int, size: int, stride: int, dilation: int, k: int, xdtype: int, clip: bool, ys: float = 0.3):
     """DequantizeLinear(x) -> Conv(group = c, k x k, int32 bias) -> [Clip(0, 6)] -> QuantizeLinear, per-channel
     weights."""
     from onnx import TensorProto, helper, numpy_helper
@@ -165,7 +166,7 @@ def depthwise_model(c: int, size: int, stride: int, dilation: int, k: int, xdtyp
              numpy_helper.from_array(rng.integers(-300, 300, c).astype(np.int32), "b"),
              numpy_helper.from_array(np.array(0.05, np.float32), "xs"),
              numpy_helper.from_array(np.array(zero, np.uint8 if zero == 128 else np.int8), "xz"),
-             numpy_helper.from_array(np.array(0.3, np.float32), "ys"),
+             numpy_helper.from_array(np.array(ys, np.float32), "ys"),
              numpy_helper.from_array(np.array(5, np.uint8), "yz"),
              numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
              numpy_helper.from_array(np.array(6.0, np.float32), "hi")]  # fmt: skip
@@ -229,7 +230,7 @@ def test_aarch64_dotprod_under_emulation(tmp_path):
     feeds = zoo.random_feeds(model, seed=4)
     want = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     m = ember.compile(q, "c -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1")
-    assert "x16_neon_dotprod(" in m.source  # sdot micro-kernels on 16-column panels
+    assert re.search(r"x16_neon_dotprod(_set)?\(", m.source)  # sdot micro-kernels on 16-column panels
     outputs, _ = run_exported(m.export(tmp_path / "board"), feeds, launcher=emulator(m.plan.target))
     np.testing.assert_array_equal(next(iter(outputs.values())), want)
 
@@ -346,3 +347,65 @@ def test_grouped_conv_stays_float_and_correct():
     m = ember.compile(q, target="c")
     sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
     assert worst_steps(m, sess, model, output_step(q)) <= 1 + 1e-3
+
+
+def bottleneck_with_projection(cin: int, mid: int, size: int):
+    """ResNet-50's first block of a stage: 1 x 1, 3 x 3, 1 x 1 to 4 * mid channels, plus a 1 x 1 projection of x,
+    added, Relu."""
+    b = zoo.Builder(4)
+    main = b.conv_bn_relu("x", cin, mid, k=1)
+    main = b.conv_bn_relu(main, mid, mid, k=3)
+    main = b.conv_bn_relu(main, mid, 4 * mid, k=1, relu=None)
+    short = b.conv_bn_relu("x", cin, 4 * mid, k=1, relu=None)
+    y = b.op("Relu", [b.op("Add", [main, short])])
+    return b.model({"x": (1, cin, size, size)}, y, "bottleneck")
+
+
+def test_projection_shortcut_stays_8_bit_and_small_images_run_on_two_threads():
+    """The projection's output is dequantized for the residual Add of the other branch's kernel: that kernel reads
+    the 8-bit value (the DequantizeLinear is its prologue, not the projection's epilogue, which would write float32).
+    On a 7 x 7 image (one tile of pixels) the two threads share the channel tiles. Equal to onnxruntime, 0 steps."""
+    model = bottleneck_with_projection(128, 64, 7)
+    q = quantize(model, True)
+    m = ember.compile(q, target="c -threads=2")
+    kernels = [k.ops for s in m.plan.steps if s.kind == "segment" for k in s.kernels]
+    assert ["QConvPacked", "DequantizeLinear"] not in kernels, kernels
+    assert sum("QConvPacked" in ops for ops in kernels) == 4
+    assert "ember_parallel_for" in m.source
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert worst_steps(m, sess, model, output_step(q)) == 0
+
+
+@pytest.mark.parametrize("ys, int_clamp", [(0.3, 1), (1e-9, 0)])
+def test_requantization_clamps_integers_where_the_range_is_proven(ys, int_clamp):
+    """Where every accumulator the weights allow, requantized, stays far inside int32 (the usual case), the kernel
+    rounds to int32 and clamps integers; an output scale so small that it might not (1e-9: the values saturate)
+    keeps the float clamp. Both equal onnxruntime's output within 1 step (a tie rounded the other way)."""
+    from onnx import TensorProto
+
+    model = depthwise_model(16, 9, 1, 1, 3, TensorProto.UINT8, False, ys=ys)
+    g, _ = run_passes(from_onnx(model), opt_level=1, disabled=["fuse_ops"], verify=True)
+    (conv,) = g.nodes
+    assert conv.attrs.get("int_clamp", 0) == int_clamp
+    m = ember.compile(model, target="c")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).integers(0, 256, (1, 16, 9, 10)).astype(np.uint8)
+    got, want = np.asarray(m(x)).astype(int), sess.run(None, {"x": x})[0].astype(int)
+    assert np.abs(got - want).max() <= 1
+    if not int_clamp:
+        assert (got == 255).mean() > 0.3 and (got == 0).mean() > 0.3  # saturated both ways
+
+
+@pytest.mark.parametrize("height, width, rows", [(56, 56, 256), (56, 58, 64), (28, 28, 512), (28, 30, 128),
+                                                 (14, 14, 1024), (14, 16, 256), (7, 7, 2048), (7, 9, 512),
+                                                 (112, 112, 96), (56, 56, 144)])  # fmt: skip
+def test_wx_tiles_fit_the_registers(height, width, rows):
+    """A W x X tile (ResNet-50's and MobileNetV2's images): whole rows of pixels, its accumulators plus its vectors
+    of X plus one broadcast within the 32 vector registers (a tile past them reloads X for every row), mr dividing
+    the output channels, and no single-row tile where two rows fit."""
+    from ember.templates.int8 import WX_REGISTERS, wx_tile
+
+    mr, nb = wx_tile(height, width, rows)
+    nv = -(-nb // 16)
+    assert nb % width == 0 and height % (nb // width) == 0 and rows % mr == 0
+    assert (mr + 1) * nv + 1 <= WX_REGISTERS and mr >= 2

@@ -199,3 +199,32 @@ def test_intrinsic_declaration_matches_numpy():
     c = np.zeros((3, 16), np.int32)
     f(a, b, c)
     np.testing.assert_array_equal(c, a.astype(np.int64) @ b.transpose(0, 2, 1).reshape(20, 16).astype(np.int64))
+
+
+@pytest.mark.parametrize("target, isa", [("c", None), ("c -mcpu=haswell", "avx2"), ("c -mcpu=x86-64", "c")])
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_zeroing_of_a_whole_tile_folds_into_the_call(target, isa, dtype):
+    """A call whose tile the loops before it set to zero (a local accumulator of one tile, a reduction one call
+    covers: a 1 x 1 convolution) starts its accumulators at zero instead (`_set`: no zeroing in memory, no load);
+    tiles of a wider C (its rows longer than the tile's) keep the zeroing loops. Both equal numpy's product."""
+    if isa is not None and isa != "c" and isa not in host_cpu_flags():
+        pytest.skip(f"this CPU has no {isa}")
+    m, n, k = 8, 32, 40
+    signed = dtype == "int8"  # dot_s8u8: int8 rows, uint8 columns packed [k / 4, n, 4]
+    rng = np.random.default_rng(4)
+    if signed:
+        A, B, C = gemm_s8u8(m, n, k)
+        a, b = rng.integers(-128, 128, (m, k)).astype(np.int8), rng.integers(0, 256, (k, n)).astype(np.uint8)
+        packed = np.ascontiguousarray(b.reshape(k // 4, 4, n).transpose(0, 2, 1))
+    else:
+        A, B, C = gemm(m, n, k, n)
+        a, b, packed = operands(m, n, k, n, seed=4)
+    for nb, folded in ((n, True), (n // 2, False)):
+        s = tensorized(C, m // 2, nb, "dot_s8u8" if signed else "dot_u8s8", rows_outer=True)
+        f = ember.build(s, [A, B, C], target=target)
+        isa_used = dot_u8s8_isa(Target.parse(target).simd_features(), nb, signed)
+        assert f"_{m // 2}x{nb}_{isa_used}(" in f.source or f"_{m // 2}x{nb}_{isa_used}_set(" in f.source
+        assert (f"_{m // 2}x{nb}_{isa_used}_set(" in f.source) == folded
+        c = np.full((m, n), 7, np.int32)  # not zero: the folded call must overwrite it
+        f(a, packed, c)
+        np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
