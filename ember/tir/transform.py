@@ -179,6 +179,9 @@ def _monotone_in(c: Expr, v: Var, ana: Analyzer) -> bool:
     return len(dirs) == 1
 
 
+SMALL_VARIANTS = 16  # a symbolic tail below one tile of at most this many gets a variant per size (`_small_variants`)
+
+
 class _Partitioner:
     def __init__(self, ana: Analyzer, budget: int = 64):
         self.ana = ana
@@ -280,7 +283,10 @@ class _Partitioner:
             ana.ranges.update(saved)
             ana._cache.clear()
         self.budget -= 2
-        tightened = {x: lo for x, lo in facts if isinstance(x, Var)}
+        tightened: dict[Var, int] = {}
+        for x, lo in facts:  # the strongest bound of each size (S >= 32 and S >= 1 from two cuts: S >= 32)
+            if isinstance(x, Var):
+                tightened[x] = max(lo, tightened.get(x, lo))
         old = {s: ana.ranges.get(s, (None, None)) for s in tightened}
         for s, lo in tightened.items():
             ana.bind(s, max(lo, old[s][0] if old[s][0] is not None else lo), old[s][1])
@@ -310,11 +316,41 @@ class _Partitioner:
         finally:
             for s, r in old.items():
                 ana.bind(s, *r)
+        general = self._small_variants(loop, main, rest, facts, pieces[-1])
         if same(after, tail):  # nothing decided
+            pieces[-1] = general
             return pieces
         full = For(v, main, rest, loop.kind, after, loop.thread_tag, loop.annotations)
-        pieces[-1] = IfThenElse(ana.simplify(main >= 1), full, pieces[-1])
+        pieces[-1] = IfThenElse(ana.simplify(main >= 1), full, general)
         return pieces
+
+    def _small_variants(self, loop: For, main: Expr, rest: Expr, facts: list[tuple[Expr, int]], general: Stmt) -> Stmt:
+        """The tail for sizes below one tile (x < lo for the one fact x >= lo of a main part that runs) as a chain
+        of constant-size variants `x == r` (r = 1 .. lo - 1), x replaced by r: their tile loops have constant
+        extents, unroll and keep a register tile (`local` scope) in registers, as a specialized kernel's do; the
+        general tail stays for any other value. Only where the loop computes a small local tile."""
+        if len(facts) != 1 or not 2 <= facts[0][1] <= SMALL_VARIANTS or not any(
+                isinstance(n, Allocate) and n.buffer.scope == "local" for n in walk(loop.body)):  # fmt: skip
+            return general
+        x, lo = facts[0]
+        ana, v = self.ana, loop.var
+        out = general
+        for r in range(lo - 1, 0, -1):
+            k = const(r, x.dtype)
+
+            def put(n, k=k):
+                return k if isinstance(n, Expr) and same(n, x) else None
+
+            m, n = ana.simplify(transform(main, put)), ana.simplify(transform(rest, put))
+            cond = ana.simplify(BinOp("eq", x, k, boolean))
+            if not (isinstance(n, Const) and isinstance(m, Const)) or n.value <= 0 or isinstance(cond, Const):
+                continue  # (a size that cannot be r here)
+            body = transform(loop.body, put)
+            with ana.scope(v, *ana.bind_loop(v, m, n)):
+                body = self.stmt(_Simplifier(ana).stmt(body))
+            out = IfThenElse(cond, For(v, m, n, loop.kind, body, loop.thread_tag,
+                                                             loop.annotations), out)  # fmt: skip
+        return out
 
     def _threshold(self, c: Expr, v: Var, local: set[Var]) -> Expr | None:
         """T such that integer comparison c holds for v < T and every value of the loops inside (`local`, bound in
