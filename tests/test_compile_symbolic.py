@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -175,15 +176,16 @@ def _dense_model(k: int, n: int) -> onnx.ModelProto:
 
 def test_symbolic_product_below_one_tile_runs_a_variant_per_size():
     """Sizes below one row tile run a constant-size variant each (`S == r`: its tile loops unroll, its accumulators
-    are registers, as in a kernel specialized to r rows); sizes of full tiles plus a tail do not. Every variant,
-    the general tail and the main part match onnxruntime."""
+    are registers, as in a kernel specialized to r rows), and the tail after full tiles one per remainder (`S % 12
+    == r`: the tile's clamped start is a constant offset from S // 12 tiles). Every variant, the general tails and
+    the main part match onnxruntime."""
     model = _dense_model(32, 32)
     m = ember.compile(model, target="c -threads=1", dynamic_bounds={"S": (1, 96)})  # (parallel loops: no partition)
-    tile = m.source.count("if (S == ((int64_t)")
-    assert tile >= 2, "no variants by size"
+    tile = m.source.count("if (S == ((int64_t)") + 1
+    assert tile >= 3 and len(re.findall(r"if \(S % \(\(int64_t\)\d+LL\) == ", m.source)) == tile - 1
     rng = np.random.default_rng(6)
-    check_sizes(model, m, lambda s: {"x": rng.standard_normal((s, 32)).astype(np.float32)},
-                list(range(1, tile + 3)) + [25, 96])  # fmt: skip
+    sizes = list(range(1, tile + 3)) + [2 * tile - 1, 3 * tile + tile // 2, 96]  # every small variant, remainders
+    check_sizes(model, m, lambda s: {"x": rng.standard_normal((s, 32)).astype(np.float32)}, sizes)
 
 
 def test_batched_scores_with_a_batch_bounded_to_one_keep_registers_and_vector_panels():
