@@ -330,10 +330,14 @@ class _Partitioner:
         return pieces
 
     def _variant_ok(self, loop: For, facts: list[tuple[Expr, int]]) -> bool:
-        """Whether the tail of `loop` gets variants by size: one size x with a tile lo <= SMALL_VARIANTS, and a small
-        local tile (registers once its loops unroll) computed inside."""
-        return len(facts) == 1 and 2 <= facts[0][1] <= SMALL_VARIANTS and any(
-            isinstance(n, Allocate) and n.buffer.scope == "local" for n in walk(loop.body))  # fmt: skip
+        """Whether the tail of `loop` gets variants by size: one size x with a tile lo <= SMALL_VARIANTS, a small
+        local tile (registers once its loops unroll) computed inside, and no guard of another loop (a column tail's
+        per-lane tests keep the tile in memory in every variant: they would only cost compile time)."""
+        if len(facts) != 1 or not 2 <= facts[0][1] <= SMALL_VARIANTS:
+            return False
+        if any(not uses_var(c, loop.var) for c in _conditions(loop.body)):
+            return False
+        return any(isinstance(n, Allocate) and n.buffer.scope == "local" for n in walk(loop.body))
 
     def _variant(self, loop: For, x: Expr, value: Expr, bounds: dict[Var, tuple[int, int]]) -> For | None:
         """The tail of `loop` with x replaced by `value` (its new variables bounded by `bounds`), simplified; None
@@ -401,8 +405,7 @@ class _Partitioner:
         of constant-size variants `x == r` (r = 1 .. lo - 1), x replaced by r: their tile loops have constant
         extents, unroll and keep a register tile (`local` scope) in registers, as a specialized kernel's do; the
         general tail stays for any other value. Only where the loop computes a small local tile."""
-        if len(facts) != 1 or not 2 <= facts[0][1] <= SMALL_VARIANTS or not any(
-                isinstance(n, Allocate) and n.buffer.scope == "local" for n in walk(loop.body)):  # fmt: skip
+        if not self._variant_ok(loop, facts):
             return general
         x, lo = facts[0]
         ana, v = self.ana, loop.var
