@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -192,3 +193,49 @@ def test_a_size_the_model_bounds_is_bounded_by_default():
         cm.run(feeds((1, 17)))
     with pytest.raises(ember.frontend.onnx.ModelError, match=r"dynamic_bounds=\{'seq': \(1, 16\)\}"):
         ember.compile(m, target="c", dynamic_bounds={"seq": (1, 32)})  # a bound given: not changed, the fix named
+
+
+def _dense_model(k: int, n: int) -> onnx.ModelProto:
+    """y = x @ w + b + x[:, :n]: a dense layer with a residual (a fused GEMM epilogue), x of S rows."""
+    rng = np.random.default_rng(5)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [k, n], rng.standard_normal((k, n)).astype(np.float32).ravel())
+    b = helper.make_tensor("b", TensorProto.FLOAT, [n], rng.standard_normal(n).astype(np.float32))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["q"]),
+             helper.make_node("Add", ["q", "x"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["S", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["S", n])], [w, b])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_symbolic_product_below_one_tile_runs_a_variant_per_size():
+    """Sizes below one row tile run a constant-size variant each (`S == r`: its tile loops unroll, its accumulators
+    are registers, as in a kernel specialized to r rows), and the tail after full tiles one per remainder (`S % 12
+    == r`: the tile's clamped start is a constant offset from S // 12 tiles). Every variant, the general tails and
+    the main part match onnxruntime."""
+    model = _dense_model(32, 32)
+    m = ember.compile(model, target="c -threads=1", dynamic_bounds={"S": (1, 96)})  # (parallel loops: no partition)
+    tile = m.source.count("if (S == ((int64_t)") + 1
+    assert tile >= 3 and len(re.findall(r"if \(S % \(\(int64_t\)\d+LL\) == ", m.source)) == tile - 1
+    rng = np.random.default_rng(6)
+    sizes = list(range(1, tile + 3)) + [2 * tile - 1, 3 * tile + tile // 2, 96]  # every small variant, remainders
+    check_sizes(model, m, lambda s: {"x": rng.standard_normal((s, 32)).astype(np.float32)}, sizes)
+
+
+def test_batched_scores_with_a_batch_bounded_to_one_keep_registers_and_vector_panels():
+    """Attention scores [B, H, S, d] x [B, H, d, S] with B bounded to (1, 1): the batch is the constant 1 in the
+    kernel (its accumulator tile indexed by constants: registers), and the column tail's clamped panel offset stays
+    a multiple of the panel (vector loads of B's panel, no gathers); values match onnxruntime at every tail."""
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["B", 2, "S", 16])
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["B", 2, 16, "S"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 2, "S", "S"])
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "scores", [a, b], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m = ember.compile(model, target="c -threads=1", dynamic_bounds={"B": (1, 1), "S": (1, 80)})
+    assert "_gather_" not in m.source and "int64_t B" not in m.source
+    rng = np.random.default_rng(7)
+
+    def feeds(s):
+        return {"a": rng.standard_normal((1, 2, s, 16)).astype(np.float32),
+                "b": rng.standard_normal((1, 2, 16, s)).astype(np.float32)}  # fmt: skip
+
+    check_sizes(model, m, feeds, (1, 5, 12, 13, 31, 32, 45, 80))

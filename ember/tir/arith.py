@@ -376,7 +376,10 @@ class Analyzer:
         return out
 
     def _simplify(self, e: Expr) -> Expr:
-        if isinstance(e, Var | Const):
+        if isinstance(e, Var):  # bounded to one value (a size with bounds (1, 1), the variable of a 1-trip loop)
+            lo, hi = self.ranges.get(e, (None, None))
+            return const(lo, e.dtype) if lo is not None and lo == hi and _is_index(e.dtype) else e
+        if isinstance(e, Const):
             return e
         e = map_children(e, lambda c: self.simplify(c) if isinstance(c, Expr) else c)  # type: ignore[assignment]
         if isinstance(e, BinOp):
@@ -482,10 +485,22 @@ class Analyzer:
                     return b
                 if d_lo is not None and d_lo >= 0:
                     return a
-            return BinOp(op, a, b, dt)
+            return self._minmax_factored(op, a, b, dt)
         if op in CMP_OPS:
             return self._simplify_cmp(op, a, b)
         return BinOp(op, a, b, dt)
+
+    def _minmax_factored(self, op: str, a: Expr, b: Expr, dt: DType) -> Expr:
+        """min/max(g * x, g * y) as g * min/max(x, y) for the largest common constant factor g > 1 of both linear
+        forms: a tile clamped back from the end, min(v * 32, (S + 31) // 32 * 32 - 32), stays a multiple of the tile
+        (32 * min(v, ...)), so `(that + j) % 32` is j and its panel loads stay contiguous vectors, not gathers."""
+        (ta, ca), (tb, cb) = self._lin(a), self._lin(b)
+        g = math.gcd(ca, cb, *ta.values(), *tb.values())
+        if g <= 1 or not (ta or tb):
+            return BinOp(op, a, b, dt)
+        x = self._from_lin({t: k // g for t, k in ta.items()}, ca // g, dt)
+        y = self._from_lin({t: k // g for t, k in tb.items()}, cb // g, dt)
+        return self.simplify(BinOp("mul", BinOp(op, x, y, dt), const(g, dt), dt))
 
     def _minmax_of_quotients(self, op: str, a: Expr, b: Expr) -> Expr | None:
         """min/max of x // c and y // c where y - x has constant bounds of one sign: floor division by a positive

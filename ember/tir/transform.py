@@ -9,7 +9,7 @@ from . import expr as E
 from .arith import Analyzer
 from .dtype import boolean
 from .expr import BinOp, Cast, Const, Expr, Load, Select, Var, const, same
-from .functor import map_children, substitute, transform, uses_var, walk
+from .functor import children, map_children, substitute, transform, uses_var, walk
 from .stmt import (
     NOP,
     Allocate,
@@ -179,6 +179,9 @@ def _monotone_in(c: Expr, v: Var, ana: Analyzer) -> bool:
     return len(dirs) == 1
 
 
+SMALL_VARIANTS = 16  # a symbolic tail below one tile of at most this many gets a variant per size (`_small_variants`)
+
+
 class _Partitioner:
     def __init__(self, ana: Analyzer, budget: int = 64):
         self.ana = ana
@@ -280,7 +283,10 @@ class _Partitioner:
             ana.ranges.update(saved)
             ana._cache.clear()
         self.budget -= 2
-        tightened = {x: lo for x, lo in facts if isinstance(x, Var)}
+        tightened: dict[Var, int] = {}
+        for x, lo in facts:  # the strongest bound of each size (S >= 32 and S >= 1 from two cuts: S >= 32)
+            if isinstance(x, Var):
+                tightened[x] = max(lo, tightened.get(x, lo))
         old = {s: ana.ranges.get(s, (None, None)) for s in tightened}
         for s, lo in tightened.items():
             ana.bind(s, max(lo, old[s][0] if old[s][0] is not None else lo), old[s][1])
@@ -310,11 +316,116 @@ class _Partitioner:
         finally:
             for s, r in old.items():
                 ana.bind(s, *r)
-        if same(after, tail):  # nothing decided
+        if same(after, tail):  # nothing decided: a full tile has always run before (or the tile has no clamps)
+            runs = ana.simplify(main >= 1)
+            if isinstance(runs, Const) and runs.value:
+                pieces[-1] = self._remainder_variants(loop, facts, pieces[-1])
+            else:
+                pieces[-1] = self._small_variants(loop, main, rest, facts, pieces[-1])
             return pieces
+        general = self._small_variants(loop, main, rest, facts, pieces[-1])
         full = For(v, main, rest, loop.kind, after, loop.thread_tag, loop.annotations)
-        pieces[-1] = IfThenElse(ana.simplify(main >= 1), full, pieces[-1])
+        full = self._remainder_variants(loop, facts, full)
+        pieces[-1] = IfThenElse(ana.simplify(main >= 1), full, general)
         return pieces
+
+    def _variant_ok(self, loop: For, facts: list[tuple[Expr, int]]) -> bool:
+        """Whether the tail of `loop` gets variants by size: one size x with a tile lo <= SMALL_VARIANTS, a small
+        local tile (registers once its loops unroll) computed inside, and no guard of another loop (a column tail's
+        per-lane tests keep the tile in memory in every variant: they would only cost compile time)."""
+        if len(facts) != 1 or not 2 <= facts[0][1] <= SMALL_VARIANTS:
+            return False
+        if any(not uses_var(c, loop.var) for c in _conditions(loop.body)):
+            return False
+        return any(isinstance(n, Allocate) and n.buffer.scope == "local" for n in walk(loop.body))
+
+    def _variant(self, loop: For, x: Expr, value: Expr, bounds: dict[Var, tuple[int, int]]) -> For | None:
+        """The tail of `loop` with x replaced by `value` (its new variables bounded by `bounds`), simplified; None
+        when its extent is not one constant run (or empty)."""
+        ana, v = self.ana, loop.var
+
+        def put(n):
+            return value if isinstance(n, Expr) and same(n, x) else None
+
+        old = {q: ana.ranges.get(q, (None, None)) for q in bounds}
+        for q, (lo, hi) in bounds.items():
+            ana.bind(q, lo, hi)
+        try:
+            main, rest = self._cut(loop, put)
+            if main is None or not isinstance(rest, Const) or rest.value <= 0:
+                return None
+            with ana.scope(v, *ana.bind_loop(v, main, rest)):
+                body = self.stmt(_Simplifier(ana).stmt(transform(loop.body, put)))
+        finally:
+            for q, r in old.items():
+                ana.bind(q, *r)
+        return For(v, main, rest, loop.kind, body, loop.thread_tag, loop.annotations)
+
+    def _cut(self, loop: For, put) -> tuple[Expr | None, Expr]:
+        """The tail's start and trip count of `loop` once x is replaced (`put`): the main part's end, recomputed."""
+        ana, v = self.ana, loop.var
+        local = {n.var for n in walk(loop.body) if isinstance(n, For | LetStmt)}
+        body, extent = transform(loop.body, put), ana.simplify(transform(loop.extent, put))
+        saved = dict(ana.ranges)
+        for var, r in _inner_loop_ranges(body, ana).items():
+            ana.ranges[var] = r
+        try:
+            main = extent
+            for c in _atoms(body):
+                t = self._threshold(c, v, local)
+                if t is not None:
+                    main = ana.simplify(BinOp("min", main, t, v.dtype))
+        finally:
+            ana.ranges.clear()
+            ana.ranges.update(saved)
+            ana._cache.clear()
+        return main, ana.simplify(extent - main)
+
+    def _remainder_variants(self, loop: For, facts: list[tuple[Expr, int]], full: Stmt) -> Stmt:
+        """The tail after at least one full tile as a chain of variants `x % lo == r` (r = 1 .. lo - 1), x written
+        q * lo + r with q = x // lo: the tile's clamped start is then q * lo + r - lo, so the epilogue reads the
+        tile at constant rows (registers, not memory) and tests rows against constants; `full` stays for r = 0."""
+        if not self._variant_ok(loop, facts):
+            return full
+        x, lo = facts[0]
+        lo_x, hi_x = self.ana.bounds(x)
+        if hi_x is None or hi_x < lo:
+            return full
+        q = Var(f"{loop.var.name}_full", x.dtype)
+        qb = (max(1, (lo_x or 0) // lo), hi_x // lo)
+        out = full
+        for r in range(lo - 1, 0, -1):
+            variant = self._variant(loop, x, q * lo + r, {q: qb})
+            if variant is not None:
+                out = IfThenElse(self.ana.simplify(BinOp("eq", x % lo, const(r, x.dtype), boolean)), variant, out)
+        return out if out is full else LetStmt(q, self.ana.simplify(x // lo), out)
+
+    def _small_variants(self, loop: For, main: Expr, rest: Expr, facts: list[tuple[Expr, int]], general: Stmt) -> Stmt:
+        """The tail for sizes below one tile (x < lo for the one fact x >= lo of a main part that runs) as a chain
+        of constant-size variants `x == r` (r = 1 .. lo - 1), x replaced by r: their tile loops have constant
+        extents, unroll and keep a register tile (`local` scope) in registers, as a specialized kernel's do; the
+        general tail stays for any other value. Only where the loop computes a small local tile."""
+        if not self._variant_ok(loop, facts):
+            return general
+        x, lo = facts[0]
+        ana, v = self.ana, loop.var
+        out = general
+        for r in range(lo - 1, 0, -1):
+            k = const(r, x.dtype)
+
+            def put(n, k=k):
+                return k if isinstance(n, Expr) and same(n, x) else None
+
+            m, n = ana.simplify(transform(main, put)), ana.simplify(transform(rest, put))
+            cond = ana.simplify(BinOp("eq", x, k, boolean))
+            if not (isinstance(n, Const) and isinstance(m, Const)) or n.value <= 0 or isinstance(cond, Const):
+                continue  # (a size that cannot be r here)
+            body = transform(loop.body, put)
+            with ana.scope(v, *ana.bind_loop(v, m, n)):
+                body = self.stmt(_Simplifier(ana).stmt(body))
+            out = IfThenElse(cond, For(v, m, n, loop.kind, body, loop.thread_tag,
+                                                             loop.annotations), out)  # fmt: skip
+        return out
 
     def _threshold(self, c: Expr, v: Var, local: set[Var]) -> Expr | None:
         """T such that integer comparison c holds for v < T and every value of the loops inside (`local`, bound in
@@ -470,6 +581,16 @@ def flatten(func: PrimFunc) -> PrimFunc:
 # unroll
 
 
+def _stmt_count(s: Stmt) -> int:
+    """Statements in s (not descending into expressions: a walk of every index would cost more than the unroll)."""
+    count, stack = 0, [s]
+    while stack:
+        n = stack.pop()
+        count += 1
+        stack.extend(c for c in children(n) if isinstance(c, Stmt))
+    return count
+
+
 def unroll_loops(func: PrimFunc, max_extent: int = 64, max_stmts: int = 512) -> PrimFunc:
     """Replace UNROLLED loops with constant extent by copies of their body (bigger ones keep a pragma)."""
 
@@ -479,7 +600,7 @@ def unroll_loops(func: PrimFunc, max_extent: int = 64, max_stmts: int = 512) -> 
         if not (isinstance(n.min, Const) and isinstance(n.extent, Const)):
             return None
         ext = int(n.extent.value)
-        size = sum(1 for x in walk(n.body) if isinstance(x, Stmt))
+        size = _stmt_count(n.body)
         if ext > max_extent or ext * size > max_stmts:
             return None
         lo = int(n.min.value)

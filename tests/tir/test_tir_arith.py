@@ -13,8 +13,9 @@ from ember.tir.arith import eval_int
 from ember.tir.expr import Cast, Select, binop
 
 x, y, z = Var("x"), Var("y"), Var("z")
+one = Var("one")  # a size bounded to (1, 1)
 f = Var("f", tir.dtype("float32"))
-RANGES = {x: (0, 15), y: (0, 7), z: (-4, 4)}
+RANGES = {x: (0, 15), y: (0, 7), z: (-4, 4), one: (1, 1)}
 
 
 def mn(a, b):
@@ -91,6 +92,13 @@ RULES = [
     (mx(z, mx(y, z)), False, "max(y, z)"),
     (mn(x // 12, (x + 11) // 12), True, "x // 12"),  # quotients by one constant: monotone in the numerator
     (mx(x // 4, (x + 2) // 4), True, "(x + 2) // 4"),
+    # a common factor leaves the clamp: a tile clamped back from the end stays a multiple of the tile
+    (mn(x * 32, (z + 31) // 32 * 32 - 32), False, "min(x, (z + 31) // 32 - 1) * 32"),
+    ((mn(x * 32, (z + 31) // 32 * 32 - 32) + y) % 32, True, "y"),
+    (mx(x * 6 + 4, y * 2), False, "max(x * 3 + 2, y) * 2"),
+    (mn(x * 4 + 1, y * 4), False, "min(x * 4 + 1, y * 4)"),
+    # a variable bounded to one value is that value (a size with bounds (1, 1), a one-trip loop's variable)
+    (one * x + one, True, "x + 1"),
     # selects and casts
     (Select(x < 16, y, z), True, "y"),
     (Select(x < 3, y, y), False, "y"),
