@@ -31,14 +31,17 @@ from __future__ import annotations
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
-from ember.graph.types import TensorType
+from ember.graph.types import TensorType, np_dtype
 from ember.ops import Pattern, get_op
+from ember.ops.common import spatial_attrs
 from ember.ops.evaluate import run_node
 from ember.ops.int8 import space_to_depth_ok, space_to_depth_weight, wx_columns, wx_conv
 from ember.target import Target
-from ember.te.intrin import dot_u8s8_isa, isa_features
+from ember.te.intrin import dot_bf16_isa, dot_u8s8_isa, isa_features
 from ember.templates import int8 as I8
+from ember.templates.winograd import winograd_gain
 
+from .layout import WINOGRAD_MIN_GAIN
 from .util import constant_value, new_constant
 
 
@@ -64,7 +67,8 @@ def integer_ops(graph: Graph, target: Target | str | None = None) -> Graph:
     taken |= {producers.get(v) for n in list(taken) if n is not None and n.op == "Relu" for v in n.inputs}
     for node in graph.nodes:  # the rest: float output, for the float ops after it (a residual Add, then Q)
         if node.op in ("Conv", "MatMul", "Gemm") and node not in taken and node not in replaced:
-            new = _float_out(graph, node, producers, target) or _activation_product(node, producers)
+            new = (_float_out(graph, node, producers, target) or _activation_product(node, producers)
+                   or _bf16_product(graph, node, producers, target))
             if new is not None:
                 replaced[node] = new
     if replaced:
@@ -309,6 +313,94 @@ def _activation_product(core: Node, producers: dict) -> Node | None:
     scale = float(np.float32(xs.reshape(())) * np.float32(ys.reshape(())))
     return Node("QBatchMatMul", [xq, yq], [core.outputs[0]], {"x_zero": int(xz.reshape(())), "scale": scale},
                 core.name)  # fmt: skip
+
+
+STEM_CHANNELS = 16  # fewer input channels (an image's stem): the float NCHWc convolution beats im2col in bfloat16
+
+
+def _bf16_activation(v: Value, producers: dict) -> Value | None:
+    """x of Cast(float32, Cast(bfloat16, x float32)): an activation rounded to bfloat16."""
+    p = producers.get(v)
+    q = producers.get(p.inputs[0]) if p is not None and p.op == "Cast" and v.dtype == "float32" else None
+    if q is None or q.op != "Cast" or q.outputs[0].dtype != "bfloat16" or q.inputs[0].dtype != "float32":
+        return None
+    return q.inputs[0]
+
+
+def _bf16_weight(v: Value, producers: dict) -> np.ndarray | None:
+    """W as bfloat16: a constant bfloat16 W read through a Cast to float32, or a float32 constant whose every value
+    is a bfloat16 (that Cast folded by the importer: rounding it again changes nothing)."""
+    p = producers.get(v)
+    if p is not None and p.op == "Cast" and v.dtype == "float32" and p.inputs[0].dtype == "bfloat16":
+        return constant_value(p.inputs[0])
+    w = constant_value(v)
+    if w is None or w.dtype != np.float32:
+        return None
+    wb = w.astype(np_dtype("bfloat16"))
+    return wb if np.array_equal(wb.astype(np.float32), w) else None
+
+
+def _bf16_product(graph: Graph, core: Node, producers: dict, target: Target) -> Node | None:
+    """Conv | MatMul | Gemm of an activation rounded to bfloat16 and a bfloat16 weight (the model `ember.quantize`
+    writes with precision="bf16"): BF16ConvPacked | BF16MatMulPacked (`ember.ops.bf16`), the weight packed in
+    pairs for vdpbf16ps, the activation rounded in the kernel. Targets with avx512_bf16 only (elsewhere the float
+    product of the rounded operands is the faster portable path)."""
+    if core.op not in ("Conv", "MatMul", "Gemm") or len(core.outputs) != 1 or len(core.inputs) < 2:
+        return None
+    x, w = _bf16_activation(core.inputs[0], producers), _bf16_weight(core.inputs[1], producers)
+    if x is None or w is None or not all(isinstance(d, int) for d in x.shape):
+        return None
+    bias = core.inputs[2] if len(core.inputs) > 2 else None
+    b = constant_value(bias) if bias is not None else None
+    if bias is not None and (b is None or b.dtype != np.float32):
+        return None
+    if core.op == "Conv":
+        if w.ndim != 4 or len(x.shape) != 4 or core.attrs.get("group", 1) != 1:
+            return None
+        co, c, kh, kw = w.shape
+        if c < STEM_CHANNELS or _winograd_wins(core, x, co, tuple(core.outputs[0].shape)):
+            return None  # the float layout pass's kernels are faster for these
+        cp = -(-c // 2) * 2
+        wpad = np.zeros((co, cp, kh, kw), w.dtype)
+        wpad[:, :c] = w
+        w_kn = wpad.transpose(2, 3, 1, 0).reshape(kh * kw * cp, co)
+    else:
+        if core.op == "Gemm":
+            a = core.attrs
+            if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0 or w.ndim != 2:
+                return None
+            w = w.T if a.get("transB", 0) else w
+        if w.ndim != 2 or len(x.shape) < 2:
+            return None
+        co = w.shape[1]
+        w_kn = np.zeros((-(-w.shape[0] // 2) * 2, co), w.dtype)
+        w_kn[: w.shape[0]] = w
+    if b is not None and b.size != co:
+        return None
+    nb = I8.choose_nb(co, target, _row_block(core, x, w.shape[3]) if core.op == "Conv" else 0)
+    if dot_bf16_isa(isa_features(target), nb) != "avx512_bf16":
+        return None
+    inputs = [x, new_constant(graph, f"{core.name}_packed_bf16", I8.pack_pairs(w_kn, nb))]
+    if b is not None:
+        inputs.append(new_constant(graph, f"{core.name}_bias", b.reshape(-1).astype(np.float32)))
+    attrs: dict = {"n": co}
+    if core.op == "Conv":
+        attrs.update(kernel_shape=(kh, kw), strides=tuple(core.attrs.get("strides") or (1, 1)),
+                     pads=tuple(core.attrs.get("pads") or (0, 0, 0, 0)),
+                     dilations=tuple(core.attrs.get("dilations") or (1, 1)))  # fmt: skip
+        return Node("BF16ConvPacked", inputs, list(core.outputs), attrs, core.name)
+    return Node("BF16MatMulPacked", inputs, list(core.outputs), attrs, core.name)
+
+
+def _winograd_wins(core: Node, x: Value, co: int, out: tuple) -> bool:
+    """Whether the float layout pass would run this convolution as Winograd F(4x4, 3x3) (`ember.passes.layout`):
+    it does about a quarter of the multiplications, faster than the direct bfloat16 product on this kind of
+    CPU; the bfloat16-rounded operands then go through it as float32."""
+    (sh, sw), _, dil = spatial_attrs(core.attrs, 2)
+    w = core.inputs[1]
+    if tuple(w.shape[2:]) != (3, 3) or {sh, sw, *dil} != {1} or not all(isinstance(d, int) for d in out):
+        return False
+    return winograd_gain(out[0], x.shape[1], co, tuple(out[2:])) >= WINOGRAD_MIN_GAIN
 
 
 def _float_out(graph: Graph, core: Node, producers: dict, target: Target) -> Node | None:

@@ -131,6 +131,40 @@ def int8_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = 
     return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan})
 
 
+def pack_pairs(w_kn: np.ndarray, nb: int) -> np.ndarray:
+    """W [K, N] (K even; bfloat16) as panels [Np / nb, K / 2, nb, 2], zeros past N: `dot_bf16`'s layout."""
+    k, n = w_kn.shape
+    if k % 2:
+        raise ValueError(f"pack_pairs: K={k} must be even (pad the channels)")
+    np_ = -(-n // nb) * nb
+    w = np.zeros((k, np_), w_kn.dtype)
+    w[:, :n] = w_kn
+    return np.ascontiguousarray(w.reshape(k // 2, 2, np_ // nb, nb).transpose(2, 0, 3, 1))
+
+
+def bf16_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = None, rows: int = 0) -> Tensor:
+    """`int8_acc` in bfloat16: acc[i, j] (float32) = sum of float32(A[i, kh, kw, c]) * float32(W[j, (kh, kw, c)])
+    for A [M, KH, KW, Cp] and W packed [Np / nb, KH * KW * Cp / 2, nb, 2] bfloat16 (`pack_pairs`), on the
+    `dot_bf16` intrinsic (the same tiles and schedule: `schedule_int8`)."""
+    m, kh_, kw_, cp = a.shape
+    npanel, k2, nb, _ = wp.shape
+    if cp % 2 or k2 != kh_ * kw_ * cp // 2:
+        raise ValueError(f"bf16_acc: A {a.shape} and packed W {wp.shape} do not agree on K")
+    kh = te.reduce_axis((0, kh_), name="kh")
+    kw = te.reduce_axis((0, kw_), name="kw")
+    c2 = te.reduce_axis((0, cp // 2), name="c2")
+    kk = te.reduce_axis((0, 2), name="kk")
+
+    def body(i, j):
+        g = (kh * kw_ + kw) * (cp // 2) + c2
+        return te.sum(te.cast(a[i, kh, kw, c2 * 2 + kk], "float32") * te.cast(wp[j // nb, g, j % nb, kk],
+                      "float32"), axis=[kh, kw, c2, kk])  # fmt: skip
+
+    plan = int8_plan(rows or m, nb, cfg)
+    return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan,
+                                                                              "intrinsic": "dot_bf16"})  # fmt: skip
+
+
 def int8_acc_batched(a: Tensor, wp: Tensor, m: int, name: str = "acc", cfg: ConfigBase | None = None) -> Tensor:
     """A batch of products whose both operands are activations: acc[g, i, j] = sum of int32(A[g * m + i, 0, 0, c])
     * int32(W[g, j / nb, c / 4, j % nb, c % 4]) for A [G * m, 1, 1, Kp] uint8 (the rows of every product) and W
@@ -232,7 +266,7 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
             O.vectorize(rii)
         lio, lii = L.split(li, plan.mr)
         L.reorder(lio, kh, kw, c4, lii, lj, kk)
-    L.tensorize(kh, "dot_u8s8")
+    L.tensorize(kh, acc.op.attrs.get("intrinsic", "dot_u8s8"))
     L.compute_at(O, outer[-1])
     if target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16:
         O.parallel(O.fuse(*outer))
