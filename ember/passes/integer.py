@@ -130,12 +130,14 @@ def _lookup_tables(graph: Graph) -> None:
             continue
         dq, body = chain
         x = dq.inputs[0]
+        if tuple(x.shape) != tuple(q.outputs[0].shape):  # (a constant broadcast the chain to another shape)
+            continue
         codes = np.arange(256) - (128 if x.dtype == "int8" else 0)
         env = {x: codes.astype(x.dtype)}
         for node in [dq, *body, q]:
             args = [v.data if v is not None and v.is_constant else env.get(v) for v in node.inputs]
             env[node.outputs[0]] = run_node(node, args, check=False)[0]
-        table = new_constant(graph, f"{q.name}_table", env[q.outputs[0]].astype(q.outputs[0].dtype))
+        table = new_constant(graph, f"{q.name}_table", env[q.outputs[0]].astype(q.outputs[0].dtype).reshape(256))
         graph.nodes[i] = Node("Lookup", [x, table], [q.outputs[0]], {}, q.name)
 
 

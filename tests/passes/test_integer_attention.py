@@ -150,3 +150,19 @@ def test_lookup_needs_a_function_of_one_tensor():
                                                                          ["out"])]  # fmt: skip
     m = model(nodes, inits, {"a": (2, 16), "b": (2, 16)}, "out", (2, 16), TensorProto.UINT8)
     assert "Lookup" not in integer_ops_of(m)
+
+
+def test_lookup_keeps_the_shape_a_constant_broadcasts_to():
+    """Q(DQ(x) * c) with c of shape [1, 1, 1] (x [2, 16]: the product is [1, 2, 16]): left to the float ops, and
+    still onnxruntime's answer."""
+    nodes, inits = [], []
+    xd = qdq(nodes, inits, "x", 0.02, 128, np.uint8)
+    inits += [numpy_helper.from_array(np.full((1, 1, 1), 1.5, np.float32), "c"),
+              numpy_helper.from_array(np.array(0.04, np.float32), "o_s"),
+              numpy_helper.from_array(np.array(128, np.uint8), "o_z")]  # fmt: skip
+    nodes += [helper.make_node("Mul", [xd, "c"], ["s"]), helper.make_node("QuantizeLinear", ["s", "o_s", "o_z"],
+                                                                          ["out"])]  # fmt: skip
+    m = model(nodes, inits, {"x": (2, 16)}, "out", (1, 2, 16), TensorProto.UINT8)
+    assert "Lookup" not in integer_ops_of(m)
+    ours, ref = run_both(m, {"x": np.random.default_rng(2).normal(size=(2, 16)).astype(np.float32)})
+    np.testing.assert_array_equal(ours, ref)
