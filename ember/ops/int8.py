@@ -385,3 +385,87 @@ def _qconv_dw_compute(a: dict, x: Tensor, w: Tensor, bias: Tensor, scale: Tensor
     grid = te.compute((n_, c, q), lambda *idx: epi(idx, idx[1]), name="qdw_grid")  # requantized in vectors
     return te.compute((n_, c, oh, ow), lambda b, ch, i, j: grid[b, ch, i * w2 + j], name="qconv_dw",
                       attrs={"template": "int8_dw", "acc": acc, "grid": grid})  # fmt: skip
+
+
+# -- products of two activations (attention's Q x K^T and probabilities x V) ------------------------------
+def _bmm_infer(a: dict, x: TensorType, y: TensorType) -> TensorType:
+    if x.dtype not in ("uint8", "int8") or y.dtype != "int8":
+        raise ShapeError(f"QBatchMatMul needs uint8/int8 x and int8 y (symmetric, zero point 0), got {x} and {y}")
+    if x.rank < 2 or y.rank != x.rank or x.shape[:-2] != y.shape[:-2] or x.shape[-1] != y.shape[-2]:
+        raise ShapeError(f"QBatchMatMul needs x [..., M, K] and y [..., K, N] with the same batch dims, got {x} "
+                         f"and {y}")  # fmt: skip
+    return TensorType((*x.shape[:-1], y.shape[-1]), "float32")
+
+
+@op("QBatchMatMul", OUT, infer=_bmm_infer, inputs=(2, 2), attrs=[Attr("x_zero", "int", 0), Attr("scale", "float")])
+def qbatch_matmul(a: dict, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The dequantized product of two quantized activations, float32((u(x) - u(x_zero)) @ y) * scale: x
+    [..., M, K] uint8 (or int8, shifted to uint8), y [..., K, N] int8 with zero point 0, int32 accumulation,
+    `scale` = x_scale * y_scale (float32)."""
+    zu = a["x_zero"] + (128 if x.dtype == np.int8 else 0)
+    acc = np.matmul(_as_u8(x) - zu, y.astype(np.int64))
+    return acc.astype(np.float32) * np.float32(a["scale"])
+
+
+@lowering("QBatchMatMul", schedule=T.schedule_nn)
+def _qbatch_matmul_compute(a: dict, x: Tensor, y: Tensor) -> Tensor:
+    *batch, m, k = x.shape
+    n = y.shape[-1]
+    signed = x.dtype.name == "int8"
+    zu = a["x_zero"] + (128 if signed else 0)
+    kp = -(-k // 4) * 4
+    nb = I8.choose_nb(n)
+    groups = math.prod(batch)
+
+    def unflat(g):  # a flat batch index as the batch dims' indices
+        idx = []
+        for d in reversed(batch):
+            idx.append(g % d)
+            g = g // d
+        return tuple(reversed(idx))
+
+    def row(i, _r, _s, kk):
+        v = _u8(x[(*unflat(i // m), i % m, kk)], signed)
+        return v if kp == k else te.if_then_else(kk < k, v, te.const(0, "uint8"))
+
+    def panel(g, jp, k4, jj, kk):  # y packed per batch as the intrinsic reads it, zeros past K and N
+        kk_, j = k4 * 4 + kk, jp * nb + jj
+        return te.if_then_else(te.all(kk_ < k, j < n), y[(*unflat(g), kk_, j)], te.const(0, "int8"))
+
+    A = I8.rows_stage((groups * m, 1, 1, kp), row, "rows")
+    W = I8.rows_stage((groups, -(-n // nb), kp // 4, nb, 4), panel, "panels")
+    acc = I8.int8_acc_batched(A, W, m, name="qbmm_acc")
+    kr = te.reduce_axis((0, k), name="k")
+    sums = te.compute((groups, n), lambda g, j: te.sum(te.cast(y[(*unflat(g), kr, j)], "int32"), axis=kr),
+                      name="y_sums")  # zu * (y's column sums): the x zero point's share, subtracted once
+    nd = len(batch) + 2
+
+    def out(*idx):
+        g = 0
+        for i, d in zip(idx[: nd - 2], batch):
+            g = g * d + i
+        v = acc[g, idx[-2], idx[-1]] - sums[g, idx[-1]] * zu if zu else acc[g, idx[-2], idx[-1]]
+        return te.cast(v, "float32") * float(np.float32(a["scale"]))
+
+    attrs = {"template": "int8_gemm", "acc": acc, "row_axes": (nd - 2,), "col_axis": nd - 1}
+    return te.compute((*batch, m, n), out, name="qbmm", attrs=attrs)
+
+
+# -- a function of one 8-bit tensor as a table of its 256 values -------------------------------------------
+def _lookup_infer(a: dict, x: TensorType, table: TensorType) -> TensorType:
+    if x.dtype not in ("uint8", "int8") or table.shape != (256,):
+        raise ShapeError(f"Lookup needs uint8/int8 x and a table of 256 values, got {x} and {table}")
+    return TensorType(x.shape, table.dtype)
+
+
+@op("Lookup", Pattern.BROADCAST, infer=_lookup_infer, inputs=(2, 2))
+def lookup(a: dict, x: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """table[u(x)]: x uint8 (or int8, shifted to uint8: table[x + 128]), the table one value per 8-bit code (the
+    pass `integer_ops` writes QuantizeLinear(f(DequantizeLinear(x))) of an elementwise f, GELU, as one)."""
+    return table[_as_u8(x)]
+
+
+@lowering("Lookup", schedule=T.schedule_nn)
+def _lookup_compute(a: dict, x: Tensor, table: Tensor) -> Tensor:
+    signed = x.dtype.name == "int8"
+    return te.compute(x.shape, lambda *i: table[te.cast(_u8(x[i], signed), "int32")], name="lookup")

@@ -31,11 +31,17 @@ from __future__ import annotations
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
+from ember.graph.types import TensorType, np_dtype
+from ember.ops import Pattern, get_op
+from ember.ops.common import spatial_attrs
+from ember.ops.evaluate import run_node
 from ember.ops.int8 import space_to_depth_ok, space_to_depth_weight, wx_columns, wx_conv
 from ember.target import Target
-from ember.te.intrin import dot_u8s8_isa, isa_features
+from ember.te.intrin import dot_bf16_isa, dot_u8s8_isa, isa_features
 from ember.templates import int8 as I8
+from ember.templates.winograd import winograd_gain
 
+from .layout import WINOGRAD_MIN_GAIN
 from .util import constant_value, new_constant
 
 
@@ -43,6 +49,8 @@ def integer_ops(graph: Graph, target: Target | str | None = None) -> Graph:
     target = Target.parse(target or "c")
     if target.kind != "c":  # the intrinsics are C (the llvm and GPU targets run the float path of a QDQ graph)
         return graph
+    _integer_moves(graph)
+    _lookup_tables(graph)
     producers, consumers = graph.producers(), graph.consumers()
     outputs = set(graph.outputs)
     replaced: dict[Node, Node] = {}  # the node whose output the new node writes -> the new node
@@ -59,7 +67,8 @@ def integer_ops(graph: Graph, target: Target | str | None = None) -> Graph:
     taken |= {producers.get(v) for n in list(taken) if n is not None and n.op == "Relu" for v in n.inputs}
     for node in graph.nodes:  # the rest: float output, for the float ops after it (a residual Add, then Q)
         if node.op in ("Conv", "MatMul", "Gemm") and node not in taken and node not in replaced:
-            new = _float_out(graph, node, producers, target)
+            new = (_float_out(graph, node, producers, target) or _activation_product(node, producers)
+                   or _bf16_product(graph, node, producers, target))
             if new is not None:
                 replaced[node] = new
     if replaced:
@@ -69,6 +78,117 @@ def integer_ops(graph: Graph, target: Target | str | None = None) -> Graph:
 
         dead_code_elimination(graph)
     return graph
+
+
+MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity")  # ops that only move values
+
+
+def _integer_moves(graph: Graph) -> None:
+    """QuantizeLinear(move(... move(DequantizeLinear(x)))) with the same per-tensor scale and zero point, the moves
+    (Reshape, Transpose, ...) each the only reader of the one before: the moves on x itself (exact: they copy
+    values), e.g. attention's head split on the projection's 8-bit output. In place."""
+    producers, consumers = graph.producers(), graph.consumers()
+    outputs = set(graph.outputs)
+    dropped = []
+    for q in graph.nodes:
+        if q.op != "QuantizeLinear" or len(q.inputs) < 3 or q.attrs.get("block_size", 0):
+            continue
+        chain, reader, cur = [], q, producers.get(q.inputs[0])
+        while cur is not None and cur.op in MOVES and len(cur.outputs) == 1 and _only_reader(
+                cur.outputs[0], consumers, outputs) is reader:  # fmt: skip
+            chain.append(cur)
+            reader, cur = cur, producers.get(cur.inputs[0])
+        if not chain or cur is None or cur.op != "DequantizeLinear" or len(cur.inputs) < 3:
+            continue
+        same = all(_scalar(a) is not None and _scalar(a) == _scalar(b) for a, b in zip(cur.inputs[1:3], q.inputs[1:3]))
+        if not same or cur.inputs[0].dtype != q.outputs[0].dtype or cur.attrs.get("block_size", 0):
+            continue
+        chain.reverse()
+        chain[0].inputs[0] = cur.inputs[0]
+        for move in chain[:-1]:
+            move.outputs[0].type = TensorType(move.outputs[0].shape, q.outputs[0].dtype)
+        chain[-1].outputs[0] = q.outputs[0]
+        dropped.append(q)
+    if dropped:
+        gone = {id(n) for n in dropped}
+        graph.nodes = [n for n in graph.nodes if id(n) not in gone]
+
+
+def _lookup_tables(graph: Graph) -> None:
+    """QuantizeLinear(f(DequantizeLinear(x))) for an elementwise f of x alone (its other operands scalar constants,
+    its intermediate values read only inside it: GELU's Div, Erf, Add, Mul, Mul), per-tensor parameters: Lookup(x,
+    table), the table the reference evaluation of the whole chain on the 256 codes (x has no other values). In
+    place; the float chain is left to dead code elimination."""
+    producers, consumers = graph.producers(), graph.consumers()
+    outputs = set(graph.outputs)
+    for i, q in enumerate(graph.nodes):
+        if q.op != "QuantizeLinear" or len(q.inputs) < 3 or q.attrs.get("block_size", 0) or _scalar(q.inputs[1]) is \
+                None or _scalar(q.inputs[2]) is None:  # fmt: skip
+            continue
+        chain = _elementwise_chain(q, producers, consumers, outputs)
+        if chain is None:
+            continue
+        dq, body = chain
+        x = dq.inputs[0]
+        if tuple(x.shape) != tuple(q.outputs[0].shape):  # (a constant broadcast the chain to another shape)
+            continue
+        codes = np.arange(256) - (128 if x.dtype == "int8" else 0)
+        env = {x: codes.astype(x.dtype)}
+        for node in [dq, *body, q]:
+            args = [v.data if v is not None and v.is_constant else env.get(v) for v in node.inputs]
+            env[node.outputs[0]] = run_node(node, args, check=False)[0]
+        table = new_constant(graph, f"{q.name}_table", env[q.outputs[0]].astype(q.outputs[0].dtype).reshape(256))
+        graph.nodes[i] = Node("Lookup", [x, table], [q.outputs[0]], {}, q.name)
+
+
+def _elementwise_chain(q: Node, producers: dict, consumers: dict, outputs: set) -> tuple[Node, list[Node]] | None:
+    """(the DequantizeLinear, the elementwise nodes in graph order) of a QuantizeLinear's f (see `_lookup_tables`)."""
+    body: list[Node] = []
+    dq = None
+    todo = [producers.get(q.inputs[0])]
+    while todo:
+        n = todo.pop()
+        if n is None or n in body or n is dq:
+            if n is None:
+                return None
+            continue
+        if n.op == "DequantizeLinear":
+            params = [_scalar(v) for v in n.inputs[1:3]] if len(n.inputs) >= 3 else [None]
+            x = n.inputs[0]
+            if dq is not None or None in params or x.dtype not in ("uint8", "int8") or x.is_constant:
+                return None
+            dq = n
+            continue
+        if n.subgraphs() or len(n.outputs) != 1 or get_op(n.op).pattern not in (Pattern.ELEMWISE, Pattern.BROADCAST):
+            return None
+        body.append(n)
+        for v in n.inputs:
+            if v is not None and v.is_constant:
+                if v.data.size != 1:
+                    return None
+            elif v is not None:
+                todo.append(producers.get(v))
+    if dq is None or not body:
+        return None
+    inside = set(body) | {q}
+    for n in body:  # (the DequantizeLinear may have other readers)
+        if n.outputs[0] in outputs or any(r not in inside for r in consumers.get(n.outputs[0], [])):
+            return None
+    body.sort(key=_order_key(producers))
+    return dq, body
+
+
+def _order_key(producers: dict):
+    """Topological order of a chain's nodes: by their depth from the chain's source."""
+    depth: dict[int, int] = {}
+
+    def d(n: Node) -> int:
+        if id(n) not in depth:
+            ps = [producers.get(v) for v in n.inputs if v is not None and not v.is_constant]
+            depth[id(n)] = 1 + max((d(p) for p in ps if p is not None), default=0)
+        return depth[id(n)]
+
+    return d
 
 
 def _max_pool(q: Node, producers: dict, consumers: dict, outputs: set) -> Node | None:
@@ -174,6 +294,115 @@ def _from_core(graph: Graph, core: Node, out: Value, ys: float | None, yz: np.nd
         return None  # per-channel scales along another axis than the output channels
     return _make(graph, core, xq, float(xs.reshape(())), int(xz.reshape(())), w, ws, ys, yz, b_int, clamp, out,
                  target)
+
+
+def _activation_product(core: Node, producers: dict) -> Node | None:
+    """MatMul(DequantizeLinear(x_q, x_s, x_z), DequantizeLinear(y_q int8, y_s, 0)) of two activations (attention's
+    Q x K^T, probabilities x V), per-tensor parameters, the same batch dims: QBatchMatMul, the int32 product
+    dequantized by x_s * y_s (float32), for the float ops after it (the softmax scale, the mask)."""
+    if core.op != "MatMul" or len(core.outputs) != 1 or core.outputs[0].dtype != "float32":
+        return None
+    xd, yd = _dq(core.inputs[0], producers), _dq(core.inputs[1], producers)
+    if xd is None or yd is None or any(p.size != 1 for p in (*xd[1:3], *yd[1:3])):
+        return None
+    (xq, xs, xz, _), (yq, ys, yz, _) = xd, yd
+    if constant_value(yq) is not None or xq.dtype not in ("uint8", "int8") or yq.dtype != "int8" or yz.any():
+        return None
+    shapes = (tuple(xq.shape), tuple(yq.shape))
+    if not all(isinstance(d, int) for s in shapes for d in s) or len(shapes[0]) < 2 or shapes[0][:-2] != \
+            shapes[1][:-2] or len(shapes[0]) != len(shapes[1]):  # fmt: skip
+        return None
+    scale = float(np.float32(xs.reshape(())) * np.float32(ys.reshape(())))
+    return Node("QBatchMatMul", [xq, yq], [core.outputs[0]], {"x_zero": int(xz.reshape(())), "scale": scale},
+                core.name)  # fmt: skip
+
+
+STEM_CHANNELS = 16  # fewer input channels (an image's stem): the float NCHWc convolution beats im2col in bfloat16
+
+
+def _bf16_activation(v: Value, producers: dict) -> Value | None:
+    """x of Cast(float32, Cast(bfloat16, x float32)): an activation rounded to bfloat16."""
+    p = producers.get(v)
+    q = producers.get(p.inputs[0]) if p is not None and p.op == "Cast" and v.dtype == "float32" else None
+    if q is None or q.op != "Cast" or q.outputs[0].dtype != "bfloat16" or q.inputs[0].dtype != "float32":
+        return None
+    return q.inputs[0]
+
+
+def _bf16_weight(v: Value, producers: dict) -> np.ndarray | None:
+    """W as bfloat16: a constant bfloat16 W read through a Cast to float32, or a float32 constant whose every value
+    is a bfloat16 (that Cast folded by the importer: rounding it again changes nothing)."""
+    p = producers.get(v)
+    if p is not None and p.op == "Cast" and v.dtype == "float32" and p.inputs[0].dtype == "bfloat16":
+        return constant_value(p.inputs[0])
+    w = constant_value(v)
+    if w is None or w.dtype != np.float32:
+        return None
+    wb = w.astype(np_dtype("bfloat16"))
+    return wb if np.array_equal(wb.astype(np.float32), w) else None
+
+
+def _bf16_product(graph: Graph, core: Node, producers: dict, target: Target) -> Node | None:
+    """Conv | MatMul | Gemm of an activation rounded to bfloat16 and a bfloat16 weight (the model `ember.quantize`
+    writes with precision="bf16"): BF16ConvPacked | BF16MatMulPacked (`ember.ops.bf16`), the weight packed in
+    pairs for vdpbf16ps, the activation rounded in the kernel. Targets with avx512_bf16 only (elsewhere the float
+    product of the rounded operands is the faster portable path)."""
+    if core.op not in ("Conv", "MatMul", "Gemm") or len(core.outputs) != 1 or len(core.inputs) < 2:
+        return None
+    x, w = _bf16_activation(core.inputs[0], producers), _bf16_weight(core.inputs[1], producers)
+    if x is None or w is None or not all(isinstance(d, int) for d in x.shape):
+        return None
+    bias = core.inputs[2] if len(core.inputs) > 2 else None
+    b = constant_value(bias) if bias is not None else None
+    if bias is not None and (b is None or b.dtype != np.float32):
+        return None
+    if core.op == "Conv":
+        if w.ndim != 4 or len(x.shape) != 4 or core.attrs.get("group", 1) != 1:
+            return None
+        co, c, kh, kw = w.shape
+        if c < STEM_CHANNELS or _winograd_wins(core, x, co, tuple(core.outputs[0].shape)):
+            return None  # the float layout pass's kernels are faster for these
+        cp = -(-c // 2) * 2
+        wpad = np.zeros((co, cp, kh, kw), w.dtype)
+        wpad[:, :c] = w
+        w_kn = wpad.transpose(2, 3, 1, 0).reshape(kh * kw * cp, co)
+    else:
+        if core.op == "Gemm":
+            a = core.attrs
+            if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0 or w.ndim != 2:
+                return None
+            w = w.T if a.get("transB", 0) else w
+        if w.ndim != 2 or len(x.shape) < 2:
+            return None
+        co = w.shape[1]
+        w_kn = np.zeros((-(-w.shape[0] // 2) * 2, co), w.dtype)
+        w_kn[: w.shape[0]] = w
+    if b is not None and b.size != co:
+        return None
+    nb = I8.choose_nb(co, target, _row_block(core, x, w.shape[3]) if core.op == "Conv" else 0)
+    if dot_bf16_isa(isa_features(target), nb) != "avx512_bf16":
+        return None
+    inputs = [x, new_constant(graph, f"{core.name}_packed_bf16", I8.pack_pairs(w_kn, nb))]
+    if b is not None:
+        inputs.append(new_constant(graph, f"{core.name}_bias", b.reshape(-1).astype(np.float32)))
+    attrs: dict = {"n": co}
+    if core.op == "Conv":
+        attrs.update(kernel_shape=(kh, kw), strides=tuple(core.attrs.get("strides") or (1, 1)),
+                     pads=tuple(core.attrs.get("pads") or (0, 0, 0, 0)),
+                     dilations=tuple(core.attrs.get("dilations") or (1, 1)))  # fmt: skip
+        return Node("BF16ConvPacked", inputs, list(core.outputs), attrs, core.name)
+    return Node("BF16MatMulPacked", inputs, list(core.outputs), attrs, core.name)
+
+
+def _winograd_wins(core: Node, x: Value, co: int, out: tuple) -> bool:
+    """Whether the float layout pass would run this convolution as Winograd F(4x4, 3x3) (`ember.passes.layout`):
+    it does about a quarter of the multiplications, faster than the direct bfloat16 product on this kind of
+    CPU; the bfloat16-rounded operands then go through it as float32."""
+    (sh, sw), _, dil = spatial_attrs(core.attrs, 2)
+    w = core.inputs[1]
+    if tuple(w.shape[2:]) != (3, 3) or {sh, sw, *dil} != {1} or not all(isinstance(d, int) for d in out):
+        return False
+    return winograd_gain(out[0], x.shape[1], co, tuple(out[2:])) >= WINOGRAD_MIN_GAIN
 
 
 def _float_out(graph: Graph, core: Node, producers: dict, target: Target) -> Node | None:

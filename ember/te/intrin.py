@@ -231,11 +231,82 @@ def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool, zero: bool 
     return name, include + head + body + "}"
 
 
+def _bf16_decl(m: int, n: int, k2: int) -> tuple[Tensor, Tensor, Tensor]:
+    """C[m, n] (float32) += A[m, 2 * k2] . B[k2, n, 2], bfloat16 operands: pairs of k, as vdpbf16ps reads them."""
+    a = placeholder((m, 2 * k2), "bfloat16", name="A")
+    b = placeholder((k2, n, 2), "bfloat16", name="B")
+    ko = reduce_axis((0, k2), name="k2")
+    ki = reduce_axis((0, 2), name="kk")
+    c = compute((m, n), lambda i, j: te_sum(_f32(a[i, 2 * ko + ki]) * _f32(b[ko, j, ki]), axis=[ko, ki]), name="C")
+    return a, b, c
+
+
+def _f32(v):
+    from .tensor import cast
+
+    return cast(v, "float32")
+
+
+def dot_bf16_isa(features: frozenset[str], n: int) -> str:
+    """The implementation of `dot_bf16` for n columns: avx512_bf16 (vdpbf16ps, 16 columns a vector), or c."""
+    return "avx512_bf16" if n % 16 == 0 and ("avx512_bf16" in features or "avx512bf16" in features) else "c"
+
+
+def _dot_bf16_c(m: int, n: int, features: frozenset[str], zero: bool = False) -> tuple[str, str]:
+    """C[m x n] += A[m x 2k] . B[k][n][2] in float32 from bfloat16 pairs: `_mm512_dpbf16_ps` (each lane adds
+    a0 * b0 + a1 * b1 of one column's pair; products exact, sums rounded to float32, denormals flushed), or the
+    same sums in portable C (bf16 -> float32 is a 16-bit shift). `zero`: C = A . B (the tile is not read)."""
+    isa = dot_bf16_isa(features, n)
+    name = f"ember_dot_bf16_{m}x{n}_{isa}{'_set' if zero else ''}"
+    head = f"static inline void {name}(float* c, long ldc, const uint16_t* a, long lda, const uint16_t* b, long ldb, " \
+           "long k2) {\n"  # fmt: skip
+    if isa == "avx512_bf16":
+        nv = n // 16
+        cs = [[f"c{r}_{v}" for v in range(nv)] for r in range(m)]
+        lines = [f"  /* C[{m}x{n}] += A[{m}x2k] . B[k][{n}][2] with vdpbf16ps: {m * nv} accumulators of 16 columns */"]
+        lines += [f"  __m512 {cs[r][v]} = " + ("_mm512_setzero_ps();" if zero else
+                                                f"_mm512_loadu_ps(c + {r} * ldc + {16 * v});")
+                  for r in range(m) for v in range(nv)]  # fmt: skip
+        lines.append("  for (long p = 0; p < k2; ++p) {")
+        lines += [f"    const __m512bh b{v} = (__m512bh)_mm512_loadu_si512(b + p * ldb + {32 * v});" for v in range(nv)]
+        for r in range(m):
+            pair = f"ember_load_pair(a + {r} * lda + 2 * p)"  # one row's pair of k, broadcast
+            lines.append(f"    const __m512bh a{r} = (__m512bh)_mm512_set1_epi32({pair});")
+            lines += [f"    {cs[r][v]} = _mm512_dpbf16_ps({cs[r][v]}, a{r}, b{v});" for v in range(nv)]
+        lines.append("  }")
+        lines += [f"  _mm512_storeu_ps(c + {r} * ldc + {16 * v}, {cs[r][v]});" for r in range(m) for v in range(nv)]
+        body = "\n".join(lines) + "\n"
+        include = ("#include <immintrin.h>\n#ifndef EMBER_LOAD_PAIR\n#define EMBER_LOAD_PAIR\n"
+                   "static inline int32_t ember_load_pair(const uint16_t* p) {\n"
+                   "  int32_t v; memcpy(&v, p, 4); return v;\n}\n"
+                   "#endif\n")  # fmt: skip
+    else:
+        body = (
+            "  /* bfloat16 -> float32: the 16 bits are the float's high half */\n"
+            f"  for (int r = 0; r < {m}; ++r)\n"
+            f"    for (int j = 0; j < {n}; ++j) {{\n"
+            f"      float s = {'0.0f' if zero else 'c[r * ldc + j]'};\n"
+            "      for (long p = 0; p < k2; ++p) {\n"
+            "        uint32_t a0 = (uint32_t)a[r * lda + 2 * p] << 16, a1 = (uint32_t)a[r * lda + 2 * p + 1] << 16;\n"
+            "        uint32_t b0 = (uint32_t)b[p * ldb + 2 * j] << 16, b1 = (uint32_t)b[p * ldb + 2 * j + 1] << 16;\n"
+            "        float x0, x1, y0, y1;\n"
+            "        memcpy(&x0, &a0, 4); memcpy(&x1, &a1, 4); memcpy(&y0, &b0, 4); memcpy(&y1, &b1, 4);\n"
+            "        s += x0 * y0 + x1 * y1;\n"
+            "      }\n"
+            "      c[r * ldc + j] = s;\n"
+            "    }\n"
+        )
+        include = ""
+    return name, include + head + body + "}"
+
+
 INTRINSICS: dict[str, Intrinsic] = {
     "dot_u8s8": Intrinsic("dot_u8s8", "C[m, n] += A[m, 4k] (uint8) . B[k, n, 4] (int8), int32 accumulation",
                           _dot_decl("uint8", "int8"), _dot_u8s8_c),
     "dot_s8u8": Intrinsic("dot_s8u8", "C[m, n] += A[m, 4k] (int8) . B[k, n, 4] (uint8), int32 accumulation",
                           _dot_decl("int8", "uint8"), _dot_s8u8_c),
+    "dot_bf16": Intrinsic("dot_bf16", "C[m, n] += A[m, 2k] (bfloat16) . B[k, n, 2] (bfloat16), float32 accumulation",
+                          _bf16_decl, _dot_bf16_c),
 }  # fmt: skip
 
 
@@ -261,7 +332,13 @@ def _nest(loop: For) -> tuple[list[For], Store]:
     return loops, s
 
 
+# name -> (accumulator dtype, the cast around each operand's load, (A dtype, B dtype), values per group)
+OPERANDS = {"dot_u8s8": ("int32", "int32", ("uint8", "int8"), 4), "dot_s8u8": ("int32", "int32", ("int8", "uint8"), 4),
+            "dot_bf16": ("float32", "float32", ("bfloat16", "bfloat16"), 2)}  # fmt: skip
+
+
 def _operands(store: Store, loop: For, name: str) -> tuple[E.Load, E.Load]:
+    acc, cast, want, _ = OPERANDS[name]
     v = store.value
     if not (isinstance(v, E.BinOp) and v.op == "add" and isinstance(v.a, E.Load) and v.a.buffer is store.buffer):
         raise TensorizeError(f"loop '{loop.var.name}': the update is not C[...] = C[...] + ..., got {v}")
@@ -270,15 +347,14 @@ def _operands(store: Store, loop: For, name: str) -> tuple[E.Load, E.Load]:
         raise TensorizeError(f"loop '{loop.var.name}': the update does not add a product, got {prod}")
     ops = []
     for x in (prod.a, prod.b):
-        if isinstance(x, E.Cast) and x.dtype == int32 and isinstance(x.value, E.Load):
+        if isinstance(x, E.Cast) and x.dtype.name == cast and isinstance(x.value, E.Load):
             ops.append(x.value)
         else:
-            raise TensorizeError(f"loop '{loop.var.name}': operand {x} is not int32(load)")
-    want = ("int8", "uint8") if name == "dot_s8u8" else ("uint8", "int8")
+            raise TensorizeError(f"loop '{loop.var.name}': operand {x} is not {cast}(load)")
     ops.sort(key=lambda ld: ld.buffer.dtype.name != want[0])
     a, b = ops
-    if (a.buffer.dtype.name, b.buffer.dtype.name) != want or store.buffer.dtype != int32:
-        raise TensorizeError(f"loop '{loop.var.name}': {name} wants {want[0]} x {want[1]} -> int32, got "
+    if (a.buffer.dtype.name, b.buffer.dtype.name) != want or store.buffer.dtype.name != acc:
+        raise TensorizeError(f"loop '{loop.var.name}': {name} wants {want[0]} x {want[1]} -> {acc}, got "
                              f"{a.buffer.dtype} x {b.buffer.dtype} -> {store.buffer.dtype}")  # fmt: skip
     return a, b
 
@@ -319,20 +395,22 @@ def _coefs(off: E.Expr, loops: list[For], ana: Analyzer, what: str, loop: For) -
     return out
 
 
-def _reduction(ks: list[tuple[int, For]], ac: list[int], bc: list[int], loop: For) -> tuple[int, int]:
-    """(k4, ldb) of the reduction loops: one `kk` of extent 4 (stride 1 in A and B), the others one run of
-    groups of 4 (A strides 4, 4 * e0, ...; B strides ldb, ldb * e0, ...: loops that collapse into one)."""
-    inner = [(i, f) for i, f in ks if f.extent.value == 4 and ac[i] == 1 and bc[i] == 1]
+def _reduction(ks: list[tuple[int, For]], ac: list[int], bc: list[int], loop: For,
+               group: int = 4) -> tuple[int, int]:  # fmt: skip
+    """(k4, ldb) of the reduction loops: one `kk` of extent `group` (4; 2 for bf16 pairs; stride 1 in A and B), the
+    others one run of groups (A strides 4, 4 * e0, ...; B strides ldb, ldb * e0, ...: loops that collapse into
+    one)."""
+    inner = [(i, f) for i, f in ks if f.extent.value == group and ac[i] == 1 and bc[i] == 1]
     if not inner:
-        raise TensorizeError(f"loop '{loop.var.name}': no reduction loop of extent 4 with stride 1 in A and B")
+        raise TensorizeError(f"loop '{loop.var.name}': no reduction loop of extent {group} with stride 1 in A and B")
     rest = sorted((x for x in ks if x[0] != inner[0][0]), key=lambda x: ac[x[0]])
-    k4, a_next, ldb = 1, 4, bc[rest[0][0]] if rest else 0
+    k4, a_next, ldb = 1, group, bc[rest[0][0]] if rest else 0
     for i, f in rest:
         if ac[i] != a_next or bc[i] != ldb * k4:
             raise TensorizeError(f"loop '{loop.var.name}': reduction loop '{f.var.name}' does not continue the "
                                  f"groups of 4 (A stride {ac[i]}, wants {a_next}; B stride {bc[i]}, wants {ldb * k4})")
         k4 *= int(f.extent.value)
-        a_next = 4 * k4
+        a_next = group * k4
     return k4, ldb
 
 
@@ -360,7 +438,8 @@ def _match_dot(loop: For, ana: Analyzer, name: str = "dot_u8s8") -> Stmt:
     if len(role["m"]) > 1 or len(role["n"]) > 1:
         raise TensorizeError(f"loop '{loop.var.name}': {name} wants at most one row loop and one column loop "
                              f"under it, found {[f.var.name for f in loops]}")  # fmt: skip
-    k4, ldb = _reduction(role["k"], ac, bc, loop)
+    group = OPERANDS[name][3]
+    k4, ldb = _reduction(role["k"], ac, bc, loop, group)
     m, ldc, lda = 1, 0, 0
     if role["m"]:
         im, fm = role["m"][0]
@@ -369,8 +448,8 @@ def _match_dot(loop: For, ana: Analyzer, name: str = "dot_u8s8") -> Stmt:
     if role["n"]:
         jn, fn = role["n"][0]
         n = int(fn.extent.value)
-        if cc[jn] != 1 or bc[jn] != 4:
-            raise TensorizeError(f"loop '{fn.var.name}': columns must be contiguous in C and 4 apart in B "
+        if cc[jn] != 1 or bc[jn] != group:
+            raise TensorizeError(f"loop '{fn.var.name}': columns must be contiguous in C and {group} apart in B "
                                  f"(strides {cc[jn]}, {bc[jn]})")  # fmt: skip
     args = (
         address_of(_at_zero(store, loops)), E.const(ldc, int64),
@@ -378,12 +457,13 @@ def _match_dot(loop: For, ana: Analyzer, name: str = "dot_u8s8") -> Stmt:
         address_of(_at_zero(b, loops)), E.const(ldb, int64),
         E.const(m, int64), E.const(n, int64), E.const(k4, int64),
     )  # fmt: skip
-    return Evaluate(E.Call(name, args, int32))
+    return Evaluate(E.Call(name, args, int32))  # (the call's value is unused)
 
 
 MATCHERS: dict[str, Callable[[For, Analyzer], Stmt]] = {
     "dot_u8s8": _match_dot,
     "dot_s8u8": lambda loop, ana: _match_dot(loop, ana, "dot_s8u8"),
+    "dot_bf16": lambda loop, ana: _match_dot(loop, ana, "dot_bf16"),
 }
 
 
@@ -458,5 +538,5 @@ def _zeroes_tile(init: Stmt, call: E.Call) -> bool:
         ana.simplify(base - start).value == 0
 
 
-__all__ = ["ADDRESS", "INTRINSICS", "TENSORIZE", "Intrinsic", "TensorizeError", "address_of", "dot_u8s8_isa",
-           "get_intrinsic", "isa_features", "tensorize_loops"]  # fmt: skip
+__all__ = ["ADDRESS", "INTRINSICS", "TENSORIZE", "Intrinsic", "TensorizeError", "address_of", "dot_bf16_isa",
+           "dot_u8s8_isa", "get_intrinsic", "isa_features", "tensorize_loops"]  # fmt: skip

@@ -135,6 +135,62 @@ def int8_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = 
     return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan})
 
 
+def pack_pairs(w_kn: np.ndarray, nb: int) -> np.ndarray:
+    """W [K, N] (K even; bfloat16) as panels [Np / nb, K / 2, nb, 2], zeros past N: `dot_bf16`'s layout."""
+    k, n = w_kn.shape
+    if k % 2:
+        raise ValueError(f"pack_pairs: K={k} must be even (pad the channels)")
+    np_ = -(-n // nb) * nb
+    w = np.zeros((k, np_), w_kn.dtype)
+    w[:, :n] = w_kn
+    return np.ascontiguousarray(w.reshape(k // 2, 2, np_ // nb, nb).transpose(2, 0, 3, 1))
+
+
+def bf16_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = None, rows: int = 0) -> Tensor:
+    """`int8_acc` in bfloat16: acc[i, j] (float32) = sum of float32(A[i, kh, kw, c]) * float32(W[j, (kh, kw, c)])
+    for A [M, KH, KW, Cp] and W packed [Np / nb, KH * KW * Cp / 2, nb, 2] bfloat16 (`pack_pairs`), on the
+    `dot_bf16` intrinsic (the same tiles and schedule: `schedule_int8`)."""
+    m, kh_, kw_, cp = a.shape
+    npanel, k2, nb, _ = wp.shape
+    if cp % 2 or k2 != kh_ * kw_ * cp // 2:
+        raise ValueError(f"bf16_acc: A {a.shape} and packed W {wp.shape} do not agree on K")
+    kh = te.reduce_axis((0, kh_), name="kh")
+    kw = te.reduce_axis((0, kw_), name="kw")
+    c2 = te.reduce_axis((0, cp // 2), name="c2")
+    kk = te.reduce_axis((0, 2), name="kk")
+
+    def body(i, j):
+        g = (kh * kw_ + kw) * (cp // 2) + c2
+        return te.sum(te.cast(a[i, kh, kw, c2 * 2 + kk], "float32") * te.cast(wp[j // nb, g, j % nb, kk],
+                      "float32"), axis=[kh, kw, c2, kk])  # fmt: skip
+
+    plan = int8_plan(rows or m, nb, cfg)
+    return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan,
+                                                                              "intrinsic": "dot_bf16"})  # fmt: skip
+
+
+def int8_acc_batched(a: Tensor, wp: Tensor, m: int, name: str = "acc", cfg: ConfigBase | None = None) -> Tensor:
+    """A batch of products whose both operands are activations: acc[g, i, j] = sum of int32(A[g * m + i, 0, 0, c])
+    * int32(W[g, j / nb, c / 4, j % nb, c % 4]) for A [G * m, 1, 1, Kp] uint8 (the rows of every product) and W
+    [G, Np / nb, Kp / 4, nb, 4] int8, each product's right operand packed at run time (`int8_acc`'s layout)."""
+    rows, kh_, kw_, kp = a.shape
+    groups, npanel, k4, nb, _ = wp.shape
+    if kh_ != 1 or kw_ != 1 or kp != 4 * k4 or rows != groups * m:
+        raise ValueError(f"int8_acc_batched: A {a.shape} and packed W {wp.shape} do not make {groups} products "
+                         f"of {m} rows")  # fmt: skip
+    kh = te.reduce_axis((0, 1), name="kh")
+    kw = te.reduce_axis((0, 1), name="kw")
+    c4 = te.reduce_axis((0, k4), name="c4")
+    kk = te.reduce_axis((0, 4), name="kk")
+
+    def body(g, i, j):
+        return te.sum(te.cast(a[g * m + i, kh, kw, c4 * 4 + kk], "int32") * te.cast(wp[g, j // nb, c4, j % nb, kk],
+                      "int32"), axis=[kh, kw, c4, kk])  # fmt: skip
+
+    plan = int8_plan(m, nb, cfg)
+    return te.compute((groups, m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan})
+
+
 def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "acc",
                 cfg: ConfigBase | None = None) -> Tensor:  # fmt: skip
     """A stride-1 convolution as weights times activations, on the padded image's pixels:
@@ -193,7 +249,7 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
     rows = O.fuse(*row_axes) if len(row_axes) > 1 else row_axes[0]
     co, ci = O.split(col, plan.nb)
     L = s[accl]
-    li, lj = L.op.axis
+    *lg, li, lj = L.op.axis  # lg: the product of a batch (`int8_acc_batched`), one per tile
     kh, kw, c4, kk = L.op.reduce_axis
     lanes = target.vector_lanes(32)
     if attrs["col_axis"] == len(axes) - 1:  # rows x columns, columns contiguous: tiles of (mr, nb)
@@ -203,7 +259,7 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
         if plan.nb % lanes == 0 and lanes > 1:
             _, cii = O.split(ci, lanes)
             O.vectorize(cii)
-        L.reorder(kh, kw, c4, li, lj, kk)
+        L.reorder(*lg, kh, kw, c4, li, lj, kk)
     else:  # channels x pixels (NCHW): a whole row of pixels per panel, written contiguously
         outer = [co, *others] if plan.order == "ji" else [*others, co]
         O.reorder(*outer, ci, rows)
@@ -214,15 +270,15 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
             O.vectorize(rii)
         lio, lii = L.split(li, plan.mr)
         L.reorder(lio, kh, kw, c4, lii, lj, kk)
-    L.tensorize(kh, "dot_u8s8")
+    L.tensorize(kh, acc.op.attrs.get("intrinsic", "dot_u8s8"))
     L.compute_at(O, outer[-1])
     if target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16:
         O.parallel(O.fuse(*outer))
     done = {O.name, L.name}
     for t in acc.op.inputs:
         st = s[t]
-        if st.is_placeholder or st.op.tag != "int8_rows":
-            continue
+        if st.is_placeholder or st.op.tag != "int8_rows" or len(st.op.axis) != 4:
+            continue  # (a batch's packed right operands: the default schedule)
         i, r, c, ch = st.op.axis  # tiles of 16 rows x 64 channels: a transpose of NCHW that stays in cache
         io, ii = st.split(i, 16) if t.shape[0] % 16 == 0 else (i, None)
         if ii is not None and t.shape[3] > 64:
