@@ -271,6 +271,9 @@ class CCodegen:
         # choice is a select; a short-circuit branch mispredicts on every other element of random data (MaxPool
         # at 0.8 GFLOP/s)
         nan = " | (a != a)" if dt.is_float else ""
+        x86 = self.x86_minmax(op, dt) if dt.is_float and dt.lanes > 1 else None
+        if x86 is not None:
+            return f"{x86}({self.expr(a)}, {self.expr(b)})"
         if dt.lanes == 1:
             code = f"static inline {t} {name}({t} a, {t} b) {{ return ((a {cmp} b){nan}) ? a : b; }}"
         else:
@@ -278,6 +281,25 @@ class CCodegen:
             vnan = " | (a != a)" if dt.is_float else ""
             code = f"static inline {t} {name}({t} a, {t} b) {{ return {sel}((a {cmp} b){vnan}, a, b); }}"
         return f"{self.helper(name, code)}({self.expr(a)}, {self.expr(b)})"
+
+    def x86_minmax(self, op: str, dt: DType) -> str | None:
+        """A float vector min/max of exactly one AVX-512 or AVX register in intrinsics, NaN on either side winning:
+        vmaxps gives its second operand when either is NaN, and a NaN first operand is blended back in (three
+        instructions; GCC compiles the generic select of `minmax` to an xor-blend with spills, MaxPool 2x
+        slower). None where the target has no such register for the type (the generic helper then serves)."""
+        flags, bits = self.target.simd_features(), dt.bits * dt.lanes
+        if dt.bits not in (32, 64) or not ((bits == 512 and "avx512f" in flags) or (bits == 256 and "avx" in flags)):
+            return None
+        t, sfx, w = self.ctype(dt), "ps" if dt.bits == 32 else "pd", "512" if bits == 512 else "256"
+        reg = f"__m{w}" + ("" if dt.bits == 32 else "d")
+        self.helper("immintrin", "#include <immintrin.h>")
+        name = f"ember_x86_{op}_{t}"
+        r = f"_mm{w}_{op}_{sfx}(({reg})a, ({reg})b)"
+        if bits == 512:
+            body = f"_mm512_mask_mov_{sfx}({r}, _mm512_cmp_{sfx}_mask(({reg})a, ({reg})a, _CMP_UNORD_Q), ({reg})a)"
+        else:
+            body = f"_mm256_blendv_{sfx}({r}, ({reg})a, _mm256_cmp_{sfx}(({reg})a, ({reg})a, _CMP_UNORD_Q))"
+        return self.helper(name, f"static inline {t} {name}({t} a, {t} b) {{ return ({t}){body}; }}")
 
     def divmod(self, op: str, a: Expr, b: Expr, dt: DType) -> tuple[str, int]:
         if dt.is_float:

@@ -282,12 +282,14 @@ def _pool_nchwc_compute(a: dict, x: Tensor) -> Tensor:
     win = T.Window(tuple(ks), strides, dil, tuple(out))
     ends = (pads[2] + extra[0], pads[3] + extra[1])
     if a["mode"] == "max":
-        acc, read = B.window_nchwc_acc(x, (*pads[:2], *ends), te.const(-np.inf, x.dtype), win, te.max, name="maxpool")
+        acc, read = B.window_nchwc_acc(x, (*pads[:2], *ends), te.const(-np.inf, x.dtype), win, te.max, name="maxpool",
+                                       cfg=a.get(CONFIG_ATTR))  # fmt: skip
 
         def body(*i: Expr) -> Expr:
             return read(*i)
     else:
-        acc, read = B.window_nchwc_acc(x, (*pads[:2], *ends), T.zero(x.dtype), win, te.sum, name="avgpool")
+        acc, read = B.window_nchwc_acc(x, (*pads[:2], *ends), T.zero(x.dtype), win, te.sum, name="avgpool",
+                                       cfg=a.get(CONFIG_ATTR))  # fmt: skip
         count = window_count(size, pads, win, bool(a["count_include_pad"]), x.dtype)
 
         def body(*i: Expr) -> Expr:

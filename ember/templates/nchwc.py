@@ -46,6 +46,7 @@ class NCHWcPlan:
     oht: int = 1  # rows per register tile (whole rows fit in one tile: short rows)
     order: str = "cb_k"  # reduction loops: input channel blocks outside the kernel window ("cb_k") or inside
     unroll_kw: bool = False  # unroll the kernel columns around the register tile
+    unroll_window: bool = False  # window ops: unroll the window loops (rows and columns) around the register tile
 
 
 PANEL_BYTES = 512 << 10  # weights of one channel-block tile that stay in L2 while the rows of a map reuse them
@@ -80,6 +81,30 @@ def nchwc_plan(KB: int, block: int, out: tuple[int, int], dtype: DType | str, pa
     return NCHWcPlan(kbt, owt, oht)
 
 
+POOL_ACCS = 8  # accumulators of a pooling tile: enough loads in flight; more only lengthen the unrolled body
+POOL_UNROLL = 96  # window elements x tile vectors up to which a pooling tile's window loops are unrolled
+
+
+def pool_plan(block: int, out: tuple[int, int], window: int, dtype: DType | str,
+              target: Target | None = None) -> NCHWcPlan:  # fmt: skip
+    """The register tile of a pooling window (max/average over each window of a channel vector per position; no
+    weights): `POOL_ACCS` output positions along a row, balanced (whole short rows, several per tile), and the
+    window loops unrolled around it when the tile's body stays small (`POOL_UNROLL`). A pool has one load per
+    operation: a tile of 26 accumulators as the convolutions take only lengthens the loop body (measured 10-40%
+    slower on the shapes of bench/pool_nchwc.py)."""
+    target = target or host_target()
+    oh, ow = out
+    vecs = max(1, block // lanes_of(dtype, target))
+    accs = max(1, POOL_ACCS // vecs)
+    owt = max(1, min(ow, accs))
+    owt = -(-ow // -(-ow // owt))
+    oht = 1
+    if owt == ow:
+        oht = max(1, min(oh, accs // owt))
+        oht = -(-oh // -(-oh // oht))
+    return NCHWcPlan(1, owt, oht, unroll_window=window * owt * oht * vecs <= POOL_UNROLL)
+
+
 def tuned_nchwc_plan(cfg: ConfigBase, dflt: NCHWcPlan, KB: int, out: tuple[int, int], dense: bool) -> NCHWcPlan:
     """The knobs of the blocked templates, each defaulting to `nchwc_plan`'s choice: channel blocks per
     tile (dense convs: divisors of the blocks, up to 4 vectors), output positions per tile along a row
@@ -97,11 +122,13 @@ def tuned_nchwc_plan(cfg: ConfigBase, dflt: NCHWcPlan, KB: int, out: tuple[int, 
     heights = sorted({h for h in (1, 2, 4) if h <= oh} | {dflt.oht})
     oht = cfg.define_split("tile_oh", oh, 2, policy="candidate", candidates=[(-1, h) for h in heights],
                            default=(-1, dflt.oht))[-1]  # fmt: skip
-    order, unroll_kw = dflt.order, dflt.unroll_kw
+    order, unroll_kw, unroll_window = dflt.order, dflt.unroll_kw, dflt.unroll_window
     if dense:
         order = cfg.define_knob("reduce_order", ["cb_k", "k_cb"], default=dflt.order)
         unroll_kw = cfg.define_knob("unroll_kw", [False, True], default=dflt.unroll_kw)
-    return NCHWcPlan(kbt, owt, oht, order=order, unroll_kw=unroll_kw)
+    else:
+        unroll_window = cfg.define_knob("unroll_window", [False, True], default=dflt.unroll_window)
+    return NCHWcPlan(kbt, owt, oht, order=order, unroll_kw=unroll_kw, unroll_window=unroll_window)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -160,7 +187,10 @@ def window_nchwc_acc(
     N, CB, H, W, cb = x.shape
     OH, OW = win.out
     (sh, sw), (dh, dw) = win.strides, win.dilations
-    plan = nchwc_plan(1, cb, (OH, OW), x.dtype)
+    if term is None:  # pooling
+        plan = pool_plan(cb, (OH, OW), win.kernel[0] * win.kernel[1], x.dtype)
+    else:
+        plan = nchwc_plan(1, cb, (OH, OW), x.dtype)
     if cfg is not None:
         plan = tuned_nchwc_plan(cfg, plan, CB, (OH, OW), dense=False)
     xp = pad_nchwc(x, pads[:2], pads[2:], pad_value, name=f"{name}_pad")
@@ -223,6 +253,9 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     L.reorder(ln, *red, loh, low, lkb, lk)  # the FMAs of one broadcast input element adjacent
     if plan.unroll_kw and len(red) == 4:
         L.unroll(red[1] if plan.order == "k_cb" else red[2])
+    if plan.unroll_window and len(red) == 2:
+        L.unroll(red[0])
+        L.unroll(red[1])
     L.unroll(loh)
     L.unroll(low)
     L.unroll(lkb)
