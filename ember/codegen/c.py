@@ -512,11 +512,29 @@ class CCodegen:
             name = f"ember_vload_{t}"
             code = f"static inline {t} {name}(const {s}* p) {{ {t} v; __builtin_memcpy(&v, p, sizeof v); return v; }}"
             return f"{self.helper(name, code)}(&{buf}[{self.expr(idx.base)}])"
+        stride = idx.stride.value if isinstance(idx, Ramp) and isinstance(idx.stride, Const) else None
+        if stride == 2 and dt.lanes >= 4 and not dt.is_bool:
+            return f"{self.stride2_load(dt)}(&{buf}[{self.expr(idx.base)}])"
         it = self.ctype(idx.dtype)
         name = f"ember_gather_{t}_{it}"
         init = _lanes_init(dt.lanes, lambda l: f"p[idx[{l}]]")
         code = f"static inline {t} {name}(const {s}* p, {it} idx) {{\n  return ({t}){init};\n}}"
         return f"{self.helper(name, code)}({buf}, {self.expr(idx)})"
+
+    def stride2_load(self, dt: DType) -> str:
+        """A helper loading the even elements p[0], p[2], ..., p[2(L-1)] as a vector of L lanes: two contiguous loads
+        (the second ending at the last element read: nothing past it is touched) and one two-input shuffle, in place
+        of a gather (a window of stride 2 read along a row: pooling and convolutions in NCHW)."""
+        t, s, n = self.ctype(dt), dt.c_type, dt.lanes
+        name = f"ember_vload_stride2_{t}"
+        it = self.mask_type(dt.bits, n)
+        lanes = [2 * j if 2 * j < n else 2 * j + 1 for j in range(n)]
+        order = ", ".join(map(str, lanes))
+        code = (f"static inline {t} {name}(const {s}* p) {{\n"
+                f"  {t} a, b;\n  __builtin_memcpy(&a, p, sizeof a);\n  __builtin_memcpy(&b, p + {n - 1}, sizeof b);\n"
+                f"#if defined(__clang__)\n  return __builtin_shufflevector(a, b, {order});\n#else\n"
+                f"  return __builtin_shuffle(a, b, ({it}){{{order}}});\n#endif\n}}")  # fmt: skip
+        return self.helper(name, code)
 
     # -- statements --------------------------------------------------------------------------
     def emit(self, line: str) -> None:

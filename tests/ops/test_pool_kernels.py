@@ -162,3 +162,18 @@ def test_nchw_pools_match_onnxruntime(op, attrs, width):
     ref = onnx_pool(op, attrs, x)
     np.testing.assert_allclose(ember.compile(pool_model(op, attrs, x.shape, ref.shape), target=TARGET,
                                              fallback=False)(x), ref, rtol=1e-6, atol=1e-6)  # fmt: skip
+
+
+def test_nchw_strided_pool_reads_rows_without_gathers():
+    """A stride-2 window along the row is read as two contiguous vectors and a shuffle (`stride2_load`), and the
+    padded copy is made per channel tile, inside the tile loop."""
+    task = Task.from_op("AveragePool", [(1, 4, 20, 40)], {**VARIANTS[5][1], "dilations": [1, 1]}, target=TARGET)
+    sch, args = task.instantiate(None)
+    f = ember.build(sch, args, target=TARGET)
+    body = f.source[f.source.index("int32_t default_function(") :]
+    assert "ember_vload_stride2_float32x" in body and "gather" not in body
+    assert body.index("for (") < body.index("// avgpool_pad:")  # the padded copy is made inside the tile loop
+    x = random_input((1, 4, 20, 40), seed=3)
+    y = np.zeros(tuple(int(d) for d in args[-1].shape), np.float32)
+    f(x, y)
+    np.testing.assert_allclose(y, onnx_pool("AveragePool", VARIANTS[5][1], x), rtol=1e-6, atol=1e-6)
