@@ -205,6 +205,39 @@ def window_nchwc_acc(
     return acc, lambda *i: acc[i]
 
 
+def global_parts(positions: int) -> int:
+    """Partial results per channel vector of a global pooling: independent accumulators (an add or max has a latency
+    of several cycles, a load issues every cycle), a divisor of the positions so that they split evenly; the
+    largest up to 8, else the smallest above (short rows: 7x7 takes 7), else 1."""
+    divs = [d for d in range(1, min(positions, 16) + 1) if positions % d == 0]
+    small = [d for d in divs if d <= 8]
+    return small[-1] if small[-1] >= 4 else next((d for d in divs if d > 8), small[-1])
+
+
+def global_nchwc_acc(x: Tensor, reducer, name: str = "global_pool",
+                     cfg: ConfigBase | None = None) -> tuple[Tensor, Callable]:  # fmt: skip
+    """reducer over all positions of x [N, CB, H, W, cb] (global pooling) as a row reduction in memory order: the
+    H*W positions of a channel block dealt round-robin to `global_parts` partial vectors (`{name}_part` [N, CB, parts,
+    cb], in registers), which are then reduced. Returns (acc, read) as `conv_nchwc_acc`; template "global_nchwc"."""
+    N, CB, H, W, cb = x.shape
+    S = H * W
+    J = global_parts(S)
+    if cfg is not None:
+        cfg.template = cfg.template or "global_nchwc"
+        J = cfg.define_knob("parts", sorted({d for d in (1, 2, 4, 7, 8, 14, 16) if S % d == 0} | {J}), default=J)
+    r = te.reduce_axis((0, S // J), name="rs")
+
+    def part_body(n, c, j, k):
+        s = r * J + j
+        return reducer(x[n, c, s // W, s % W, k], axis=r)
+
+    part = te.compute((N, CB, J, cb), part_body, name=f"{name}_part")
+    q = te.reduce_axis((0, J), name="rj")
+    acc = te.compute((N, CB, 1, 1, cb), lambda n, c, h, w, k: reducer(part[n, c, q, k], axis=q), name=name,
+                     tag="global_nchwc", attrs={"part": part})  # fmt: skip
+    return acc, lambda *i: acc[i]
+
+
 # -----------------------------------------------------------------------------------------------------
 # schedules
 # -----------------------------------------------------------------------------------------------------
@@ -266,6 +299,35 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     return {O.name, L.name}
 
 
+def _schedule_global_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
+    """Per channel block (parallel over batch x blocks): the partial vectors accumulated in registers over the
+    positions in memory order (the parts unrolled inside), reduced, and the epilogue's vector stored."""
+    acc: Tensor = attrs["acc"]
+    part: Tensor = acc.op.attrs["part"]
+    lanes = lanes_of(acc.dtype, target)
+    block = acc.shape[-1]
+    O = s[out]
+    n, c, h, w, k = O.op.axis
+    tile = O.fuse(n, c)
+    O.reorder(tile, h, w, k)
+    _vector_axis(O, k, block, lanes)
+    A, P = s[acc], s[part]
+    A.compute_at(O, tile)
+    an, ac, ah, aw, ak = A.op.axis
+    A.reorder(an, ac, ah, aw, *A.op.reduce_axis, ak)
+    A.unroll(A.op.reduce_axis[0])
+    _vector_axis(A, ak, block, lanes)
+    P.compute_at(O, tile)
+    P.set_scope("local")
+    pn, pc, pj, pk = P.op.axis
+    P.reorder(pn, pc, *P.op.reduce_axis, pj, pk)
+    P.unroll(pj)
+    _vector_axis(P, pk, block, lanes)
+    if target.num_cores > 1 and work(out) >= 1 << 16 and size_hint(out.shape[0]) * out.shape[1] >= target.num_cores:
+        O.parallel(tile)
+    return {O.name, A.name, P.name}
+
+
 def _row_chunks(tiles: int, rows: int, target: Target) -> int:
     """Parts to split the rows of each of `tiles` channel tiles into: at least 4 parallel iterations per
     thread, a multiple of the threads when the rows allow (each thread gets as many), at most a row each."""
@@ -282,3 +344,4 @@ def _parallel_ok(out: Tensor, chunks: int, target: Target) -> bool:
 
 SCHEDULES["conv_nchwc"] = _schedule_nchwc
 SCHEDULES["window_nchwc"] = _schedule_nchwc
+SCHEDULES["global_nchwc"] = _schedule_global_nchwc

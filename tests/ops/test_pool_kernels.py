@@ -18,6 +18,7 @@ from ember.frontend.onnx import from_onnx
 from ember.ops import get_op
 from ember.ops.layout import relayout
 from ember.passes import run_passes
+from ember.templates.nchwc import global_parts
 from ember.tune.task import Task
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
@@ -177,3 +178,24 @@ def test_nchw_strided_pool_reads_rows_without_gathers():
     y = np.zeros(tuple(int(d) for d in args[-1].shape), np.float32)
     f(x, y)
     np.testing.assert_allclose(y, onnx_pool("AveragePool", VARIANTS[5][1], x), rtol=1e-6, atol=1e-6)
+
+
+GLOBALS = [((7, 7), 16, None), ((13, 13), 8, None), ((5, 6), 16, 2), ((11, 3), 4, 1)]  # (H, W), block, parts knob
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("hw, block, parts", GLOBALS)
+def test_global_pool_nchwc_matches_onnxruntime(mode, hw, block, parts):
+    """Global pooling as a row reduction into independent partial vectors (`global_parts`, or the `parts` knob)."""
+    x = random_input((2, 2 * block, *hw), seed=hw[0] * block)
+    xb = relayout(x, "NCHW", f"NCHW{block}c")
+    task = Task.from_op("GlobalPoolNCHWc", [xb.shape], {"mode": mode}, target=TARGET)
+    sch, args = task.instantiate(None if parts is None else task.space.entity({"parts": parts}))
+    y = np.zeros(tuple(int(d) for d in args[-1].shape), np.float32)
+    ember.build(sch, args, target=TARGET)(xb, y)
+    ref = onnx_pool("GlobalMaxPool" if mode == "max" else "GlobalAveragePool", {}, x)
+    np.testing.assert_allclose(relayout(y, f"NCHW{block}c", "NCHW"), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_global_parts():
+    assert [global_parts(n) for n in (49, 196, 3136, 169, 30, 13, 1)] == [7, 7, 8, 13, 6, 13, 1]
