@@ -81,27 +81,29 @@ def nchwc_plan(KB: int, block: int, out: tuple[int, int], dtype: DType | str, pa
     return NCHWcPlan(kbt, owt, oht)
 
 
-POOL_ACCS = 8  # accumulators of a pooling tile: enough loads in flight; more only lengthen the unrolled body
-POOL_UNROLL = 96  # window elements x tile vectors up to which a pooling tile's window loops are unrolled
+POOL_WIDTH = 8  # output positions along a row per pooling tile: enough loads in flight, a short unrolled body
+DEPTHWISE_TILE = (7, 2)  # positions x rows per depthwise tile: 14 accumulators (16 measured 20-30% slower)
+POOL_UNROLL = 160  # window elements x tile vectors up to which a window tile's loops are unrolled
 
 
-def pool_plan(block: int, out: tuple[int, int], window: int, dtype: DType | str,
-              target: Target | None = None) -> NCHWcPlan:  # fmt: skip
-    """The register tile of a pooling window (max/average over each window of a channel vector per position; no
-    weights): `POOL_ACCS` output positions along a row, balanced (whole short rows, several per tile), and the
-    window loops unrolled around it when the tile's body stays small (`POOL_UNROLL`). A pool has one load per
-    operation: a tile of 26 accumulators as the convolutions take only lengthens the loop body (measured 10-40%
-    slower on the shapes of bench/pool_nchwc.py)."""
+def pool_plan(block: int, out: tuple[int, int], window: int, dtype: DType | str, target: Target | None = None,
+              tile: tuple[int, int] = (POOL_WIDTH, 1)) -> NCHWcPlan:  # fmt: skip
+    """The register tile of a window reduction with one channel vector per position (pooling; depthwise convolution
+    with `DEPTHWISE_TILE`, each weight vector then serves two rows): up to tile[0] output positions along a row,
+    balanced, times tile[1] rows (whole short rows, several per tile), the window loops unrolled around it when the
+    tile's body stays small (`POOL_UNROLL`). A pool has one load per operation and a depthwise convolution two: the
+    dense convolutions' tile of 26 accumulators only lengthens the loop body (measured 10-40% slower on the pools of
+    bench/pool_nchwc.py, 1.3-1.8x on MobileNet's depthwise 3x3 layers)."""
     target = target or host_target()
     oh, ow = out
     vecs = max(1, block // lanes_of(dtype, target))
-    accs = max(1, POOL_ACCS // vecs)
-    owt = max(1, min(ow, accs))
+    width, rows = max(1, tile[0] // vecs), tile[1]
+    owt = max(1, min(ow, width))
     owt = -(-ow // -(-ow // owt))
-    oht = 1
+    oht = max(1, min(oh, rows))
     if owt == ow:
-        oht = max(1, min(oh, accs // owt))
-        oht = -(-oh // -(-oh // oht))
+        oht = max(oht, min(oh, width * rows // owt))
+    oht = -(-oh // -(-oh // oht))
     return NCHWcPlan(1, owt, oht, unroll_window=window * owt * oht * vecs <= POOL_UNROLL)
 
 
@@ -187,10 +189,8 @@ def window_nchwc_acc(
     N, CB, H, W, cb = x.shape
     OH, OW = win.out
     (sh, sw), (dh, dw) = win.strides, win.dilations
-    if term is None:  # pooling
-        plan = pool_plan(cb, (OH, OW), win.kernel[0] * win.kernel[1], x.dtype)
-    else:
-        plan = nchwc_plan(1, cb, (OH, OW), x.dtype)
+    tile = (POOL_WIDTH, 1) if term is None else DEPTHWISE_TILE  # pooling, or a depthwise convolution
+    plan = pool_plan(cb, (OH, OW), win.kernel[0] * win.kernel[1], x.dtype, tile=tile)
     if cfg is not None:
         plan = tuned_nchwc_plan(cfg, plan, CB, (OH, OW), dense=False)
     xp = pad_nchwc(x, pads[:2], pads[2:], pad_value, name=f"{name}_pad")

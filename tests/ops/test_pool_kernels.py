@@ -122,7 +122,7 @@ def test_pool_nchwc_any_knobs_match_reference(data):
     knobs = space.get(data.draw(st.integers(0, len(space) - 1), label="point")).values
     note(f"{op} {attrs} {x.shape} {knobs}")
     ref = get_op(op).reference({**get_op(op).check_attrs(attrs)}, x)
-    ref = ref[0] if isinstance(ref, tuple) else ref
+    ref = ref[0] if isinstance(ref, tuple | list) else ref
     np.testing.assert_allclose(run_nchwc(op, attrs, x, 16, knobs), ref, rtol=1e-6, atol=1e-6)
 
 
@@ -199,3 +199,25 @@ def test_global_pool_nchwc_matches_onnxruntime(mode, hw, block, parts):
 
 def test_global_parts():
     assert [global_parts(n) for n in (49, 196, 3136, 169, 30, 13, 1)] == [7, 7, 8, 13, 6, 13, 1]
+
+
+@pytest.mark.property
+@PROPERTY
+@given(data=st.data())
+def test_depthwise_nchwc_any_knobs_match_reference(data):
+    """The depthwise convolution shares the window template (tiles of DEPTHWISE_TILE by default): any point of its
+    config space computes the numpy reference."""
+    stride = data.draw(st.integers(1, 2), label="stride")
+    h, w = data.draw(st.integers(4, 11), label="h"), data.draw(st.integers(4, 11), label="w")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    x, wt = rng.standard_normal((1, 2, h, w, 16)).astype(np.float32), rng.standard_normal((2, 1, 3, 3, 1, 16))
+    attrs = {"pads": [1, 1, 1, 1], "strides": [stride, stride], "dilations": [1, 1], "group": 32}
+    task = Task.from_op("ConvNCHWc", [x.shape, wt.shape], attrs, target=TARGET)
+    knobs = task.space.get(data.draw(st.integers(0, len(task.space) - 1), label="point")).values
+    note(f"{h}x{w} stride {stride} {knobs}")
+    sch, args = task.instantiate(task.space.entity(knobs))
+    y = np.zeros(tuple(int(d) for d in args[-1].shape), np.float32)
+    ember.build(sch, args, target=TARGET)(x, wt.astype(np.float32), y)
+    ref = get_op("ConvNCHWc").reference(get_op("ConvNCHWc").check_attrs(attrs), x, wt.astype(np.float32))
+    ref = ref[0] if isinstance(ref, tuple | list) else ref
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
