@@ -271,6 +271,9 @@ class CCodegen:
         # choice is a select; a short-circuit branch mispredicts on every other element of random data (MaxPool
         # at 0.8 GFLOP/s)
         nan = " | (a != a)" if dt.is_float else ""
+        x86 = self.x86_minmax(op, dt) if dt.is_float and dt.lanes > 1 else None
+        if x86 is not None:
+            return f"{x86}({self.expr(a)}, {self.expr(b)})"
         if dt.lanes == 1:
             code = f"static inline {t} {name}({t} a, {t} b) {{ return ((a {cmp} b){nan}) ? a : b; }}"
         elif not dt.is_float:  # per lane: the compilers make one vector min/max of it (a select takes 2-3)
@@ -281,6 +284,25 @@ class CCodegen:
             vnan = " | (a != a)" if dt.is_float else ""
             code = f"static inline {t} {name}({t} a, {t} b) {{ return {sel}((a {cmp} b){vnan}, a, b); }}"
         return f"{self.helper(name, code)}({self.expr(a)}, {self.expr(b)})"
+
+    def x86_minmax(self, op: str, dt: DType) -> str | None:
+        """A float vector min/max of exactly one AVX-512 or AVX register in intrinsics, NaN on either side winning:
+        vmaxps gives its second operand when either is NaN, and a NaN first operand is blended back in (three
+        instructions; GCC compiles the generic select of `minmax` to an xor-blend with spills, MaxPool 2x
+        slower). None where the target has no such register for the type (the generic helper then serves)."""
+        flags, bits = self.target.simd_features(), dt.bits * dt.lanes
+        if dt.bits not in (32, 64) or not ((bits == 512 and "avx512f" in flags) or (bits == 256 and "avx" in flags)):
+            return None
+        t, sfx, w = self.ctype(dt), "ps" if dt.bits == 32 else "pd", "512" if bits == 512 else "256"
+        reg = f"__m{w}" + ("" if dt.bits == 32 else "d")
+        self.helper("immintrin", "#include <immintrin.h>")
+        name = f"ember_x86_{op}_{t}"
+        r = f"_mm{w}_{op}_{sfx}(({reg})a, ({reg})b)"
+        if bits == 512:
+            body = f"_mm512_mask_mov_{sfx}({r}, _mm512_cmp_{sfx}_mask(({reg})a, ({reg})a, _CMP_UNORD_Q), ({reg})a)"
+        else:
+            body = f"_mm256_blendv_{sfx}({r}, ({reg})a, _mm256_cmp_{sfx}(({reg})a, ({reg})a, _CMP_UNORD_Q))"
+        return self.helper(name, f"static inline {t} {name}({t} a, {t} b) {{ return ({t}){body}; }}")
 
     def divmod(self, op: str, a: Expr, b: Expr, dt: DType) -> tuple[str, int]:
         if dt.is_float:
@@ -494,11 +516,29 @@ class CCodegen:
             name = f"ember_vload_{t}"
             code = f"static inline {t} {name}(const {s}* p) {{ {t} v; __builtin_memcpy(&v, p, sizeof v); return v; }}"
             return f"{self.helper(name, code)}(&{buf}[{self.expr(idx.base)}])"
+        stride = idx.stride.value if isinstance(idx, Ramp) and isinstance(idx.stride, Const) else None
+        if stride == 2 and dt.lanes >= 4 and not dt.is_bool:
+            return f"{self.stride2_load(dt)}(&{buf}[{self.expr(idx.base)}])"
         it = self.ctype(idx.dtype)
         name = f"ember_gather_{t}_{it}"
         init = _lanes_init(dt.lanes, lambda l: f"p[idx[{l}]]")
         code = f"static inline {t} {name}(const {s}* p, {it} idx) {{\n  return ({t}){init};\n}}"
         return f"{self.helper(name, code)}({buf}, {self.expr(idx)})"
+
+    def stride2_load(self, dt: DType) -> str:
+        """A helper loading the even elements p[0], p[2], ..., p[2(L-1)] as a vector of L lanes: two contiguous loads
+        (the second ending at the last element read: nothing past it is touched) and one two-input shuffle, in place
+        of a gather (a window of stride 2 read along a row: pooling and convolutions in NCHW)."""
+        t, s, n = self.ctype(dt), dt.c_type, dt.lanes
+        name = f"ember_vload_stride2_{t}"
+        it = self.mask_type(dt.bits, n)
+        lanes = [2 * j if 2 * j < n else 2 * j + 1 for j in range(n)]
+        order = ", ".join(map(str, lanes))
+        code = (f"static inline {t} {name}(const {s}* p) {{\n"
+                f"  {t} a, b;\n  __builtin_memcpy(&a, p, sizeof a);\n  __builtin_memcpy(&b, p + {n - 1}, sizeof b);\n"
+                f"#if defined(__clang__)\n  return __builtin_shufflevector(a, b, {order});\n#else\n"
+                f"  return __builtin_shuffle(a, b, ({it}){{{order}}});\n#endif\n}}")  # fmt: skip
+        return self.helper(name, code)
 
     # -- statements --------------------------------------------------------------------------
     def emit(self, line: str) -> None:

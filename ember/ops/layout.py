@@ -286,12 +286,14 @@ def _pool_nchwc_compute(a: dict, x: Tensor) -> Tensor:
     win = T.Window(tuple(ks), strides, dil, tuple(out))
     ends = (pads[2] + extra[0], pads[3] + extra[1])
     if a["mode"] == "max":
-        acc, read = B.window_nchwc_acc(x, (*pads[:2], *ends), te.const(-np.inf, x.dtype), win, te.max, name="maxpool")
+        acc, read = B.window_nchwc_acc(x, (*pads[:2], *ends), te.const(-np.inf, x.dtype), win, te.max, name="maxpool",
+                                       cfg=a.get(CONFIG_ATTR))  # fmt: skip
 
         def body(*i: Expr) -> Expr:
             return read(*i)
     else:
-        acc, read = B.window_nchwc_acc(x, (*pads[:2], *ends), T.zero(x.dtype), win, te.sum, name="avgpool")
+        acc, read = B.window_nchwc_acc(x, (*pads[:2], *ends), T.zero(x.dtype), win, te.sum, name="avgpool",
+                                       cfg=a.get(CONFIG_ATTR))  # fmt: skip
         count = window_count(size, pads, win, bool(a["count_include_pad"]), x.dtype)
 
         def body(*i: Expr) -> Expr:
@@ -317,16 +319,15 @@ def _global_pool_nchwc_compute(a: dict, x: Tensor) -> Tensor:
     if not x.dtype.is_float:
         raise NotLowerable(f"GlobalPoolNCHWc on {x.dtype}")
     h, w = x.shape[2:4]
-    win = T.Window((h, w), (1, 1), (1, 1), (1, 1))
     reducer = te.max if a["mode"] == "max" else te.sum
-    acc, read = B.window_nchwc_acc(x, (0, 0, 0, 0), T.zero(x.dtype), win, reducer, name=f"global_{a['mode']}pool")
+    acc, read = B.global_nchwc_acc(x, reducer, name=f"global_{a['mode']}pool", cfg=a.get(CONFIG_ATTR))
     scale = 1.0 / (h * w)
 
     def body(*i: Expr) -> Expr:
         return read(*i) * te.const(scale, x.dtype) if a["mode"] == "avg" else read(*i)
 
     return te.compute(acc.shape, body, name=f"global_{a['mode']}pool_nchwc",
-                      attrs={"template": "window_nchwc", "acc": acc})  # fmt: skip
+                      attrs={"template": "global_nchwc", "acc": acc})  # fmt: skip
 
 
 # -- concatenation in place -------------------------------------------------------------------------------

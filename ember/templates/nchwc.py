@@ -46,6 +46,7 @@ class NCHWcPlan:
     oht: int = 1  # rows per register tile (whole rows fit in one tile: short rows)
     order: str = "cb_k"  # reduction loops: input channel blocks outside the kernel window ("cb_k") or inside
     unroll_kw: bool = False  # unroll the kernel columns around the register tile
+    unroll_window: bool = False  # window ops: unroll the window loops (rows and columns) around the register tile
 
 
 PANEL_BYTES = 512 << 10  # weights of one channel-block tile that stay in L2 while the rows of a map reuse them
@@ -80,6 +81,32 @@ def nchwc_plan(KB: int, block: int, out: tuple[int, int], dtype: DType | str, pa
     return NCHWcPlan(kbt, owt, oht)
 
 
+POOL_WIDTH = 8  # output positions along a row per pooling tile: enough loads in flight, a short unrolled body
+DEPTHWISE_TILE = (7, 2)  # positions x rows per depthwise tile: 14 accumulators (16 measured 20-30% slower)
+POOL_UNROLL = 160  # window elements x tile vectors up to which a window tile's loops are unrolled
+
+
+def pool_plan(block: int, out: tuple[int, int], window: int, dtype: DType | str, target: Target | None = None,
+              tile: tuple[int, int] = (POOL_WIDTH, 1)) -> NCHWcPlan:  # fmt: skip
+    """The register tile of a window reduction with one channel vector per position (pooling; depthwise convolution
+    with `DEPTHWISE_TILE`, each weight vector then serves two rows): up to tile[0] output positions along a row,
+    balanced, times tile[1] rows (whole short rows, several per tile), the window loops unrolled around it when the
+    tile's body stays small (`POOL_UNROLL`). A pool has one load per operation and a depthwise convolution two: the
+    dense convolutions' tile of 26 accumulators only lengthens the loop body (measured 10-40% slower on the pools of
+    bench/pool_nchwc.py, 1.3-1.8x on MobileNet's depthwise 3x3 layers)."""
+    target = target or host_target()
+    oh, ow = out
+    vecs = max(1, block // lanes_of(dtype, target))
+    width, rows = max(1, tile[0] // vecs), tile[1]
+    owt = max(1, min(ow, width))
+    owt = -(-ow // -(-ow // owt))
+    oht = max(1, min(oh, rows))
+    if owt == ow:
+        oht = max(oht, min(oh, width * rows // owt))
+    oht = -(-oh // -(-oh // oht))
+    return NCHWcPlan(1, owt, oht, unroll_window=window * owt * oht * vecs <= POOL_UNROLL)
+
+
 def tuned_nchwc_plan(cfg: ConfigBase, dflt: NCHWcPlan, KB: int, out: tuple[int, int], dense: bool) -> NCHWcPlan:
     """The knobs of the blocked templates, each defaulting to `nchwc_plan`'s choice: channel blocks per
     tile (dense convs: divisors of the blocks, up to 4 vectors), output positions per tile along a row
@@ -97,11 +124,13 @@ def tuned_nchwc_plan(cfg: ConfigBase, dflt: NCHWcPlan, KB: int, out: tuple[int, 
     heights = sorted({h for h in (1, 2, 4) if h <= oh} | {dflt.oht})
     oht = cfg.define_split("tile_oh", oh, 2, policy="candidate", candidates=[(-1, h) for h in heights],
                            default=(-1, dflt.oht))[-1]  # fmt: skip
-    order, unroll_kw = dflt.order, dflt.unroll_kw
+    order, unroll_kw, unroll_window = dflt.order, dflt.unroll_kw, dflt.unroll_window
     if dense:
         order = cfg.define_knob("reduce_order", ["cb_k", "k_cb"], default=dflt.order)
         unroll_kw = cfg.define_knob("unroll_kw", [False, True], default=dflt.unroll_kw)
-    return NCHWcPlan(kbt, owt, oht, order=order, unroll_kw=unroll_kw)
+    else:
+        unroll_window = cfg.define_knob("unroll_window", [False, True], default=dflt.unroll_window)
+    return NCHWcPlan(kbt, owt, oht, order=order, unroll_kw=unroll_kw, unroll_window=unroll_window)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -160,7 +189,8 @@ def window_nchwc_acc(
     N, CB, H, W, cb = x.shape
     OH, OW = win.out
     (sh, sw), (dh, dw) = win.strides, win.dilations
-    plan = nchwc_plan(1, cb, (OH, OW), x.dtype)
+    tile = (POOL_WIDTH, 1) if term is None else DEPTHWISE_TILE  # pooling, or a depthwise convolution
+    plan = pool_plan(cb, (OH, OW), win.kernel[0] * win.kernel[1], x.dtype, tile=tile)
     if cfg is not None:
         plan = tuned_nchwc_plan(cfg, plan, CB, (OH, OW), dense=False)
     xp = pad_nchwc(x, pads[:2], pads[2:], pad_value, name=f"{name}_pad")
@@ -172,6 +202,39 @@ def window_nchwc_acc(
         return reducer(term(v, c, rkh, rkw, k) if term else v, axis=[rkh, rkw])
 
     acc = te.compute((N, CB, OH, OW, cb), body, name=name, tag="window_nchwc", attrs={"plan": plan})
+    return acc, lambda *i: acc[i]
+
+
+def global_parts(positions: int) -> int:
+    """Partial results per channel vector of a global pooling: independent accumulators (an add or max has a latency
+    of several cycles, a load issues every cycle), a divisor of the positions so that they split evenly; the
+    largest up to 8, else the smallest above (short rows: 7x7 takes 7), else 1."""
+    divs = [d for d in range(1, min(positions, 16) + 1) if positions % d == 0]
+    small = [d for d in divs if d <= 8]
+    return small[-1] if small[-1] >= 4 else next((d for d in divs if d > 8), small[-1])
+
+
+def global_nchwc_acc(x: Tensor, reducer, name: str = "global_pool",
+                     cfg: ConfigBase | None = None) -> tuple[Tensor, Callable]:  # fmt: skip
+    """reducer over all positions of x [N, CB, H, W, cb] (global pooling) as a row reduction in memory order: the
+    H*W positions of a channel block dealt round-robin to `global_parts` partial vectors (`{name}_part` [N, CB, parts,
+    cb], in registers), which are then reduced. Returns (acc, read) as `conv_nchwc_acc`; template "global_nchwc"."""
+    N, CB, H, W, cb = x.shape
+    S = H * W
+    J = global_parts(S)
+    if cfg is not None:
+        cfg.template = cfg.template or "global_nchwc"
+        J = cfg.define_knob("parts", sorted({d for d in (1, 2, 4, 7, 8, 14, 16) if S % d == 0} | {J}), default=J)
+    r = te.reduce_axis((0, S // J), name="rs")
+
+    def part_body(n, c, j, k):
+        s = r * J + j
+        return reducer(x[n, c, s // W, s % W, k], axis=r)
+
+    part = te.compute((N, CB, J, cb), part_body, name=f"{name}_part")
+    q = te.reduce_axis((0, J), name="rj")
+    acc = te.compute((N, CB, 1, 1, cb), lambda n, c, h, w, k: reducer(part[n, c, q, k], axis=q), name=name,
+                     tag="global_nchwc", attrs={"part": part})  # fmt: skip
     return acc, lambda *i: acc[i]
 
 
@@ -223,6 +286,9 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     L.reorder(ln, *red, loh, low, lkb, lk)  # the FMAs of one broadcast input element adjacent
     if plan.unroll_kw and len(red) == 4:
         L.unroll(red[1] if plan.order == "k_cb" else red[2])
+    if plan.unroll_window and len(red) == 2:
+        L.unroll(red[0])
+        L.unroll(red[1])
     L.unroll(loh)
     L.unroll(low)
     L.unroll(lkb)
@@ -231,6 +297,35 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     if chunks:
         O.parallel(O.fuse(n, kbo, oho))
     return {O.name, L.name}
+
+
+def _schedule_global_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
+    """Per channel block (parallel over batch x blocks): the partial vectors accumulated in registers over the
+    positions in memory order (the parts unrolled inside), reduced, and the epilogue's vector stored."""
+    acc: Tensor = attrs["acc"]
+    part: Tensor = acc.op.attrs["part"]
+    lanes = lanes_of(acc.dtype, target)
+    block = acc.shape[-1]
+    O = s[out]
+    n, c, h, w, k = O.op.axis
+    tile = O.fuse(n, c)
+    O.reorder(tile, h, w, k)
+    _vector_axis(O, k, block, lanes)
+    A, P = s[acc], s[part]
+    A.compute_at(O, tile)
+    an, ac, ah, aw, ak = A.op.axis
+    A.reorder(an, ac, ah, aw, *A.op.reduce_axis, ak)
+    A.unroll(A.op.reduce_axis[0])
+    _vector_axis(A, ak, block, lanes)
+    P.compute_at(O, tile)
+    P.set_scope("local")
+    pn, pc, pj, pk = P.op.axis
+    P.reorder(pn, pc, *P.op.reduce_axis, pj, pk)
+    P.unroll(pj)
+    _vector_axis(P, pk, block, lanes)
+    if target.num_cores > 1 and work(out) >= 1 << 16 and size_hint(out.shape[0]) * out.shape[1] >= target.num_cores:
+        O.parallel(tile)
+    return {O.name, A.name, P.name}
 
 
 def _row_chunks(tiles: int, rows: int, target: Target) -> int:
@@ -249,3 +344,4 @@ def _parallel_ok(out: Tensor, chunks: int, target: Target) -> bool:
 
 SCHEDULES["conv_nchwc"] = _schedule_nchwc
 SCHEDULES["window_nchwc"] = _schedule_nchwc
+SCHEDULES["global_nchwc"] = _schedule_global_nchwc
