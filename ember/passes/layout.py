@@ -3,9 +3,11 @@
 A tensor of C channels is blocked as [N, C/x, H, W, x] with x the target's vector lanes, or the
 largest power of two >= 4 below them that divides C (`block_of`; None: it stays NCHW). Then:
 
-- a Conv (2-d, float, weights [K, C/group, KH, KW], group 1 or depthwise) whose output channels block
-  becomes `ConvNCHWc` (one whose input is not blocked yet only when it has at least `MIN_MACS`
-  multiply-adds: a small one would not pay for the transforms around it). Its weights go through
+- a Conv (2-d, float, weights [K, C/group, KH, KW], group 1, depthwise, or grouped with whole channel
+  blocks per group: groups narrower than a block are merged, up to `MAX_GROUP_MERGE` of them, their
+  constant weights zero outside each group) whose output channels block becomes `ConvNCHWc` (one whose
+  input is not blocked yet only when it has at least `MIN_MACS` multiply-adds: a small one would not pay
+  for the transforms around it). Its weights go through
   `LayoutTransform(OIHW -> OIHW{cb}i{kb}o)`, which `fold_constant` evaluates at compile time (the
   pass after this one). A stride-1 3x3 one with constant weights becomes `ConvWinogradNCHWc` instead
   where `winograd_gain` (`ember.templates.winograd`) is at least `WINOGRAD_MIN_GAIN`, its weights
@@ -30,6 +32,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ember.graph.ir import Graph, Node, Uses, Value, node_reads, unique_name
 from ember.graph.types import TensorType
 from ember.ops import Pattern, get_op
@@ -48,6 +52,7 @@ POOLS = {"MaxPool": "max", "AveragePool": "avg"}
 GLOBAL_POOLS = {"GlobalMaxPool": "max", "GlobalAveragePool": "avg"}
 WINOGRAD_MIN_GAIN = 1.5  # estimated direct / Winograd time from which a 3x3 convolution takes Winograd
 MIN_MACS = 1 << 20  # a convolution whose input is not blocked yet starts a blocked region only from this size
+MAX_GROUP_MERGE = 2  # a grouped convolution merges at most this many groups into one of whole channel blocks
 
 
 def block_of(channels: int, lanes: int) -> int | None:
@@ -59,6 +64,28 @@ def block_of(channels: int, lanes: int) -> int | None:
             return b
         b //= 2
     return None
+
+
+def group_merge(gw_in: int, gw_out: int, group: int, cb: int, kb: int) -> int | None:
+    """How many consecutive groups of a grouped convolution (`gw_in` input and `gw_out` output channels
+    each) one blocked group takes so that it holds whole input (`cb`) and output (`kb`) channel blocks: 1
+    when a group already does; up to `MAX_GROUP_MERGE` (each merged group computes that many times the
+    multiply-adds, the weights zero between groups); None beyond."""
+    for merge in range(1, MAX_GROUP_MERGE + 1):
+        if group % merge == 0 and (gw_in * merge) % cb == 0 and (gw_out * merge) % kb == 0:
+            return merge
+    return None
+
+
+def merged_group_weight(w: np.ndarray, group: int, merge: int) -> np.ndarray:
+    """Weights [K, C/group, KH, KW] of a grouped convolution as those of `group / merge` groups: each output
+    channel's weights placed at its group's offset within the merged group, zero elsewhere."""
+    k, gw = w.shape[:2]
+    out = np.zeros((k, gw * merge, *w.shape[2:]), w.dtype)
+    for j in range(merge):  # the output channels of the j-th group of every merged one read columns j*gw..
+        rows = (np.arange(k) // (k // group)) % merge == j
+        out[rows, j * gw:(j + 1) * gw] = w[rows]
+    return out
 
 
 def nchwc(block: int) -> str:
@@ -130,8 +157,8 @@ class _Converter:
             return False
         c, k, group = x.shape[1], y.shape[1], node.attrs["group"]
         kb = block_of(k, self.lanes[x.dtype])
-        depthwise = group > 1
-        if kb is None or (depthwise and not group == c == k) or (group > 1 and not depthwise):
+        depthwise = group > 1 and group == c == k
+        if kb is None or (group > 1 and not depthwise and group == c):
             return False
         if x not in self.blocked and prod_hint(y.shape) * math.prod(w.shape[1:]) < MIN_MACS:
             return False  # too small to pay for transforming its input (and likely its output back)
@@ -141,16 +168,24 @@ class _Converter:
             cb = self.blocked[x][1]
         else:
             cb = block_of(c, self.lanes[x.dtype]) or 1
+        if group > 1 and not depthwise:
+            merge = group_merge(c // group, k // group, group, cb, kb)
+            if merge is None or (merge > 1 and not w.is_constant):
+                return False
+            if merge > 1:  # groups narrower than a block: merged, their weights zero outside each group
+                w = Value(self.fresh(f"{w.name}_merged"), w.type.with_shape((k, c // group * merge, *w.shape[2:])),
+                          merged_group_weight(w.data, group, merge))  # fmt: skip
+                group //= merge
         xb = self.to_blocked(x, cb)
         kh, kw = w.shape[2:]
         if not depthwise and self.winograd(node, xb, cb, kb):
             return True
         wl = f"OIHW{1 if depthwise else cb}i{kb}o"
-        wshape = (k // kb, 1 if depthwise else c // cb, kh, kw, 1 if depthwise else cb, kb)
+        wshape = (k // kb, 1 if depthwise else c // group // cb, kh, kw, 1 if depthwise else cb, kb)
         wb = self.emit("LayoutTransform", [w], w.type.with_shape(wshape), {"src_layout": "OIHW", "dst_layout": wl},
                        f"{w.name}_{wl}")  # fmt: skip
         out = y.type.with_shape((y.shape[0], k // kb, *y.shape[2:], kb))
-        attrs = {a: node.attrs[a] for a in ("strides", "pads", "dilations", "group")}
+        attrs = {a: node.attrs[a] for a in ("strides", "pads", "dilations")} | {"group": group}
         self.produce_blocked(node, self.emit("ConvNCHWc", [xb, wb, b], out, attrs, f"{y.name}_nchwc"), kb)
         return True
 
