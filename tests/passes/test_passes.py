@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 
+import ember
 from ember import zoo
 from ember.frontend.onnx import from_onnx
 from ember.graph.ir import Node, Value
@@ -204,6 +205,32 @@ def test_fuse_does_not_make_cycles():
     g = fuse_ops(from_onnx(model))
     verify(g)
     check_same_function(model, g)
+
+
+def test_fuse_takes_readers_that_meet_again():
+    """SiLU (x * sigmoid(x)) and a longer diamond after a conv join its kernel: the conv's output has two
+    elementwise readers that meet again in one node. Where one of them is also read elsewhere, they do not."""
+
+    def net(b):
+        y = b.conv("x", 8, 8, bias=True)
+        y = b.op("Mul", [y, b.op("Sigmoid", [y])])  # SiLU
+        y = b.conv(y, 8, 8)
+        t = b.op("Tanh", [y])
+        y = b.op("Add", [b.op("Mul", [y, b.op("Exp", [b.op("Neg", [t])])]), b.op("Abs", [t])])
+        z = b.conv(y, 8, 8)
+        s = b.op("Sigmoid", [z])
+        return b.op("Add", [b.op("Mul", [z, s]), b.op("ReduceMean", [s], axes=[1], keepdims=1)])
+
+    model = build(net, {"x": (1, 8, 6, 6)})
+    g = fuse_ops(from_onnx(model))
+    bodies = [[m.op for m in n.attrs["body"].nodes] for n in g.nodes if n.op == "Fused"]
+    assert ["Conv", "Sigmoid", "Mul"] in bodies and ["Conv", "Tanh", "Neg", "Exp", "Mul", "Abs", "Add"] in bodies
+    assert "Sigmoid" in ops(g)  # the third conv's sigmoid is read by a reduction too
+    verify(g)
+    check_same_function(model, g)
+    feeds = zoo.random_feeds(model, 2)  # and compiled: the conv's result is read twice in one kernel
+    ours = ember.compile(model, fallback=False)(*feeds.values())
+    np.testing.assert_allclose(ours, ort_run(model, feeds)[0], rtol=RTOL, atol=ATOL)
 
 
 def test_reduction_takes_elementwise_prologue():
