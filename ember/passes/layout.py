@@ -13,7 +13,7 @@ largest power of two >= 4 below them that divides C (`block_of`; None: it stays 
   where `winograd_gain` (`ember.templates.winograd`) is at least `WINOGRAD_MIN_GAIN`, its weights
   transformed here. Its input is taken blocked: as its producer made it, else through a
   LayoutTransform, or for a channel count without a block (an RGB image) as [N, C, H, W, 1], a free
-  reshape of NCHW;
+  reshape of NCHW. A 1-d convolution runs as a 2-d one of height 1 (reshapes are free);
 - elementwise and broadcast ops (relu, clip, residual add, ...) whose operand is blocked run blocked;
   their other operands follow (constants re-laid out at compile time, per-channel [C, 1, 1] ones
   included), unless one is a map computed in NCHW (then the op stays NCHW: transforming it would
@@ -100,6 +100,7 @@ class _Converter:
         self.blocked: dict[Value, tuple[Value, int]] = {}  # NCHW value -> (its blocked form, block)
         self.missing: set[Value] = set()  # NCHW values whose producer was converted (not computed yet)
         self.names = {v.name for v in graph.values()}
+        self.as_2d: dict[Value, Value] = {}  # output of a 1-d convolution -> its [N, C, 1, L] form
 
     # -- helpers -----------------------------------------------------------------------------------
     def fresh(self, name: str) -> str:
@@ -149,6 +150,33 @@ class _Converter:
         self.missing.add(v)
 
     # -- rules -------------------------------------------------------------------------------------
+    def conv1d(self, node: Node) -> bool:
+        """A 1-d convolution (Whisper's and wav2vec's front ends) as a 2-d one of height 1: its input, weights
+        and output are free reshapes, so it takes the blocked templates; consecutive ones stay blocked."""
+        x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        if len(x.shape) != 3 or len(w.shape) != 3 or len(node.outputs) != 1:
+            return False
+        (s,), (p0, p1), (d,) = spatial_attrs(node.attrs, 1)
+        start = len(self.nodes)
+        x2 = self.as_2d.get(x)
+        if x2 is None:
+            shape = (x.shape[0], x.shape[1], 1, x.shape[2])
+            x2 = self.emit("Reshape", [x], x.type.with_shape(shape), {"shape": shape}, f"{x.name}_2d")
+        wshape = (w.shape[0], w.shape[1], 1, w.shape[2])
+        if w.is_constant:
+            w2 = Value(self.fresh(f"{w.name}_2d"), w.type.with_shape(wshape), w.data.reshape(wshape))
+        else:
+            w2 = self.emit("Reshape", [w], w.type.with_shape(wshape), {"shape": wshape}, f"{w.name}_2d")
+        y2 = Value(self.fresh(f"{y.name}_2d"), y.type.with_shape((y.shape[0], y.shape[1], 1, y.shape[2])))
+        attrs = {"strides": (1, s), "pads": (0, p0, 0, p1), "dilations": (1, d), "group": node.attrs["group"]}
+        conv = Node("Conv", [x2, w2, *node.inputs[2:]], [y2], attrs, y2.name)
+        if not self.conv(conv):
+            del self.nodes[start:]  # not blocked after all: the 1-d convolution stays as it was
+            return False
+        self.as_2d[y] = y2
+        self.nodes.append(Node("Reshape", [self.to_nchw(y2)], [y], {"shape": y.shape}, f"{y.name}_1d"))  # DCE drops
+        return True  # it where only 1-d convolutions read y
+
     def conv(self, node: Node) -> bool:
         x, w = node.inputs[0], node.inputs[1]
         b = node.inputs[2] if len(node.inputs) > 2 else None
@@ -285,7 +313,7 @@ class _Converter:
         if node.subgraphs():
             return False
         if node.op == "Conv":
-            return self.conv(node)
+            return self.conv1d(node) if len(node.inputs[0].shape) == 3 else self.conv(node)
         if node.op in POOLS:
             return self.pool(node)
         if node.op in GLOBAL_POOLS:

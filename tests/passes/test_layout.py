@@ -227,3 +227,18 @@ def test_convert_layout_keeps_models_without_convolutions():
     g = from_onnx(model)
     before = [n.op for n in g.nodes]
     assert [n.op for n in convert_layout(g).nodes] == before
+
+
+def test_1d_convolutions_run_blocked():
+    """1-d convolutions (Whisper's front end: k3, then k3 stride 2, an activation between) run as 2-d ones of
+    height 1, blocked from one to the next; the elementwise op between them reads NCHW."""
+    b = zoo.Builder(12)
+    w1, w2 = b.weight((64, 16, 3), (2 / 48) ** 0.5), b.weight((64, 64, 3), (2 / 192) ** 0.5)
+    y = b.op("Conv", ["x", w1, b.weight((64,))], kernel_shape=[3], strides=[1], pads=[1, 1])
+    y = b.op("Conv", [y, w2], kernel_shape=[3], strides=[2], pads=[1, 1])
+    y = b.op("Conv", [b.op("Relu", [y]), w2], kernel_shape=[3], strides=[1], pads=[2, 2], dilations=[2])
+    model = b.model({"x": (1, 16, 400)}, b.op("Relu", [y]))
+    g = passes(model)
+    assert ops(g)["ConvNCHWc"] == 3 and ops(g)["Conv"] == 0
+    assert transforms(g) == [("NCHW", "NCHW16c"), ("NCHW16c", "NCHW"), ("NCHW", "NCHW16c"), ("NCHW16c", "NCHW")]
+    check(model, g)
