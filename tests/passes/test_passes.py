@@ -233,6 +233,26 @@ def test_fuse_takes_readers_that_meet_again():
     np.testing.assert_allclose(ours, ort_run(model, feeds)[0], rtol=RTOL, atol=ATOL)
 
 
+def test_elementwise_after_a_view_of_a_product_fuses_into_it():
+    """GPT-2's 2-d Gemm -> Reshape to [1, T, N] -> GELU -> Reshape back, and Gemm -> Reshape -> residual Add: the
+    elementwise ops move before the views (into the product's rows), so each joins its product's kernel."""
+
+    def net(b):
+        h = b.op("Reshape", ["x", b.const(np.array([8, 16], np.int64))])
+        y = b.op("Gemm", [h, b.weight((16, 32)), b.weight((32,))])
+        y = b.op("Tanh", [b.op("Reshape", [y, b.const(np.array([1, 8, 32], np.int64))])])
+        y = b.op("Reshape", [y, b.const(np.array([8, 32], np.int64))])
+        y = b.op("Gemm", [y, b.weight((32, 16)), b.weight((16,))])
+        return b.op("Add", [b.op("Reshape", [y, b.const(np.array([1, 8, 16], np.int64))]), "x"])
+
+    model = build(net, {"x": (1, 8, 16)})
+    g, _ = run_passes(from_onnx(model), opt_level=3)
+    bodies = [[m.op for m in n.attrs["body"].nodes] for n in g.nodes if n.op == "Fused"]
+    assert ["MatMulPackedB", "Tanh"] in bodies and any(b[0] == "MatMulPackedB" and b[-1] == "Add" for b in bodies)
+    assert "Tanh" not in ops(g) and "Add" not in ops(g)
+    check_same_function(model, g)
+
+
 def test_reduction_takes_elementwise_prologue():
     def net(b):
         sq = b.op("Mul", ["x", "x"])
