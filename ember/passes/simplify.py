@@ -130,7 +130,7 @@ def view_after_elementwise(c: Ctx, n: Node) -> bool:
         x = view.inputs[0]
         src = c.producer(x)
         if (src is None or not x.type.is_static or not out.type.is_static or x.type.size != out.type.size
-                or not x.shape or x.shape[-1] != out.shape[-1] or len(x.shape) >= len(out.shape)):  # fmt: skip
+                or not x.shape or len(x.shape) >= len(out.shape) or x.shape[-1] != out.shape[-1]):  # fmt: skip
             continue  # only towards fewer dims (the product's rows): no rewrite undoes another
         if not (src.op in PRODUCTS or (get_op(src.op).pattern in (Pattern.ELEMWISE, Pattern.BROADCAST)
                                        and len(src.outputs) == 1)):  # fmt: skip

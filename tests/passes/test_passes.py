@@ -253,6 +253,19 @@ def test_elementwise_after_a_view_of_a_product_fuses_into_it():
     check_same_function(model, g)
 
 
+def test_elementwise_after_a_view_to_a_scalar_stays():
+    """A view of a one-element product to a scalar (a decoder's length arithmetic) has no rows to keep."""
+
+    def net(b):
+        y = b.op("Reshape", [b.op("MatMul", ["x", b.weight((4, 1))]), b.const(np.array([], np.int64))])
+        return b.op("Add", [y, b.const(np.float32(1))])
+
+    model = build(net, {"x": (1, 4)})
+    g = simplify(from_onnx(model))
+    assert ops(g) == ["MatMul", "Reshape", "Add"]
+    check_same_function(model, g)
+
+
 def test_reduction_takes_elementwise_prologue():
     def net(b):
         sq = b.op("Mul", ["x", "x"])
