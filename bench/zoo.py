@@ -1,7 +1,7 @@
 """Ember against ONNX Runtime and OpenVINO across a zoo of 42 models with random weights.
 
     python bench/zoo.py [--models resnet18,bert,...] [--threads 1,2] [--rounds 2] [--repeat 10] [--quick] [--json]
-                        [--cache DIR] [--list]
+                        [--cache DIR] [--list] [--cpu-time]
 
 The models are torchvision classification models and Hugging Face transformers built from their configs with
 random weights (the `config` column says where a model is smaller than its full size: input resolution, layers,
@@ -12,7 +12,9 @@ inputs and onnxruntime's outputs for them, so reruns only time.
 Every measurement is one process (`--worker`): it loads one system (Ember, onnxruntime or OpenVINO), compiles the
 model at the given thread count, warms up and times `--repeat` calls. The systems take turns per round (the order
 rotates between rounds, so drifts of a shared machine hit all alike) and a system's time is the median of all its
-calls in all rounds. The ratio is the faster of onnxruntime and OpenVINO over Ember (> 1: Ember is faster); the
+calls in all rounds (`--cpu-time`: each call timed by the process's CPU time, all its threads, instead of the wall
+clock: on a machine loaded by other work, wall-clock times of long calls swell by the time the process waits).
+The ratio is the faster of onnxruntime and OpenVINO over Ember (> 1: Ember is faster); the
 table is sorted by it, and the geometric mean is printed below. `rel err` is the max |ember - ort| / max |ort| over
 the outputs, on the inputs stored with the model. Ember's worker also profiles the model once per thread count
 (round 1) and reports its worst kernels by roofline fraction (kernels of at least 2% of the model's time); the ten
@@ -272,7 +274,7 @@ def worst_kernels(m, model: str, keep: int = 5) -> tuple[list[dict], float | Non
     return [{"model": model, "ops": "+".join(r["ops"])} | {k: r[k] for k in keys} for r in rows[:keep]], fraction
 
 
-def worker(system: str, path: Path, threads: int, repeat: int, profile: bool) -> dict:
+def worker(system: str, path: Path, threads: int, repeat: int, profile: bool, cpu_time: bool = False) -> dict:
     with np.load(path / "inputs.npz") as z:
         feeds = {k: z[k] for k in z.files}
     run, facts = load_system(system, path, threads, feeds)
@@ -287,11 +289,12 @@ def worker(system: str, path: Path, threads: int, repeat: int, profile: bool) ->
         out["cached"] = m.summary().get("compile_cache") == "hit"
     run()  # one warm-up call (Ember's model has run once already, for the error)
     times = []
+    clock = time.process_time if cpu_time else time.perf_counter  # CPU time: all of the process's threads
     t_end = time.perf_counter() + 3.0  # at most ~3 s of timed calls, at least 3 calls
     for i in range(repeat):
-        t0 = time.perf_counter()
+        t0 = clock()
         run()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
         if i >= 2 and time.perf_counter() > t_end:
             break
     out["times"] = times
@@ -300,10 +303,10 @@ def worker(system: str, path: Path, threads: int, repeat: int, profile: bool) ->
     return out
 
 
-def measure(system: str, path: Path, threads: int, repeat: int, profile: bool) -> dict:
+def measure(system: str, path: Path, threads: int, repeat: int, profile: bool, cpu_time: bool = False) -> dict:
     """Run one measurement in a fresh process; {"error": ...} where it failed."""
     cmd = [sys.executable, __file__, "--worker", system, "--path", str(path), "--threads", str(threads),
-           "--repeat", str(repeat)] + (["--profile"] if profile else [])  # fmt: skip
+           "--repeat", str(repeat)] + (["--profile"] if profile else []) + (["--cpu-time"] if cpu_time else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=WORKER_TIMEOUT, env=env)
@@ -327,7 +330,8 @@ def available_systems() -> tuple[list[str], list[str]]:
     return systems, notes
 
 
-def sweep_one(name: str, path: Path, systems: list[str], threads: int, rounds: int, repeat: int) -> dict:
+def sweep_one(name: str, path: Path, systems: list[str], threads: int, rounds: int, repeat: int,
+              cpu_time: bool = False) -> dict:  # fmt: skip
     times: dict[str, list[float]] = {s: [] for s in systems}
     row: dict = {"model": name, "config": config_note(name), "errors": {}}
     for r in range(rounds):
@@ -335,7 +339,7 @@ def sweep_one(name: str, path: Path, systems: list[str], threads: int, rounds: i
         for s in order:
             if s in row["errors"]:
                 continue
-            res = measure(s, path, threads, repeat, profile=(s == "ember" and r == 0))
+            res = measure(s, path, threads, repeat, profile=(s == "ember" and r == 0), cpu_time=cpu_time)
             if "error" in res:
                 row["errors"][s] = res["error"]
                 continue
@@ -416,6 +420,8 @@ def main() -> None:
                    "--models is given), 1 thread (unless --threads is given)")  # fmt: skip
     p.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "ember-zoo"))
     p.add_argument("--json", action="store_true")
+    p.add_argument("--cpu-time", action="store_true", help="time calls by the process's CPU time, not the wall "
+                   "clock: the steadier measure on a loaded machine at 1 thread")  # fmt: skip
     p.add_argument("--list", action="store_true")
     p.add_argument("--report", nargs="+", metavar="JSON",
                    help="print the tables of earlier sweeps' results (their sweep-<pid>.json files) merged")
@@ -424,7 +430,8 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, Path(args.path), int(args.threads), args.repeat, args.profile)))
+        print(json.dumps(worker(args.worker, Path(args.path), int(args.threads), args.repeat, args.profile,
+                                args.cpu_time)))  # fmt: skip
         return
     if args.list:
         print("\n".join(f"{n:<20} {config_note(n)}" for n in MODELS))
@@ -463,7 +470,7 @@ def main() -> None:
                 rows[threads].append({"model": name, "config": config_note(name), "errors": {"export": failed[name]},
                                       "ms": {}})  # fmt: skip
                 continue
-            r = sweep_one(name, paths[name], systems, threads, args.rounds, args.repeat)
+            r = sweep_one(name, paths[name], systems, threads, args.rounds, args.repeat, args.cpu_time)
             rows[threads].append(r)
             print(f"  {name}, {threads} thread(s): " + ", ".join(f"{s} {v:.2f} ms" for s, v in r["ms"].items())
                   + (f", rel err {r['rel_err']:.1e}" if "rel_err" in r else "")

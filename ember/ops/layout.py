@@ -9,7 +9,8 @@ channel c of pixel (h, w) at [n, c // 16, h, w, c % 16]; "OIHW16i16o" packs conv
   constant, such as weights, it is folded at compile time).
 - `ConvNCHWc`: 2-d convolution of x [N, C/cb, H, W, cb] with packed weights [K/kb, C/cb, KH, KW, cb,
   kb] (`group` 1), or depthwise with weights [C/kb, 1, KH, KW, 1, kb] (`group` = C = K, cb = kb),
-  and a bias [K]; output [N, K/kb, OH, OW, kb].
+  or grouped with whole channel blocks per group, weights [K/kb, C/group/cb, KH, KW, cb, kb]; and a bias
+  [K]; output [N, K/kb, OH, OW, kb].
 - `PoolNCHWc(mode="max"|"avg", ...)` and `GlobalPoolNCHWc(mode)`: MaxPool/AveragePool and
   GlobalAveragePool/GlobalMaxPool on [N, C/c, H, W, c] (the ONNX attributes of those ops).
 - `ConcatInPlace(axis)`: a Concat whose inputs their producers write straight into the output
@@ -201,12 +202,18 @@ def _conv_nchwc_infer(a: dict, x: TensorType, w: TensorType, b: TensorType | Non
         raise ShapeError(f"ConvNCHWc weight must be 6-d [K/kb, C/cb, KH, KW, cb, kb], got {w}")
     kb_, wcb_, kh, kw, wcb, kb = w.shape
     strides, pads, dil = spatial_attrs(a, 2)
-    if a["group"] == 1:
+    g = a["group"]
+    if g == 1:
         if (wcb_, wcb) != (cb_, cb):
             raise ShapeError(f"ConvNCHWc weight {w} does not match input {x}: its input blocks must be [{cb_}, {cb}]")
-    elif (a["group"], wcb_, wcb, kb_, kb) != (cb_ * cb, 1, 1, cb_, cb):
-        raise ShapeError(f"ConvNCHWc with group={a['group']} must be depthwise (group = channels, weight "
-                         f"[{cb_}, 1, KH, KW, 1, {cb}]), got input {x} and weight {w}")  # fmt: skip
+    elif g == cb_ * cb:
+        if (wcb_, wcb, kb_, kb) != (1, 1, cb_, cb):
+            raise ShapeError(f"ConvNCHWc with group={g} = channels is depthwise: weight [{cb_}, 1, KH, KW, 1, {cb}], "
+                             f"got input {x} and weight {w}")  # fmt: skip
+    elif cb_ % g or kb_ % g or (wcb_, wcb) != (cb_ // g, cb):
+        raise ShapeError(f"ConvNCHWc with group={g} must be depthwise (group = channels) or have whole channel blocks "
+                         f"per group (weight [K/kb, {cb_ // g or '?'}, KH, KW, {cb}, kb], input and output blocks "
+                         f"divisible by the groups), got input {x} and weight {w}")  # fmt: skip
     if b is not None and b.shape != (kb_ * kb,):
         raise ShapeError(f"ConvNCHWc bias {b} must have shape [{kb_ * kb}]")
     oh = window_out_dim(h, kh, strides[0], (pads[0], pads[2]), dil[0])
@@ -237,15 +244,16 @@ def _conv_nchwc_compute(a: dict, x: Tensor, w: Tensor, b: Tensor | None = None) 
     n, _, h, wd, _ = x.shape
     out = (window_out_dim(h, kh, strides[0], (pads[0], pads[2]), dil[0]),
            window_out_dim(wd, kw, strides[1], (pads[1], pads[3]), dil[1]))  # fmt: skip
-    acc, read = B.conv_nchwc_acc(x, w, pads, T.Window((kh, kw), strides, dil, out), a["group"] > 1, name="conv_acc",
-                                 cfg=a.get(CONFIG_ATTR))  # fmt: skip
+    depthwise = a["group"] > 1 and a["group"] == x.shape[1] * x.shape[4]
+    acc, read = B.conv_nchwc_acc(x, w, pads, T.Window((kh, kw), strides, dil, out), depthwise, name="conv_acc",
+                                 cfg=a.get(CONFIG_ATTR), groups=1 if depthwise else a["group"])  # fmt: skip
 
     def body(n_, k_, oh, ow, v):
         val = read(n_, k_, oh, ow, v)
         return val + b[k_ * kb + v] if b is not None else val
 
     return te.compute((n, w.shape[0], *out, kb), body, name="conv_nchwc",
-                      attrs={"template": "conv_nchwc" if a["group"] == 1 else "window_nchwc", "acc": acc})  # fmt: skip
+                      attrs={"template": "window_nchwc" if depthwise else "conv_nchwc", "acc": acc})  # fmt: skip
 
 
 # -- pooling ----------------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 1. Epilogues: from each anchor (out-elementwise-fusable: conv, matmul, gemm; a reduction; or an
    elementwise/broadcast op) the chain of elementwise/broadcast consumers joins its group while the
    chain's value has exactly one reader and the consumer keeps its shape (conv + bias + relu +
-   residual add becomes one group). A consumer whose other operands depend on the group would
-   make a cycle and is not taken.
+   residual add becomes one group). A value with several elementwise readers that meet again in
+   one node (SiLU x * sigmoid(x), GELU's polynomial or erf form) takes them all, up to that node, as one
+   step of the chain. A consumer whose other operands depend on the group would make a cycle and is not
+   taken.
 2. Prologues: an elementwise/broadcast/injective op whose only reader is in another group joins
    that group (it is computed inside the reader's kernel: transposes before a softmax, an
    elementwise prologue of a reduction), except into conv/matmul groups, whose inputs stay buffers.
@@ -29,6 +31,7 @@ EPILOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST)
 PROLOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST, Pattern.INJECTIVE)
 ANCHORS = (Pattern.OUT_ELEMWISE_FUSABLE, Pattern.REDUCTION, Pattern.ELEMWISE, Pattern.BROADCAST)
 MAX_GROUP = 64  # nodes per fused group
+MAX_CONVERGING = 12  # nodes from a value's several elementwise readers to where they meet again
 
 
 def pattern(node: Node) -> Pattern:
@@ -61,6 +64,36 @@ def fuse_ops(graph: Graph) -> Graph:
             stack.extend(p.present_inputs)
         return False
 
+    def fits_epilogue(c: Node, shape: tuple) -> bool:
+        return pattern(c) in EPILOGUE and len(c.outputs) == 1 and c.outputs[0].shape == shape and c not in absorbed
+
+    def converging(v: Value, members: set[Node], start: int) -> list[Node] | None:
+        """The elementwise readers of v and the elementwise nodes after them up to the one node where they
+        all meet again (its output the only one read elsewhere), in order; None where they do not meet within
+        `MAX_CONVERGING` nodes of v's shape, or an operand from elsewhere depends on the group."""
+        region: set[Node] = set()
+        todo = set(consumers[v])
+        while todo:
+            if len(region) + len(todo) > MAX_CONVERGING or not all(fits_epilogue(c, v.shape) for c in todo):
+                return None
+            region |= todo
+            escaping = [r for r in region if r.outputs[0] in outputs or
+                        not consumers.get(r.outputs[0]) or any(c not in region for c in consumers[r.outputs[0]])]
+            if len(escaping) == 1:
+                break
+            # the earliest reader outside of the region's values, then look again
+            todo = {min((c for r in escaping for c in consumers.get(r.outputs[0], []) if c not in region),
+                        key=pos.__getitem__, default=None)} - {None}
+            if not todo:
+                return None
+        inside = members | region
+        for r in region:
+            if any(u is not v and u not in {q.outputs[0] for q in region} and depends_on(u, inside, start)
+                   for u in r.present_inputs):
+                return None
+        ordered = sorted(region, key=pos.__getitem__)
+        return ordered if escaping == [ordered[-1]] else None
+
     # 1. epilogues
     absorbed: set[Node] = set()
     for n in sorted(graph.nodes, key=lambda n: pattern(n) is not Pattern.OUT_ELEMWISE_FUSABLE):  # conv/matmul first
@@ -70,8 +103,16 @@ def fuse_ops(graph: Graph) -> Graph:
         while len(members) < MAX_GROUP:
             v = tail.outputs[0]
             users = consumers.get(v, [])
-            if len(users) != 1 or v in outputs:
+            if v in outputs or not users:
                 break
+            if len(users) > 1:  # x * sigmoid(x), GELU: readers that meet again join as one step
+                region = converging(v, set(members), pos[n])
+                if region is None or len(members) + len(region) > MAX_GROUP:
+                    break
+                members += region
+                absorbed.update(region)
+                tail = region[-1]
+                continue
             c = users[0]
             if pattern(c) not in EPILOGUE or len(c.outputs) != 1 or c.outputs[0].shape != v.shape or c in absorbed:
                 break

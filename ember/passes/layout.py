@@ -3,15 +3,17 @@
 A tensor of C channels is blocked as [N, C/x, H, W, x] with x the target's vector lanes, or the
 largest power of two >= 4 below them that divides C (`block_of`; None: it stays NCHW). Then:
 
-- a Conv (2-d, float, weights [K, C/group, KH, KW], group 1 or depthwise) whose output channels block
-  becomes `ConvNCHWc` (one whose input is not blocked yet only when it has at least `MIN_MACS`
-  multiply-adds: a small one would not pay for the transforms around it). Its weights go through
+- a Conv (2-d, float, weights [K, C/group, KH, KW], group 1, depthwise, or grouped with whole channel
+  blocks per group: groups narrower than a block are merged, up to `MAX_GROUP_MERGE` of them, their
+  constant weights zero outside each group) whose output channels block becomes `ConvNCHWc` (one whose
+  input is not blocked yet only when it has at least `MIN_MACS` multiply-adds: a small one would not pay
+  for the transforms around it). Its weights go through
   `LayoutTransform(OIHW -> OIHW{cb}i{kb}o)`, which `fold_constant` evaluates at compile time (the
   pass after this one). A stride-1 3x3 one with constant weights becomes `ConvWinogradNCHWc` instead
   where `winograd_gain` (`ember.templates.winograd`) is at least `WINOGRAD_MIN_GAIN`, its weights
   transformed here. Its input is taken blocked: as its producer made it, else through a
   LayoutTransform, or for a channel count without a block (an RGB image) as [N, C, H, W, 1], a free
-  reshape of NCHW;
+  reshape of NCHW. A 1-d convolution runs as a 2-d one of height 1 (reshapes are free);
 - elementwise and broadcast ops (relu, clip, residual add, ...) whose operand is blocked run blocked;
   their other operands follow (constants re-laid out at compile time, per-channel [C, 1, 1] ones
   included), unless one is a map computed in NCHW (then the op stays NCHW: transforming it would
@@ -29,6 +31,8 @@ where a reader needs it, and a transform that undoes another is cancelled.
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from ember.graph.ir import Graph, Node, Uses, Value, node_reads, unique_name
 from ember.graph.types import TensorType
@@ -49,6 +53,7 @@ POOLS = {"MaxPool": "max", "AveragePool": "avg"}
 GLOBAL_POOLS = {"GlobalMaxPool": "max", "GlobalAveragePool": "avg"}
 WINOGRAD_MIN_GAIN = 1.5  # estimated direct / Winograd time from which a 3x3 convolution takes Winograd
 MIN_MACS = 1 << 20  # a convolution whose input is not blocked yet starts a blocked region only from this size
+MAX_GROUP_MERGE = 2  # a grouped convolution merges at most this many groups into one of whole channel blocks
 
 
 def block_of(channels: int, lanes: int) -> int | None:
@@ -60,6 +65,28 @@ def block_of(channels: int, lanes: int) -> int | None:
             return b
         b //= 2
     return None
+
+
+def group_merge(gw_in: int, gw_out: int, group: int, cb: int, kb: int) -> int | None:
+    """How many consecutive groups of a grouped convolution (`gw_in` input and `gw_out` output channels
+    each) one blocked group takes so that it holds whole input (`cb`) and output (`kb`) channel blocks: 1
+    when a group already does; up to `MAX_GROUP_MERGE` (each merged group computes that many times the
+    multiply-adds, the weights zero between groups); None beyond."""
+    for merge in range(1, MAX_GROUP_MERGE + 1):
+        if group % merge == 0 and (gw_in * merge) % cb == 0 and (gw_out * merge) % kb == 0:
+            return merge
+    return None
+
+
+def merged_group_weight(w: np.ndarray, group: int, merge: int) -> np.ndarray:
+    """Weights [K, C/group, KH, KW] of a grouped convolution as those of `group / merge` groups: each output
+    channel's weights placed at its group's offset within the merged group, zero elsewhere."""
+    k, gw = w.shape[:2]
+    out = np.zeros((k, gw * merge, *w.shape[2:]), w.dtype)
+    for j in range(merge):  # the output channels of the j-th group of every merged one read columns j*gw..
+        rows = (np.arange(k) // (k // group)) % merge == j
+        out[rows, j * gw:(j + 1) * gw] = w[rows]
+    return out
 
 
 def nchwc(block: int) -> str:
@@ -75,6 +102,7 @@ class _Converter:
         self.missing: set[Value] = set()  # NCHW values whose producer was converted (not computed yet)
         self.reblocked: dict[tuple[Value, int], Value] = {}  # (value, block) -> it in a block other than its own
         self.names = {v.name for v in graph.values()}
+        self.as_2d: dict[Value, Value] = {}  # output of a 1-d convolution -> its [N, C, 1, L] form
 
     # -- helpers -----------------------------------------------------------------------------------
     def fresh(self, name: str) -> str:
@@ -130,6 +158,33 @@ class _Converter:
         self.missing.add(v)
 
     # -- rules -------------------------------------------------------------------------------------
+    def conv1d(self, node: Node) -> bool:
+        """A 1-d convolution (Whisper's and wav2vec's front ends) as a 2-d one of height 1: its input, weights
+        and output are free reshapes, so it takes the blocked templates; consecutive ones stay blocked."""
+        x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        if len(x.shape) != 3 or len(w.shape) != 3 or len(node.outputs) != 1:
+            return False
+        (s,), (p0, p1), (d,) = spatial_attrs(node.attrs, 1)
+        start = len(self.nodes)
+        x2 = self.as_2d.get(x)
+        if x2 is None:
+            shape = (x.shape[0], x.shape[1], 1, x.shape[2])
+            x2 = self.emit("Reshape", [x], x.type.with_shape(shape), {"shape": shape}, f"{x.name}_2d")
+        wshape = (w.shape[0], w.shape[1], 1, w.shape[2])
+        if w.is_constant:
+            w2 = Value(self.fresh(f"{w.name}_2d"), w.type.with_shape(wshape), w.data.reshape(wshape))
+        else:
+            w2 = self.emit("Reshape", [w], w.type.with_shape(wshape), {"shape": wshape}, f"{w.name}_2d")
+        y2 = Value(self.fresh(f"{y.name}_2d"), y.type.with_shape((y.shape[0], y.shape[1], 1, y.shape[2])))
+        attrs = {"strides": (1, s), "pads": (0, p0, 0, p1), "dilations": (1, d), "group": node.attrs["group"]}
+        conv = Node("Conv", [x2, w2, *node.inputs[2:]], [y2], attrs, y2.name)
+        if not self.conv(conv):
+            del self.nodes[start:]  # not blocked after all: the 1-d convolution stays as it was
+            return False
+        self.as_2d[y] = y2
+        self.nodes.append(Node("Reshape", [self.to_nchw(y2)], [y], {"shape": y.shape}, f"{y.name}_1d"))  # DCE drops
+        return True  # it where only 1-d convolutions read y
+
     def conv(self, node: Node) -> bool:
         x, w = node.inputs[0], node.inputs[1]
         b = node.inputs[2] if len(node.inputs) > 2 else None
@@ -138,8 +193,8 @@ class _Converter:
             return False
         c, k, group = x.shape[1], y.shape[1], node.attrs["group"]
         kb = block_of(k, self.lanes[x.dtype])
-        depthwise = group > 1
-        if kb is None or (depthwise and not group == c == k) or (group > 1 and not depthwise):
+        depthwise = group > 1 and group == c == k
+        if kb is None or (group > 1 and not depthwise and group == c):
             return False
         if x not in self.blocked and prod_hint(y.shape) * math.prod(w.shape[1:]) < MIN_MACS:
             return False  # too small to pay for transforming its input (and likely its output back)
@@ -149,16 +204,24 @@ class _Converter:
             cb = self.blocked[x][1]
         else:
             cb = block_of(c, self.lanes[x.dtype]) or 1
+        if group > 1 and not depthwise:
+            merge = group_merge(c // group, k // group, group, cb, kb)
+            if merge is None or (merge > 1 and not w.is_constant):
+                return False
+            if merge > 1:  # groups narrower than a block: merged, their weights zero outside each group
+                w = Value(self.fresh(f"{w.name}_merged"), w.type.with_shape((k, c // group * merge, *w.shape[2:])),
+                          merged_group_weight(w.data, group, merge))  # fmt: skip
+                group //= merge
         xb = self.to_blocked(x, cb)
         kh, kw = w.shape[2:]
         if not depthwise and self.winograd(node, xb, cb, kb):
             return True
         wl = f"OIHW{1 if depthwise else cb}i{kb}o"
-        wshape = (k // kb, 1 if depthwise else c // cb, kh, kw, 1 if depthwise else cb, kb)
+        wshape = (k // kb, 1 if depthwise else c // group // cb, kh, kw, 1 if depthwise else cb, kb)
         wb = self.emit("LayoutTransform", [w], w.type.with_shape(wshape), {"src_layout": "OIHW", "dst_layout": wl},
                        f"{w.name}_{wl}")  # fmt: skip
         out = y.type.with_shape((y.shape[0], k // kb, *y.shape[2:], kb))
-        attrs = {a: node.attrs[a] for a in ("strides", "pads", "dilations", "group")}
+        attrs = {a: node.attrs[a] for a in ("strides", "pads", "dilations")} | {"group": group}
         self.produce_blocked(node, self.emit("ConvNCHWc", [xb, wb, b], out, attrs, f"{y.name}_nchwc"), kb)
         return True
 
@@ -303,7 +366,7 @@ class _Converter:
         if node.subgraphs():
             return False
         if node.op == "Conv":
-            return self.conv(node)
+            return self.conv1d(node) if len(node.inputs[0].shape) == 3 else self.conv(node)
         if node.op == "Concat":
             return self.concat(node)
         if node.op in ("Split", "Slice") and node.inputs and node.inputs[0] is not None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Uses, Value
+from ember.ops import Pattern, get_op
 
 from .cleanup import dead_code_elimination
 from .util import constant_value, is_scalar_constant
@@ -107,6 +108,56 @@ def view_chain(c: Ctx, n: Node) -> bool:
     if inner is None:
         return False
     return c.rewrite(n, "Reshape", [inner.inputs[0]], {"shape": tuple(n.outputs[0].shape)})
+
+
+PRODUCTS = ("MatMul", "Gemm")
+
+
+def view_after_elementwise(c: Ctx, n: Node) -> bool:
+    """op(Reshape(x), ...) -> Reshape(op(x, ...)) for an elementwise op of a view that adds dims to x but keeps its
+    rows (the same elements, the same last dim) where x is a product or an elementwise result: GPT-2's Gemm ->
+    Reshape -> Gelu (or residual Add) then computes in the product's shape and fuses into its epilogue. The
+    other operands are viewed alike when they have the op's full shape, kept when they broadcast per column."""
+    if len(n.outputs) != 1 or any(k in n.attrs for k in ("axis", "axes", "shape")):
+        return False
+    if get_op(n.op).pattern not in (Pattern.ELEMWISE, Pattern.BROADCAST):
+        return False
+    out = n.outputs[0]
+    for v in n.present_inputs:
+        view = c.producer(v, *VIEWS)
+        if view is None or v.shape != out.shape or c.sole_user(v) is not n:
+            continue
+        x = view.inputs[0]
+        src = c.producer(x)
+        if (src is None or not x.type.is_static or not out.type.is_static or x.type.size != out.type.size
+                or not x.shape or len(x.shape) >= len(out.shape) or x.shape[-1] != out.shape[-1]):  # fmt: skip
+            continue  # only towards fewer dims (the product's rows): no rewrite undoes another
+        if not (src.op in PRODUCTS or (get_op(src.op).pattern in (Pattern.ELEMWISE, Pattern.BROADCAST)
+                                       and len(src.outputs) == 1)):  # fmt: skip
+            continue
+        ins = []
+        for u in n.inputs:
+            if u is None or u is v:
+                ins.append(x if u is v else None)
+            elif u.shape == out.shape:
+                ins.append(_viewed(c, u, x.shape))
+            elif len(u.shape) <= len(x.shape) and all(d == 1 for d in u.shape[:-1]):
+                ins.append(u)  # a scalar or one value per column: broadcasts over x's rows alike
+            else:
+                break
+        else:
+            y = Value(c.graph.fresh_name(f"{out.name}_rows"), out.type.with_shape(x.shape))
+            c.uses.add(Node(n.op, ins, [y], dict(n.attrs), f"{n.name}_rows"))
+            return c.rewrite(n, "Reshape", [y], {"shape": tuple(out.shape)})
+    return False
+
+
+def _viewed(c: Ctx, u: Value, shape: tuple) -> Value:
+    if u.is_constant:
+        return Value.constant(c.graph.fresh_name(f"{u.name}_rows"), u.data.reshape(shape))
+    out = Value(c.graph.fresh_name(f"{u.name}_rows"), u.type.with_shape(shape))
+    c.uses.add(Node("Reshape", [u], [out], {"shape": tuple(shape)}, out.name))
+    return out
 
 
 def _operands(c: Ctx, v: Value, op: str) -> list[Value] | None:
@@ -249,7 +300,7 @@ def layer_norm(c: Ctx, n: Node) -> bool:
 
 
 RULES: list[Callable[[Ctx, Node], bool]] = [no_op, arith_identity, transpose_pair, view_chain, gelu, gelu_tanh,
-                                            layer_norm]  # fmt: skip
+                                            layer_norm, view_after_elementwise]  # fmt: skip
 
 
 def simplify(graph: Graph, max_rounds: int = 20) -> Graph:

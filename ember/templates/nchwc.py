@@ -144,13 +144,14 @@ def pad_nchwc(x: Tensor, before: Sequence[int], after: Sequence[int], value: Exp
 
 
 def conv_nchwc_acc(x: Tensor, w: Tensor, pads: Sequence[int], win: Window, depthwise: bool, name: str = "conv",
-                   cfg: ConfigBase | None = None) -> tuple[Tensor, Callable[..., Expr]]:  # fmt: skip
+                   cfg: ConfigBase | None = None, groups: int = 1) -> tuple[Tensor, Callable[..., Expr]]:  # fmt: skip
     """The accumulation of a 2-d convolution in NCHW[x]c: x [N, C/cb, H, W, cb], weights packed
-    [K/kb, C/cb, KH, KW, cb, kb] (depthwise: [C/kb, 1, KH, KW, 1, kb]). Returns (acc, read): read(n,
-    kb_, oh, ow, k) is the accumulated output element. `cfg`: a tuning config (`tuned_nchwc_plan`),
-    None for the fallback plan."""
-    N, CB, H, W, cb = x.shape
-    KB, _, KH, KW, _, kb = w.shape
+    [K/kb, C/cb, KH, KW, cb, kb] (depthwise: [C/kb, 1, KH, KW, 1, kb]; `groups` > 1 not depthwise:
+    [K/kb, C/groups/cb, KH, KW, cb, kb], each output block reading the input blocks of its group). Returns
+    (acc, read): read(n, kb_, oh, ow, k) is the accumulated output element. `cfg`: a tuning config
+    (`tuned_nchwc_plan`), None for the fallback plan."""
+    N, _, H, W, cb = x.shape
+    KB, CB, KH, KW, _, kb = w.shape  # CB: input blocks of one group
     OH, OW = win.out
     (sh, sw), (dh, dw) = win.strides, win.dilations
     if depthwise:
@@ -166,7 +167,8 @@ def conv_nchwc_acc(x: Tensor, w: Tensor, pads: Sequence[int], win: Window, depth
     rkw = te.reduce_axis((0, KW), name="rkw")
 
     def body(n, k, oh, ow, v):
-        xv = xp[n, rcb, oh * sh + rkh * dh, ow * sw + rkw * dw, rc]
+        xcb = rcb if groups == 1 else k // (KB // groups) * CB + rcb  # the first input block of k's group, + rcb
+        xv = xp[n, xcb, oh * sh + rkh * dh, ow * sw + rkw * dw, rc]
         return te.sum(xv * w[k, rcb, rkh, rkw, rc, v], axis=[rcb, rkh, rkw, rc])
 
     acc = te.compute((N, KB, OH, OW, kb), body, name=name, tag="conv_nchwc", attrs={"plan": plan})

@@ -157,6 +157,11 @@ def test_conv_nchwc_shape_errors():
         infer(a, x, TensorType((2, 4, 3, 3, 8, 16), "float32"))
     with pytest.raises(ShapeError, match="depthwise"):
         infer({**a, "group": 2}, x, TensorType((2, 1, 3, 3, 1, 16), "float32"))
+    with pytest.raises(ShapeError, match="whole channel blocks per group"):  # 2 groups of 2 blocks: weight [., 2, ...]
+        infer({**a, "group": 2}, TensorType((1, 4, 8, 8, 16), "float32"), TensorType((4, 4, 1, 1, 16, 16), "float32"))
+    (grouped,) = infer({**a, "group": 2}, TensorType((1, 4, 8, 8, 16), "float32"), TensorType((6, 2, 3, 3, 16, 16),
+                                                                                         "float32"))  # fmt: skip
+    assert grouped.shape == (1, 6, 6, 6, 16)
     with pytest.raises(ShapeError, match="5-d"):
         infer(a, TensorType((1, 32, 8, 8), "float32"), TensorType((2, 2, 3, 3, 16, 16), "float32"))
 

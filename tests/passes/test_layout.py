@@ -147,10 +147,11 @@ def test_depthwise_and_blocks_of_eight():
 
 def test_image_input_is_a_view_and_small_or_unsupported_convs_stay_nchw():
     """An RGB input enters its convolution as [N, 3, H, W, 1] (a reshape); a convolution too small to pay
-    for transforms, a grouped (not depthwise) one, and one whose channels have no block stay NCHW."""
+    for transforms, a grouped one whose groups are far narrower than a block, and one whose channels have
+    no block stay NCHW."""
     b = zoo.Builder(4)
     y = b.op("Relu", [b.conv("x", 3, 32, k=3, stride=2)])  # blocked, input through a view
-    y = b.conv(y, 32, 32, group=4)  # grouped: NCHW
+    y = b.conv(y, 32, 32, group=8)  # groups of 4 channels, blocks of 16: NCHW
     y = b.conv(y, 32, 6, k=1)  # 6 channels: no block
     small = b.conv("s", 16, 16)  # input not blocked, too small
     model = b.model({"x": (1, 3, 96, 96), "s": (1, 16, 8, 8)}, b.op("Add", [b.op("ReduceSum", [y]), b.op(
@@ -162,6 +163,38 @@ def test_image_input_is_a_view_and_small_or_unsupported_convs_stay_nchw():
     assert first.op == "Reshape" and first.outputs[0].shape == (1, 3, 96, 96, 1)
     assert transforms(g) == [("NCHW16c", "NCHW")]
     check(model, g)
+
+
+GROUPED = [  # channels, groups, kernel, stride, target, groups after merging: groups of 8 channels (merged in pairs
+    # into blocks of 16), 16, 32, 16 -> 32 (a 1x1), 8 in blocks of 8 (40 channels), 8 in blocks of 8 (AVX2)
+    (32, 4, 3, 1, None, 2), (64, 4, 3, 2, None, 4), (64, 2, 3, 1, None, 2), (48, 3, 1, 1, None, 3),
+    (40, 5, 3, 1, None, 5), (32, 4, 3, 1, "c -mcpu=haswell", 4),
+]
+
+
+@pytest.mark.parametrize("case", GROUPED, ids=[f"c{c[0]}g{c[1]}k{c[2]}s{c[3]}{'x' if c[4] else ''}" for c in GROUPED])
+def test_grouped_convolutions_run_blocked(case):
+    """A grouped convolution (RegNet, ResNeXt) between blocked ones stays blocked: each output block reads
+    the input blocks of its group; groups narrower than a block are merged in pairs, their weights zero
+    between the groups. Checked against onnxruntime (reference evaluator and compiled)."""
+    c, group, k, stride, target, merged = case
+    b = zoo.Builder(9)
+    y = b.conv_bn_relu("x", 32, c, k=1)  # large enough to start a blocked region
+    out = c * 2 if k == 1 else c
+    y = b.conv_bn_relu(y, c, out, k=k, stride=stride, group=group)
+    y = b.conv_bn_relu(y, out, 32, k=1)
+    model = b.model({"x": (1, 32, 32, 32)}, y)
+    g = passes(model, target)
+    grouped = [n for n in g.nodes if n.op == "ConvNCHWc" and n.attrs["group"] > 1]
+    assert ops(g)["ConvNCHWc"] == 3 and ops(g)["Conv"] == 0 and len(grouped) == 1
+    assert grouped[0].attrs["group"] == merged
+    assert len(transforms(g)) == 2  # into the blocked region and back, none around the grouped convolution
+    feeds = zoo.random_feeds(model, 0)
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    results = [list(evaluate(g, feeds).values())]
+    results.append(list(ember.compile(model, target=target or "c", fallback=False).run(feeds).values()))
+    for ours in results:
+        np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-4, atol=1e-5 * max(float(np.abs(theirs[0]).max()), 1))
 
 
 def test_target_picks_the_block():
@@ -194,3 +227,18 @@ def test_convert_layout_keeps_models_without_convolutions():
     g = from_onnx(model)
     before = [n.op for n in g.nodes]
     assert [n.op for n in convert_layout(g).nodes] == before
+
+
+def test_1d_convolutions_run_blocked():
+    """1-d convolutions (Whisper's front end: k3, then k3 stride 2, an activation between) run as 2-d ones of
+    height 1, blocked from one to the next; the elementwise op between them reads NCHW."""
+    b = zoo.Builder(12)
+    w1, w2 = b.weight((64, 16, 3), (2 / 48) ** 0.5), b.weight((64, 64, 3), (2 / 192) ** 0.5)
+    y = b.op("Conv", ["x", w1, b.weight((64,))], kernel_shape=[3], strides=[1], pads=[1, 1])
+    y = b.op("Conv", [y, w2], kernel_shape=[3], strides=[2], pads=[1, 1])
+    y = b.op("Conv", [b.op("Relu", [y]), w2], kernel_shape=[3], strides=[1], pads=[2, 2], dilations=[2])
+    model = b.model({"x": (1, 16, 400)}, b.op("Relu", [y]))
+    g = passes(model)
+    assert ops(g)["ConvNCHWc"] == 3 and ops(g)["Conv"] == 0
+    assert transforms(g) == [("NCHW", "NCHW16c"), ("NCHW16c", "NCHW"), ("NCHW", "NCHW16c"), ("NCHW16c", "NCHW")]
+    check(model, g)

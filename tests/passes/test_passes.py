@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 
+import ember
 from ember import zoo
 from ember.frontend.onnx import from_onnx
 from ember.graph.ir import Node, Value
@@ -203,6 +204,65 @@ def test_fuse_does_not_make_cycles():
     model = build(net, {"x": (8,)})
     g = fuse_ops(from_onnx(model))
     verify(g)
+    check_same_function(model, g)
+
+
+def test_fuse_takes_readers_that_meet_again():
+    """SiLU (x * sigmoid(x)) and a longer diamond after a conv join its kernel: the conv's output has two
+    elementwise readers that meet again in one node. Where one of them is also read elsewhere, they do not."""
+
+    def net(b):
+        y = b.conv("x", 8, 8, bias=True)
+        y = b.op("Mul", [y, b.op("Sigmoid", [y])])  # SiLU
+        y = b.conv(y, 8, 8)
+        t = b.op("Tanh", [y])
+        y = b.op("Add", [b.op("Mul", [y, b.op("Exp", [b.op("Neg", [t])])]), b.op("Abs", [t])])
+        z = b.conv(y, 8, 8)
+        s = b.op("Sigmoid", [z])
+        return b.op("Add", [b.op("Mul", [z, s]), b.op("ReduceMean", [s], axes=[1], keepdims=1)])
+
+    model = build(net, {"x": (1, 8, 6, 6)})
+    g = fuse_ops(from_onnx(model))
+    bodies = [[m.op for m in n.attrs["body"].nodes] for n in g.nodes if n.op == "Fused"]
+    assert ["Conv", "Sigmoid", "Mul"] in bodies and ["Conv", "Tanh", "Neg", "Exp", "Mul", "Abs", "Add"] in bodies
+    assert "Sigmoid" in ops(g)  # the third conv's sigmoid is read by a reduction too
+    verify(g)
+    check_same_function(model, g)
+    feeds = zoo.random_feeds(model, 2)  # and compiled: the conv's result is read twice in one kernel
+    ours = ember.compile(model, fallback=False)(*feeds.values())
+    np.testing.assert_allclose(ours, ort_run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_elementwise_after_a_view_of_a_product_fuses_into_it():
+    """GPT-2's 2-d Gemm -> Reshape to [1, T, N] -> GELU -> Reshape back, and Gemm -> Reshape -> residual Add: the
+    elementwise ops move before the views (into the product's rows), so each joins its product's kernel."""
+
+    def net(b):
+        h = b.op("Reshape", ["x", b.const(np.array([8, 16], np.int64))])
+        y = b.op("Gemm", [h, b.weight((16, 32)), b.weight((32,))])
+        y = b.op("Tanh", [b.op("Reshape", [y, b.const(np.array([1, 8, 32], np.int64))])])
+        y = b.op("Reshape", [y, b.const(np.array([8, 32], np.int64))])
+        y = b.op("Gemm", [y, b.weight((32, 16)), b.weight((16,))])
+        return b.op("Add", [b.op("Reshape", [y, b.const(np.array([1, 8, 16], np.int64))]), "x"])
+
+    model = build(net, {"x": (1, 8, 16)})
+    g, _ = run_passes(from_onnx(model), opt_level=3)
+    bodies = [[m.op for m in n.attrs["body"].nodes] for n in g.nodes if n.op == "Fused"]
+    assert ["MatMulPackedB", "Tanh"] in bodies and any(b[0] == "MatMulPackedB" and b[-1] == "Add" for b in bodies)
+    assert "Tanh" not in ops(g) and "Add" not in ops(g)
+    check_same_function(model, g)
+
+
+def test_elementwise_after_a_view_to_a_scalar_stays():
+    """A view of a one-element product to a scalar (a decoder's length arithmetic) has no rows to keep."""
+
+    def net(b):
+        y = b.op("Reshape", [b.op("MatMul", ["x", b.weight((4, 1))]), b.const(np.array([], np.int64))])
+        return b.op("Add", [y, b.const(np.float32(1))])
+
+    model = build(net, {"x": (1, 4)})
+    g = simplify(from_onnx(model))
+    assert ops(g) == ["MatMul", "Reshape", "Add"]
     check_same_function(model, g)
 
 
