@@ -12,6 +12,7 @@ from ember.ops.common import norm_axis
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.rows import RowStats
 from ember.ops.te_lib import NotLowerable, lowering
+from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
 from ember.templates import nn as T
 
@@ -54,7 +55,8 @@ def _softmax_family(kind: str, a: dict, x: Tensor) -> Tensor:
     if not x.dtype.is_float:
         raise NotLowerable(f"{kind} on {x.dtype}")
     axis = norm_axis(a["axis"], x.ndim)
-    st = RowStats(x.shape, (axis,))
+    knobs = T.row_knobs(a.get(CONFIG_ATTR), x.shape[axis], x.dtype) if axis == x.ndim - 1 else (1, 1)
+    st = RowStats(x.shape, (axis,), knobs)
     m = st.reduce(lambda i: x[i], te.max, x.dtype, "sm_max")
     if kind == "Hardmax":
         first = st.reduce(lambda i: te.if_then_else(x[i] == m(i), i[axis], te.const(x.shape[axis])), te.min,
