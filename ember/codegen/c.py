@@ -325,7 +325,7 @@ class CCodegen:
             return None
         t = self.ctype(dt)
         name = f"ember_exp_{t}"
-        return self.helper(name, c_vector_exp(name, t, self.mask_type(32, dt.lanes)))
+        return self.helper(name, c_vector_exp(name, t, self.mask_type(32, dt.lanes), dt.lanes))
 
     def arithmetic_math(self, fn: str, dt: DType) -> bool:
         """Whether `fn` on vectors of dt is computed in arithmetic (`ember.codegen.vmath`): a float32 exp on a

@@ -49,15 +49,24 @@ def hardmax(a: dict, x: np.ndarray) -> np.ndarray:
 
 
 # -- TE computes: the row template (`ember.ops.rows`), as the normalizations ------------------------------
+# The row max as a compare and a select: one vector blend a step where te.max propagates NaN in four (the max
+# chain of a row is the latency of its first pass). A NaN it skips still makes the row NaN, as in numpy: the
+# sum of exp(x - max) takes it in, and every element is divided by that sum (LogSoftmax: subtracts its log).
+ROW_MAX = te.comm_reducer(lambda a, b: te.if_then_else(a < b, b, a), te.max.identity, "row_max")
+
+
 def _softmax_family(kind: str, a: dict, x: Tensor) -> Tensor:
-    """Numerically stable: the row max is subtracted before exp. The exp is the intrinsic: the renderer picks
-    how a vector of them is computed (libmvec on C, arithmetic with a 2^n table on LLVM: `ember.codegen.vmath`)."""
+    """Numerically stable: the row max is subtracted before exp. Per row: the max (in `acc` vectors of partial
+    maxima, combined in a lane tree), exp(x - max) into a row buffer, its sum, one reciprocal, the scaled output;
+    the rows template's knobs (`row_knobs`: acc, unroll) come from a tuning config. The exp is the intrinsic: the
+    renderer picks how a vector of them is computed (inline arithmetic on C, with a 2^n table on LLVM:
+    `ember.codegen.vmath`)."""
     if not x.dtype.is_float:
         raise NotLowerable(f"{kind} on {x.dtype}")
     axis = norm_axis(a["axis"], x.ndim)
     knobs = T.row_knobs(a.get(CONFIG_ATTR), x.shape[axis], x.dtype) if axis == x.ndim - 1 else (1, 1)
     st = RowStats(x.shape, (axis,), knobs)
-    m = st.reduce(lambda i: x[i], te.max, x.dtype, "sm_max")
+    m = st.reduce(lambda i: x[i], te.max if kind == "Hardmax" else ROW_MAX, x.dtype, "sm_max")  # argmax: NaN wins
     if kind == "Hardmax":
         first = st.reduce(lambda i: te.if_then_else(x[i] == m(i), i[axis], te.const(x.shape[axis])), te.min,
                           x.dtype, "hm_first")  # fmt: skip

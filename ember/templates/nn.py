@@ -671,8 +671,9 @@ def row_reduce(rows: tuple[int, ...], length: int, at: Callable[[Index, Expr], E
         l_ = te.reduce_axis((0, length), name="rl")
         whole = te.compute(rows, lambda *r: reducer(at(r, l_), axis=l_), name=name, tag="row_reduce")
         return lambda r: whole[tuple(r)]
-    if acc > 1 and length >= 2 * acc * lanes:
-        lanes *= acc  # the schedule splits the partials' axis into vectors (`_schedule_row_template`)
+    while acc > 1 and size_hint(length) < 2 * acc * lanes:
+        acc //= 2
+    lanes *= acc  # several vectors of partials: the schedule splits their axis into vectors (`_schedule_row_template`)
     full = length // lanes
     lo = te.reduce_axis((0, full), name="rlo")
     part = te.compute(rows + (lanes,), lambda *i: reducer(at(i[:nr], lo * lanes + i[nr]), axis=lo),
@@ -767,12 +768,13 @@ def row_knobs(cfg: ConfigBase | None, length: int, dtype: DType) -> tuple[int, i
     if cfg is None:
         return ROW_DEFAULT
     vectors = max(1, size_hint(length) // lanes_of(dtype, host_target()))
-    acc = cfg.define_knob("row_acc", [a for a in (1, 2, 4) if a == 1 or vectors >= 2 * a], ROW_DEFAULT[0])
+    accs = [a for a in (1, 2, 4) if a == 1 or vectors >= 2 * a]
+    acc = cfg.define_knob("row_acc", accs, min(ROW_DEFAULT[0], accs[-1]))
     unroll = cfg.define_knob("row_unroll", [u for u in (1, 2, 4) if u <= vectors], ROW_DEFAULT[1])
     return acc, unroll
 
 
-ROW_DEFAULT = (1, 1)  # (acc, unroll) without a config: measured best on softmax rows of 128 and 197 (see bench)
+ROW_DEFAULT = (4, 1)  # (acc, unroll) without a config: the best on softmax rows of 128 and 197 (bench/ops_nn.py)
 
 
 def _row_members(s: te.Schedule, O: te.Stage) -> set[te.Stage]:
