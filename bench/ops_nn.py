@@ -58,6 +58,15 @@ CASES: dict[str, tuple] = {
     ),  # fmt: skip  (SqueezeNet's first pooling)
     "softmax": ("Softmax", [(12, 128, 128)], {}, None),
     "layernorm": ("LayerNormalization", [(128, 768), (768,), (768,)], {}, None),
+    "softmax_197": ("Softmax", [(12, 197, 197)], {}, None),  # ViT/DeiT attention probabilities
+    "logsoftmax": ("LogSoftmax", [(128, 1000)], {}, None),
+    # permutes of the zoo's worst injective kernels: ConvNeXt's NCHW <-> NHWC around its LayerNorm, DeiT's and
+    # Swin's head split/merge (B, L, H, D) <-> (B, H, L, D), Swin's window partition
+    "nchw_to_nhwc": ("Transpose", [(1, 96, 56, 56)], {"perm": [0, 2, 3, 1]}, None),
+    "nhwc_to_nchw": ("Transpose", [(1, 56, 56, 96)], {"perm": [0, 3, 1, 2]}, None),
+    "head_split": ("Transpose", [(1, 197, 12, 64)], {"perm": [0, 2, 1, 3]}, None),
+    "head_merge": ("Transpose", [(1, 12, 197, 64)], {"perm": [0, 2, 1, 3]}, None),
+    "window_part": ("Transpose", [(1, 8, 7, 8, 7, 96)], {"perm": [0, 1, 3, 2, 4, 5]}, None),
 }
 
 

@@ -37,10 +37,11 @@ from .target import Target
 from .te.config import CONFIG_ATTR, ConfigError, Tuned
 from .te.lower import lower_schedule
 from .te.schedule import Schedule, ScheduleError, topo_ops
-from .te.tensor import ComputeOp, Reduce, Tensor, compute, const, placeholder, prod_hint
+from .te.tensor import ComputeOp, Reduce, Tensor, TensorLoad, compute, const, placeholder, prod_hint
 from .templates.flat import default_schedule
 from .templates.gpu import is_gpu, schedule_gpu
 from .tir.dtype import NarrowArithmeticError
+from .tir.expr import Cast, Const, Select, Var
 from .tir.stmt import size_params
 from .tir.transform import optimize
 
@@ -459,12 +460,34 @@ def _extent(d: Any) -> int:
 
 
 def flops(outs: list[Tensor]) -> int:
-    """Arithmetic estimate: 2 per multiply-accumulate of reductions, 1 per element otherwise."""
+    """Arithmetic estimate: 2 per multiply-accumulate of reductions, 1 per element otherwise; a stage that only
+    moves data (packing, padding, a crop: its body reads, selects and casts) counts 0, and a template's padded
+    accumulation (a GEMM's columns rounded up to its panels) counts the elements of the output that reads it
+    (`attrs["acc"]`), not its padding."""
+    ops = topo_ops([t.op for t in outs])
+    logical = {}  # accumulation op -> the elements of the template output cropping it
+    for op in ops:
+        acc = op.attrs.get("acc") if isinstance(op, ComputeOp) else None
+        if isinstance(acc, Tensor):
+            logical[acc.op] = min(prod_hint(op.shape), prod_hint(acc.shape))
     total = 0
-    for op in topo_ops([t.op for t in outs]):
+    for op in ops:
         if isinstance(op, ComputeOp):
-            n = prod_hint(op.shape)  # symbolic sizes count at their hint (te.size_hint)
+            n = logical.get(op, prod_hint(op.shape))  # symbolic sizes count at their hint (te.size_hint)
             if isinstance(op.body, Reduce):
                 n *= 2 * prod_hint([iv.dom[1] for iv in op.reduce_axis])
+            elif not _computes(op.body):
+                n = 0
             total += n
     return total
+
+
+def _computes(e: Any) -> bool:
+    """Whether an element of a stage's body does arithmetic (not only reads, constants, selects, casts)."""
+    if isinstance(e, TensorLoad | Const | Var):
+        return False
+    if isinstance(e, Select):
+        return _computes(e.t) or _computes(e.f)
+    if isinstance(e, Cast):
+        return _computes(e.value)
+    return True

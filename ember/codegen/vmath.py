@@ -1,9 +1,10 @@
 """Vector math in plain arithmetic, for the renderers of targets without a vector math library.
 
-A kernel's compute says `exp`; the renderer decides how a vector of them is computed: glibc's libmvec
-(`_ZGV..._expf`) on C targets that can link it, the native exp on GPUs, and elsewhere (LLVM, C without
-libmvec) the arithmetic float32 exp of `ember.templates.nn.exp`, whose 2^n factors come from a constant
-table (`EXP2_TABLE`, a gather), so that it vectorizes where the C library's expf runs once per lane.
+A kernel's compute says `exp`; the renderer decides how a vector of them is computed: on C targets a float32
+vector exp is an inline helper in vector arithmetic (`c_vector_exp`: range reduction, a polynomial, 2^n built
+from its exponent bits; no call, no table, about 1 ulp), the native exp on GPUs, and on LLVM the arithmetic
+float32 exp of `ember.templates.nn.exp`, whose 2^n factors come from a constant table (`EXP2_TABLE`, a gather),
+so that it vectorizes where the C library's expf runs once per lane.
 
 `vector_exp(x)` gives that arithmetic as a tir expression over the vector `x`; the renderer emits it like
 any other expression and defines `EXP2_TABLE` once per module as constant data (`exp2_table_values`).
@@ -72,3 +73,60 @@ def _lift(e: Expr, var: Var, value: Expr, lanes: int, memo: dict[int, Expr]) -> 
         raise TypeError(f"vector_exp: cannot lift {type(e).__name__}")
     memo[id(e)] = out
     return out
+
+
+# Cephes' expf: x = n ln2 + r, |r| <= ln2/2 (Cody-Waite: ln2 = C1 + C2, C1 exact in 9 bits), then
+# e^r = 1 + r + r^2 P(r) with P of degree 5 (about 1 ulp on that interval)
+EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+
+
+def c_vector_exp(name: str, t: str, it: str, lanes: int = 0) -> str:
+    """A C function `t name(t x)`: exp of a float32 vector (GNU vector types `t`, its int32 twin `it`) in vector
+    arithmetic, inline in the kernel (glibc's vector expf is a call and redoes a whole vector lane by lane when
+    one lane is below ln(FLT_MIN), as in masked softmax scores).
+
+    x is clamped to [-104, 88.8] (NaN passes through: both compares are false); n = rint(x log2 e) by the
+    1.5 * 2^23 trick, whose float bits hold n in their low bits; 2^n is applied as 2^(n >> 1) * 2^(n - (n >> 1)),
+    two normal powers built from exponent bits, so that results down to the subnormals round once and
+    exp(88.72..) stays finite. exp(-inf) = 0, exp(x > ln FLT_MAX) = inf, exp(NaN) = NaN (P of NaN).
+
+    With AVX-512 (16 lanes, compiled with __AVX512F__) the clamps are max/min instructions (their NaN operand
+    second: it passes), n is rounded by vrndscaleps and 2^n applied by vscalefps (exact scaling, subnormal and
+    infinite results rounded once): about half the instructions."""
+    c1, c2 = 0.693359375, -2.12194440e-4
+    poly = f"{EXP_POLY[0]:.10e}f"
+    for c in EXP_POLY[1:]:
+        poly = f"({poly}) * r + {c:.10e}f"
+    portable = _c_vector_exp_portable(name, t, it, c1, c2, poly)
+    if lanes != 16:
+        return portable
+    avx512 = "\n".join([
+        f"static inline {t} {name}({t} x) {{",
+        "  const __m512 v = _mm512_min_ps(_mm512_set1_ps(88.8f), _mm512_max_ps(_mm512_set1_ps(-104.0f), (__m512)x));",
+        f"  const {t} n = ({t})_mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),",
+        "                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);",
+        f"  const {t} r = (({t})v - n * {c1!r}f) - n * {c2!r}f;",
+        f"  const {t} p = (({poly}) * (r * r) + r) + 1.0f;",
+        f"  return ({t})_mm512_scalef_ps((__m512)p, (__m512)n);",
+        "}",
+    ])
+    return f"#if defined(__AVX512F__)\n#include <immintrin.h>\n{avx512}\n#else\n{portable}\n#endif"
+
+
+def _c_vector_exp_portable(name: str, t: str, it: str, c1: float, c2: float, poly: str) -> str:
+    return "\n".join([
+        f"static inline {t} {name}({t} x) {{",
+        f"  const {t} lo = ({t}){{}} - 104.0f, hi = ({t}){{}} + 88.8f;",
+        f"  const {it} below = x < lo, above = x > hi;",
+        f"  x = ({t})((({it})x & ~below) | (({it})lo & below));",
+        f"  x = ({t})((({it})x & ~above) | (({it})hi & above));",
+        f"  const {t} shifter = ({t}){{}} + 12582912.0f;  /* 1.5 * 2^23: adding it rounds to an integer */",
+        f"  const {t} t = x * 1.44269504088896341f + shifter;",
+        f"  const {t} n = t - shifter;",
+        f"  const {t} r = (x - n * {c1!r}f) - n * {c2!r}f;",
+        f"  const {t} p = (({poly}) * (r * r) + r) + 1.0f;",
+        f"  const {it} k = ({it})t - 0x4B400000;  /* n, from the low bits of t */",
+        f"  const {it} k1 = k >> 1, k2 = k - k1;",
+        f"  return p * ({t})((k1 + 127) << 23) * ({t})((k2 + 127) << 23);",
+        "}",
+    ])

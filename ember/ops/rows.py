@@ -26,15 +26,18 @@ class RowStats:
     template (vectorized partial sums, everything computed per row inside the output's row loop);
     other axes a keepdims reduction scheduled on its own."""
 
-    def __init__(self, shape: tuple[int, ...], axes: tuple[int, ...]):
+    def __init__(self, shape: tuple[int, ...], axes: tuple[int, ...], knobs: tuple[int, int] = (1, 1)):
         self.shape, self.axes = shape, tuple(sorted(axes))
         nd = len(shape)
         k = min(self.axes) if self.axes else nd
         self.k = k if self.axes == tuple(range(k, nd)) else None
+        self.acc, self.unroll = knobs  # the rows template's knobs (`ember.templates.nn.row_knobs`)
 
     @property
     def attrs(self) -> dict:
-        return {"template": "rows", "rows": self.k} if self.k is not None else {}
+        if self.k is None:
+            return {}
+        return {"template": "rows", "rows": self.k, **({"unroll": self.unroll} if self.unroll > 1 else {})}
 
     def reduce(self, at, reducer, dtype, name: str):
         """reader(full index) of reducer over the axes of at(full index)."""
@@ -42,7 +45,7 @@ class RowStats:
         if k is not None:
             inner = shape[k:]
             rd = T.row_reduce(shape[:k], math.prod(inner), lambda r, l: at(tuple(r) + unravel(l, inner)), reducer,
-                              dtype, name)  # fmt: skip
+                              dtype, name, acc=self.acc)  # fmt: skip
             return lambda idx: rd(tuple(idx[:k]))
         raxes = {d: te.reduce_axis((0, shape[d]), name=f"r{d}") for d in axes}
 

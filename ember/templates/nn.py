@@ -679,28 +679,44 @@ ROW_TAGS = ("row_partial", "row_reduce", "row_buffer")
 
 
 def row_reduce(rows: tuple[int, ...], length: int, at: Callable[[Index, Expr], Expr], reducer: te.Reducer,
-               dtype: DType, name: str = "row") -> Callable[[Index], Expr]:  # fmt: skip
+               dtype: DType, name: str = "row", acc: int = 1) -> Callable[[Index], Expr]:  # fmt: skip
     """reducer over l in [0, length) of at(r, l), for each row index r of shape `rows`; returns the
     reduced value's reader. Long rows reduce in vectors first (a partial result per lane, then
-    across the lanes, then the tail past the last whole vector), so the loop over l vectorizes."""
+    across the lanes, then the tail past the last whole vector), so the loop over l vectorizes.
+    `acc` vectors of partial results (independent chains: the reduction's latency overlaps) where the row
+    holds at least two steps of them, else one."""
     lanes = lanes_of(dtype, host_target())
     nr = len(rows)
     if size_hint(length) < 2 * lanes or lanes == 1:  # a symbolic length: the vector path and a symbolic tail
         l_ = te.reduce_axis((0, length), name="rl")
         whole = te.compute(rows, lambda *r: reducer(at(r, l_), axis=l_), name=name, tag="row_reduce")
         return lambda r: whole[tuple(r)]
+    while acc > 1 and size_hint(length) < 2 * acc * lanes:
+        acc //= 2
+    lanes *= acc  # several vectors of partials: the schedule splits their axis into vectors (`_schedule_row_template`)
     full = length // lanes
     lo = te.reduce_axis((0, full), name="rlo")
     part = te.compute(rows + (lanes,), lambda *i: reducer(at(i[:nr], lo * lanes + i[nr]), axis=lo),
                       name=f"{name}_lanes", tag="row_partial")  # fmt: skip
-    v = te.reduce_axis((0, lanes), name="rv")
-    total = te.compute(rows, lambda *r: reducer(part[r + (v,)], axis=v), name=name, tag="row_reduce")
+    total = _lane_tree(part, rows, lanes, reducer, name)
     if length % lanes == 0:
-        return lambda r: total[tuple(r)]
+        return lambda r: total[(*r, 0)]
     t = te.reduce_axis((0, length % lanes), name="rt")
     tail = te.compute(rows, lambda *r: reducer(at(r, full * lanes + t), axis=t), name=f"{name}_tail",
                       tag="row_reduce")  # fmt: skip
-    return lambda r: reducer.combine(total[tuple(r)], tail[tuple(r)])
+    return lambda r: reducer.combine(total[(*r, 0)], tail[tuple(r)])
+
+
+def _lane_tree(part: Tensor, rows: tuple[int, ...], lanes: int, reducer: te.Reducer, name: str) -> Tensor:
+    """The partial results of each row (its last axis, `lanes` of them, a power of two) combined in halves: each
+    step one vector operation on half as many lanes, log2(lanes) dependent steps where a loop over the lanes
+    would take `lanes`."""
+    nr, cur, width = len(rows), part, lanes
+    while width > 1:
+        width //= 2
+        cur = te.compute(rows + (width,), lambda *i, p=cur, w=width: reducer.combine(p[i], p[(*i[:nr], i[nr] + w)]),
+                         name=f"{name}_{width}" if width > 1 else name, tag="row_partial")  # fmt: skip
+    return cur
 
 
 def row_buffer(shape: tuple[int, ...], fn: Callable[..., Expr], name: str) -> Tensor:
@@ -715,12 +731,14 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
     k = attrs["rows"]
     axes = O.op.axis
     lanes = lanes_of(out.dtype, target)
+    unroll = attrs.get("unroll", 1)
     inner = axes[k:]
     if inner:
         f = O.fuse(*inner) if len(inner) > 1 else inner[0]
         if prod_hint(out.shape[k:]) >= lanes:
-            _, fi = O.split(f, lanes)
+            fo, fi = O.split(f, lanes)
             O.vectorize(fi)
+            _unroll_vectors(O, fo, prod_hint(out.shape[k:]) // lanes, unroll)
     done = {O.name}
     if k == 0:
         return done
@@ -736,17 +754,47 @@ def _schedule_row_template(s: te.Schedule, out: Tensor, attrs: dict, target: Tar
         done.add(st.name)
         tag = st.op.tag
         sl = lanes_of(st.op.dtype, target)
-        if tag == "row_partial" and st.op.shape[-1] % sl == 0:
-            _, li = st.split(st.op.axis[-1], sl)
+        if tag == "row_partial" and 1 < st.op.shape[-1] < sl:  # a step of the lane tree: one narrower vector
+            st.vectorize(st.op.axis[-1])
+        elif tag == "row_partial" and st.op.shape[-1] % sl == 0:
+            lo, li = st.split(st.op.axis[-1], sl)
             st.vectorize(li)
+            if st.op.shape[-1] > sl:  # several vectors of partials (row_reduce's acc): one chain each
+                st.reorder(*st.op.reduce_axis, lo, li)
+                st.unroll(lo)
         elif tag == "row_buffer" and len(st.op.axis) > k:
             f = st.fuse(*st.op.axis[k:]) if len(st.op.axis) > k + 1 else st.op.axis[k]
             if prod_hint(st.op.shape[k:]) >= sl:
-                _, fi = st.split(f, sl)
+                fo, fi = st.split(f, sl)
                 st.vectorize(fi)
+                _unroll_vectors(st, fo, prod_hint(st.op.shape[k:]) // sl, unroll)
     if target.num_cores > 1 and work(out) >= 1 << 16 and prod_hint(out.shape[:k]) > 1:
         O.parallel(outer)
     return done
+
+
+def _unroll_vectors(st: te.Stage, outer, vectors: int, unroll: int) -> None:
+    """Unroll the loop over a row's whole vectors by `unroll` (the rows template's knob) where it divides them."""
+    if unroll > 1 and vectors % unroll == 0 and vectors > unroll:
+        _, ui = st.split(outer, unroll)
+        st.unroll(ui)
+    elif unroll > 1 and vectors == unroll:
+        st.unroll(outer)
+
+
+def row_knobs(cfg: ConfigBase | None, length: int, dtype: DType) -> tuple[int, int]:
+    """The rows template's knobs for rows of `length` elements: (acc, unroll), the vectors of partial results
+    of each reduction (`row_reduce`) and the unroll of the loops over a row's vectors; (1, 1) without a config."""
+    if cfg is None:
+        return ROW_DEFAULT
+    vectors = max(1, size_hint(length) // lanes_of(dtype, host_target()))
+    accs = [a for a in (1, 2, 4) if a == 1 or vectors >= 2 * a]
+    acc = cfg.define_knob("row_acc", accs, min(ROW_DEFAULT[0], accs[-1]))
+    unroll = cfg.define_knob("row_unroll", [u for u in (1, 2, 4) if u <= vectors], ROW_DEFAULT[1])
+    return acc, unroll
+
+
+ROW_DEFAULT = (4, 1)  # (acc, unroll) without a config: the best on softmax rows of 128 and 197 (bench/ops_nn.py)
 
 
 def _row_members(s: te.Schedule, O: te.Stage) -> set[te.Stage]:

@@ -88,3 +88,20 @@ def test_bandwidth_between_working_sets_is_interpolated_in_log_size():
     assert limits.bandwidth_for(1 << 15) == 60.0 and limits.bandwidth_for(1 << 25) == 25.0
     assert limits.bound(0, 1 << 20) == ((1 << 20) / 40e9, "memory")
     assert limits.bound(10**9, 1 << 20) == (10**9 / 100e9, "compute")
+
+
+def test_flops_count_the_product_not_its_padding_or_packing():
+    """A batched score product Q K^T (197 columns: the GEMM pads them to whole panels and packs K) scaled by a
+    constant: 2 M N K per batch plus one multiply per element; the packing, the crop and the padded columns of
+    the accumulation count nothing (they had inflated the bound of the attention scores by 15%)."""
+    from ember.tune import Task
+
+    b, m, n, k = 2, 37, 197, 64
+    task = Task.from_op("MatMul", [(b, m, k), (b, k, n)], {}, target=TARGET)
+    assert task.flops == 2 * b * m * n * k
+    sch, args = task.instantiate(None)
+    names = {st.op.name for st in sch.stages}
+    assert any("pack" in name for name in names), names  # the case in point: a packed, padded product
+    out = args[-1]
+    y = ember.te.compute(out.shape, lambda *i: out[i] * 0.125, name="scaled")
+    assert ember.kernels.flops([y]) == 2 * b * m * n * k + b * m * n
