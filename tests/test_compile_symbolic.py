@@ -121,6 +121,21 @@ def test_resnet18_with_a_symbolic_batch():
     check_sizes(m, cm, lambda n: {"x": rng.standard_normal((n, 3, 32, 32)).astype(np.float32)}, (1, 3, 8))
 
 
+def test_a_symbolic_batch_keeps_winograd_convolutions():
+    """A stride-1 3x3 convolution over a symbolic batch runs as Winograd (its gain is per image), its tiles over
+    N x tiles-per-image; values match onnxruntime at several batches."""
+    rng = np.random.default_rng(8)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [32, 32, 3, 3], (rng.standard_normal((32, 32, 3, 3)) / 17).ravel())
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 32, 16, 16]) for n in "xy")
+    graph = helper.make_graph([conv], "wino", [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    cm = ember.compile(model, target="c", dynamic_bounds={"N": (1, 4)})
+    assert "ConvWinogradNCHWc" in {op for k in cm.profile({"x": np.zeros((1, 32, 16, 16), np.float32)})
+                                   for op in k["ops"]}  # fmt: skip
+    check_sizes(model, cm, lambda n: {"x": rng.standard_normal((n, 32, 16, 16)).astype(np.float32)}, (1, 3, 4))
+
+
 def _array_before_a_guard_page(shape: tuple[int, ...]) -> tuple[np.ndarray, object]:
     """A float32 array whose last byte ends a page, the next page unreadable: a kernel reading past it faults."""
     import ctypes

@@ -106,7 +106,8 @@ def full_extents(layout: Layout, shape: tuple[int, ...]) -> dict[str, int]:
     for (a, f), n in zip(layout.axes, shape):
         if f and n != f:
             raise ShapeError(f"layout {layout}: axis {f}{a} has extent {n}, not {f}")
-    return {a: shape[layout.pos(a)] * layout.block(a) for a in layout.primal()}
+    return {a: shape[layout.pos(a)] * layout.block(a) if layout.block(a) != 1 else shape[layout.pos(a)]
+            for a in layout.primal()}  # fmt: skip
 
 
 def transformed_shape(src: Layout, dst: Layout, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -115,6 +116,9 @@ def transformed_shape(src: Layout, dst: Layout, shape: tuple[int, ...]) -> tuple
     for a, f in dst.axes:
         if f:
             out.append(f)
+            continue
+        if dst.block(a) == 1:  # an unblocked axis keeps its extent (symbolic ones too)
+            out.append(full[a])
             continue
         if full[a] % dst.block(a):
             raise ShapeError(f"layout {dst}: axis {a} of extent {full[a]} does not split in blocks of {dst.block(a)}")

@@ -260,11 +260,12 @@ class _Converter:
         transformed here, at compile time."""
         x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
         strides, pads, dil = spatial_attrs(node.attrs, 2)
-        if not (w.is_constant and tuple(w.shape[2:]) == (3, 3) and node.attrs["group"] == 1 and y.type.is_static
+        static = all(isinstance(d, int) for d in y.shape[1:])  # the batch may be symbolic: a loop of images
+        if not (w.is_constant and tuple(w.shape[2:]) == (3, 3) and node.attrs["group"] == 1 and static
                 and set(strides) | set(dil) == {1}):
             return False
         n, c, k = y.shape[0], x.shape[1], y.shape[1]
-        if winograd_gain(n, c, k, tuple(y.shape[2:])) < WINOGRAD_MIN_GAIN:
+        if winograd_gain(1, c, k, tuple(y.shape[2:])) < WINOGRAD_MIN_GAIN:  # per image: the gain does not depend on n
             return False
         u = winograd_weight(relayout(w.data, "OIHW", f"OIHW{cb}i{kb}o"))
         uv = Value(self.fresh(f"{w.name}_winograd"), w.type.with_shape(u.shape), u)

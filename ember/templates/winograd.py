@@ -152,7 +152,9 @@ def winograd_conv_nchwc(x: Tensor, u: Tensor, bias: Tensor | None, pads, name: s
     v = winograd_input(x, pads, out, name=f"{name}_in")
     rcb = te.reduce_axis((0, CB), name="rcb")
     rc = te.reduce_axis((0, cb), name="rc")
-    plan = nchwc_plan(KB, kb, (1, P), x.dtype, panel=CB * cb * kb * x.dtype.bits // 8)
+    # a symbolic batch: the tile plan of one image's tiles (a tile that divides them divides N times them)
+    per = P if isinstance(P, int) else th * tw
+    plan = nchwc_plan(KB, kb, (1, per), x.dtype, panel=CB * cb * kb * x.dtype.bits // 8)
 
     def product(e, k, _, p, j):
         return te.sum(v[e // ALPHA, e % ALPHA, rcb, p, rc] * u[e, k, rcb, rc, j], axis=[rcb, rc])
