@@ -117,22 +117,29 @@ def unpack_weight(wp: np.ndarray, n: int) -> np.ndarray:
 def int8_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = None, rows: int = 0) -> Tensor:
     """acc[i, j] = sum of int32(A[i, kh, kw, c]) * int32(W[j, (kh, kw, c)]) for A [M, KH, KW, Cp] uint8 and
     W packed [Np / nb, KH * KW * Cp / 4, nb, 4] int8; `rows` (dividing M) bounds the row tile."""
+    return _packed_acc(a, wp, 4, "int32", "int8_acc", name, cfg, rows, {})
+
+
+def _packed_acc(a: Tensor, wp: Tensor, group: int, acc_dtype: str, what: str, name: str, cfg: ConfigBase | None,
+                rows: int, attrs: dict) -> Tensor:  # fmt: skip
+    """The product of A [M, KH, KW, Cp] and W packed [Np / nb, KH * KW * Cp / group, nb, group] (`group`
+    consecutive k of a column together, as the dot-product instruction reads them), accumulated in acc_dtype."""
     m, kh_, kw_, cp = a.shape
-    npanel, k4, nb, _ = wp.shape
-    if cp % 4 or k4 != kh_ * kw_ * cp // 4:
-        raise ValueError(f"int8_acc: A {a.shape} and packed W {wp.shape} do not agree on K")
+    npanel, kg, nb, _ = wp.shape
+    if cp % group or kg != kh_ * kw_ * cp // group:
+        raise ValueError(f"{what}: A {a.shape} and packed W {wp.shape} do not agree on K")
     kh = te.reduce_axis((0, kh_), name="kh")
     kw = te.reduce_axis((0, kw_), name="kw")
-    c4 = te.reduce_axis((0, cp // 4), name="c4")
-    kk = te.reduce_axis((0, 4), name="kk")
+    cg = te.reduce_axis((0, cp // group), name=f"c{group}")
+    kk = te.reduce_axis((0, group), name="kk")
 
     def body(i, j):
-        g = (kh * kw_ + kw) * (cp // 4) + c4
-        return te.sum(te.cast(a[i, kh, kw, c4 * 4 + kk], "int32") * te.cast(wp[j // nb, g, j % nb, kk], "int32"),
-                      axis=[kh, kw, c4, kk])  # fmt: skip
+        g = (kh * kw_ + kw) * (cp // group) + cg
+        return te.sum(te.cast(a[i, kh, kw, cg * group + kk], acc_dtype) * te.cast(wp[j // nb, g, j % nb, kk],
+                      acc_dtype), axis=[kh, kw, cg, kk])  # fmt: skip
 
     plan = int8_plan(rows or m, nb, cfg)
-    return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan})
+    return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan, **attrs})
 
 
 def pack_pairs(w_kn: np.ndarray, nb: int) -> np.ndarray:
@@ -150,23 +157,7 @@ def bf16_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = 
     """`int8_acc` in bfloat16: acc[i, j] (float32) = sum of float32(A[i, kh, kw, c]) * float32(W[j, (kh, kw, c)])
     for A [M, KH, KW, Cp] and W packed [Np / nb, KH * KW * Cp / 2, nb, 2] bfloat16 (`pack_pairs`), on the
     `dot_bf16` intrinsic (the same tiles and schedule: `schedule_int8`)."""
-    m, kh_, kw_, cp = a.shape
-    npanel, k2, nb, _ = wp.shape
-    if cp % 2 or k2 != kh_ * kw_ * cp // 2:
-        raise ValueError(f"bf16_acc: A {a.shape} and packed W {wp.shape} do not agree on K")
-    kh = te.reduce_axis((0, kh_), name="kh")
-    kw = te.reduce_axis((0, kw_), name="kw")
-    c2 = te.reduce_axis((0, cp // 2), name="c2")
-    kk = te.reduce_axis((0, 2), name="kk")
-
-    def body(i, j):
-        g = (kh * kw_ + kw) * (cp // 2) + c2
-        return te.sum(te.cast(a[i, kh, kw, c2 * 2 + kk], "float32") * te.cast(wp[j // nb, g, j % nb, kk],
-                      "float32"), axis=[kh, kw, c2, kk])  # fmt: skip
-
-    plan = int8_plan(rows or m, nb, cfg)
-    return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan,
-                                                                              "intrinsic": "dot_bf16"})  # fmt: skip
+    return _packed_acc(a, wp, 2, "float32", "bf16_acc", name, cfg, rows, {"intrinsic": "dot_bf16"})
 
 
 def int8_acc_batched(a: Tensor, wp: Tensor, m: int, name: str = "acc", cfg: ConfigBase | None = None) -> Tensor:
