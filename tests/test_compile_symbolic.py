@@ -134,6 +134,8 @@ def test_a_symbolic_batch_keeps_winograd_convolutions():
     assert "ConvWinogradNCHWc" in {op for k in cm.profile({"x": np.zeros((1, 32, 16, 16), np.float32)})
                                    for op in k["ops"]}  # fmt: skip
     check_sizes(model, cm, lambda n: {"x": rng.standard_normal((n, 32, 16, 16)).astype(np.float32)}, (1, 3, 4))
+    rows = cm.profile({"x": np.zeros((1, 32, 16, 16), np.float32)})  # FLOPs of the size hint are not this call's
+    assert all(r["flops"] == 0 and r["gflops"] == 0 for r in rows if r["ops"][0] == "ConvWinogradNCHWc")
 
 
 def _array_before_a_guard_page(shape: tuple[int, ...]) -> tuple[np.ndarray, object]:

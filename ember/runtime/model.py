@@ -353,7 +353,10 @@ class Model:
                 if k is None:
                     row = {"kernel": f"fallback:{s.op}", "ops": [s.op], "nodes": [s.node], "seconds": med, "flops": 0}
                 else:
-                    row = {"kernel": k.name, "ops": k.ops, "nodes": k.nodes, "seconds": med, "flops": k.flops,
+                    # a kernel with symbolic sizes: its FLOPs were counted at the compile's size hint, not this
+                    # call's sizes, so they are not reported (0: unknown) rather than reported wrong
+                    row = {"kernel": k.name, "ops": k.ops, "nodes": k.nodes, "seconds": med,
+                           "flops": 0 if k.sizes else k.flops,
                            "bytes": self._kernel_bytes(k.args, k.arg_bytes)}  # fmt: skip
                 rows.append(row | self._profile_extra(j, c))
         total = sum(r["seconds"] for r in rows) or 1.0
