@@ -24,6 +24,7 @@ from ember.graph.types import TensorType, np_dtype
 from ember.ops.common import ShapeError, spatial_attrs, window_out_dim
 from ember.ops.conv import conv_nd
 from ember.ops.opdef import Attr, Pattern, op
+from ember.ops.rows import ravel, unravel
 from ember.ops.te_lib import lowering
 from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
@@ -109,23 +110,12 @@ def _bf16_matmul_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor | None = N
     kp = wp.shape[1] * 2
 
     def row(i, _r, _s, kk):
-        idx, rest = [], i
-        for d in reversed((*batch, m)):
-            idx.append(rest % d)
-            rest = rest // d
-        v = _to_bf16(x[(*reversed(idx), kk)])
+        v = _to_bf16(x[(*unravel(i, (*batch, m)), kk)])
         return v if kp == k else te.if_then_else(kk < k, v, te.const(0, "bfloat16"))
 
     A = I8.rows_stage((math.prod(batch) * m, 1, 1, kp), row, "rows_bf16")
     acc = I8.bf16_acc(A, wp, name="bf16_acc", cfg=a.get(CONFIG_ATTR), rows=m)
-
-    def flat(idx):
-        r = 0
-        for i, d in zip(idx[:-1], (*batch, m)):
-            r = r * d + i
-        return acc[r, idx[-1]]
-
-    epi = _epilogue(flat, bias)
+    epi = _epilogue(lambda idx: acc[ravel(idx[:-1], (*batch, m)), idx[-1]], bias)
     nd = len(batch) + 2
     attrs = {"template": "int8_gemm", "acc": acc, "row_axes": (nd - 2,), "col_axis": nd - 1}
     return te.compute((*batch, m, a["n"]), lambda *idx: epi(idx, idx[-1]), name="bf16_matmul", attrs=attrs)

@@ -31,6 +31,7 @@ from ember.ops.common import ShapeError, spatial_attrs, window_out_dim
 from ember.ops.conv import conv_nd
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.quant import int_range
+from ember.ops.rows import ravel, unravel
 from ember.ops.te_lib import lowering
 from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
@@ -273,23 +274,12 @@ def _qmatmul_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor
     signed = x.dtype.name == "int8"
 
     def row(i, _r, _s, kk):
-        idx, rest = [], i
-        for d in reversed((*batch, m)):
-            idx.append(rest % d)
-            rest = rest // d
-        v = _u8(x[(*reversed(idx), kk)], signed)
+        v = _u8(x[(*unravel(i, (*batch, m)), kk)], signed)
         return v if kp == k else te.if_then_else(kk < k, v, te.const(0, "uint8"))
 
     A = I8.rows_stage((rows, 1, 1, kp), row, "rows")
     acc = I8.int8_acc(A, wp, name="qmatmul_acc", cfg=a.get(CONFIG_ATTR), rows=m)
-
-    def flat(idx):
-        r = 0
-        for i, d in zip(idx[:-1], (*batch, m)):
-            r = r * d + i
-        return acc[r, idx[-1]]
-
-    epi = _epilogue(flat, bias, scale, a)
+    epi = _epilogue(lambda idx: acc[ravel(idx[:-1], (*batch, m)), idx[-1]], bias, scale, a)
     nd = len(batch) + 2
     attrs = {"template": "int8_gemm", "acc": acc, "row_axes": (nd - 2,), "col_axis": nd - 1}
     return te.compute((*batch, m, a["n"]), lambda *idx: epi(idx, idx[-1]), name="qmatmul", attrs=attrs)
@@ -415,28 +405,21 @@ def _qbatch_matmul_compute(a: dict, x: Tensor, y: Tensor) -> Tensor:
     zu = a["x_zero"] + (128 if signed else 0)
     kp = -(-k // 4) * 4
     nb = I8.choose_nb(n)
-    groups = math.prod(batch)
-
-    def unflat(g):  # a flat batch index as the batch dims' indices
-        idx = []
-        for d in reversed(batch):
-            idx.append(g % d)
-            g = g // d
-        return tuple(reversed(idx))
+    groups, bt = math.prod(batch), tuple(batch)  # a flat batch index g is the batch dims' unravel(g, bt)
 
     def row(i, _r, _s, kk):
-        v = _u8(x[(*unflat(i // m), i % m, kk)], signed)
+        v = _u8(x[(*unravel(i // m, bt), i % m, kk)], signed)
         return v if kp == k else te.if_then_else(kk < k, v, te.const(0, "uint8"))
 
     def panel(g, jp, k4, jj, kk):  # y packed per batch as the intrinsic reads it, zeros past K and N
         kk_, j = k4 * 4 + kk, jp * nb + jj
-        return te.if_then_else(te.all(kk_ < k, j < n), y[(*unflat(g), kk_, j)], te.const(0, "int8"))
+        return te.if_then_else(te.all(kk_ < k, j < n), y[(*unravel(g, bt), kk_, j)], te.const(0, "int8"))
 
     A = I8.rows_stage((groups * m, 1, 1, kp), row, "rows")
     W = I8.rows_stage((groups, -(-n // nb), kp // 4, nb, 4), panel, "panels")
     acc = I8.int8_acc_batched(A, W, m, name="qbmm_acc")
     kr = te.reduce_axis((0, k), name="k")
-    sums = te.compute((groups, n), lambda g, j: te.sum(te.cast(y[(*unflat(g), kr, j)], "int32"), axis=kr),
+    sums = te.compute((groups, n), lambda g, j: te.sum(te.cast(y[(*unravel(g, bt), kr, j)], "int32"), axis=kr),
                       name="y_sums")  # zu * (y's column sums): the x zero point's share, subtracted once
     nd = len(batch) + 2
 

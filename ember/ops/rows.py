@@ -21,6 +21,14 @@ def unravel(flat, dims: tuple[int, ...]) -> tuple:
     return (flat, *out) if dims else ()
 
 
+def ravel(idx, dims: tuple[int, ...]):
+    """The row-major flat index of indices `idx` into dims (`unravel`'s inverse)."""
+    flat = 0
+    for i, n in zip(idx, dims):
+        flat = flat * n + i
+    return flat
+
+
 class RowStats:
     """Reductions of x over `axes`, and per-row stages built from them. Trailing axes use the row
     template (vectorized partial sums, everything computed per row inside the output's row loop);
