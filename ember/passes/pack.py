@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember.graph.dims import dim_product
-from ember.graph.ir import Graph, Node, Value
+from ember.graph.ir import Graph, Node, Value, unique_name
 from ember.ops import Pattern
 from ember.ops.matmul import pack_b
 from ember.target import Target
@@ -66,15 +66,6 @@ def pack_weights(graph: Graph, target: Target | str | None = None) -> Graph:
     return graph
 
 
-def _fresh(names: set[str], base: str) -> str:
-    name, i = base, 0
-    while name in names:
-        i += 1
-        name = f"{base}_{i}"
-    names.add(name)
-    return name
-
-
 def _fold_rows(graph: Graph, names: set[str]) -> None:
     """x [*batch, M, K] @ B packed: one product of prod(batch) * M rows (the GEMM's row tiles then span the
     batch: ConvNeXt's last stage multiplies 1 x 7 x 7 x 768 by its weights, 7 rows per batch index). x is
@@ -94,7 +85,7 @@ def _fold_rows(graph: Graph, names: set[str]) -> None:
         new: list[Node] = []
         x2 = _view(x, (rows[0], x.shape[-1]), f"{x.name}_rows", names, new)
         cur = node.outputs[0]
-        cur2 = Value(_fresh(names, f"{cur.name}_rows"), cur.type.with_shape(rows))
+        cur2 = Value(unique_name(f"{cur.name}_rows", names), cur.type.with_shape(rows))
         new.append(Node("MatMulPackedB", [x2, wp], [cur2], dict(node.attrs), node.name))
         while cur not in outputs and len(consumers.get(cur, [])) == 1:
             c = consumers[cur][0]
@@ -112,11 +103,11 @@ def _fold_rows(graph: Graph, names: set[str]) -> None:
                     ins.append(_view(u, rows, f"{u.name}_rows", names, new))
                 else:
                     ins.append(u if len(u.shape) <= 1 else _view(u, u.shape[-1:], f"{u.name}_row", names, new))
-            out2 = Value(_fresh(names, f"{c.outputs[0].name}_rows"), c.outputs[0].type.with_shape(rows))
+            out2 = Value(unique_name(f"{c.outputs[0].name}_rows", names), c.outputs[0].type.with_shape(rows))
             new.append(Node(c.op, ins, [out2], dict(c.attrs), c.name))
             dropped.add(c)
             cur, cur2 = c.outputs[0], out2
-        new.append(Node("Reshape", [cur2], [cur], {"shape": shape}, _fresh(names, f"{cur.name}_view")))
+        new.append(Node("Reshape", [cur2], [cur], {"shape": shape}, unique_name(f"{cur.name}_view", names)))
         replaced[node] = new
     if replaced:
         graph.nodes = [m for n in graph.nodes if n not in dropped for m in replaced.get(n, [n])]
@@ -131,8 +122,8 @@ def _per_column(shape: tuple[int, ...], n: int) -> bool:
 def _view(v: Value, to: tuple[int, ...], base: str, names: set[str], new: list[Node]) -> Value:
     """v reshaped to `to`: a constant re-shaped, else a Reshape node (a view) appended to `new`."""
     if v.is_constant:
-        return Value.constant(_fresh(names, base), v.data.reshape(to))
-    out = Value(_fresh(names, base), v.type.with_shape(to))
+        return Value.constant(unique_name(base, names), v.data.reshape(to))
+    out = Value(unique_name(base, names), v.type.with_shape(to))
     new.append(Node("Reshape", [v], [out], {"shape": to}, out.name))
     return out
 
@@ -155,7 +146,7 @@ def _rewrite(node: Node, target: Target, names: set[str], packed: dict) -> Node 
     key = (id(w), trans, _rows(x) < MIN_ROWS)  # a skinny product's panels are wider
     if key not in packed:
         panels = pack_b(np.ascontiguousarray(b), T.packed_width(b.shape[1], x.dtype, target, rows=_rows(x)))
-        packed[key] = Value.constant(_fresh(names, f"{w.name}_packed"), panels)
+        packed[key] = Value.constant(unique_name(f"{w.name}_packed", names), panels)
     inputs = [x, packed[key]] + ([c] if c is not None else [])
     return Node("MatMulPackedB", inputs, list(node.outputs), {"n": b.shape[1], **attrs}, node.name)
 
