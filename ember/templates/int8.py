@@ -99,13 +99,19 @@ def int8_plan(rows: int, nb: int, cfg: ConfigBase | None = None) -> Int8Plan:
 
 def pack_weight(w_kn: np.ndarray, nb: int) -> np.ndarray:
     """W [K, N] int8 (K a multiple of 4) as panels [Np / nb, K / 4, nb, 4], zeros past N."""
+    return _pack_panels(w_kn, nb, 4, np.int8, "pack_weight")
+
+
+def _pack_panels(w_kn: np.ndarray, nb: int, group: int, dtype, what: str) -> np.ndarray:
+    """W [K, N] as dtype panels [Np / nb, K / group, nb, group] (`group` consecutive k of a column together, as
+    the dot-product instruction reads them), zeros past N."""
     k, n = w_kn.shape
-    if k % 4:
-        raise ValueError(f"pack_weight: K={k} must be a multiple of 4 (pad the channels)")
+    if k % group:
+        raise ValueError(f"{what}: K={k} must be a multiple of {group} (pad the channels)")
     np_ = -(-n // nb) * nb
-    w = np.zeros((k, np_), np.int8)
+    w = np.zeros((k, np_), dtype)
     w[:, :n] = w_kn
-    return np.ascontiguousarray(w.reshape(k // 4, 4, np_ // nb, nb).transpose(2, 0, 3, 1))
+    return np.ascontiguousarray(w.reshape(k // group, group, np_ // nb, nb).transpose(2, 0, 3, 1))
 
 
 def unpack_weight(wp: np.ndarray, n: int) -> np.ndarray:
@@ -144,13 +150,7 @@ def _packed_acc(a: Tensor, wp: Tensor, group: int, acc_dtype: str, what: str, na
 
 def pack_pairs(w_kn: np.ndarray, nb: int) -> np.ndarray:
     """W [K, N] (K even; bfloat16) as panels [Np / nb, K / 2, nb, 2], zeros past N: `dot_bf16`'s layout."""
-    k, n = w_kn.shape
-    if k % 2:
-        raise ValueError(f"pack_pairs: K={k} must be even (pad the channels)")
-    np_ = -(-n // nb) * nb
-    w = np.zeros((k, np_), w_kn.dtype)
-    w[:, :n] = w_kn
-    return np.ascontiguousarray(w.reshape(k // 2, 2, np_ // nb, nb).transpose(2, 0, 3, 1))
+    return _pack_panels(w_kn, nb, 2, w_kn.dtype, "pack_pairs")
 
 
 def bf16_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = None, rows: int = 0) -> Tensor:
