@@ -445,6 +445,30 @@ def cmd_rpc_pool_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    """The on-disk cache of built kernels and compiled models: its size (info), evict to its limit (prune), empty it
+    (clear)."""
+    from ember.codegen.toolchain import cache_dir, cache_entries, cache_limit, parse_size, prune_cache
+
+    try:
+        limit = cache_limit() if args.max_size is None else parse_size(args.max_size, "--max-size")
+        root = cache_dir()
+        if args.cache_command == "prune":
+            removed = [] if limit is None else prune_cache(limit, keep_recent=0.0)
+            print(f"removed {len(removed)} entries")
+        elif args.cache_command == "clear":
+            removed = prune_cache(0, keep_recent=0.0)
+            print(f"removed {len(removed)} entries")
+    except (OSError, ValueError) as e:
+        return _fail(f"cache {args.cache_command}", e)
+    entries = cache_entries(root)
+    models = sum(e.path.parent.name == "models" for e in entries)
+    used = sum(e.bytes for e in entries)
+    print(f"{root}: {len(entries)} entries ({models} compiled models), {used / 2**20:.1f} MiB; limit "
+          + ("none" if limit is None else f"{limit / 2**20:.0f} MiB") + " (EMBER_CACHE_SIZE)")
+    return 0
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """Import a model (ONNX, TFLite, a SavedModel directory) and print Ember's graph (optionally after a pass)."""
     from ember.compiler import import_model
@@ -647,6 +671,10 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--seed", type=int, default=0, help="seed of random calibration inputs")
     q.add_argument("--target", default=None, help=TARGET_HELP)
     q.set_defaults(fn=cmd_quantize)
+    ca = sub.add_parser("cache", help=cmd_cache.__doc__)
+    ca.add_argument("cache_command", nargs="?", default="info", choices=("info", "prune", "clear"))
+    ca.add_argument("--max-size", help="prune to this size (8G, 500M, bytes) instead of EMBER_CACHE_SIZE's")
+    ca.set_defaults(fn=cmd_cache)
     sh = sub.add_parser("show", help=cmd_show.__doc__)
     sh.add_argument("model", nargs="?", help="path to an .onnx or .tflite file, or a SavedModel directory")
     sh.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,...")

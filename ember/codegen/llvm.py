@@ -59,7 +59,7 @@ from ..tir.stmt import (
 )
 from . import llvm_pool
 from .c import STACK_LIMIT, CodegenError, c_symbol, const_offset, register_slots
-from .toolchain import cache_dir, link_object
+from .toolchain import cache_dir, link_object, touch
 from .vmath import EXP2_TABLE, exp2_table_values, vector_exp, wants_arithmetic_exp
 
 try:  # llvmlite is the optional extra `ember[llvm]`
@@ -995,6 +995,7 @@ def read_cached_object(path: Path) -> bytes | None:
     head = len(OBJECT_MAGIC) + 32
     obj = data[head:]
     if data[: len(OBJECT_MAGIC)] == OBJECT_MAGIC and hashlib.sha256(obj).digest() == data[len(OBJECT_MAGIC) : head]:
+        touch(path)
         return obj
     with contextlib.suppress(OSError):
         path.unlink()

@@ -15,12 +15,15 @@ exported model's runtime) calls these two:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..target import Target, TargetError, host_has_libmvec
@@ -35,6 +38,121 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ember"
     )
     return Path(root)
+
+
+DEFAULT_CACHE_SIZE = 8 << 30  # bytes; `EMBER_CACHE_SIZE` overrides (ccache's default is 5 GB)
+PRUNE_EVERY = 600.0  # seconds between automatic prunes of one cache directory (a walk of every entry)
+KEEP_RECENT = 900.0  # seconds: an automatic prune never evicts an entry used this recently (a compile may need it)
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, what: str = "size") -> int | None:
+    """Bytes from "8G", "500M", "1.5GiB", "123456"; None (no limit) from "0", "none", "off" or "unlimited". A bad
+    value raises ValueError naming `what`."""
+    norm = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if norm in ("0", "NONE", "OFF", "UNLIMITED"):
+        return None
+    unit = norm[-1] if norm and norm[-1] in _UNITS else ""
+    try:
+        size = float(norm[: len(norm) - len(unit)])
+    except ValueError:
+        size = -1.0
+    if not size > 0:
+        raise ValueError(f"{what}={text!r}: want a size such as 8G, 500M or 123456 (bytes), or 0 for no limit")
+    return int(size * _UNITS[unit])
+
+
+def cache_limit() -> int | None:
+    """The cache's size limit in bytes from `EMBER_CACHE_SIZE` (`parse_size`; default 8 GiB, "0": no limit)."""
+    text = os.environ.get("EMBER_CACHE_SIZE", "").strip()
+    return parse_size(text, "EMBER_CACHE_SIZE") if text else DEFAULT_CACHE_SIZE
+
+
+def touch(entry: Path) -> None:
+    """Mark a cache entry used now (its directory's mtime orders eviction: least recently used first)."""
+    with contextlib.suppress(OSError):
+        os.utime(entry)
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    path: Path
+    bytes: int
+    used: float  # last use, seconds since the epoch
+
+
+def _is_bucket(p: Path) -> bool:
+    return len(p.name) == 2 and all(c in "0123456789abcdef" for c in p.name) and p.is_dir()
+
+
+def cache_entries(root: Path | None = None) -> list[CacheEntry]:
+    """Every evictable entry of the cache, with its size and last use: kernel and link entries (`xx/<key>/`), whole
+    models (`models/<key>/`), LLVM objects (`llvm/xx/<key>.o`). Staging directories of builds in flight (names
+    starting with a dot) are not entries, nor is the roofline measurement (small, and slow to redo)."""
+    root = cache_dir() if root is None else root
+    if not root.is_dir():
+        return []
+    parents = [b for b in root.iterdir() if _is_bucket(b)]
+    parents += [root / "models"] + [b for b in (root / "llvm").glob("??") if _is_bucket(b)]
+    found = []
+    for parent in parents:
+        for entry in parent.iterdir() if parent.is_dir() else ():
+            if entry.name.startswith("."):
+                continue
+            try:
+                files = [entry] if entry.is_file() else [f for f in entry.rglob("*") if f.is_file()]
+                found.append(CacheEntry(entry, sum(f.stat().st_size for f in files), entry.stat().st_mtime))
+            except OSError:
+                continue  # removed while we looked
+    return found
+
+
+def prune_cache(limit: int | None = None, root: Path | None = None, stale_after: float = 86400.0,
+                keep_recent: float = 0.0) -> list[Path]:  # fmt: skip
+    """Evict least recently used entries until the cache holds at most `limit` bytes (default `cache_limit()`; it
+    stops at 80% so that the next few compiles do not prune again), never one used in the last `keep_recent`
+    seconds (a compile in progress may still need what it built), and remove staging directories older than
+    `stale_after` seconds (left by killed builds). Each entry is renamed aside before removal, so a reader sees a
+    whole entry or none. Returns the removed entries."""
+    root = cache_dir() if root is None else root
+    limit = cache_limit() if limit is None else limit
+    removed = []
+    now = time.time()
+    for stage in [*root.glob("*/.*"), *root.glob("llvm/??/.*")] if root.is_dir() else ():
+        with contextlib.suppress(OSError):
+            if now - stage.stat().st_mtime > stale_after:
+                shutil.rmtree(stage, ignore_errors=True) if stage.is_dir() else stage.unlink()
+    if limit is None:
+        return removed
+    entries = sorted(cache_entries(root), key=lambda e: e.used)
+    total = sum(e.bytes for e in entries)
+    if total <= limit:
+        return removed
+    for e in entries:
+        if total <= 0.8 * limit or e.used > now - keep_recent:
+            break
+        if e.path.is_dir():
+            _discard(e.path)
+        else:
+            e.path.unlink(missing_ok=True)
+        total -= e.bytes
+        removed.append(e.path)
+    return removed
+
+
+def maybe_prune_cache() -> None:
+    """`prune_cache()` at most once per PRUNE_EVERY seconds per cache directory (a stamp file's mtime says when),
+    called after a build adds to the cache. Errors are ignored: a cache that cannot be pruned still works."""
+    root = cache_dir()
+    stamp = root / ".pruned"
+    try:
+        if stamp.exists() and time.time() - stamp.stat().st_mtime < PRUNE_EVERY:
+            return
+        root.mkdir(parents=True, exist_ok=True)
+        stamp.touch()
+        prune_cache(root=root, keep_recent=KEEP_RECENT)
+    except (OSError, ValueError):
+        pass
 
 
 @functools.cache
@@ -120,6 +238,7 @@ def compile_c(source: str, flags: list[str], name: str = "kernel", cc: str | Non
     entry = cache_dir() / key[:2] / key
     lib = entry / f"{name}.so"
     if lib.exists():
+        touch(entry)
         return lib
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
@@ -141,6 +260,7 @@ def compile_c(source: str, flags: list[str], name: str = "kernel", cc: str | Non
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    maybe_prune_cache()
     return lib
 
 
@@ -153,6 +273,7 @@ def cached_build(key_parts: list[str], out_name: str, build) -> Path:
     out = entry / out_name
     if out.exists():
         if _entry_intact(out):
+            touch(entry)
             return out
         _discard(entry)
     entry.parent.mkdir(parents=True, exist_ok=True)
@@ -168,6 +289,7 @@ def cached_build(key_parts: list[str], out_name: str, build) -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    maybe_prune_cache()
     return out
 
 

@@ -7,7 +7,8 @@ depends on (`model_key`): the model's bytes, the target with this machine's CPU 
 `ember.load` checks the manifest before it loads any native code, so an entry that is truncated, edited or half
 deleted is reported, removed and rebuilt, never run.
 
-`EMBER_COMPILE_CACHE=0` turns it off (the kernel cache of `codegen.toolchain` stays on).
+`EMBER_COMPILE_CACHE=0` turns it off (the kernel cache of `codegen.toolchain` stays on). Entries share the cache
+directory's size limit (`EMBER_CACHE_SIZE`, `codegen.toolchain.prune_cache`): least recently used ones go first.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..codegen.toolchain import cache_dir, cc_version, find_cc
+from ..codegen.toolchain import cache_dir, cc_version, find_cc, maybe_prune_cache, touch
 from ..target import Target
 from .model import Model
 
@@ -33,8 +34,8 @@ __all__ = ["ENV_KEYS", "cache_enabled", "entry_path", "lookup", "model_key", "so
 
 # environment variables besides EMBER_* that change what a compile produces
 ENV_KEYS = ("CC", "CFLAGS", "CPPFLAGS", "LDFLAGS")
-# EMBER_* variables that do not: where the cache lives, and this switch
-ENV_IGNORED = ("EMBER_CACHE_DIR", "EMBER_COMPILE_CACHE")
+# EMBER_* variables that do not: where the cache lives, its size limit, and this switch
+ENV_IGNORED = ("EMBER_CACHE_DIR", "EMBER_CACHE_SIZE", "EMBER_COMPILE_CACHE")
 
 
 def cache_enabled() -> bool:
@@ -94,7 +95,9 @@ def lookup(key: str, load: Callable[[Path], Model]) -> Model | None:
     if not (path / "manifest.json").exists() and not path.exists():
         return None
     try:
-        return load(path)
+        model = load(path)
+        touch(path)
+        return model
     except Exception as e:  # noqa: BLE001 - any defect of an entry means: do not trust it, rebuild it
         warnings.warn(f"ember compile cache: entry {path} is damaged ({type(e).__name__}: {e}); rebuilding it",
                       RuntimeWarning, stacklevel=3)  # fmt: skip
@@ -122,4 +125,5 @@ def store(key: str, model: Model) -> Path | None:
     except (NotImplementedError, OSError) as e:
         warnings.warn(f"ember compile cache: not storing {path} ({e})", RuntimeWarning, stacklevel=3)
         return None
+    maybe_prune_cache()
     return path
