@@ -40,8 +40,9 @@ from .te.schedule import Schedule, ScheduleError, topo_ops
 from .te.tensor import ComputeOp, Reduce, Tensor, TensorLoad, compute, const, placeholder, prod_hint
 from .templates.flat import default_schedule
 from .templates.gpu import is_gpu, schedule_gpu
+from .tir.arith import simplify
 from .tir.dtype import NarrowArithmeticError
-from .tir.expr import Cast, Const, Select, Var
+from .tir.expr import Cast, Const, Expr, Select, Var, binop, convert
 from .tir.stmt import size_params
 from .tir.transform import optimize
 
@@ -118,6 +119,7 @@ class Kernel:
     func: Any  # PrimFunc
     flops: int
     passed: list[bool]  # per input: passed as an argument (False: a constant baked into the code)
+    flops_expr: Any = None  # symbolic sizes: the exact count, an expression of them (`flops` is at their hints)
 
 
 @dataclass
@@ -360,7 +362,8 @@ class GraphLowering:
         body = node.attrs["body"].nodes if node.op == "Fused" else [node]
         # what the code reads and writes: checked at load (a symbolic kernel's bytes depend on the sizes)
         arg_bytes = [b.nbytes for b in kernel.func.params] if all(b.is_static for b in kernel.func.params) else []
-        info = KernelInfo(kernel.name, args, [m.name for m in body], [m.op for m in body], kernel.flops, arg_bytes)
+        info = KernelInfo(kernel.name, args, [m.name for m in body], [m.op for m in body], kernel.flops, arg_bytes,
+                          flops_expr=kernel.flops_expr)  # fmt: skip
         info.sizes = size_params(kernel.func.params)  # its size variables; `plan` turns them into indices
         if self.steps and self.steps[-1].kind == "segment":
             self.steps[-1].kernels.append(info)
@@ -386,7 +389,9 @@ class GraphLowering:
         name = c_symbol(f"{label[:48]}_{len(self.kernels)}")
         passes = GPU_PIPELINE if is_gpu(self.target) else None
         func = optimize(lower_schedule(te_kernel.schedule, te_kernel.args, name), passes)
-        kernel = Kernel(name, func, flops(te_kernel.outputs), te_kernel.passed)
+        exact = flops(te_kernel.outputs, exact=True)
+        symbolic = exact if isinstance(exact, Expr) else None
+        kernel = Kernel(name, func, flops(te_kernel.outputs), te_kernel.passed, symbolic)
         self.kernels[key] = kernel
         return kernel
 
@@ -459,27 +464,38 @@ def _extent(d: Any) -> int:
     return int(d) if isinstance(d, int | np.integer) else 1  # a size variable: unknown until run time
 
 
-def flops(outs: list[Tensor]) -> int:
+def flops(outs: list[Tensor], exact: bool = False) -> Any:
     """Arithmetic estimate: 2 per multiply-accumulate of reductions, 1 per element otherwise; a stage that only
     moves data (packing, padding, a crop: its body reads, selects and casts) counts 0, and a template's padded
     accumulation (a GEMM's columns rounded up to its panels) counts the elements of the output that reads it
-    (`attrs["acc"]`), not its padding."""
+    (`attrs["acc"]`), not its padding. Symbolic sizes count at their hint (an int), or with `exact` as themselves:
+    an integer expression of the size variables (`tir.arith.eval_int` gives it at a call's sizes)."""
+    prod = _prod_exact if exact else prod_hint
     ops = topo_ops([t.op for t in outs])
     logical = {}  # accumulation op -> the elements of the template output cropping it
     for op in ops:
         acc = op.attrs.get("acc") if isinstance(op, ComputeOp) else None
         if isinstance(acc, Tensor):
-            logical[acc.op] = min(prod_hint(op.shape), prod_hint(acc.shape))
-    total = 0
+            padded, cropped = prod(op.shape), prod(acc.shape)
+            logical[acc.op] = min(padded, cropped) if not exact else binop("min", padded, cropped)
+    total: Any = 0
     for op in ops:
         if isinstance(op, ComputeOp):
-            n = logical.get(op, prod_hint(op.shape))  # symbolic sizes count at their hint (te.size_hint)
+            n = logical.get(op, prod(op.shape))
             if isinstance(op.body, Reduce):
-                n *= 2 * prod_hint([iv.dom[1] for iv in op.reduce_axis])
+                n = n * 2 * prod([iv.dom[1] for iv in op.reduce_axis])
             elif not _computes(op.body):
                 n = 0
-            total += n
-    return total
+            total = total + n
+    return simplify(convert(total)) if isinstance(total, Expr) else int(total)
+
+
+def _prod_exact(dims: Any) -> Any:
+    """The product of sizes: an int, or an integer expression of the size variables."""
+    out: Any = 1
+    for d in dims:
+        out = out * (d if isinstance(d, Expr) else int(d))
+    return out
 
 
 def _computes(e: Any) -> bool:

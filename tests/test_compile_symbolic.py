@@ -134,8 +134,32 @@ def test_a_symbolic_batch_keeps_winograd_convolutions():
     assert "ConvWinogradNCHWc" in {op for k in cm.profile({"x": np.zeros((1, 32, 16, 16), np.float32)})
                                    for op in k["ops"]}  # fmt: skip
     check_sizes(model, cm, lambda n: {"x": rng.standard_normal((n, 32, 16, 16)).astype(np.float32)}, (1, 3, 4))
-    rows = cm.profile({"x": np.zeros((1, 32, 16, 16), np.float32)})  # FLOPs of the size hint are not this call's
-    assert all(r["flops"] == 0 and r["gflops"] == 0 for r in rows if r["ops"][0] == "ConvWinogradNCHWc")
+
+
+def test_profile_counts_flops_and_bytes_at_the_call_sizes(tmp_path):
+    """A symbolic kernel's FLOPs are an expression of the sizes, evaluated at each call's (not the compile's size
+    hint), the same through save and load, and equal to those of the model specialized to that size."""
+    rng = np.random.default_rng(9)
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 8, 3, 3], (rng.standard_normal((16, 8, 3, 3)) / 9).ravel())
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 12, 12])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 12, 12])
+    model = helper.make_model(helper.make_graph(nodes, "conv", [x], [y], [w]),
+                              opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    cm = ember.compile(model, target="c", dynamic_bounds={"N": (1, 8)})
+    cm.save(tmp_path / "m")
+    loaded = ember.load(tmp_path / "m")
+
+    def totals(m, n):
+        rows = m.profile({"x": np.zeros((n, 8, 12, 12), np.float32)}, repeat=1)
+        return sum(r["flops"] for r in rows), sum(r["bytes"] or 0 for r in rows)
+
+    for n in (1, 5):
+        flops, nbytes = totals(cm, n)
+        specialized = totals(ember.compile(model, target="c", input_shapes={"x": (n, 8, 12, 12)}), n)
+        assert flops == specialized[0] >= n * 2 * 16 * 8 * 9 * 144
+        assert nbytes > 0
+        assert totals(loaded, n)[0] == flops
 
 
 def _array_before_a_guard_page(shape: tuple[int, ...]) -> tuple[np.ndarray, object]:

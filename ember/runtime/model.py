@@ -243,6 +243,10 @@ class Model:
     def _summary_extra(self) -> dict:
         return {}
 
+    def _current_plan(self) -> Plan:
+        """The plan of the calling thread's current call (a backend with symbolic sizes: the plan at them)."""
+        return self.plan
+
     def _profile_extra(self, step: int, call: int | None) -> dict:
         """Extra columns of the profile row of a step's kernel call (None: a fallback step)."""
         return {}
@@ -346,18 +350,18 @@ class Model:
                 times: dict[int, float] = {}
                 self._execute(arrays, times)
                 samples.append(times)
+        sized = self._current_plan()
+        env = {v: sized.info.get("sizes", {}).get(v.name) for v in self.plan.size_vars}
         rows = []
         for j, s in enumerate(self.plan.steps):
             for c, k in enumerate(s.kernels) if s.kind == "segment" else [(None, None)]:
                 med = statistics.median(t[len(rows)] for t in samples)
                 if k is None:
                     row = {"kernel": f"fallback:{s.op}", "ops": [s.op], "nodes": [s.node], "seconds": med, "flops": 0}
-                else:
-                    # a kernel with symbolic sizes: its FLOPs were counted at the compile's size hint, not this
-                    # call's sizes, so they are not reported (0: unknown) rather than reported wrong
+                else:  # (a kernel with symbolic sizes: its FLOPs and bytes at this call's sizes)
                     row = {"kernel": k.name, "ops": k.ops, "nodes": k.nodes, "seconds": med,
-                           "flops": 0 if k.sizes else k.flops,
-                           "bytes": self._kernel_bytes(k.args, k.arg_bytes)}  # fmt: skip
+                           "flops": k.flops_at(env),
+                           "bytes": self._kernel_bytes(k.args, k.arg_bytes, sized)}  # fmt: skip
                 rows.append(row | self._profile_extra(j, c))
         total = sum(r["seconds"] for r in rows) or 1.0
         for r in rows:
@@ -367,11 +371,11 @@ class Model:
         self._roofline = add_roofline(rows, self._limits())
         return sorted(rows, key=lambda r: -r["seconds"])
 
-    def _kernel_bytes(self, args: list[int], arg_bytes: list[int]) -> int | None:
-        """The bytes a kernel moves: each argument once (None: sizes known only at run time)."""
+    def _kernel_bytes(self, args: list[int], arg_bytes: list[int], plan: Plan | None = None) -> int | None:
+        """The bytes a kernel moves: each argument once, at the sizes of `plan` (None: not known)."""
         if arg_bytes:
             return int(sum(arg_bytes))
-        values = [self.plan.values[a] for a in args]
+        values = [(plan or self.plan).values[a] for a in args]
         return sum(v.nbytes for v in values) if all(v.is_static for v in values) else None
 
     def profile_table(self, inputs: Feeds | None = None, top: int = 20) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -60,6 +61,14 @@ class KernelInfo:
     flops: int = 0
     arg_bytes: list[int] = field(default_factory=list)  # bytes the code reads or writes per argument
     sizes: list[int] = field(default_factory=list)  # a kernel with symbolic sizes: indices into Plan.size_vars
+    flops_expr: Any = None  # symbolic sizes: its FLOPs as an expression of them (`flops`: at the compile's hints)
+
+    def flops_at(self, env: dict) -> int:
+        """Its FLOPs at a call's sizes (`env`: size variable -> value)."""
+        if self.flops_expr is None:
+            return self.flops
+        n = eval_int(self.flops_expr, env)
+        return self.flops if n is None else int(n)
 
 
 @dataclass
@@ -199,7 +208,7 @@ class Plan:
         def step(s: Step) -> dict:
             d = {"kind": s.kind}
             if s.kind == "segment":
-                d |= {"function": s.function, "kernels": [vars(k) for k in s.kernels]}
+                d |= {"function": s.function, "kernels": [_kernel_json(k) for k in s.kernels]}
             else:
                 d |= {"op": s.op, "attrs": _json_attrs(s.attrs), "inputs": s.inputs, "outputs": s.outputs,
                       "node": s.node}  # fmt: skip
@@ -227,11 +236,18 @@ class Plan:
         steps = []
         for s in d["steps"]:
             if s["kind"] == "segment":
-                steps.append(Step("segment", [KernelInfo(**k) for k in s["kernels"]], s["function"]))
+                kernels = [KernelInfo(**(k | {"flops_expr": dim_from_json(k["flops_expr"], size)}
+                                         if "flops_expr" in k else k)) for k in s["kernels"]]  # fmt: skip
+                steps.append(Step("segment", kernels, s["function"]))
             else:
                 steps.append(Step("fallback", op=s["op"], attrs=_unjson_attrs(s["attrs"]), inputs=s["inputs"],
                                   outputs=s["outputs"], node=s["node"]))  # fmt: skip
         return Plan(d["name"], values, d["inputs"], d["outputs"], steps, d["workspace"], d["target"], d["info"])
+
+
+def _kernel_json(k: KernelInfo) -> dict:
+    d = {f: v for f, v in vars(k).items() if f != "flops_expr"}
+    return d | ({"flops_expr": dim_to_json(k.flops_expr)} if k.flops_expr is not None else {})
 
 
 def _json_attrs(attrs: dict) -> dict:
