@@ -507,11 +507,13 @@ def _register_tile(O: Stage, L: Stage, d: Decider, target: Target) -> None:
     else:
         O.vectorize(inner[-1])
         _unroll(O, inner[:-1], size)
-    if outer:
-        par = O.fuse(*outer) if len(outer) > 1 else outer[0]
+    if outer:  # fused only to run parallel: apart, the partial tiles at their ends are partitioned off the others
         if d.pick(f"{O.name}.parallel", [True, False] if threads > 1 else [False]):
-            O.parallel(par)
-        L.compute_at(O, par)
+            at = O.fuse(*outer) if len(outer) > 1 else outer[0]
+            O.parallel(at)
+        else:
+            at = outer[-1]
+        L.compute_at(O, at)
     # the accumulation: reduction loops outside, the unrolled register tile inside, its last axis vectorized
     red = [split_levels(L, iv, 2, d, f"{L.name}.{iv.name}", limit=16) for iv in L.op.reduce_axis]
     *rows, last = L.op.axis
@@ -580,7 +582,7 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
     """Tile output O over its last three axes (channels, rows, width: each a decision, the accumulators within
     the vector registers), R (a window reduction, or None) accumulated in a local tile at the width loop; returns
     O's outer loop (its lead axes and channel tiles fused)."""
-    lanes = lanes_of((R or O).op.output().dtype, target)
+    lanes = min(lanes_of(st.op.output().dtype, target) for st in (R or O, O))  # int64 indices: 8-lane vectors
     *lead, h, w = O.op.axis
     c = lead.pop() if lead else None
     n_w, n_h = w.dom[1], h.dom[1]  # type: ignore[index]
