@@ -20,6 +20,11 @@ A *sketch* is the structure of a schedule, decided by rules over the stages of a
   kernel's other stages are scheduled around it as by the other rules;
 - an elementwise stage read by several stages (a softmax's exp: its row sum and the output) may be computed
   once into a buffer instead of inlined into each reader;
+- on CPUs, a kernel whose reductions are all short windows (pooling, depthwise convolution: a few taps, read at
+  output position x stride + tap) may be a window tile (`window`): each output tiled over a block of channels,
+  a few rows and a width of whole vectors, the window reduction it reads accumulated in a local tile at that
+  tile's loop (the window outside, the tile unrolled inside, the width vectorized; the window optionally
+  unrolled), the padded input inlined (the border partitioned off), at root, or copied per channel tile;
 - every other stage (row reductions of softmax and normalizations, pooling) is computed at root or at a loop of
   the output, its spatial loop innermost so it vectorizes.
 
@@ -55,6 +60,7 @@ MAX_SHARED = 48 * 1024  # bytes of shared memory per block
 MAX_UNROLL = 64  # iterations one unrolled nest may expand to
 RFACTOR_MIN = 32  # shortest reduction that rfactor splits
 MAX_REG_UNROLL = 256  # statements one unrolled register tile (with its reduction steps) may expand to
+MAX_WINDOW = 64  # longest reduction (taps) that the window rule treats as a sliding window
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class Sketch:
     rfactor: bool = False  # split long reductions without reuse into vectorized partial sums
     shared: bool = False  # GPU: the reuse reduction's operands cached in shared memory per block
     register: bool = False  # CPU: the reuse reduction as a register tile (vectorized columns, unrolled reduction)
+    window: bool = False  # CPU: window reductions (pooling, depthwise) in local tiles of their outputs
 
 
 @dataclass
@@ -122,6 +129,22 @@ def has_reuse(st: Stage) -> bool:
     return False
 
 
+def is_window(st: Stage) -> bool:
+    """A short reduction (at most MAX_WINDOW taps) that reads an input at a spatial index plus a reduction index
+    (a sliding window: pooling, depthwise convolution), with at least two output axes."""
+    if not is_reduce(st) or _reduce_extent(st) > MAX_WINDOW or len(st.op.axis) < 2:
+        return False
+    spatial = {iv.var for iv in st.op.axis}
+    taps = {iv.var for iv in st.op.reduce_axis}
+    for n in walk(st.op.body):
+        if isinstance(n, TensorLoad):
+            for i in n.indices:
+                used = {v for v in walk(i) if isinstance(v, Var)}
+                if used & spatial and used & taps:
+                    return True
+    return False
+
+
 def _readers(s: Schedule) -> dict[Stage, list[Stage]]:
     """Stages that read each stage once inlined stages are looked through (the loops that do the reading)."""
     direct: dict[Stage, list[Stage]] = {}
@@ -163,6 +186,9 @@ def sketches(outs: Sequence[Tensor], target: Target) -> list[Sketch]:
         out.append(Sketch("tile.reg", register=True))
     if long_rows:
         out.append(Sketch("rows.rfactor" if not reuse else "tile.rfactor", rfactor=True))
+    reductions = [st for st in stages if is_reduce(st)]
+    if reductions and all(is_window(st) for st in reductions):
+        out.append(Sketch("window", window=True))
     return out
 
 
@@ -210,7 +236,8 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
     d = Decider(dict(decisions or {}), rng, lanes=0 if sketch.gpu else lanes_of("float32", target))
     s = te.create_schedule(list(outs))
     layouts = _layout_stages(s) if sketch.register else []
-    optional = layouts + ([] if sketch.gpu else _shared_stages(s))
+    pads = _pad_stages(s) if sketch.window else []
+    optional = layouts + pads + ([] if sketch.gpu else _shared_stages(s))
     for st in s.stages:
         if inlinable(st) and (st not in optional or d.pick(f"{st.name}.inline", [True, False])):
             st.compute_inline()
@@ -218,6 +245,8 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
         _apply_register(s, d, target, [st for st in layouts if st.attach != "inline"])
     elif sketch.gpu:
         _apply_gpu(sketch, s, d)
+    elif sketch.window:
+        _apply_window(s, d, target, [st for st in pads if st.attach != "inline"])
     else:
         _apply_cpu(sketch, s, d, target)
     return s, d.taken
@@ -478,11 +507,13 @@ def _register_tile(O: Stage, L: Stage, d: Decider, target: Target) -> None:
     else:
         O.vectorize(inner[-1])
         _unroll(O, inner[:-1], size)
-    if outer:
-        par = O.fuse(*outer) if len(outer) > 1 else outer[0]
+    if outer:  # fused only to run parallel: apart, the partial tiles at their ends are partitioned off the others
         if d.pick(f"{O.name}.parallel", [True, False] if threads > 1 else [False]):
-            O.parallel(par)
-        L.compute_at(O, par)
+            at = O.fuse(*outer) if len(outer) > 1 else outer[0]
+            O.parallel(at)
+        else:
+            at = outer[-1]
+        L.compute_at(O, at)
     # the accumulation: reduction loops outside, the unrolled register tile inside, its last axis vectorized
     red = [split_levels(L, iv, 2, d, f"{L.name}.{iv.name}", limit=16) for iv in L.op.reduce_axis]
     *rows, last = L.op.axis
@@ -498,6 +529,120 @@ def _register_tile(O: Stage, L: Stage, d: Decider, target: Target) -> None:
     L.reorder(*[r[0] for r in red], *[r[1] for r in red], *rows, *tail)
     L.vectorize(tail[-1])
     _unroll(L, [r[1] for r in red] + rows + tail[:-1], ext, MAX_REG_UNROLL)
+
+
+# -- window tiles (CPU) -------------------------------------------------------------------------------
+def _pad_stages(s: Schedule) -> list[Stage]:
+    """Padded copies of an input (`nn_pad`) that a window reduction reads: inlined (the padded border is then
+    partitioned off the window's loops), or materialized at root or per channel tile."""
+    out: list[Stage] = []
+    for st in s.stages:
+        if is_window(st):
+            out += [s[t] for t in st.op.inputs if inlinable(s[t]) and s[t].op.tag == "nn_pad" and s[t] not in out]
+    return out
+
+
+def _apply_window(s: Schedule, d: Decider, target: Target, pads: list[Stage]) -> None:
+    """Each output tiled over (lead axes, channel block, rows, width); the window reduction that it alone reads
+    (same shape: the pooling divide, a bias) or that it is (through a write cache) is accumulated in a local tile
+    at the output's width loop: the window's taps outside, the tile's channels and rows unrolled inside, its width
+    in vectors. A materialized padded input is computed at root or at the output's channel-tile loop."""
+    readers = _readers(s)
+    tiles: dict[Stage, IterVar] = {}  # each output's outermost (lead and channel tile) loop
+    locals_: dict[Stage, Stage] = {}  # each window reduction's local tile -> the output that holds it
+    for O in [st for st in _roots(s) if st.is_output]:
+        if O.attach != "root":
+            continue
+        shape = tuple(O.op.shape)
+        R = next((st for st in _roots(s) if not st.is_output and is_window(st) and readers.get(st) == [O]
+                  and tuple(st.op.shape) == shape), None)  # fmt: skip
+        if R is None and is_window(O):
+            name = O.name
+            R = s[s.cache_write(O.op.output(), "local")]
+            O = next(st for st in s.stages if st.name == name)
+        elif R is not None:
+            R.set_scope("local")
+        tiles[O] = _window_tile(O, R, d, target)
+        if R is not None:
+            locals_[R] = O
+    readers = _readers(s)
+    for P in pads:
+        users = [r for r in readers.get(P, []) if r in locals_]
+        where = ["root"] + (["tile"] if len(users) == 1 and users == readers.get(P) else [])
+        O = locals_[users[0]] if users else None
+        if d.pick(f"{P.name}.at", where) == "tile" and O is not None:
+            P.compute_at(O, tiles[O])
+        _vector_rows(P, d, target)
+    for st in _roots(s):  # anything left (a window reduction read by several stages): at root, tiled plainly
+        if st.attach == "root" and st not in tiles and st not in pads:
+            _tile_root(st, d, target.threads or 1, Sketch("rows"))
+
+
+def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterVar:
+    """Tile output O over its last three axes (channels, rows, width: each a decision, the accumulators within
+    the vector registers), R (a window reduction, or None) accumulated in a local tile at the width loop; returns
+    O's outer loop (its lead axes and channel tiles fused)."""
+    lanes = min(lanes_of(st.op.output().dtype, target) for st in (R or O, O))  # int64 indices: 8-lane vectors
+    *lead, h, w = O.op.axis
+    c = lead.pop() if lead else None
+    n_w, n_h = w.dom[1], h.dom[1]  # type: ignore[index]
+    widths = sorted({lanes * m for m in (1, 2, 3, 4) if lanes * (m - 1) < n_w} | {v for v in (lanes // 2, lanes // 4)
+                     if v >= 4 and v < n_w} or {n_w})  # fmt: skip
+    width = d.pick(f"{O.name}.width", widths)
+    vec = min(width, lanes)
+    nvec = -(-width // vec)
+    room = max(1, (vector_regs(target) - 4) // nvec)
+    rows = d.pick(f"{O.name}.rows", [r for r in (1, 2, 3, 4, 7) if r <= min(n_h, room)] or [1])
+    n_c = c.dom[1] if c is not None else 1  # type: ignore[index]
+    block = d.pick(f"{O.name}.block", [b for b in (1, 2, 4, 8) if b <= min(n_c, max(1, room // rows))] or [1])
+    ho, hi = O.split(h, rows)
+    wo, wi = O.split(w, width)
+    if c is not None:
+        co, ci = O.split(c, block)
+        outer, tile = [*lead, co, ho, wo], [ci, hi, wi]
+    else:
+        outer, tile = [*lead, ho, wo], [hi, wi]
+    O.reorder(*outer, *tile)
+    for iv in tile[:-1]:
+        O.unroll(iv)
+    if nvec > 1:
+        wio, wii = O.split(wi, vec)
+        O.unroll(wio)
+        O.vectorize(wii)
+    else:
+        O.vectorize(wi)
+    top = O.fuse(*outer[:-2]) if len(outer) > 3 else outer[0]
+    if len(outer) > 2 and d.pick(f"{O.name}.parallel", [True, False] if (target.threads or 1) > 1 else [False]):
+        O.parallel(top)
+    if R is None:
+        return top
+    R.compute_at(O, wo)
+    *rlead, rh, rw = R.op.axis
+    taps = list(R.op.reduce_axis)
+    if nvec > 1:
+        rwo, rwi = R.split(rw, vec)
+        R.reorder(*rlead, *taps, rh, rwo, rwi)
+        R.unroll(rwo)
+    else:
+        rwi = rw
+        R.reorder(*rlead, *taps, rh, rw)
+    R.vectorize(rwi)
+    R.unroll(rh)
+    if rlead and c is not None:
+        R.unroll(rlead[-1])
+    if d.pick(f"{R.name}.unroll_window", [False, True]):
+        _unroll(R, taps, {iv: iv.dom[1] for iv in taps}, MAX_UNROLL)  # type: ignore[misc]
+    return top
+
+
+def _vector_rows(st: Stage, d: Decider, target: Target) -> None:
+    """A copy (the padded input): its last axis in vectors."""
+    last = st.op.axis[-1]
+    lanes = lanes_of(st.op.output().dtype, target)
+    if last.dom[1] > lanes:  # type: ignore[index]
+        st.vectorize(st.split(last, lanes)[1])
+    elif d.vectorize(f"{st.name}.vectorize", last.dom[1]):  # type: ignore[arg-type]
+        st.vectorize(last)
 
 
 # -- GPU ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Property tests: any sketch of a kernel with any random annotation computes the numpy reference.
 
-Kernels: a matmul, a padded convolution, a softmax, a layer norm and a fused elementwise group (the compiler's
+Kernels: a matmul, a padded convolution, a softmax, a layer norm, a fused elementwise group and the window
+reductions (average and max pooling with its indices, a depthwise convolution: the window sketch) (the compiler's
 own computes, through `AutoTask`), on C, LLVM and OpenCL. Hypothesis draws the sketch and the seed of its
 annotation; inputs are fresh random arrays per example. Few, small examples: each compiles one kernel.
 """
@@ -42,6 +43,7 @@ def fused_elementwise(target: str) -> AutoTask:
     return AutoTask.from_node(Node("Fused", [ox, ob], [oy], {"body": body}, "fused"), target)
 
 
+POOL = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1]}
 KERNELS = {
     "matmul": lambda t: AutoTask.from_op("MatMul", [(13, 10), (10, 17)], target=t),
     "conv": lambda t: AutoTask.from_op("Conv", [(1, 3, 7, 7), (5, 3, 3, 3)], {"pads": [1, 1, 1, 1], "strides": [1, 1],
@@ -49,12 +51,16 @@ KERNELS = {
     "softmax": lambda t: AutoTask.from_op("Softmax", [(6, 45)], {"axis": -1}, target=t),
     "layernorm": lambda t: AutoTask.from_op("LayerNormalization", [(5, 40), (40,), (40,)], {"axis": -1}, target=t),
     "fused": fused_elementwise,
+    "avgpool": lambda t: AutoTask.from_op("AveragePool", [(1, 3, 9, 11)], {**POOL, "count_include_pad": 0}, target=t),
+    "maxpool": lambda t: AutoTask.from_op("MaxPool", [(1, 3, 10, 9)], {**POOL, "ceil_mode": 1}, target=t),
+    "depthwise": lambda t: AutoTask.from_op("Conv", [(1, 5, 7, 19), (5, 1, 3, 3)], {"pads": [1, 1, 1, 1],
+                                            "strides": [1, 1], "dilations": [1, 1], "group": 5}, target=t),  # fmt: skip
 }
 
 
-def _check(kernel: str, target: str, data) -> None:
+def _check(kernel: str, target: str, data, sketch: str | None = None) -> None:
     task = KERNELS[kernel](target)
-    sketches = task.sketches()
+    sketches = [s for s in task.sketches() if sketch is None or s.name == sketch]
     sk = data.draw(st.sampled_from(sketches), label="sketch")
     seed = data.draw(st.integers(0, 2**16), label="seed")
     outs, args = task.computes()
@@ -78,6 +84,14 @@ def _check(kernel: str, target: str, data) -> None:
 @given(data=st.data())
 def test_any_sketch_any_annotation_cpu(kernel, target, data):
     _check(kernel, target, data)
+
+
+@pytest.mark.parametrize("kernel", ["avgpool", "maxpool", "depthwise"])
+@pytest.mark.parametrize("target", ["c", "llvm"])
+@settings(PROPERTY, max_examples=max(1, EXAMPLES // 2))
+@given(data=st.data())
+def test_window_sketch_any_annotation(kernel, target, data):
+    _check(kernel, target, data, "window")
 
 
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
@@ -109,6 +123,36 @@ def test_sketches_follow_the_rules():
     _, S_ = row_sum()
     assert [s.name for s in S.sketches([S_], Target.parse("c"))] == ["rows", "rows.rfactor"]
     assert [s.name for s in S.sketches([row_sum(20)[1]], Target.parse("c"))] == ["rows"]  # short: no rfactor
+    # window reductions (a few taps at position x stride + tap): the window sketch, on CPUs only
+    assert names(KERNELS["avgpool"]("c")) == ["rows", "window"]
+    assert names(KERNELS["maxpool"]("llvm")) == ["rows", "window"]
+    assert "window" in names(KERNELS["depthwise"]("c")) and "window" not in names(KERNELS["depthwise"]("opencl"))
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+@pytest.mark.parametrize("pad", ["inline", "root", "tile"])
+def test_window_sketch(target, pad):
+    """window: the depthwise accumulation a local tile (channels x rows x width) at the output's width loop, its
+    width in vectors, the taps outside and unrolled, the padded input inlined, at root or per channel tile."""
+    task = KERNELS["depthwise"](target)
+    outs, args = task.computes()
+    tgt = Target.parse(target)
+    lanes = S.lanes_of("float32", tgt)
+    dec = {"conv_pad.inline": pad == "inline", "conv_pad.at": pad, "conv.width": lanes, "conv.rows": 2,
+           "conv.block": 2, "conv_acc.unroll_window": True}  # fmt: skip
+    sch, taken = S.apply(task.sketch("window"), outs, tgt, dec)
+    assert {k: taken[k] for k in dec if k in taken} == {k: v for k, v in dec.items() if k in taken}
+    text = str(S.check(sch, args, tgt))
+    assert f"conv_acc = alloc float32[1, 2, 2, {lanes}], local" in text, text
+    assert f"vectorized({lanes})" in text and "unrolled(" in text, text
+    assert ("conv_pad = alloc" in text) == (pad != "inline"), text
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((1, 5, 7, 19)).astype("float32"), rng.standard_normal((5, 1, 3, 3)).astype("float32")
+    out = np.zeros((1, 5, 7, 19), "float32")
+    ember.build(sch, args, target=target)(x, w, out)
+    torch = pytest.importorskip("torch", reason="the reference depthwise convolution is torch's")
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1, groups=5).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("target", ["c", "llvm"])
