@@ -48,7 +48,7 @@ from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
 from ember.templates import nchwc as B
 from ember.templates import nn as T
-from ember.templates.flat import schedule_injective
+from ember.templates.flat import default_schedule, schedule_injective, standalone
 from ember.tir.expr import Expr
 
 
@@ -403,3 +403,59 @@ def _channel_shuffle_compute(a: dict, *xs: Tensor) -> Tensor:
 
     shape = (xs[0].shape[0], offsets[-1], *xs[0].shape[2:])
     return te.compute(shape, body, name="channel_shuffle", tag="channel_shuffle", attrs=rows(2))
+
+
+# -- channel shuffle in the blocked layout --------------------------------------------------------------
+def _shuffle_nchwc_infer(a: dict, *xs: TensorType) -> TensorType:
+    g, b = a["group"], a["block"]
+    if any(t.rank != 5 for t in xs):
+        raise ShapeError(f"ChannelShuffleNCHWc(group={g}) takes [N, C/c, H, W, c] tensors (NCHW[x]c), got "
+                         f"{', '.join(map(str, xs))}")  # fmt: skip
+    channels = [t.shape[1] * t.shape[4] if isinstance(t.shape[1], int) else None for t in xs]
+    if None in channels or g < 1 or sum(channels) % g or b < 1 or sum(channels) % b:
+        raise ShapeError(f"ChannelShuffleNCHWc(group={g}, block={b}): the channels of {', '.join(map(str, xs))} "
+                         f"must add up to a multiple of the group and of the block")  # fmt: skip
+    x = xs[0]
+    if any(t.dtype != x.dtype or (t.shape[0],) + t.shape[2:4] != (x.shape[0],) + x.shape[2:4] for t in xs):
+        raise ShapeError(f"ChannelShuffleNCHWc inputs {', '.join(map(str, xs))} differ outside the channels")
+    return x.with_shape((x.shape[0], sum(channels) // b, *x.shape[2:4], b))
+
+
+@op("ChannelShuffleNCHWc", Pattern.OPAQUE, infer=_shuffle_nchwc_infer, inputs=(1, None),
+    attrs=[Attr("group", "int"), Attr("block", "int")])  # fmt: skip
+def channel_shuffle_nchwc(a: dict, *xs: np.ndarray) -> np.ndarray:
+    """`ChannelShuffle(group)` of blocked inputs [N, C_k/c_k, H, W, c_k] (each its own block, 1 included),
+    the output blocked by `block`: [N, C/block, H, W, block]. The ConvertLayout pass makes it where the
+    shuffle's inputs are blocked, so that the convolutions around it need no LayoutTransform."""
+    flat = [relayout(x, f"NCHW{x.shape[4]}c", "NCHW") for x in xs]
+    y = channel_shuffle({"group": a["group"]}, *flat)
+    return relayout(y, "NCHW", f"NCHW{a['block']}c")
+
+
+def _shuffle_nchwc_schedule(a: dict, outs: list[Tensor], target: Target) -> te.Schedule:
+    if not standalone(outs, "channel_shuffle_nchwc"):
+        return default_schedule(outs, target)
+    return B.schedule_lane_gather(a["group"], outs, target)
+
+
+@lowering("ChannelShuffleNCHWc", schedule=_shuffle_nchwc_schedule)
+def _channel_shuffle_nchwc_compute(a: dict, *xs: Tensor) -> Tensor:
+    g, b = a["group"], a["block"]
+    sizes = [x.shape[1] * x.shape[4] for x in xs]
+    offsets = np.cumsum([0, *sizes]).tolist()
+    per = offsets[-1] // g
+
+    def read(x: Tensor, s, n, h, w):
+        cb = x.shape[4]
+        return x[n, s // cb, h, w, s % cb] if cb > 1 else x[n, s, h, w, 0]
+
+    def body(n, c, h, w, lane):
+        full = c * b + lane
+        src = full % g * per + full // g  # the channel of the concatenation, then the input that holds it
+        out = read(xs[-1], src - offsets[-2], n, h, w)
+        for x, start, size in zip(reversed(xs[:-1]), reversed(offsets[:-2]), reversed(sizes[:-1])):
+            out = te.if_then_else(src < start + size, read(x, src - start, n, h, w), out)
+        return out
+
+    shape = (xs[0].shape[0], offsets[-1] // b, *xs[0].shape[2:4], b)
+    return te.compute(shape, body, name="channel_shuffle_nchwc", tag="channel_shuffle_nchwc")

@@ -363,6 +363,33 @@ class _Converter:
             self.missing.add(v)
         return True
 
+    def channel_cuts(self, v: Value) -> list[int]:
+        """Where the readers of v cut its channels: the boundaries of channel Splits and Slices (unit step)."""
+        cuts = []
+        for r in self.readers.get(v, []):
+            if r.op == "Split" and norm_axis(r.attrs["axis"], 4) == 1 and len(r.present_inputs) == 1:
+                cuts += np.cumsum(r.attrs["split"]).tolist()
+            elif r.op == "Slice" and len(r.present_inputs) == 1:
+                start, end, _ = slice_bounds(tuple(v.shape), r.attrs)[1]
+                cuts += [start, end]
+        return cuts
+
+    def shuffle(self, node: Node) -> bool:
+        """A ChannelShuffle with a blocked input as `ChannelShuffleNCHWc`: its inputs read as they are (blocked,
+        or an NCHW one as [N, C, H, W, 1], a view), its output blocked by the largest block that divides its
+        channels and every cut of a channel Split or Slice reading it (so those stay blocked: ShuffleNet's halves)."""
+        y = node.outputs[0]
+        if not any(v in self.blocked for v in node.inputs) or y.dtype not in self.lanes or not y.type.is_static:
+            return False
+        b = block_of(math.gcd(y.shape[1], *self.channel_cuts(y)), self.lanes[y.dtype])
+        if b is None:
+            return False
+        parts = [self.blocked[v][0] if v in self.blocked else self.to_blocked(v, 1) for v in node.inputs]
+        out = y.type.with_shape(self.blocked_shape(y.shape, b))
+        attrs = {"group": node.attrs["group"], "block": b}
+        self.produce_blocked(node, self.emit("ChannelShuffleNCHWc", parts, out, attrs, f"{y.name}_{nchwc(b)}"), b)
+        return True
+
     def convert(self, node: Node) -> bool:
         if node.subgraphs():
             return False
@@ -372,6 +399,8 @@ class _Converter:
             return self.concat(node)
         if node.op in ("Split", "Slice") and node.inputs and node.inputs[0] is not None:
             return self.split(node)
+        if node.op == "ChannelShuffle":
+            return self.shuffle(node)
         if node.op in POOLS:
             return self.pool(node)
         if node.op in GLOBAL_POOLS:
