@@ -336,24 +336,33 @@ class _Converter:
         return True
 
     def split(self, node: Node) -> bool:
-        """A Split or Slice of a blocked value along whole channel blocks: in the blocked layout (a view when
-        the batch is 1, `ember.passes.inplace.channel_view`)."""
+        """A Split or Slice of a blocked value along the channels: in the blocked layout (a view when the batch
+        is 1, `ember.passes.inplace.channel_view`), re-blocked first by a smaller block where a cut falls inside
+        one of its blocks."""
         x = node.inputs[0]
         if x not in self.blocked or len(node.present_inputs) != 1 or not x.type.is_static:
             return False
-        xb, b = self.blocked[x]
         if node.op == "Split":
-            sizes = node.attrs["split"]
-            if norm_axis(node.attrs["axis"], 4) != 1 or any(n % b for n in sizes):
+            if norm_axis(node.attrs["axis"], 4) != 1:
                 return False
-            attrs = {"axis": 1, "split": tuple(n // b for n in sizes)}
+            sizes = node.attrs["split"]
         else:
             bounds = slice_bounds(tuple(x.shape), node.attrs)
             (start, end, step) = bounds[1]
             if any(bd != (0, d, 1) for k, (bd, d) in enumerate(zip(bounds, x.shape)) if k != 1):
                 return False
-            if step != 1 or start % b or end % b or end <= start:
+            if step != 1 or end <= start:
                 return False
+            sizes = (start, end - start)
+        xb, b = self.blocked[x]
+        if any(n % b for n in sizes):  # cuts inside a block: re-blocked by one that holds them (one transform)
+            b = block_of(math.gcd(x.shape[1], *sizes), self.lanes[x.dtype])
+            if b is None:
+                return False
+            xb = self.to_blocked(x, b)
+        if node.op == "Split":
+            attrs = {"axis": 1, "split": tuple(n // b for n in sizes)}
+        else:
             attrs = {"starts": (start // b,), "ends": (end // b,), "axes": (1,), "steps": (1,)}
         outs = [Value(self.fresh(f"{v.name}_{nchwc(b)}"), v.type.with_shape(self.blocked_shape(v.shape, b)))
                 for v in node.outputs]  # fmt: skip
