@@ -69,8 +69,8 @@ def test_shufflenet_units_match_onnxruntime(monkeypatch, c, batch):
     shuffle writes blocks of 4 where the convs would take larger ones; batch 2: the halves are not views."""
     m = check(shufflenet(c, batch).model(["y"]), True, monkeypatch)
     ops = kernel_ops(m)
-    assert ops["ChannelShuffleNCHWc"] == 3 and not ops["ChannelShuffle"] and not ops["Transpose"]
-    assert not ops["Concat"]  # each shuffle reads its concat's inputs
+    assert ops["ChannelShuffleNCHWc"] == 2 and not ops["ChannelShuffle"] and not ops["Transpose"]
+    assert ops["Concat"] == 1  # the last shuffle is folded into y's weights; its concat copies the view of a half
     assert ops["LayoutTransform"] == 2  # the input in, the output out: none between the units
 
 
@@ -79,9 +79,9 @@ def test_no_layout_transform_between_the_blocked_convs(monkeypatch):
     LayoutTransforms (besides the weights' at compile time) take the model's input in and its output out."""
     ops = passes_ops(shufflenet(48, 1).model(["y"]), monkeypatch)
     convs = [k for k, op in enumerate(ops) if op == "ConvNCHWc"]
-    assert len(convs) == 10 and ops.count("ChannelShuffleNCHWc") == 3
+    assert len(convs) == 10 and ops.count("ChannelShuffleNCHWc") == 2
     assert "LayoutTransform" not in ops[convs[0]:convs[-1]]
-    assert {"ChannelShuffle", "Transpose", "Concat"}.isdisjoint(ops)
+    assert {"ChannelShuffle", "Transpose"}.isdisjoint(ops)
 
 
 def test_split_halves_are_views_at_batch_one(monkeypatch):
@@ -93,7 +93,8 @@ def test_split_halves_are_views_at_batch_one(monkeypatch):
 
 @pytest.mark.parametrize("group, c, batch", [(4, 32, 1), (4, 64, 2), (2, 24, 2)])
 def test_group_shuffle_between_convs(monkeypatch, group, c, batch):
-    """ShuffleNet v1: a grouped 1x1 conv, the shuffle of its groups, a depthwise conv; one shuffle kernel, blocked."""
+    """ShuffleNet v1: a grouped 1x1 conv, the shuffle of its groups, a depthwise conv and a residual add (which
+    keeps the shuffle from being folded into weights); one shuffle kernel, blocked."""
     n = Net(c, hw=5, batch=batch, seed=group + c)
     n.conv("x", c, "stem")
     w = (n.rng.standard_normal((c, c // group, 1, 1)) / np.sqrt(c / group)).astype(np.float32)
@@ -104,8 +105,9 @@ def test_group_shuffle_between_convs(monkeypatch, group, c, batch):
     wd = n.rng.standard_normal((c, 1, 3, 3)).astype(np.float32) / 3
     n.inits.append(numpy_helper.from_array(wd, "d_w"))
     n.add("Conv", [s, "d_w"], ["d"], group=c, pads=[1, 1, 1, 1])
-    n.channels["d"] = c
-    n.conv("d", 8, "y", relu=False)
+    n.add("Add", ["d", s], ["r"])
+    n.channels["r"] = c
+    n.conv("r", 8, "y", relu=False)
     m = check(n.model(["y"]), True, monkeypatch)
     ops = kernel_ops(m)
     assert ops["ChannelShuffleNCHWc"] == 1 and not ops["Transpose"] and ops["LayoutTransform"] == 2
@@ -145,9 +147,37 @@ def test_bad_inputs_name_the_problem():
 
 
 def test_shuffle_with_unblocked_inputs_stays_nchw(monkeypatch):
-    """A shuffle none of whose inputs is blocked keeps its NCHW kernel (no transforms made for it)."""
+    """A shuffle none of whose inputs is blocked keeps its NCHW kernel (no transforms made for it); a graph output
+    keeps it from being folded."""
     n = Net(12, hw=4)
     shuffle(n, n.concat([n.conv("x", 6, "a"), n.conv("x", 6, "b")], "cat"), 12, 2, "s")
     n.conv("s", 6, "y", relu=False)
-    ops = Counter(passes_ops(n.model(["y"]), monkeypatch))
+    ops = Counter(passes_ops(n.model(["y", "s"]), monkeypatch))
     assert ops["ChannelShuffle"] == 1 and not ops["ChannelShuffleNCHWc"]
+
+
+def downsampling_unit(c: int, batch: int) -> Net:
+    """ShuffleNet v2's downsampling unit (at stride 1 here) whose shuffle only convolutions read: the next unit's
+    branches, a depthwise conv then a 1x1 conv (a Relu between), and a 1x1 conv."""
+    n = Net(c, hw=6, batch=batch, seed=7 * c + batch)
+    branches = [n.conv(n.conv("x", c // 2, "l0", kernel=3), c // 2, "l1"), n.conv("x", c // 2, "r0")]
+    y = shuffle(n, n.concat(branches, "cat"), c, 2, "s")
+    wd = n.rng.standard_normal((c, 1, 3, 3)).astype(np.float32) / 3
+    n.inits.append(numpy_helper.from_array(wd, "d_w"))
+    n.inits.append(numpy_helper.from_array(n.rng.standard_normal(c).astype(np.float32), "d_b"))
+    n.add("Conv", [y, "d_w", "d_b"], ["d"], group=c, pads=[1, 1, 1, 1])
+    n.add("Relu", ["d"], ["dr"])
+    n.channels["dr"] = c
+    n.add("Concat", [n.conv("dr", c // 2, "a", relu=False), n.conv(y, c // 2, "b", relu=False)], ["y"], axis=1)
+    return n
+
+
+@pytest.mark.parametrize("c, batch, blocked", [(32, 1, True), (32, 2, True), (24, 1, False)])
+def test_shuffle_read_by_convs_folds_into_their_weights(monkeypatch, c, batch, blocked):
+    """The permutation goes into the weights of the convs that read the shuffle (through the depthwise conv and the
+    Relu: their weights and bias permuted, so their outputs carry it to the 1x1 conv): no shuffle kernel at all,
+    and at batch 1 the concat is written in place by its two branches."""
+    m = check(downsampling_unit(c, batch).model(["y"]), blocked, monkeypatch)
+    ops = kernel_ops(m)
+    assert not ops["ChannelShuffle"] and not ops["ChannelShuffleNCHWc"] and not ops["Transpose"]
+    assert ops["Concat"] == (2 if batch > 1 else 0)  # at batch 2 both concats copy (the graph output too)
