@@ -105,8 +105,7 @@ class _Placer:
 
     def writable(self, v: Value) -> bool:
         """Whether v's producer can write it anywhere we say (a kernel computes it, nothing else pins it)."""
-        p = self.producers.get(v)
-        return p is not None and v not in self.outputs and not v.is_constant and not is_view(p)
+        return _writable(v, self.producers, self.outputs)
 
     def place(self, node: Node) -> bool:
         """Slots for a Concat's inputs (and its output where its inputs already sit in one buffer); False,
@@ -184,13 +183,18 @@ def _permuted_readers(y: Value, readers: dict[Value, list[Node]], outputs: set[V
     return found
 
 
-def _fold_shuffle(node: Node, readers: dict[Value, list[Node]], outputs: set[Value], names: set[str]) -> Node | None:
-    """A ChannelShuffle whose readers can absorb the permutation (`_permuted_readers`) as a Concat of its inputs:
+def _fold_shuffle(node: Node, producers: dict[Value, Node], readers: dict[Value, list[Node]], outputs: set[Value],
+                  names: set[str]) -> Node | None:
+    """A ChannelShuffle whose inputs its Concat can take in place (batch 1, each computed by a kernel) and whose
+    readers can absorb the permutation (`_permuted_readers`) as a Concat of its inputs:
     the dense convolutions reading it (or a depthwise one's output...) read the concatenation's channel s where
     they read the shuffle's channel inv[s], their weights permuted to match; depthwise convolutions permute their
     weights and bias, so that their outputs carry the same permutation on. Free at compile time, and the Concat
     is written in place. None where some reader cannot."""
     y, g = node.outputs[0], node.attrs["group"]
+    concat = Node("Concat", list(node.inputs), [y], {"axis": 1}, node.name)
+    if concat_slots(concat) is None or not all(_writable(x, producers, outputs) for x in set(node.inputs)):
+        return None  # the Concat would copy: no better than the shuffle's one copy, which also picks its block
     found = _permuted_readers(y, readers, outputs)
     if found is None:
         return None
@@ -207,7 +211,12 @@ def _fold_shuffle(node: Node, readers: dict[Value, list[Node]], outputs: set[Val
                 continue
             data = w.data[inv] if depthwise else w.data[:, inv]
             r.inputs[k] = Value(unique_name(f"{w.name}_unshuffled", names), w.type, np.ascontiguousarray(data))
-    return Node("Concat", list(node.inputs), [y], {"axis": 1}, node.name)
+    return concat
+
+
+def _writable(v: Value, producers: dict[Value, Node], outputs: set[Value]) -> bool:
+    p = producers.get(v)
+    return p is not None and v not in outputs and not v.is_constant and not is_view(p)
 
 
 def channel_shuffle(graph: Graph) -> Graph:
@@ -236,7 +245,7 @@ def channel_shuffle(graph: Graph) -> Graph:
                 _single_reader(x, readers, outputs) is r1:  # fmt: skip
             parts = list(cat.inputs)
         shuffle = Node("ChannelShuffle", parts, [y], {"group": g}, node.name)
-        graph.nodes[k] = _fold_shuffle(shuffle, readers, outputs, names) or shuffle
+        graph.nodes[k] = _fold_shuffle(shuffle, producers, readers, outputs, names) or shuffle
     return dead_code_elimination(graph)
 
 

@@ -196,7 +196,7 @@ class _Converter:
         depthwise = group > 1 and group == c == k
         if kb is None or (group > 1 and not depthwise and group == c):
             return False
-        if x not in self.blocked and prod_hint(y.shape) * math.prod(w.shape[1:]) < MIN_MACS:
+        if x not in self.blocked and not self.starts_blocked(node):
             return False  # too small to pay for transforming its input (and likely its output back)
         if depthwise:
             cb = kb
@@ -224,6 +224,12 @@ class _Converter:
         attrs = {a: node.attrs[a] for a in ("strides", "pads", "dilations")} | {"group": group}
         self.produce_blocked(node, self.emit("ConvNCHWc", [xb, wb, b], out, attrs, f"{y.name}_nchwc"), kb)
         return True
+
+    @staticmethod
+    def starts_blocked(node: Node) -> bool:
+        """Whether a Conv is big enough to take the blocked layout when its input is not blocked yet."""
+        w, y = node.inputs[1], node.outputs[0]
+        return prod_hint(y.shape) * math.prod(w.shape[1:]) >= MIN_MACS
 
     def elementwise(self, node: Node) -> bool:
         y = node.outputs[0]
@@ -384,12 +390,17 @@ class _Converter:
         return cuts
 
     def shuffle(self, node: Node) -> bool:
-        """A ChannelShuffle with a blocked input as `ChannelShuffleNCHWc`: its inputs read as they are (blocked,
-        or an NCHW one as [N, C, H, W, 1], a view), its output blocked by the largest block that divides its
-        channels and every cut of a channel Split or Slice reading it (so those stay blocked: ShuffleNet's halves)."""
+        """A ChannelShuffle with a blocked input, or read by a convolution big enough to start a blocked region, as
+        `ChannelShuffleNCHWc`: its inputs read as they are (blocked, or an NCHW one as [N, C, H, W, 1], a view),
+        its output blocked by the largest block that divides its channels and every cut of a channel Split or
+        Slice reading it (so those stay blocked: ShuffleNet's halves). One copy, where the NCHW shuffle and a
+        LayoutTransform would be two."""
         y = node.outputs[0]
-        if not any(v in self.blocked for v in node.inputs) or y.dtype not in self.lanes or not y.type.is_static:
+        if y.dtype not in self.lanes or not y.type.is_static:
             return False
+        convs = [r for r in self.readers.get(y, []) if r.op == "Conv" and r.inputs[0] is y and len(y.shape) == 4]
+        if not any(v in self.blocked for v in node.inputs) and not any(map(self.starts_blocked, convs)):
+            return False  # NCHW in, and no reader that takes it blocked: it stays NCHW
         b = block_of(math.gcd(y.shape[1], *self.channel_cuts(y)), self.lanes[y.dtype])
         if b is None:
             return False

@@ -196,19 +196,20 @@ def shuffle_unit(n: Net, x: str, c: int, name: str) -> str:
 
 @pytest.mark.parametrize("blocked", [False, True])
 def test_shuffle_units(monkeypatch, blocked):
-    """Two ShuffleNet units: the split halves are views of their input (no Split kernel), the first shuffle is one
+    """Two ShuffleNet units: the split halves are views of their input (no Split kernel), each shuffle is one
     ChannelShuffle kernel (no Transpose), in the blocked layout where its inputs are (58-channel halves, ShuffleNet
-    v2 1.0x, have no block), the second one, read by a conv only, is folded into the conv's weights."""
+    v2 1.0x, have no block); the second one is not folded into y's weights: its concat would copy (its first half
+    is a view of the first shuffle's output)."""
     for c in (32, 116):
         n = Net(c)
         x = n.conv("x", c, "stem")
         n.conv(shuffle_unit(n, shuffle_unit(n, x, c, "u1"), c, "u2"), 16, "y", relu=False)
         m = check(n.model(["y"]), blocked, monkeypatch)
         ops = kernel_ops(m)
-        assert not ops["Split"] and not ops["Transpose"] and ops["ChannelShuffle"] + ops["ChannelShuffleNCHWc"] == 1
-        assert ops["ChannelShuffleNCHWc"] == (1 if blocked and c == 32 else 0)  # blocked where the halves are
-        assert ops["Concat"] == 1  # the first shuffle reads its concat's inputs; the second is folded into y's
-        # weights, its concat a copy (its first half is a view of the first shuffle's output)
+        assert not ops["Split"] and not ops["Transpose"] and ops["ChannelShuffle"] + ops["ChannelShuffleNCHWc"] == 2
+        # blocked where the halves are; with 58-channel ones only the last shuffle, for the blocked conv reading it
+        assert ops["ChannelShuffleNCHWc"] == (0 if not blocked else 2 if c == 32 else 1)
+        assert blocked or not ops["Concat"]  # the shuffles read the concats' inputs
         assert sum(v.kind == "alias" and "_x" in v.name for v in m.plan.values) >= 4
 
 

@@ -57,8 +57,10 @@ def shufflenet(c: int, batch: int, units: int = 2, hw: int = 6) -> Net:
     return n
 
 
-def passes_ops(model, monkeypatch) -> list[str]:
-    monkeypatch.setattr("ember.passes.layout.MIN_MACS", 0)
+def passes_ops(model, monkeypatch, blocked: bool = True) -> list[str]:
+    """The ops after the passes (all convs blocked, or only those big enough to start a blocked region)."""
+    if blocked:
+        monkeypatch.setattr("ember.passes.layout.MIN_MACS", 0)
     g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True)
     return [node.op for node in g.nodes]
 
@@ -69,8 +71,9 @@ def test_shufflenet_units_match_onnxruntime(monkeypatch, c, batch):
     shuffle writes blocks of 4 where the convs would take larger ones; batch 2: the halves are not views."""
     m = check(shufflenet(c, batch).model(["y"]), True, monkeypatch)
     ops = kernel_ops(m)
-    assert ops["ChannelShuffleNCHWc"] == 2 and not ops["ChannelShuffle"] and not ops["Transpose"]
-    assert ops["Concat"] == 1  # the last shuffle is folded into y's weights; its concat copies the view of a half
+    assert ops["ChannelShuffleNCHWc"] == 3 and not ops["ChannelShuffle"] and not ops["Transpose"]
+    assert not ops["Concat"]  # each shuffle reads its concat's inputs (the last one is not folded into y's weights:
+    # its concat would copy, its first half being a view of the shuffle before)
     assert ops["LayoutTransform"] == 2  # the input in, the output out: none between the units
 
 
@@ -79,9 +82,9 @@ def test_no_layout_transform_between_the_blocked_convs(monkeypatch):
     LayoutTransforms (besides the weights' at compile time) take the model's input in and its output out."""
     ops = passes_ops(shufflenet(48, 1).model(["y"]), monkeypatch)
     convs = [k for k, op in enumerate(ops) if op == "ConvNCHWc"]
-    assert len(convs) == 10 and ops.count("ChannelShuffleNCHWc") == 2
+    assert len(convs) == 10 and ops.count("ChannelShuffleNCHWc") == 3
     assert "LayoutTransform" not in ops[convs[0]:convs[-1]]
-    assert {"ChannelShuffle", "Transpose"}.isdisjoint(ops)
+    assert {"ChannelShuffle", "Transpose", "Concat"}.isdisjoint(ops)
 
 
 def test_split_halves_are_views_at_batch_one(monkeypatch):
@@ -146,14 +149,20 @@ def test_bad_inputs_name_the_problem():
         infer({"group": 2, "block": 4}, TensorType((1, 1, 3, 3, 4), "float32"), TensorType((1, 1, 2, 3, 4), "float32"))
 
 
-def test_shuffle_with_unblocked_inputs_stays_nchw(monkeypatch):
-    """A shuffle none of whose inputs is blocked keeps its NCHW kernel (no transforms made for it); a graph output
-    keeps it from being folded."""
+@pytest.mark.parametrize("blocked", [False, True])
+def test_shuffle_of_unblocked_inputs(monkeypatch, blocked):
+    """A shuffle none of whose inputs is blocked (6 channels have no block) stays NCHW unless a conv that takes the
+    blocked layout reads it: then it reads its inputs as [N, C, H, W, 1] views and writes the conv's blocks, one
+    copy in place of the NCHW shuffle and a LayoutTransform (ShuffleNet v2 1.0x: 58-channel branches, then 116
+    channels). A graph output keeps it from being folded into the conv's weights."""
     n = Net(12, hw=4)
     shuffle(n, n.concat([n.conv("x", 6, "a"), n.conv("x", 6, "b")], "cat"), 12, 2, "s")
-    n.conv("s", 6, "y", relu=False)
-    ops = Counter(passes_ops(n.model(["y", "s"]), monkeypatch))
-    assert ops["ChannelShuffle"] == 1 and not ops["ChannelShuffleNCHWc"]
+    n.conv("s", 12, "y", relu=False)
+    ops = Counter(passes_ops(n.model(["y", "s"]), monkeypatch, blocked))
+    assert ops["ChannelShuffle"] + ops["ChannelShuffleNCHWc"] == 1 and ops["ChannelShuffleNCHWc"] == blocked
+    assert ops["LayoutTransform"] == (2 if blocked else 0)  # back to NCHW: y and s, the graph's outputs
+    if blocked:
+        check(n.model(["y", "s"]), True, monkeypatch)
 
 
 def downsampling_unit(c: int, batch: int) -> Net:
@@ -174,10 +183,11 @@ def downsampling_unit(c: int, batch: int) -> Net:
 
 @pytest.mark.parametrize("c, batch, blocked", [(32, 1, True), (32, 2, True), (24, 1, False)])
 def test_shuffle_read_by_convs_folds_into_their_weights(monkeypatch, c, batch, blocked):
-    """The permutation goes into the weights of the convs that read the shuffle (through the depthwise conv and the
-    Relu: their weights and bias permuted, so their outputs carry it to the 1x1 conv): no shuffle kernel at all,
-    and at batch 1 the concat is written in place by its two branches."""
+    """At batch 1, the permutation goes into the weights of the convs that read the shuffle (through the depthwise
+    conv and the Relu: their weights and bias permuted, so their outputs carry it to the 1x1 conv): no shuffle
+    kernel at all, and the concat is written in place by its two branches."""
     m = check(downsampling_unit(c, batch).model(["y"]), blocked, monkeypatch)
     ops = kernel_ops(m)
-    assert not ops["ChannelShuffle"] and not ops["ChannelShuffleNCHWc"] and not ops["Transpose"]
-    assert ops["Concat"] == (2 if batch > 1 else 0)  # at batch 2 both concats copy (the graph output too)
+    assert not ops["ChannelShuffle"] and not ops["Transpose"]
+    assert ops["ChannelShuffleNCHWc"] == ops["Concat"] == (batch > 1)  # at batch 2 a concat would copy: the shuffle
+    # stays (one copy either way); the output's concat copies
