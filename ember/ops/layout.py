@@ -15,7 +15,9 @@ channel c of pixel (h, w) at [n, c // 16, h, w, c % 16]; "OIHW16i16o" packs conv
   GlobalAveragePool/GlobalMaxPool on [N, C/c, H, W, c] (the ONNX attributes of those ops).
 - `ConcatInPlace(axis)`: a Concat whose inputs their producers write straight into the output
   (`ember.passes.inplace`; no kernel on CPUs); `ChannelShuffle(group)`: ShuffleNet's channel shuffle
-  of an NCHW tensor as one op (a plane copy per channel).
+  of an NCHW tensor as one op (a plane copy per channel); `ChannelShuffleNCHWc(group, block)`: the same
+  of blocked inputs (each in its own block) into a blocked output, one copy with a block's lanes unrolled
+  over a loop of pixels.
 
 References convert to NCHW, call the NCHW operator's reference and convert back. Computes use the
 templates of `ember.templates.nchwc`.

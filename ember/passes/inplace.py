@@ -16,6 +16,10 @@ elsewhere (used by two Concats at other offsets) makes its Concat keep its copy.
 
 `channel_view` says where a Split's or Slice's outputs start in its input when they are contiguous there
 (the same condition: only size-1 axes before the split axis, step 1): the lowering makes them views.
+
+`channel_shuffle` (before the layout pass) makes ShuffleNet's Reshape/Transpose/Reshape one `ChannelShuffle`
+reading the parts of the Concat before it, or, where only convolutions read it and its Concat would be written
+in place, folds the permutation into their weights and leaves the Concat alone.
 """
 
 from __future__ import annotations

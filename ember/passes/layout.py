@@ -18,7 +18,11 @@ largest power of two >= 4 below them that divides C (`block_of`; None: it stays 
   their other operands follow (constants re-laid out at compile time, per-channel [C, 1, 1] ones
   included), unless one is a map computed in NCHW (then the op stays NCHW: transforming it would
   cost as much as transforming the blocked operand back); MaxPool/AveragePool become `PoolNCHWc`,
-  global pooling `GlobalPoolNCHWc`;
+  global pooling `GlobalPoolNCHWc`; a channel Concat, Split or Slice stays blocked where its cuts fall
+  between blocks (re-blocked by a smaller block where they fall inside one); a `ChannelShuffle` with a
+  blocked input, or read by a convolution that starts a blocked region, becomes `ChannelShuffleNCHWc`,
+  whose output block divides the cuts of the Splits and Slices reading it (ShuffleNet v2: the shuffle,
+  its split halves and the convolutions around them exchange blocked tensors, 58-channel halves aside);
 - every other reader of a blocked value, and the graph outputs, get the value back in NCHW through one
   `LayoutTransform` per value, placed before its first reader (a Reshape where H = W = 1: the pooled
   features of a classifier are laid out alike in both layouts).
