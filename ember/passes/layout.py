@@ -17,12 +17,13 @@ largest power of two >= 4 below them that divides C (`block_of`; None: it stays 
 - elementwise and broadcast ops (relu, clip, residual add, ...) whose operand is blocked run blocked;
   their other operands follow (constants re-laid out at compile time, per-channel [C, 1, 1] ones
   included), unless one is a map computed in NCHW (then the op stays NCHW: transforming it would
-  cost as much as transforming the blocked operand back); MaxPool/AveragePool become `PoolNCHWc`,
-  global pooling `GlobalPoolNCHWc`; a channel Concat, Split or Slice stays blocked where its cuts fall
-  between blocks (re-blocked by a smaller block where they fall inside one); a `ChannelShuffle` with a
-  blocked input, or read by a convolution that starts a blocked region, becomes `ChannelShuffleNCHWc`,
-  whose output block divides the cuts of the Splits and Slices reading it (ShuffleNet v2: the shuffle,
-  its split halves and the convolutions around them exchange blocked tensors, 58-channel halves aside);
+  cost as much as transforming the blocked operand back); MaxPool/AveragePool become `PoolNCHWc`;
+  global pooling, and ReduceMean/ReduceMax over H and W, `GlobalPoolNCHWc`; a channel Concat, Split or
+  Slice stays blocked where its cuts fall between blocks (re-blocked by a smaller block where they fall
+  inside one); a `ChannelShuffle` with a blocked input, or read by a convolution that starts a blocked
+  region, becomes `ChannelShuffleNCHWc`, whose output block divides the cuts of the Splits and Slices
+  reading it (ShuffleNet v2: the shuffle, its split halves and the convolutions around them exchange
+  blocked tensors, 58-channel halves aside);
 - every other reader of a blocked value, and the graph outputs, get the value back in NCHW through one
   `LayoutTransform` per value, placed before its first reader (a Reshape where H = W = 1: the pooled
   features of a classifier are laid out alike in both layouts).
@@ -55,6 +56,7 @@ FLOATS = ("float32", "float64")
 NOT_CHANNELWISE = {"BatchNormalization", "Expand", "Dropout", "QuantizeLinear", "DequantizeLinear"}
 POOLS = {"MaxPool": "max", "AveragePool": "avg"}
 GLOBAL_POOLS = {"GlobalMaxPool": "max", "GlobalAveragePool": "avg"}
+SPATIAL_REDUCES = {"ReduceMax": "max", "ReduceMean": "avg"}  # over H and W: global pooling
 WINOGRAD_MIN_GAIN = 1.5  # estimated direct / Winograd time from which a 3x3 convolution takes Winograd
 MIN_MACS = 1 << 20  # a convolution whose input is not blocked yet starts a blocked region only from this size
 MAX_GROUP_MERGE = 2  # a grouped convolution merges at most this many groups into one of whole channel blocks
@@ -328,6 +330,22 @@ class _Converter:
         self.produce_blocked(node, out, b)
         return True
 
+    def spatial_reduce(self, node: Node) -> bool:
+        """ReduceMean/ReduceMax of a blocked value over H and W (torchvision's `x.mean([2, 3])`) as global pooling;
+        without keepdims, [N, C/b, 1, 1, b] read as [N, C] (the same memory order)."""
+        x, y = node.inputs[0], node.outputs[0]
+        axes = sorted(norm_axis(a, 4) for a in node.attrs.get("axes") or ())
+        if x not in self.blocked or len(node.present_inputs) != 1 or axes != [2, 3]:
+            return False
+        xb, b = self.blocked[x]
+        out = xb.type.with_shape((xb.shape[0], xb.shape[1], 1, 1, b))
+        pooled = self.emit("GlobalPoolNCHWc", [xb], out, {"mode": SPATIAL_REDUCES[node.op]}, f"{y.name}_nchwc")
+        if node.attrs["keepdims"]:
+            self.produce_blocked(node, pooled, b)
+        else:
+            self.nodes.append(Node("Reshape", [pooled], [y], {"shape": y.shape}, node.name))
+        return True
+
     def concat(self, node: Node) -> bool:
         """A Concat along the channels of 4-d values, one of them blocked: in the blocked layout with the largest
         block that divides every input's channels (so each input is a whole number of blocks of the output)."""
@@ -429,6 +447,8 @@ class _Converter:
             return self.pool(node)
         if node.op in GLOBAL_POOLS:
             return self.global_pool(node)
+        if node.op in SPATIAL_REDUCES and node.inputs and len(node.inputs[0].shape) == 4:
+            return self.spatial_reduce(node)
         opdef = get_op(node.op)
         if opdef.pattern not in (Pattern.ELEMWISE, Pattern.BROADCAST) or node.op in NOT_CHANNELWISE:
             return False
