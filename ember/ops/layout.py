@@ -408,13 +408,25 @@ def _channel_shuffle_compute(a: dict, *xs: Tensor) -> Tensor:
 
 
 # -- channel shuffle in the blocked layout --------------------------------------------------------------
+def _part_channels(a: dict, shapes: list[tuple]) -> list[int | None]:
+    """The channels of each blocked input: `channels` where given (an input's blocks may end in zero padding),
+    else all of its blocks."""
+    whole = [s[1] * s[4] if isinstance(s[1], int) else None for s in shapes]
+    return list(a["channels"]) if a.get("channels") else whole
+
+
 def _shuffle_nchwc_infer(a: dict, *xs: TensorType) -> TensorType:
     g, b = a["group"], a["block"]
     if any(t.rank != 5 for t in xs):
         raise ShapeError(f"ChannelShuffleNCHWc(group={g}) takes [N, C/c, H, W, c] tensors (NCHW[x]c), got "
                          f"{', '.join(map(str, xs))}")  # fmt: skip
-    channels = [t.shape[1] * t.shape[4] if isinstance(t.shape[1], int) else None for t in xs]
-    if None in channels or g < 1 or sum(channels) % g or b < 1 or sum(channels) % b:
+    channels = _part_channels(a, [t.shape for t in xs])
+    fits = [isinstance(ch, int) and (not isinstance(t.shape[1], int) or ch <= t.shape[1] * t.shape[4])
+            for ch, t in zip(channels, xs)]  # fmt: skip
+    if len(channels) != len(xs) or not all(fits):
+        raise ShapeError(f"ChannelShuffleNCHWc: channels={list(channels)} do not fit its inputs "
+                         f"{', '.join(map(str, xs))}")  # fmt: skip
+    if g < 1 or sum(channels) % g or b < 1 or sum(channels) % b:
         raise ShapeError(f"ChannelShuffleNCHWc(group={g}, block={b}): the channels of {', '.join(map(str, xs))} "
                          f"must add up to a multiple of the group and of the block")  # fmt: skip
     x = xs[0]
@@ -424,12 +436,14 @@ def _shuffle_nchwc_infer(a: dict, *xs: TensorType) -> TensorType:
 
 
 @op("ChannelShuffleNCHWc", Pattern.OPAQUE, infer=_shuffle_nchwc_infer, inputs=(1, None),
-    attrs=[Attr("group", "int"), Attr("block", "int")])  # fmt: skip
+    attrs=[Attr("group", "int"), Attr("block", "int"), Attr("channels", "ints", ())])  # fmt: skip
 def channel_shuffle_nchwc(a: dict, *xs: np.ndarray) -> np.ndarray:
-    """`ChannelShuffle(group)` of blocked inputs [N, C_k/c_k, H, W, c_k] (each its own block, 1 included),
-    the output blocked by `block`: [N, C/block, H, W, block]. The ConvertLayout pass makes it where the
-    shuffle's inputs are blocked, so that the convolutions around it need no LayoutTransform."""
-    flat = [relayout(x, f"NCHW{x.shape[4]}c", "NCHW") for x in xs]
+    """`ChannelShuffle(group)` of blocked inputs [N, C_k/c_k, H, W, c_k] (each its own block, 1 included; the
+    first `channels[k]` channels of input k where given: its last block may end in padding), the output blocked
+    by `block`: [N, C/block, H, W, block]. The ConvertLayout pass makes it where the shuffle's inputs are
+    blocked, so that the convolutions around it need no LayoutTransform."""
+    channels = _part_channels(a, [x.shape for x in xs])
+    flat = [relayout(x, f"NCHW{x.shape[4]}c", "NCHW")[:, :ch] for x, ch in zip(xs, channels)]
     y = channel_shuffle({"group": a["group"]}, *flat)
     return relayout(y, "NCHW", f"NCHW{a['block']}c")
 
@@ -443,7 +457,7 @@ def _shuffle_nchwc_schedule(a: dict, outs: list[Tensor], target: Target) -> te.S
 @lowering("ChannelShuffleNCHWc", schedule=_shuffle_nchwc_schedule)
 def _channel_shuffle_nchwc_compute(a: dict, *xs: Tensor) -> Tensor:
     g, b = a["group"], a["block"]
-    sizes = [x.shape[1] * x.shape[4] for x in xs]
+    sizes = _part_channels(a, [x.shape for x in xs])
     offsets = np.cumsum([0, *sizes]).tolist()
     per = offsets[-1] // g
 

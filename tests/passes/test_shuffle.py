@@ -191,3 +191,26 @@ def test_shuffle_read_by_convs_folds_into_their_weights(monkeypatch, c, batch, b
     assert not ops["ChannelShuffle"] and not ops["Transpose"]
     assert ops["ChannelShuffleNCHWc"] == ops["Concat"] == (batch > 1)  # at batch 2 a concat would copy: the shuffle
     # stays (one copy either way); the output's concat copies
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_branch_channels_padded_to_whole_vectors(monkeypatch, batch):
+    """ShuffleNet v2 1.0x's stage 2: 58-channel branches have no block; their convs compute 64 channels (zero weights
+    and bias for the padding: 58 -> 64 adds 10%), the depthwise conv and Relu run on the padded value and the shuffle
+    reads the 58 channels of each; its output, whose cuts at 58 fit no block, is written NCHW ([N, C, H, W, 1])
+    and the next convs read their halves as such, at their offsets at batch 1."""
+    n = shufflenet(116, batch, units=2, hw=5)
+    m = check(n.model(["y"]), True, monkeypatch)
+    ops = kernel_ops(m)
+    assert ops["ChannelShuffleNCHWc"] == 3 and not ops["ChannelShuffle"] and ops["LayoutTransform"] == 2
+    g_ops = passes_ops(n.model(["y"]), monkeypatch)
+    assert "Slice" not in g_ops or batch == 2  # no unpadding slice at batch 1: every reader takes the padded value
+
+
+def test_padded_value_read_by_an_unpadded_conv(monkeypatch):
+    """A reader that cannot take the padding (a conv of 6 output channels: no block, and 16 would add too much) gets
+    the value back in NCHW, its padding sliced off."""
+    n = Net(16, hw=5, seed=3)
+    n.conv(n.conv(n.conv("x", 16, "a"), 58, "b"), 6, "y", relu=False)
+    m = check(n.model(["y"]), True, monkeypatch)
+    assert kernel_ops(m)["ConvNCHWc"] == 2
