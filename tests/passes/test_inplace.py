@@ -198,8 +198,8 @@ def shuffle_unit(n: Net, x: str, c: int, name: str) -> str:
 def test_shuffle_units(monkeypatch, blocked):
     """Two ShuffleNet units: the split halves are views of their input (no Split kernel), each shuffle is one
     ChannelShuffle kernel (no Transpose), in the blocked layout where its inputs are (58-channel halves, ShuffleNet
-    v2 1.0x: their convs padded to whole vectors); the second one is not folded into y's weights: its concat would copy (its first half
-    is a view of the first shuffle's output)."""
+    v2 1.0x: their convs padded to whole vectors); the second one is not folded into y's weights: its concat
+    would copy (its first half is a view of the first shuffle's output)."""
     for c in (32, 116):
         n = Net(c)
         x = n.conv("x", c, "stem")
