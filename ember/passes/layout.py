@@ -316,8 +316,10 @@ class _Converter:
 
     def elementwise(self, node: Node) -> bool:
         y = node.outputs[0]
-        if node.inputs[0] in self.padded:  # a PAD_SAFE op (`convert`): the padding goes through it
+        if any(v in self.padded for v in node.present_inputs):  # a PAD_SAFE op (`convert`): the padding goes through
             x = node.inputs[0]
+            if x not in self.padded or not all(u.is_constant and u.data.size == 1 for u in node.present_inputs[1:]):
+                return False
             xb, b = self.blocked[x]
             out = self.emit(node.op, [xb, *node.inputs[1:]], y.type.with_shape(xb.shape), dict(node.attrs),
                             f"{y.name}_{nchwc(b)}")  # fmt: skip

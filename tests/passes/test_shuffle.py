@@ -214,3 +214,20 @@ def test_padded_value_read_by_an_unpadded_conv(monkeypatch):
     n.conv(n.conv(n.conv("x", 16, "a"), 58, "b"), 6, "y", relu=False)
     m = check(n.model(["y"]), True, monkeypatch)
     assert kernel_ops(m)["ConvNCHWc"] == 2
+
+
+def test_padding_goes_through_clip_and_stops_at_a_residual_add(monkeypatch):
+    """A Clip (ReLU6-like, its bounds scalars) carries the padding of b to the conv d reading it; d's output, read by
+    an Add (which would need its other operand padded too), is not padded: d and e keep 58 channels, unblocked
+    (so d gets the Clip back in NCHW, its padding sliced off)."""
+    n = Net(16, hw=5, seed=5)
+    b = n.conv(n.conv("x", 16, "a"), 58, "b", relu=False)
+    for name, v in (("lo", 0.0), ("hi", 0.5)):
+        n.inits.append(numpy_helper.from_array(np.array(v, np.float32), name))
+    n.add("Clip", [b, "lo", "hi"], ["clip"])
+    n.channels["clip"] = 58
+    d = n.conv("clip", 58, "d")
+    n.add("Add", [d, n.conv(d, 58, "e")], ["y"])
+    m = check(n.model(["y"]), True, monkeypatch)
+    ops = kernel_ops(m)
+    assert ops["ConvNCHWc"] == 2 and ops["Conv"] == 2  # a and b (padded) blocked; d gets the Clip back in NCHW, sliced
