@@ -322,8 +322,9 @@ class GraphLowering:
         to_bool = node.op == "BitCast" and node.outputs[0].dtype == "bool"  # bytes other than 0/1 are no bools
         if node.op in VIEW_OPS and data is not None and len(node.outputs) == 1 and not to_bool:
             src = self.vid(data)
-            out = self.vid(node.outputs[0], "alias")
-            self.values[out].alias_of = self.values[src].alias_of if self.values[src].kind == "alias" else src
+            out, s = self.vid(node.outputs[0], "alias"), self.values[src]
+            alias = (s.alias_of, s.view_offset) if s.kind == "alias" else (src, 0)  # a view of a view keeps its offset
+            self.values[out].alias_of, self.values[out].view_offset = alias
             return
         offsets = channel_view(node) if not is_gpu(self.target) else None
         if offsets is not None:  # a Split/Slice of contiguous ranges: views at their offsets (roots in `run`)

@@ -15,7 +15,9 @@ channel c of pixel (h, w) at [n, c // 16, h, w, c % 16]; "OIHW16i16o" packs conv
   GlobalAveragePool/GlobalMaxPool on [N, C/c, H, W, c] (the ONNX attributes of those ops).
 - `ConcatInPlace(axis)`: a Concat whose inputs their producers write straight into the output
   (`ember.passes.inplace`; no kernel on CPUs); `ChannelShuffle(group)`: ShuffleNet's channel shuffle
-  of an NCHW tensor as one op (a plane copy per channel).
+  of an NCHW tensor as one op (a plane copy per channel); `ChannelShuffleNCHWc(group, block)`: the same
+  of blocked inputs (each in its own block) into a blocked output, one copy with a block's lanes unrolled
+  over a loop of pixels.
 
 References convert to NCHW, call the NCHW operator's reference and convert back. Computes use the
 templates of `ember.templates.nchwc`.
@@ -48,7 +50,7 @@ from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
 from ember.templates import nchwc as B
 from ember.templates import nn as T
-from ember.templates.flat import schedule_injective
+from ember.templates.flat import default_schedule, schedule_injective, standalone
 from ember.tir.expr import Expr
 
 
@@ -403,3 +405,73 @@ def _channel_shuffle_compute(a: dict, *xs: Tensor) -> Tensor:
 
     shape = (xs[0].shape[0], offsets[-1], *xs[0].shape[2:])
     return te.compute(shape, body, name="channel_shuffle", tag="channel_shuffle", attrs=rows(2))
+
+
+# -- channel shuffle in the blocked layout --------------------------------------------------------------
+def _part_channels(a: dict, shapes: list[tuple]) -> list[int | None]:
+    """The channels of each blocked input: `channels` where given (an input's blocks may end in zero padding),
+    else all of its blocks."""
+    whole = [s[1] * s[4] if isinstance(s[1], int) else None for s in shapes]
+    return list(a["channels"]) if a.get("channels") else whole
+
+
+def _shuffle_nchwc_infer(a: dict, *xs: TensorType) -> TensorType:
+    g, b = a["group"], a["block"]
+    if any(t.rank != 5 for t in xs):
+        raise ShapeError(f"ChannelShuffleNCHWc(group={g}) takes [N, C/c, H, W, c] tensors (NCHW[x]c), got "
+                         f"{', '.join(map(str, xs))}")  # fmt: skip
+    channels = _part_channels(a, [t.shape for t in xs])
+    fits = [isinstance(ch, int) and (not isinstance(t.shape[1], int) or ch <= t.shape[1] * t.shape[4])
+            for ch, t in zip(channels, xs)]  # fmt: skip
+    if len(channels) != len(xs) or not all(fits):
+        raise ShapeError(f"ChannelShuffleNCHWc: channels={list(channels)} do not fit its inputs "
+                         f"{', '.join(map(str, xs))}")  # fmt: skip
+    if g < 1 or sum(channels) % g or b < 1 or sum(channels) % b:
+        raise ShapeError(f"ChannelShuffleNCHWc(group={g}, block={b}): the channels of {', '.join(map(str, xs))} "
+                         f"must add up to a multiple of the group and of the block")  # fmt: skip
+    x = xs[0]
+    if any(t.dtype != x.dtype or (t.shape[0],) + t.shape[2:4] != (x.shape[0],) + x.shape[2:4] for t in xs):
+        raise ShapeError(f"ChannelShuffleNCHWc inputs {', '.join(map(str, xs))} differ outside the channels")
+    return x.with_shape((x.shape[0], sum(channels) // b, *x.shape[2:4], b))
+
+
+@op("ChannelShuffleNCHWc", Pattern.OPAQUE, infer=_shuffle_nchwc_infer, inputs=(1, None),
+    attrs=[Attr("group", "int"), Attr("block", "int"), Attr("channels", "ints", ())])  # fmt: skip
+def channel_shuffle_nchwc(a: dict, *xs: np.ndarray) -> np.ndarray:
+    """`ChannelShuffle(group)` of blocked inputs [N, C_k/c_k, H, W, c_k] (each its own block, 1 included; the
+    first `channels[k]` channels of input k where given: its last block may end in padding), the output blocked
+    by `block`: [N, C/block, H, W, block]. The ConvertLayout pass makes it where the shuffle's inputs are
+    blocked, so that the convolutions around it need no LayoutTransform."""
+    channels = _part_channels(a, [x.shape for x in xs])
+    flat = [relayout(x, f"NCHW{x.shape[4]}c", "NCHW")[:, :ch] for x, ch in zip(xs, channels)]
+    y = channel_shuffle({"group": a["group"]}, *flat)
+    return relayout(y, "NCHW", f"NCHW{a['block']}c")
+
+
+def _shuffle_nchwc_schedule(a: dict, outs: list[Tensor], target: Target) -> te.Schedule:
+    if not standalone(outs, "channel_shuffle_nchwc"):
+        return default_schedule(outs, target)
+    return B.schedule_lane_gather(a["group"], outs, target)
+
+
+@lowering("ChannelShuffleNCHWc", schedule=_shuffle_nchwc_schedule)
+def _channel_shuffle_nchwc_compute(a: dict, *xs: Tensor) -> Tensor:
+    g, b = a["group"], a["block"]
+    sizes = _part_channels(a, [x.shape for x in xs])
+    offsets = np.cumsum([0, *sizes]).tolist()
+    per = offsets[-1] // g
+
+    def read(x: Tensor, s, n, h, w):
+        cb = x.shape[4]
+        return x[n, s // cb, h, w, s % cb] if cb > 1 else x[n, s, h, w, 0]
+
+    def body(n, c, h, w, lane):
+        full = c * b + lane
+        src = full % g * per + full // g  # the channel of the concatenation, then the input that holds it
+        out = read(xs[-1], src - offsets[-2], n, h, w)
+        for x, start, size in zip(reversed(xs[:-1]), reversed(offsets[:-2]), reversed(sizes[:-1])):
+            out = te.if_then_else(src < start + size, read(x, src - start, n, h, w), out)
+        return out
+
+    shape = (xs[0].shape[0], offsets[-1] // b, *xs[0].shape[2:4], b)
+    return te.compute(shape, body, name="channel_shuffle_nchwc", tag="channel_shuffle_nchwc")

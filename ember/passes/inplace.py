@@ -16,6 +16,10 @@ elsewhere (used by two Concats at other offsets) makes its Concat keep its copy.
 
 `channel_view` says where a Split's or Slice's outputs start in its input when they are contiguous there
 (the same condition: only size-1 axes before the split axis, step 1): the lowering makes them views.
+
+`channel_shuffle` (before the layout pass) makes ShuffleNet's Reshape/Transpose/Reshape one `ChannelShuffle`
+reading the parts of the Concat before it, or, where only convolutions read it and its Concat would be written
+in place, folds the permutation into their weights and leaves the Concat alone.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import math
 
 import numpy as np
 
-from ember.graph.ir import Graph, Node, Value
+from ember.graph.ir import Graph, Node, Value, unique_name
 from ember.graph.types import np_dtype
 from ember.ops.common import norm_axis
 from ember.ops.tensor import slice_bounds
@@ -105,8 +109,7 @@ class _Placer:
 
     def writable(self, v: Value) -> bool:
         """Whether v's producer can write it anywhere we say (a kernel computes it, nothing else pins it)."""
-        p = self.producers.get(v)
-        return p is not None and v not in self.outputs and not v.is_constant and not is_view(p)
+        return _writable(v, self.producers, self.outputs)
 
     def place(self, node: Node) -> bool:
         """Slots for a Concat's inputs (and its output where its inputs already sit in one buffer); False,
@@ -148,11 +151,86 @@ def _single_reader(v: Value, readers: dict[Value, list[Node]], outputs: set[Valu
     return users[0] if len(users) == 1 and v not in outputs else None
 
 
+PERMUTABLE = {"Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Identity"}  # per element
+
+
+def _channelwise(node: Node, v: Value) -> bool:
+    """Whether node applies the same function to each channel of v alone (its other inputs scalars)."""
+    others = [x for x in node.inputs[1:] if x is not None]
+    return node.op in PERMUTABLE and node.inputs[0] is v and all(x.is_constant and x.data.size == 1 for x in others)
+
+
+def _permuted_readers(y: Value, readers: dict[Value, list[Node]], outputs: set[Value]) -> list[Node] | None:
+    """The nodes that a permutation of y's channels would change, when every path from y reaches a dense
+    convolution through depthwise convolutions and channelwise ops only (each permutes its output as its input):
+    the dense ones absorb it in their weights' input channels. None when some reader is anything else."""
+    todo, found = [y], []
+    while todo:
+        v = todo.pop()
+        if v in outputs or not readers.get(v):
+            return None
+        for r in readers[v]:
+            if r in found:
+                continue
+            conv = r.op == "Conv" and r.inputs[0] is v and len(v.shape) == 4 and v not in r.inputs[1:]
+            if conv and all(x is None or x.is_constant for x in r.inputs[1:]):
+                depthwise = r.attrs["group"] == v.shape[1] == r.outputs[0].shape[1] and r.attrs["group"] > 1
+                if r.attrs["group"] != 1 and not depthwise:
+                    return None
+                if depthwise:
+                    todo.append(r.outputs[0])
+            elif _channelwise(r, v) and len(r.outputs) == 1:
+                todo.append(r.outputs[0])
+            else:
+                return None
+            found.append(r)
+    return found
+
+
+def _fold_shuffle(node: Node, producers: dict[Value, Node], readers: dict[Value, list[Node]], outputs: set[Value],
+                  names: set[str]) -> Node | None:
+    """A ChannelShuffle whose inputs its Concat can take in place (batch 1, each computed by a kernel) and whose
+    readers can absorb the permutation (`_permuted_readers`) as a Concat of its inputs:
+    the dense convolutions reading it (or a depthwise one's output...) read the concatenation's channel s where
+    they read the shuffle's channel inv[s], their weights permuted to match; depthwise convolutions permute their
+    weights and bias, so that their outputs carry the same permutation on. Free at compile time, and the Concat
+    is written in place. None where some reader cannot."""
+    y, g = node.outputs[0], node.attrs["group"]
+    concat = Node("Concat", list(node.inputs), [y], {"axis": 1}, node.name)
+    if concat_slots(concat) is None or not all(_writable(x, producers, outputs) for x in set(node.inputs)):
+        return None  # the Concat would copy: no better than the shuffle's one copy, which also picks its block
+    found = _permuted_readers(y, readers, outputs)
+    if found is None:
+        return None
+    c = y.shape[1]
+    src = np.arange(c) % g * (c // g) + np.arange(c) // g  # y[:, k] is the concatenation's channel src[k]
+    inv = np.argsort(src)
+    for r in found:
+        if r.op != "Conv":
+            continue
+        depthwise = r.attrs["group"] > 1
+        for k in range(1, len(r.inputs)):
+            w = r.inputs[k]
+            if w is None or (k == 2 and not depthwise):
+                continue
+            data = w.data[inv] if depthwise else w.data[:, inv]
+            r.inputs[k] = Value(unique_name(f"{w.name}_unshuffled", names), w.type, np.ascontiguousarray(data))
+    return concat
+
+
+def _writable(v: Value, producers: dict[Value, Node], outputs: set[Value]) -> bool:
+    p = producers.get(v)
+    return p is not None and v not in outputs and not v.is_constant and not is_view(p)
+
+
 def channel_shuffle(graph: Graph) -> Graph:
     """ShuffleNet's Reshape [N, g, C/g, H, W] -> Transpose(0, 2, 1, 3, 4) -> Reshape [N, C, H, W] as one
     `ChannelShuffle(group=g)` (its own kernel: one vectorized plane copy per channel), reading the inputs of the
-    channel Concat before it where only the shuffle reads that (ShuffleNet v2: concat, then shuffle)."""
+    channel Concat before it where only the shuffle reads that (ShuffleNet v2: concat, then shuffle). Where only
+    convolutions read the shuffle (directly, or through depthwise convolutions and channelwise ops), the
+    permutation is folded into their weights instead and the shuffle becomes a Concat (`_fold_shuffle`)."""
     producers, readers, outputs = graph.producers(), graph.consumers(), set(graph.outputs)
+    names = {v.name for v in graph.values()}
     for k, node in enumerate(graph.nodes):
         t = producers.get(node.inputs[0]) if node.op == "Reshape" and node.inputs else None
         r1 = producers.get(t.inputs[0]) if t is not None and t.op == "Transpose" else None
@@ -170,7 +248,8 @@ def channel_shuffle(graph: Graph) -> Graph:
         if cat is not None and cat.op == "Concat" and norm_axis(cat.attrs["axis"], 4) == 1 and \
                 _single_reader(x, readers, outputs) is r1:  # fmt: skip
             parts = list(cat.inputs)
-        graph.nodes[k] = Node("ChannelShuffle", parts, [y], {"group": g}, node.name)
+        shuffle = Node("ChannelShuffle", parts, [y], {"group": g}, node.name)
+        graph.nodes[k] = _fold_shuffle(shuffle, producers, readers, outputs, names) or shuffle
     return dead_code_elimination(graph)
 
 

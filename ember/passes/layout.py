@@ -17,8 +17,18 @@ largest power of two >= 4 below them that divides C (`block_of`; None: it stays 
 - elementwise and broadcast ops (relu, clip, residual add, ...) whose operand is blocked run blocked;
   their other operands follow (constants re-laid out at compile time, per-channel [C, 1, 1] ones
   included), unless one is a map computed in NCHW (then the op stays NCHW: transforming it would
-  cost as much as transforming the blocked operand back); MaxPool/AveragePool become `PoolNCHWc`,
-  global pooling `GlobalPoolNCHWc`;
+  cost as much as transforming the blocked operand back); MaxPool/AveragePool become `PoolNCHWc`;
+  global pooling, and ReduceMean/ReduceMax over H and W, `GlobalPoolNCHWc`; a channel Concat, Split or
+  Slice stays blocked where its cuts fall between blocks (re-blocked by a smaller block where they fall
+  inside one); a `ChannelShuffle` with a blocked input, or read by a convolution that starts a blocked
+  region, becomes `ChannelShuffleNCHWc`, whose output block divides the cuts of the Splits and Slices
+  reading it (ShuffleNet v2: the shuffle, its split halves and the convolutions around them exchange
+  blocked tensors);
+- a convolution whose output channels have no block of the full vector width (ShuffleNet v2's 58, 116, 232)
+  computes them zero-padded to whole vectors (zero weights and bias), where that adds at most
+  `MAX_CHANNEL_PAD` and every reader takes the padded value (`takes_padded`: convolutions, which read the
+  padding with zero weights; depthwise convolutions and `PAD_SAFE` ops, whose outputs stay padded; channel
+  shuffles, which read each input's own channels); any other reader gets it back in NCHW, sliced;
 - every other reader of a blocked value, and the graph outputs, get the value back in NCHW through one
   `LayoutTransform` per value, placed before its first reader (a Reshape where H = W = 1: the pooled
   features of a classifier are laid out alike in both layouts).
@@ -51,9 +61,12 @@ FLOATS = ("float32", "float64")
 NOT_CHANNELWISE = {"BatchNormalization", "Expand", "Dropout", "QuantizeLinear", "DequantizeLinear"}
 POOLS = {"MaxPool": "max", "AveragePool": "avg"}
 GLOBAL_POOLS = {"GlobalMaxPool": "max", "GlobalAveragePool": "avg"}
+SPATIAL_REDUCES = {"ReduceMax": "max", "ReduceMean": "avg"}  # over H and W: global pooling
 WINOGRAD_MIN_GAIN = 1.5  # estimated direct / Winograd time from which a 3x3 convolution takes Winograd
 MIN_MACS = 1 << 20  # a convolution whose input is not blocked yet starts a blocked region only from this size
 MAX_GROUP_MERGE = 2  # a grouped convolution merges at most this many groups into one of whole channel blocks
+MAX_CHANNEL_PAD = 0.25  # a convolution pads its output channels to whole vectors when that adds at most this share
+PAD_SAFE = {"Relu", "LeakyRelu", "Clip", "HardSwish"}  # channelwise ops that run on padded values as they are
 
 
 def block_of(channels: int, lanes: int) -> int | None:
@@ -103,6 +116,7 @@ class _Converter:
         self.reblocked: dict[tuple[Value, int], Value] = {}  # (value, block) -> it in a block other than its own
         self.names = {v.name for v in graph.values()}
         self.as_2d: dict[Value, Value] = {}  # output of a 1-d convolution -> its [N, C, 1, L] form
+        self.padded: dict[Value, int] = {}  # NCHW value -> the channels of its blocked form, zero-padded past its own
 
     # -- helpers -----------------------------------------------------------------------------------
     def fresh(self, name: str) -> str:
@@ -125,6 +139,12 @@ class _Converter:
         n, c, h, w = v.shape
         shape = (n, c // b, h, w, b)
         name = f"{v.name}_{nchwc(b)}"
+        if v in self.padded:  # padded, wanted in another block: through NCHW (once)
+            if (v, b) not in self.reblocked:
+                attrs = {"src_layout": "NCHW", "dst_layout": nchwc(b)}
+                self.reblocked[v, b] = self.emit("LayoutTransform", [self.to_nchw(v)], v.type.with_shape(shape), attrs,
+                                                 name)  # fmt: skip
+            return self.reblocked[v, b]
         if v in self.blocked and b > 1:  # blocked by another block: re-blocked directly, not through NCHW (once)
             if (v, b) not in self.reblocked:
                 bv, vb = self.blocked[v]
@@ -144,11 +164,18 @@ class _Converter:
         """v itself, computed back from its blocked form (once, before its first reader) if needed."""
         if v in self.missing:
             bv, b = self.blocked[v]
+            out = v  # a padded value: all its channels back, then the slice of its own
+            if v in self.padded:
+                shape = (v.shape[0], self.padded[v], *v.shape[2:])
+                out = Value(self.fresh(f"{v.name}_padded"), v.type.with_shape(shape))
             if v.shape[2] * v.shape[3] == 1:  # [N, C/b, 1, 1, b] is [N, C, 1, 1] in memory: a view
-                self.nodes.append(Node("Reshape", [bv], [v], {"shape": v.shape}, f"{v.name}_to_nchw"))
+                self.nodes.append(Node("Reshape", [bv], [out], {"shape": out.shape}, f"{v.name}_to_nchw"))
             else:
                 attrs = {"src_layout": nchwc(b), "dst_layout": "NCHW"}
-                self.nodes.append(Node("LayoutTransform", [bv], [v], attrs, f"{v.name}_to_nchw"))
+                self.nodes.append(Node("LayoutTransform", [bv], [out], attrs, f"{v.name}_to_nchw"))
+            if out is not v:
+                attrs = {"starts": (0,), "ends": (v.shape[1],), "axes": (1,), "steps": (1,)}
+                self.nodes.append(Node("Slice", [out], [v], attrs, f"{v.name}_unpadded"))
             self.missing.discard(v)
         return v
 
@@ -192,11 +219,17 @@ class _Converter:
         if x is None or w is None or len(x.shape) != 4 or x.dtype not in self.lanes or len(node.outputs) != 1:
             return False
         c, k, group = x.shape[1], y.shape[1], node.attrs["group"]
-        kb = block_of(k, self.lanes[x.dtype])
+        lanes = self.lanes[x.dtype]
+        kb = block_of(k, lanes)
         depthwise = group > 1 and group == c == k
+        c_in, k_out = self.padded.get(x, c), self.padded_channels(node, depthwise, kb, lanes)
+        if c_in != c and (group > 1 and not depthwise or x not in self.blocked):
+            return False
+        if k_out != k:
+            kb = lanes
         if kb is None or (group > 1 and not depthwise and group == c):
             return False
-        if x not in self.blocked and prod_hint(y.shape) * math.prod(w.shape[1:]) < MIN_MACS:
+        if x not in self.blocked and not self.starts_blocked(node):
             return False  # too small to pay for transforming its input (and likely its output back)
         if depthwise:
             cb = kb
@@ -214,7 +247,10 @@ class _Converter:
                 group //= merge
         xb = self.to_blocked(x, cb)
         kh, kw = w.shape[2:]
-        if not depthwise and self.winograd(node, xb, cb, kb):
+        if (c_in, k_out) != (c, k):  # zero weights (and bias) for the padding channels, read and written
+            w, b = self.padded_weights(w, b, c_in, k_out, depthwise)
+            c, k, group = c_in, k_out, k_out if depthwise else group
+        elif not depthwise and self.winograd(node, xb, cb, kb):
             return True
         wl = f"OIHW{1 if depthwise else cb}i{kb}o"
         wshape = (k // kb, 1 if depthwise else c // group // cb, kh, kw, 1 if depthwise else cb, kb)
@@ -223,10 +259,73 @@ class _Converter:
         out = y.type.with_shape((y.shape[0], k // kb, *y.shape[2:], kb))
         attrs = {a: node.attrs[a] for a in ("strides", "pads", "dilations")} | {"group": group}
         self.produce_blocked(node, self.emit("ConvNCHWc", [xb, wb, b], out, attrs, f"{y.name}_nchwc"), kb)
+        if k != y.shape[1]:
+            self.padded[y] = k
         return True
+
+    def padded_channels(self, node: Node, depthwise: bool, kb: int | None, lanes: int) -> int:
+        """The output channels of a Conv's blocked form: its own, or zero-padded to whole vectors where they have
+        no block of the full lanes (ShuffleNet v2's 58, 116, 232), that adds at most `MAX_CHANNEL_PAD` of them
+        and every reader takes a padded value (`takes_padded`); a depthwise one follows its input."""
+        x, y = node.inputs[0], node.outputs[0]
+        k = y.shape[1]
+        if depthwise:
+            return self.padded.get(x, k)
+        if node.attrs["group"] != 1 or kb == lanes or not all(v is None or v.is_constant for v in node.inputs[1:]):
+            return k
+        padded = -(-k // lanes) * lanes
+        return padded if padded <= k * (1 + MAX_CHANNEL_PAD) and self.takes_padded(y) else k
+
+    def takes_padded(self, v: Value) -> bool:
+        """Whether every reader of v can read its blocked form with zero-padded channels: convolutions with constant
+        weights (their weights zero for the padding), depthwise ones and `PAD_SAFE` ops whose outputs do as well,
+        channel shuffles (they read each input's own channels)."""
+        if v in self.graph.outputs or not self.readers.get(v):
+            return False
+        for r in self.readers[v]:
+            one = len(r.outputs) == 1 and r.inputs[0] is v and v not in r.inputs[1:]
+            consts = all(u is None or u.is_constant for u in r.inputs[1:])
+            if r.op == "Conv" and one and consts and r.attrs["group"] == 1:
+                continue
+            depthwise = r.op == "Conv" and r.attrs["group"] == v.shape[1] == r.outputs[0].shape[1]
+            scalars = all(u.is_constant and u.data.size == 1 for u in r.present_inputs[1:])
+            if one and ((depthwise and consts) or (r.op in PAD_SAFE and scalars)) and self.takes_padded(r.outputs[0]):
+                continue
+            if r.op != "ChannelShuffle":
+                return False
+        return True
+
+    def padded_weights(self, w: Value, b: Value | None, c_in: int, k_out: int, depthwise: bool) -> tuple:
+        """Constant weights [K, C, KH, KW] and bias [K] zero-padded to `k_out` output and `c_in` input channels
+        (a depthwise conv's [K, 1, KH, KW] to `k_out`)."""
+        k, c = w.shape[:2]
+        wp = np.zeros((k_out, 1 if depthwise else c_in, *w.shape[2:]), w.data.dtype)
+        wp[:k, :c] = w.data
+        w = Value(self.fresh(f"{w.name}_padded"), w.type.with_shape(wp.shape), wp)
+        if b is not None:
+            bp = np.zeros(k_out, b.data.dtype)
+            bp[:k] = b.data
+            b = Value(self.fresh(f"{b.name}_padded"), b.type.with_shape(bp.shape), bp)
+        return w, b
+
+    @staticmethod
+    def starts_blocked(node: Node) -> bool:
+        """Whether a Conv is big enough to take the blocked layout when its input is not blocked yet."""
+        w, y = node.inputs[1], node.outputs[0]
+        return prod_hint(y.shape) * math.prod(w.shape[1:]) >= MIN_MACS
 
     def elementwise(self, node: Node) -> bool:
         y = node.outputs[0]
+        if any(v in self.padded for v in node.present_inputs):  # a PAD_SAFE op (`convert`): the padding goes through
+            x = node.inputs[0]
+            if x not in self.padded or not all(u.is_constant and u.data.size == 1 for u in node.present_inputs[1:]):
+                return False
+            xb, b = self.blocked[x]
+            out = self.emit(node.op, [xb, *node.inputs[1:]], y.type.with_shape(xb.shape), dict(node.attrs),
+                            f"{y.name}_{nchwc(b)}")  # fmt: skip
+            self.produce_blocked(node, out, b)
+            self.padded[y] = self.padded[x]
+            return True
         sources = [self.blocked[v][1] for v in node.present_inputs if v in self.blocked and v.shape == y.shape]
         if not sources or len(node.outputs) != 1:
             return False
@@ -318,6 +417,22 @@ class _Converter:
         self.produce_blocked(node, out, b)
         return True
 
+    def spatial_reduce(self, node: Node) -> bool:
+        """ReduceMean/ReduceMax of a blocked value over H and W (torchvision's `x.mean([2, 3])`) as global pooling;
+        without keepdims, [N, C/b, 1, 1, b] read as [N, C] (the same memory order)."""
+        x, y = node.inputs[0], node.outputs[0]
+        axes = sorted(norm_axis(a, 4) for a in node.attrs.get("axes") or ())
+        if x not in self.blocked or len(node.present_inputs) != 1 or axes != [2, 3]:
+            return False
+        xb, b = self.blocked[x]
+        out = xb.type.with_shape((xb.shape[0], xb.shape[1], 1, 1, b))
+        pooled = self.emit("GlobalPoolNCHWc", [xb], out, {"mode": SPATIAL_REDUCES[node.op]}, f"{y.name}_nchwc")
+        if node.attrs["keepdims"]:
+            self.produce_blocked(node, pooled, b)
+        else:
+            self.nodes.append(Node("Reshape", [pooled], [y], {"shape": y.shape}, node.name))
+        return True
+
     def concat(self, node: Node) -> bool:
         """A Concat along the channels of 4-d values, one of them blocked: in the blocked layout with the largest
         block that divides every input's channels (so each input is a whole number of blocks of the output)."""
@@ -336,24 +451,33 @@ class _Converter:
         return True
 
     def split(self, node: Node) -> bool:
-        """A Split or Slice of a blocked value along whole channel blocks: in the blocked layout (a view when
-        the batch is 1, `ember.passes.inplace.channel_view`)."""
+        """A Split or Slice of a blocked value along the channels: in the blocked layout (a view when the batch
+        is 1, `ember.passes.inplace.channel_view`), re-blocked first by a smaller block where a cut falls inside
+        one of its blocks."""
         x = node.inputs[0]
         if x not in self.blocked or len(node.present_inputs) != 1 or not x.type.is_static:
             return False
-        xb, b = self.blocked[x]
         if node.op == "Split":
-            sizes = node.attrs["split"]
-            if norm_axis(node.attrs["axis"], 4) != 1 or any(n % b for n in sizes):
+            if norm_axis(node.attrs["axis"], 4) != 1:
                 return False
-            attrs = {"axis": 1, "split": tuple(n // b for n in sizes)}
+            sizes = node.attrs["split"]
         else:
             bounds = slice_bounds(tuple(x.shape), node.attrs)
             (start, end, step) = bounds[1]
             if any(bd != (0, d, 1) for k, (bd, d) in enumerate(zip(bounds, x.shape)) if k != 1):
                 return False
-            if step != 1 or start % b or end % b or end <= start:
+            if step != 1 or end <= start:
                 return False
+            sizes = (start, end - start)
+        xb, b = self.blocked[x]
+        if any(n % b for n in sizes):  # cuts inside a block: re-blocked by one that holds them (one transform)
+            b = block_of(math.gcd(x.shape[1], *sizes), self.lanes[x.dtype])
+            if b is None:
+                return False
+            xb = self.to_blocked(x, b)
+        if node.op == "Split":
+            attrs = {"axis": 1, "split": tuple(n // b for n in sizes)}
+        else:
             attrs = {"starts": (start // b,), "ends": (end // b,), "axes": (1,), "steps": (1,)}
         outs = [Value(self.fresh(f"{v.name}_{nchwc(b)}"), v.type.with_shape(self.blocked_shape(v.shape, b)))
                 for v in node.outputs]  # fmt: skip
@@ -363,19 +487,61 @@ class _Converter:
             self.missing.add(v)
         return True
 
+    def channel_cuts(self, v: Value) -> list[int]:
+        """Where the readers of v cut its channels: the boundaries of channel Splits and Slices (unit step)."""
+        cuts = []
+        for r in self.readers.get(v, []):
+            if r.op == "Split" and norm_axis(r.attrs["axis"], 4) == 1 and len(r.present_inputs) == 1:
+                cuts += np.cumsum(r.attrs["split"]).tolist()
+            elif r.op == "Slice" and len(r.present_inputs) == 1:
+                start, end, _ = slice_bounds(tuple(v.shape), r.attrs)[1]
+                cuts += [start, end]
+        return cuts
+
+    def shuffle(self, node: Node) -> bool:
+        """A ChannelShuffle with a blocked input, or read by a convolution big enough to start a blocked region, as
+        `ChannelShuffleNCHWc`: its inputs read as they are (blocked, or an NCHW one as [N, C, H, W, 1], a view),
+        its output blocked by the largest block that divides its channels and every cut of a channel Split or
+        Slice reading it (so those stay blocked: ShuffleNet's halves). One copy, where the NCHW shuffle and a
+        LayoutTransform would be two."""
+        y = node.outputs[0]
+        if y.dtype not in self.lanes or not y.type.is_static:
+            return False
+        convs = [r for r in self.readers.get(y, []) if r.op == "Conv" and r.inputs[0] is y and len(y.shape) == 4]
+        if not any(v in self.blocked for v in node.inputs) and not any(map(self.starts_blocked, convs)):
+            return False  # NCHW in, and no reader that takes it blocked: it stays NCHW
+        b = block_of(math.gcd(y.shape[1], *self.channel_cuts(y)), self.lanes[y.dtype])
+        parts = [self.blocked[v][0] if v in self.blocked else self.to_blocked(v, 1) for v in node.inputs]
+        attrs = {"group": node.attrs["group"], "block": b or 1}
+        if any(v in self.padded for v in node.inputs):
+            attrs["channels"] = tuple(v.shape[1] for v in node.inputs)
+        out = y.type.with_shape(self.blocked_shape(y.shape, b or 1))
+        shuffled = self.emit("ChannelShuffleNCHWc", parts, out, attrs, f"{y.name}_{nchwc(b or 1)}")
+        if b is None:  # no block holds the cuts: NCHW, written as [N, C, H, W, 1]
+            self.nodes.append(Node("Reshape", [shuffled], [y], {"shape": y.shape}, node.name))
+        else:
+            self.produce_blocked(node, shuffled, b)
+        return True
+
     def convert(self, node: Node) -> bool:
         if node.subgraphs():
             return False
+        if any(v in self.padded for v in node.present_inputs) and node.op not in ("Conv", "ChannelShuffle", *PAD_SAFE):
+            return False  # unforeseen reader of a padded value: it gets it back in NCHW (`to_nchw`)
         if node.op == "Conv":
             return self.conv1d(node) if len(node.inputs[0].shape) == 3 else self.conv(node)
         if node.op == "Concat":
             return self.concat(node)
         if node.op in ("Split", "Slice") and node.inputs and node.inputs[0] is not None:
             return self.split(node)
+        if node.op == "ChannelShuffle":
+            return self.shuffle(node)
         if node.op in POOLS:
             return self.pool(node)
         if node.op in GLOBAL_POOLS:
             return self.global_pool(node)
+        if node.op in SPATIAL_REDUCES and node.inputs and len(node.inputs[0].shape) == 4:
+            return self.spatial_reduce(node)
         opdef = get_op(node.op)
         if opdef.pattern not in (Pattern.ELEMWISE, Pattern.BROADCAST) or node.op in NOT_CHANNELWISE:
             return False

@@ -344,6 +344,30 @@ def _parallel_ok(out: Tensor, chunks: int, target: Target) -> bool:
     return target.num_cores > 1 and chunks >= target.num_cores and work(out) >= 1 << 16
 
 
+def schedule_lane_gather(group: int, outs: list[Tensor], target: Target) -> te.Schedule:
+    """A copy into a blocked tensor [N, C/x, H, W, x] whose lanes come from different places (a channel shuffle
+    of `group` groups: lane l reads input l % group, at a channel fixed by the block and l): per channel block,
+    a loop over the pixels whose body is the block's lanes unrolled, split by the group so that each statement
+    reads its input at a constant offset from the pixel's (the index arithmetic of blocks and lanes hoisted out
+    of the pixel loop; the C compiler packs the lanes). Parallel over the channel blocks where that pays."""
+    (out,) = outs
+    s = te.create_schedule(outs)
+    st = s[out]
+    n, c, h, w, lane = st.op.axis
+    blocks, pixels = st.fuse(n, c), st.fuse(h, w)
+    if group > 1 and out.shape[4] % group == 0:
+        run, part = st.split(lane, group)
+        st.reorder(blocks, pixels, run, part)
+        st.unroll(run)
+        st.unroll(part)
+    else:
+        st.reorder(blocks, pixels, lane)
+        st.unroll(lane)
+    if target.num_cores > 1 and work(out) >= 1 << 16:
+        st.parallel(blocks)
+    return s
+
+
 SCHEDULES["conv_nchwc"] = _schedule_nchwc
 SCHEDULES["window_nchwc"] = _schedule_nchwc
 SCHEDULES["global_nchwc"] = _schedule_global_nchwc

@@ -197,14 +197,18 @@ def shuffle_unit(n: Net, x: str, c: int, name: str) -> str:
 @pytest.mark.parametrize("blocked", [False, True])
 def test_shuffle_units(monkeypatch, blocked):
     """Two ShuffleNet units: the split halves are views of their input (no Split kernel), each shuffle is one
-    ChannelShuffle kernel (no Transpose); 58-channel halves (ShuffleNet v2 1.0x) have no block."""
+    ChannelShuffle kernel (no Transpose), in the blocked layout where its inputs are (58-channel halves, ShuffleNet
+    v2 1.0x: their convs padded to whole vectors); the second one is not folded into y's weights: its concat
+    would copy (its first half is a view of the first shuffle's output)."""
     for c in (32, 116):
         n = Net(c)
         x = n.conv("x", c, "stem")
         n.conv(shuffle_unit(n, shuffle_unit(n, x, c, "u1"), c, "u2"), 16, "y", relu=False)
         m = check(n.model(["y"]), blocked, monkeypatch)
         ops = kernel_ops(m)
-        assert not ops["Split"] and not ops["Transpose"] and ops["ChannelShuffle"] == 2
+        assert not ops["Split"] and not ops["Transpose"] and ops["ChannelShuffle"] + ops["ChannelShuffleNCHWc"] == 2
+        # blocked where the convs are: the small 32-channel ones only when forced; the 58-channel ones padded to 64
+        assert ops["ChannelShuffleNCHWc"] == (0 if not blocked and c == 32 else 2)
         assert blocked or not ops["Concat"]  # the shuffles read the concats' inputs
         assert sum(v.kind == "alias" and "_x" in v.name for v in m.plan.values) >= 4
 
@@ -253,3 +257,15 @@ def test_exported_program_points_views_at_their_offsets(tmp_path, monkeypatch):
     feeds = {"x": np.random.default_rng(4).standard_normal((1, 32, 10, 10)).astype(np.float32)}
     outputs, _ = run_exported(out, feeds)
     np.testing.assert_array_equal(outputs["y"], m.run(feeds)["y"])
+
+
+def test_blocked_conv_reads_a_split_half_at_its_offset(monkeypatch):
+    """A conv taking the blocked layout reads a split half whose channels have no block as [N, C, H, W, 1]: a view
+    (Reshape) of a view (the half, at its offset in the split input); the offset carries through both."""
+    n = Net(12, hw=8)
+    n.conv("x", 12, "s")
+    n.add("Split", ["s"], ["a", "b"], axis=1, num_outputs=2)
+    n.channels["a"] = n.channels["b"] = 6
+    n.conv("b", 16, "y", relu=False)
+    m = check(n.model(["y", "a"]), True, monkeypatch)
+    assert {v.name: v.view_offset for v in m.plan.values if v.kind == "alias"}["b_NCHW1c"] == 6 * 8 * 8 * 4

@@ -79,7 +79,7 @@ def test_conv_chain_stays_blocked_between_convs():
     g = passes(model)
     assert ops(g) == Counter({"ConvNCHWc": 3, "Relu": 3, "Add": 1, "PoolNCHWc": 2, "GlobalPoolNCHWc": 1,
                               "LayoutTransform": 1, "Reshape": 1, "Flatten": 1, "Gemm": 1})  # fmt: skip
-    assert transforms(g) == [("NCHW", "NCHW16c")]
+    assert [src for src, _ in transforms(g)] == ["NCHW"]  # the input in; the output back is a view
     assert g.nodes[0].op == "LayoutTransform" and g.nodes[0].inputs[0] is g.inputs[0]
     for n in g.nodes:
         if n.op == "ConvNCHWc":
@@ -241,4 +241,18 @@ def test_1d_convolutions_run_blocked():
     g = passes(model)
     assert ops(g)["ConvNCHWc"] == 3 and ops(g)["Conv"] == 0
     assert transforms(g) == [("NCHW", "NCHW16c"), ("NCHW16c", "NCHW"), ("NCHW", "NCHW16c"), ("NCHW16c", "NCHW")]
+    check(model, g)
+
+
+@pytest.mark.parametrize("op, keepdims", [("ReduceMean", 0), ("ReduceMean", 1), ("ReduceMax", 1)])
+def test_spatial_reduce_of_blocked_value_is_global_pooling(op, keepdims):
+    """torchvision's `x.mean([2, 3])` after a conv: GlobalPoolNCHWc on the blocked value, no LayoutTransform back to
+    NCHW (without keepdims the pooled [N, C/b, 1, 1, b] is read as [N, C], a view)."""
+    b = zoo.Builder(0)
+    y = b.conv_bn_relu("x", 8, 32)
+    y = b.op(op, [y], axes=[2, -1], keepdims=keepdims)
+    model = b.model({"x": (2, 8, 16, 16)}, y)
+    g = passes(model)
+    assert ops(g)["GlobalPoolNCHWc"] == 1 and ops(g)[op] == 0
+    assert [src for src, _ in transforms(g)] == ["NCHW"]  # the input in; the output back is a view
     check(model, g)
