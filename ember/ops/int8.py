@@ -14,6 +14,11 @@ half to even. With y_dtype float32 the output is float32(sum u(x) * W + bias) * 
 and clamps integers, the same values in fewer instructions than clamping floats. `y_min` above the dtype's
 minimum is a fused Relu (max(q, y_zero) is exactly Relu then QuantizeLinear), and `y_max` below the maximum a
 fused Clip (ReLU6).
+A fifth input, `res` (uint8/int8, the output's shape), is a residual join fused into the epilogue (`ember.passes.
+integer` writes QuantizeLinear(Relu(Add(product, DequantizeLinear(r, r_s, r_z)))) so): the sum before rounding is
+float32(acc + bias) * scale[j] + float32(r - res_zero) * res_scale, `scale` and `res_scale` already divided by y's
+scale (one multiply each, no division per element; the reference divides the float sum by y_s, so the two can
+differ by one step where the quotient is within float32 rounding of a tie).
 ONNX's QLinearConv divides the real value by y's scale; the pass's `scale` is x_scale * w_scale / y_scale
 rounded to float32 once, as onnxruntime's kernels do: the two can differ by one step where the quotient is
 within float32 rounding of a tie.
@@ -43,6 +48,7 @@ COMMON = [Attr("n", "int"), Attr("x_zero", "int", 0), Attr("y_zero", "int", 0), 
           Attr("y_min", "int", -(2**31)), Attr("y_max", "int", 2**31 - 1), Attr("int_clamp", "int", 0)]  # fmt: skip
 CONV = [Attr("kernel_shape", "ints"), Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints")]
 S2D = [Attr("s2d", "int", 1)]  # QConvPacked's weights packed for its phase planes (`_wx_view`)
+RES = [Attr("res_zero", "int", 0), Attr("res_scale", "float", 0.0)]  # the fused residual's (`res`) parameters
 
 
 def _check(name: str, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType, a: dict, k: int) -> None:
@@ -62,19 +68,33 @@ def _conv_geometry(a: dict, x: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
     return out, -(-x[1] // 4) * 4
 
 
-def _conv_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType) -> TensorType:
+def _conv_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType,
+                res: TensorType | None = None) -> TensorType:  # fmt: skip
     if x.rank != 4:
         raise ShapeError(f"QConvPacked needs a 4-d x [N, C, H, W], got {x}")
     out, cp = _conv_geometry(a, x.shape)
     view, shape, _ = _wx_view(a, x.shape)
     _check("QConvPacked", x, wp, bias, scale, a, math.prod(view["kernel_shape"]) * -(-shape[1] // 4) * 4)
-    return TensorType((x.shape[0], a["n"], *out), a["y_dtype"])
+    y = TensorType((x.shape[0], a["n"], *out), a["y_dtype"])
+    _check_res("QConvPacked", y, res)
+    return y
 
 
-def _requant_np(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, a: dict, axis: int) -> np.ndarray:
+def _check_res(name: str, y: TensorType, res: TensorType | None) -> None:
+    if res is None:
+        return
+    if res.dtype not in ("uint8", "int8") or tuple(res.shape) != tuple(y.shape) or y.dtype == "float32":
+        raise ShapeError(f"{name}: the fused residual must be uint8/int8 of the output's shape {y.shape} with an "
+                         f"8-bit output, got {res} and output {y.dtype}")  # fmt: skip
+
+
+def _requant_np(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, a: dict, axis: int,
+                res: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     shape = [1] * acc.ndim
     shape[axis] = -1
     v = (acc + bias.reshape(shape).astype(np.int64)).astype(np.float32) * scale.reshape(shape)
+    if res is not None:  # the fused residual, float32 as the kernel computes it
+        v = v + (res.astype(np.int32) - a.get("res_zero", 0)).astype(np.float32) * np.float32(a["res_scale"])
     if a["y_dtype"] == "float32":
         return v
     lo, hi = int_range(a["y_dtype"])
@@ -86,9 +106,11 @@ def _as_u8(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64) + (128 if x.dtype == np.int8 else 0)
 
 
-@op("QConvPacked", OUT, infer=_conv_infer, inputs=(4, 4), attrs=COMMON + CONV + S2D)
-def qconv_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Quantized 2-d convolution (group 1) on packed int8 weights, requantized (see the module doc)."""
+@op("QConvPacked", OUT, infer=_conv_infer, inputs=(4, 5), attrs=COMMON + CONV + S2D + RES)
+def qconv_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale: np.ndarray,
+                 res: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Quantized 2-d convolution (group 1) on packed int8 weights, requantized, with a fused residual `res` if
+    given (see the module doc)."""
     (oh, ow), cp = _conv_geometry(a, x.shape)
     xu = np.full((x.shape[0], cp, *x.shape[2:]), a["x_zero"] + (128 if x.dtype == np.int8 else 0), np.int64)
     xu[:, : x.shape[1]] = _as_u8(x)
@@ -106,7 +128,7 @@ def qconv_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale
     kh, kw = conv_a["kernel_shape"]
     w = I8.unpack_weight(wp, a["n"]).astype(np.int64).reshape(kh, kw, cp, a["n"]).transpose(3, 2, 0, 1)
     acc = conv_nd(xp, w.astype(np.float64), {**conv_a, "pads": (0, 0, 0, 0), "group": 1})[:, :, :oh, :ow]
-    return _requant_np(np.rint(acc).astype(np.int64), bias, scale, a, 1)
+    return _requant_np(np.rint(acc).astype(np.int64), bias, scale, a, 1, res)
 
 
 def _mm_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType) -> TensorType:
@@ -128,14 +150,17 @@ def _u8(v, signed: bool):
     return te.cast(te.cast(v, "int32") + 128, "uint8") if signed else v
 
 
-def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
+def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict, res: Tensor | None = None):
     if a["y_dtype"] == "float32":  # dequantized: the float ops after it fuse here
         return lambda idx, j: te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
     lo, hi = int_range(a["y_dtype"])
     lo, hi = max(lo, a.get("y_min", lo)), min(hi, a.get("y_max", hi))
+    rs = float(np.float32(a.get("res_scale", 0.0)))
 
     def f(idx, j):
         v = te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
+        if res is not None:  # the residual join: r - r_z exact in int32, scaled in float32
+            v = v + te.cast(te.cast(res[tuple(idx)], "int32") - a.get("res_zero", 0), "float32") * rs
         if a.get("int_clamp"):  # |v| + |y_zero| < 2^31 proven by the pass: rounded to int32, clamped as integers
             q = te.cast(te.round(v), "int32") + a["y_zero"]
             return te.cast(te.minimum(te.maximum(q, lo), hi), a["y_dtype"])
@@ -207,7 +232,7 @@ def _wx_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
     return x_shape[2] + pads[0] + pads[2], oh, x_shape[3] + pads[1] + pads[3]
 
 
-def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor, res: Tensor | None) -> Tensor:
     real = a
     a, shape, st = _wx_view(a, tuple(x.shape))
     n_, c, h, w = shape
@@ -237,15 +262,15 @@ def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Te
     X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), fill, "x4")
     geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad)
     acc = I8.int8_acc_wx(wp, X4, geometry, name="qconv_acc", cfg=a.get(CONFIG_ATTR))
-    epi = _epilogue(lambda idx: acc[idx[0], idx[1], idx[2] * wpad + idx[3]], bias, scale, a)
+    epi = _epilogue(lambda idx: acc[idx[0], idx[1], idx[2] * wpad + idx[3]], bias, scale, a, res)
     return te.compute((n_, a["n"], oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv",
                       attrs={"template": "int8_gemm", "acc": acc, "wx": True})  # fmt: skip
 
 
 @lowering("QConvPacked", schedule=T.schedule_nn)
-def _qconv_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+def _qconv_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor, res: Tensor | None = None) -> Tensor:
     if wp.shape[2] == 1 and wx_conv(a, x.shape):
-        return _qconv_wx(a, x, wp, bias, scale)
+        return _qconv_wx(a, x, wp, bias, scale, res)
     n_, c, h, w = x.shape
     (oh, ow), cp = _conv_geometry(a, x.shape)
     kh, kw = a["kernel_shape"]
@@ -261,7 +286,7 @@ def _qconv_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) 
 
     A = I8.rows_stage((n_ * oh * ow, kh, kw, cp), patch, "im2col")
     acc = I8.int8_acc(A, wp, name="qconv_acc", cfg=a.get(CONFIG_ATTR), rows=ow)  # row tiles within one output row
-    epi = _epilogue(lambda idx: acc[idx[0] * (oh * ow) + idx[2] * ow + idx[3], idx[1]], bias, scale, a)
+    epi = _epilogue(lambda idx: acc[idx[0] * (oh * ow) + idx[2] * ow + idx[3], idx[1]], bias, scale, a, res)
     return te.compute((n_, a["n"], oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv",
                       attrs={"template": "int8_gemm", "acc": acc, "row_axes": (3,), "col_axis": 1})  # fmt: skip
 
