@@ -211,18 +211,54 @@ def space_to_depth_weight(w: np.ndarray, st: int) -> np.ndarray:
 
 def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
     """Whether a QConvPacked runs as weights times activations (`ember.templates.int8.int8_acc_wx`): stride 1 (or a
-    strided 1 x 1 without padding), with a tile of at least 16 pixels; the pass then packs its weights with nb = 1."""
+    strided 1 x 1 without padding), or strided on phase planes (`_phase_grid`), with a tile of at least 16 pixels;
+    the pass then packs its weights with nb = 1."""
     a, x_shape, _ = _wx_view(a, x_shape)
     (sh, sw), pads, _ = spatial_attrs(a, 2)
-    return (sh, sw) == (1, 1) and I8.wx_tile(*_wx_grid(a, x_shape)[1:3], a["n"])[1] >= 16
+    if (sh, sw) != (1, 1) and _phase_grid(a, x_shape) is None:
+        return False
+    _, oh, wpad = _wx_rows(a, x_shape)
+    return I8.wx_tile(oh, wpad, a["n"])[1] >= 16
 
 
 def wx_columns(a: dict, x_shape: tuple[int, ...]) -> int:
     """The pixel columns of one micro-kernel call of a W x X convolution: its tile's rows on the padded grid, but
     for the last row's padding columns."""
     a, x_shape, _ = _wx_view(a, x_shape)
-    _, oh, wpad = _wx_grid(a, x_shape)
+    _, oh, wpad = _wx_rows(a, x_shape)
     return I8.wx_tile(oh, wpad, a["n"])[1] - wpad + _conv_geometry(a, x_shape)[0][1]
+
+
+def _wx_rows(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(rows, OH, row length) of the grid a W x X accumulator runs on: the padded image, or one phase plane."""
+    grid = _phase_grid(a, x_shape)
+    return (grid[1], _conv_geometry(a, x_shape)[0][0], grid[2]) if grid else _wx_grid(a, x_shape)
+
+
+PHASE_MIN_TAPS = 4  # a strided convolution of at least this many taps runs on phase planes (1 x 1: `_wx_view`)
+# ... and of at least this many output pixels: ResNet-50's 3 x 3 stride-2 convolutions at 1 thread (loaded machine)
+# 28 x 28 outputs 0.89 -> 0.70 ms on phase planes, but 14 x 14 0.63 -> 0.73 and 7 x 7 0.57 -> 0.87 (few pixels per
+# channel: the im2col product's tiles of 64 channels use the registers better, and its copy is small)
+PHASE_MIN_PIXELS = 256
+
+
+def _phase_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+    """(stride S, plane rows, plane width W2, pixels per plane) of a strided convolution run as weights times
+    activations on the S x S phase planes of the padded image (plane (pr, pc) holds the padded pixels (i * S + pr,
+    j * S + pc)): tap (r, s) of output pixel (oh, ow) reads plane (r % S, s % S) at (oh + r // S, ow + s // S), so
+    each tap is one shift of one plane, as a stride-1 tap is one shift of the image (no im2col: the copy is the
+    input's size, not k * k times it). A plane has OH + (KH - 1) // S + 1 rows (the last one: the overrun of the
+    columns past OW). None where it does not apply (stride 1, unequal strides, dilation, fewer taps or output
+    pixels, `s2d`)."""
+    (sh, sw), pads, dil = spatial_attrs(a, 2)
+    if sh != sw or sh < 2 or dil != (1, 1) or a.get("s2d", 1) > 1 or math.prod(a["kernel_shape"]) < PHASE_MIN_TAPS:
+        return None
+    (oh, ow), _ = _conv_geometry(a, x_shape)
+    if oh * ow < PHASE_MIN_PIXELS:
+        return None
+    w2 = -(-(x_shape[3] + pads[1] + pads[3]) // sh)
+    rows = oh + (a["kernel_shape"][0] - 1) // sh + 1
+    return sh, rows, w2, rows * w2
 
 
 def _wx_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -258,9 +294,22 @@ def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor, res: 
         return te.if_then_else(inside, _u8(x[b, ch, ih, iw], signed), zero)
 
 
-    fill = phases if real.get("s2d", 1) > 1 else interleave
-    X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), fill, "x4")
-    geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad)
+    grid = _phase_grid(a, shape)
+    if grid is not None:  # strided: the phase planes of the padded image, plane after plane
+        ps, _, wpad, plane = grid
+
+        def planes(b, c4, p, kk):
+            ph, pp = p // plane, p % plane
+            ih, iw = (pp // wpad) * ps + ph // ps - pads[0], (pp % wpad) * ps + ph % ps - pads[1]
+            inside = te.all(c4 * 4 + kk < c, ih >= 0, ih < h, iw >= 0, iw < w)
+            return te.if_then_else(inside, _u8(x[b, c4 * 4 + kk, ih, iw], signed), zero)
+
+        X4 = I8.rows_stage((n_, cp // 4, ps * ps * plane, 4), planes, "x4")
+        geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad, ps, plane)
+    else:
+        fill = phases if real.get("s2d", 1) > 1 else interleave
+        X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), fill, "x4")
+        geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad)
     acc = I8.int8_acc_wx(wp, X4, geometry, name="qconv_acc", cfg=a.get(CONFIG_ATTR))
     epi = _epilogue(lambda idx: acc[idx[0], idx[1], idx[2] * wpad + idx[3]], bias, scale, a, res)
     return te.compute((n_, a["n"], oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv",
