@@ -217,6 +217,9 @@ def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
     (sh, sw), pads, _ = spatial_attrs(a, 2)
     if (sh, sw) != (1, 1) and _phase_grid(a, x_shape) is None:
         return False
+    (oh, ow), _ = _conv_geometry(a, x_shape)
+    if a.get("s2d", 1) == 1 and math.prod(a["kernel_shape"]) > 1 and oh * ow < WX_MIN_PIXELS:
+        return False
     _, oh, wpad = _wx_rows(a, x_shape)
     return I8.wx_tile(oh, wpad, a["n"])[1] >= 16
 
@@ -236,10 +239,13 @@ def _wx_rows(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 PHASE_MIN_TAPS = 4  # a strided convolution of at least this many taps runs on phase planes (1 x 1: `_wx_view`)
-# ... and of at least this many output pixels: ResNet-50's 3 x 3 stride-2 convolutions at 1 thread (loaded machine)
-# 28 x 28 outputs 0.89 -> 0.70 ms on phase planes, but 14 x 14 0.63 -> 0.73 and 7 x 7 0.57 -> 0.87 (few pixels per
-# channel: the im2col product's tiles of 64 channels use the registers better, and its copy is small)
-PHASE_MIN_PIXELS = 256
+# A convolution of several taps (but a stem's on phase planes, `s2d`) with fewer output pixels runs on im2col: a
+# 14 x 14 or 7 x 7 image wastes the padding columns of its grid (12% and 22%) and fills few vectors per tile,
+# where the im2col product's tiles of 64 channels use the registers well and its copy is small. ResNet-50 at 1
+# thread (loaded machine): its 3 x 3 convolutions at 14 x 14 3.55 -> 3.00 ms (5 layers), at 7 x 7 1.60 -> 1.13 (2);
+# stride 2 on phase planes at 28 x 28 outputs 0.89 -> 0.70 ms, but 14 x 14 0.63 -> 0.73 and 7 x 7 0.57 -> 0.87.
+# (1 x 1 convolutions, no padding columns, stay W x X at every size: im2col was slower for them.)
+WX_MIN_PIXELS = 256
 
 
 def _phase_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
@@ -254,7 +260,7 @@ def _phase_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int, int] 
     if sh != sw or sh < 2 or dil != (1, 1) or a.get("s2d", 1) > 1 or math.prod(a["kernel_shape"]) < PHASE_MIN_TAPS:
         return None
     (oh, ow), _ = _conv_geometry(a, x_shape)
-    if oh * ow < PHASE_MIN_PIXELS:
+    if oh * ow < WX_MIN_PIXELS:
         return None
     w2 = -(-(x_shape[3] + pads[1] + pads[3]) // sh)
     rows = oh + (a["kernel_shape"][0] - 1) // sh + 1
