@@ -223,7 +223,7 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "
         return te.sum(w * te.cast(x4[b, c4, q + tap(r, s), kk], "int32"), axis=[r, s, c4, kk])
 
     plan = Int8Plan(mr, rows // wpad * ow)  # nb: the output pixels of a tile (whole output rows)
-    attrs = {"plan": plan, "planes": (plane, wpad)} if st > 1 else {"plan": plan}
+    attrs = {"plan": plan, "planes": (plane, wpad)} if st > 1 else {"plan": plan, "row": wpad}
     return te.compute((x4.shape[0], co, oh * wpad), body, name=name, tag="int8_gemm", attrs=attrs)
 
 
@@ -334,12 +334,14 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
         st = s[t]
         if st.is_placeholder or st.op.tag != "int8_rows":
             continue
-        if "planes" in acc.op.attrs:  # phase planes: plane, row, column loops (no division per pixel)
+        _, _, p, kk = st.op.axis  # by row and column of the padded grid: no division per pixel, the padding
+        if "planes" in acc.op.attrs:  # columns partitioned off (phase planes: by plane first)
             plane, wpad = acc.op.attrs["planes"]
-            _, _, p, kk = st.op.axis
             ph, pp = st.split(p, plane)
             i, j = st.split(pp, wpad)
             st.reorder(ph, i, j, kk)
+        elif t.shape[2] % acc.op.attrs["row"] == 0:
+            st.split(p, acc.op.attrs["row"])
         if big:
             st.parallel(st.op.axis[1])
         done.add(st.name)
