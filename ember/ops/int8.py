@@ -14,6 +14,11 @@ half to even. With y_dtype float32 the output is float32(sum u(x) * W + bias) * 
 and clamps integers, the same values in fewer instructions than clamping floats. `y_min` above the dtype's
 minimum is a fused Relu (max(q, y_zero) is exactly Relu then QuantizeLinear), and `y_max` below the maximum a
 fused Clip (ReLU6).
+A fifth input, `res` (uint8/int8, the output's shape), is a residual join fused into the epilogue (`ember.passes.
+integer` writes QuantizeLinear(Relu(Add(product, DequantizeLinear(r, r_s, r_z)))) so): the sum before rounding is
+float32(acc + bias) * scale[j] + float32(r - res_zero) * res_scale, `scale` and `res_scale` already divided by y's
+scale (one multiply each, no division per element; the reference divides the float sum by y_s, so the two can
+differ by one step where the quotient is within float32 rounding of a tie).
 ONNX's QLinearConv divides the real value by y's scale; the pass's `scale` is x_scale * w_scale / y_scale
 rounded to float32 once, as onnxruntime's kernels do: the two can differ by one step where the quotient is
 within float32 rounding of a tie.
@@ -43,6 +48,7 @@ COMMON = [Attr("n", "int"), Attr("x_zero", "int", 0), Attr("y_zero", "int", 0), 
           Attr("y_min", "int", -(2**31)), Attr("y_max", "int", 2**31 - 1), Attr("int_clamp", "int", 0)]  # fmt: skip
 CONV = [Attr("kernel_shape", "ints"), Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints")]
 S2D = [Attr("s2d", "int", 1)]  # QConvPacked's weights packed for its phase planes (`_wx_view`)
+RES = [Attr("res_zero", "int", 0), Attr("res_scale", "float", 0.0)]  # the fused residual's (`res`) parameters
 
 
 def _check(name: str, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType, a: dict, k: int) -> None:
@@ -62,19 +68,33 @@ def _conv_geometry(a: dict, x: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
     return out, -(-x[1] // 4) * 4
 
 
-def _conv_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType) -> TensorType:
+def _conv_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType,
+                res: TensorType | None = None) -> TensorType:  # fmt: skip
     if x.rank != 4:
         raise ShapeError(f"QConvPacked needs a 4-d x [N, C, H, W], got {x}")
     out, cp = _conv_geometry(a, x.shape)
     view, shape, _ = _wx_view(a, x.shape)
     _check("QConvPacked", x, wp, bias, scale, a, math.prod(view["kernel_shape"]) * -(-shape[1] // 4) * 4)
-    return TensorType((x.shape[0], a["n"], *out), a["y_dtype"])
+    y = TensorType((x.shape[0], a["n"], *out), a["y_dtype"])
+    _check_res("QConvPacked", y, res)
+    return y
 
 
-def _requant_np(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, a: dict, axis: int) -> np.ndarray:
+def _check_res(name: str, y: TensorType, res: TensorType | None) -> None:
+    if res is None:
+        return
+    if res.dtype not in ("uint8", "int8") or tuple(res.shape) != tuple(y.shape) or y.dtype == "float32":
+        raise ShapeError(f"{name}: the fused residual must be uint8/int8 of the output's shape {y.shape} with an "
+                         f"8-bit output, got {res} and output {y.dtype}")  # fmt: skip
+
+
+def _requant_np(acc: np.ndarray, bias: np.ndarray, scale: np.ndarray, a: dict, axis: int,
+                res: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     shape = [1] * acc.ndim
     shape[axis] = -1
     v = (acc + bias.reshape(shape).astype(np.int64)).astype(np.float32) * scale.reshape(shape)
+    if res is not None:  # the fused residual, float32 as the kernel computes it
+        v = v + (res.astype(np.int32) - a.get("res_zero", 0)).astype(np.float32) * np.float32(a["res_scale"])
     if a["y_dtype"] == "float32":
         return v
     lo, hi = int_range(a["y_dtype"])
@@ -86,9 +106,11 @@ def _as_u8(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64) + (128 if x.dtype == np.int8 else 0)
 
 
-@op("QConvPacked", OUT, infer=_conv_infer, inputs=(4, 4), attrs=COMMON + CONV + S2D)
-def qconv_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Quantized 2-d convolution (group 1) on packed int8 weights, requantized (see the module doc)."""
+@op("QConvPacked", OUT, infer=_conv_infer, inputs=(4, 5), attrs=COMMON + CONV + S2D + RES)
+def qconv_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale: np.ndarray,
+                 res: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Quantized 2-d convolution (group 1) on packed int8 weights, requantized, with a fused residual `res` if
+    given (see the module doc)."""
     (oh, ow), cp = _conv_geometry(a, x.shape)
     xu = np.full((x.shape[0], cp, *x.shape[2:]), a["x_zero"] + (128 if x.dtype == np.int8 else 0), np.int64)
     xu[:, : x.shape[1]] = _as_u8(x)
@@ -106,7 +128,7 @@ def qconv_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale
     kh, kw = conv_a["kernel_shape"]
     w = I8.unpack_weight(wp, a["n"]).astype(np.int64).reshape(kh, kw, cp, a["n"]).transpose(3, 2, 0, 1)
     acc = conv_nd(xp, w.astype(np.float64), {**conv_a, "pads": (0, 0, 0, 0), "group": 1})[:, :, :oh, :ow]
-    return _requant_np(np.rint(acc).astype(np.int64), bias, scale, a, 1)
+    return _requant_np(np.rint(acc).astype(np.int64), bias, scale, a, 1, res)
 
 
 def _mm_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType, scale: TensorType) -> TensorType:
@@ -128,14 +150,17 @@ def _u8(v, signed: bool):
     return te.cast(te.cast(v, "int32") + 128, "uint8") if signed else v
 
 
-def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict):
+def _epilogue(acc_at, bias: Tensor, scale: Tensor, a: dict, res: Tensor | None = None):
     if a["y_dtype"] == "float32":  # dequantized: the float ops after it fuse here
         return lambda idx, j: te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
     lo, hi = int_range(a["y_dtype"])
     lo, hi = max(lo, a.get("y_min", lo)), min(hi, a.get("y_max", hi))
+    rs = float(np.float32(a.get("res_scale", 0.0)))
 
     def f(idx, j):
         v = te.cast(acc_at(idx) + bias[j], "float32") * scale[j]
+        if res is not None:  # the residual join: r - r_z exact in int32, scaled in float32
+            v = v + te.cast(te.cast(res[tuple(idx)], "int32") - a.get("res_zero", 0), "float32") * rs
         if a.get("int_clamp"):  # |v| + |y_zero| < 2^31 proven by the pass: rounded to int32, clamped as integers
             q = te.cast(te.round(v), "int32") + a["y_zero"]
             return te.cast(te.minimum(te.maximum(q, lo), hi), a["y_dtype"])
@@ -186,18 +211,60 @@ def space_to_depth_weight(w: np.ndarray, st: int) -> np.ndarray:
 
 def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
     """Whether a QConvPacked runs as weights times activations (`ember.templates.int8.int8_acc_wx`): stride 1 (or a
-    strided 1 x 1 without padding), with a tile of at least 16 pixels; the pass then packs its weights with nb = 1."""
+    strided 1 x 1 without padding), or strided on phase planes (`_phase_grid`), with a tile of at least 16 pixels;
+    the pass then packs its weights with nb = 1."""
     a, x_shape, _ = _wx_view(a, x_shape)
     (sh, sw), pads, _ = spatial_attrs(a, 2)
-    return (sh, sw) == (1, 1) and I8.wx_tile(*_wx_grid(a, x_shape)[1:3], a["n"])[1] >= 16
+    if (sh, sw) != (1, 1) and _phase_grid(a, x_shape) is None:
+        return False
+    (oh, ow), _ = _conv_geometry(a, x_shape)
+    if a.get("s2d", 1) == 1 and math.prod(a["kernel_shape"]) > 1 and oh * ow < WX_MIN_PIXELS:
+        return False
+    _, oh, wpad = _wx_rows(a, x_shape)
+    return I8.wx_tile(oh, wpad, a["n"])[1] >= 16
 
 
 def wx_columns(a: dict, x_shape: tuple[int, ...]) -> int:
     """The pixel columns of one micro-kernel call of a W x X convolution: its tile's rows on the padded grid, but
     for the last row's padding columns."""
     a, x_shape, _ = _wx_view(a, x_shape)
-    _, oh, wpad = _wx_grid(a, x_shape)
+    _, oh, wpad = _wx_rows(a, x_shape)
     return I8.wx_tile(oh, wpad, a["n"])[1] - wpad + _conv_geometry(a, x_shape)[0][1]
+
+
+def _wx_rows(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(rows, OH, row length) of the grid a W x X accumulator runs on: the padded image, or one phase plane."""
+    grid = _phase_grid(a, x_shape)
+    return (grid[1], _conv_geometry(a, x_shape)[0][0], grid[2]) if grid else _wx_grid(a, x_shape)
+
+
+PHASE_MIN_TAPS = 4  # a strided convolution of at least this many taps runs on phase planes (1 x 1: `_wx_view`)
+# A convolution of several taps (but a stem's on phase planes, `s2d`) with fewer output pixels runs on im2col: a
+# 14 x 14 or 7 x 7 image wastes the padding columns of its grid (12% and 22%) and fills few vectors per tile,
+# where the im2col product's tiles of 64 channels use the registers well and its copy is small. ResNet-50 at 1
+# thread (loaded machine): its 3 x 3 convolutions at 14 x 14 3.55 -> 3.00 ms (5 layers), at 7 x 7 1.60 -> 1.13 (2);
+# stride 2 on phase planes at 28 x 28 outputs 0.89 -> 0.70 ms, but 14 x 14 0.63 -> 0.73 and 7 x 7 0.57 -> 0.87.
+# (1 x 1 convolutions, no padding columns, stay W x X at every size: im2col was slower for them.)
+WX_MIN_PIXELS = 256
+
+
+def _phase_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int, int] | None:
+    """(stride S, plane rows, plane width W2, pixels per plane) of a strided convolution run as weights times
+    activations on the S x S phase planes of the padded image (plane (pr, pc) holds the padded pixels (i * S + pr,
+    j * S + pc)): tap (r, s) of output pixel (oh, ow) reads plane (r % S, s % S) at (oh + r // S, ow + s // S), so
+    each tap is one shift of one plane, as a stride-1 tap is one shift of the image (no im2col: the copy is the
+    input's size, not k * k times it). A plane has OH + (KH - 1) // S + 1 rows (the last one: the overrun of the
+    columns past OW). None where it does not apply (stride 1, unequal strides, dilation, fewer taps or output
+    pixels, `s2d`)."""
+    (sh, sw), pads, dil = spatial_attrs(a, 2)
+    if sh != sw or sh < 2 or dil != (1, 1) or a.get("s2d", 1) > 1 or math.prod(a["kernel_shape"]) < PHASE_MIN_TAPS:
+        return None
+    (oh, ow), _ = _conv_geometry(a, x_shape)
+    if oh * ow < WX_MIN_PIXELS:
+        return None
+    w2 = -(-(x_shape[3] + pads[1] + pads[3]) // sh)
+    rows = oh + (a["kernel_shape"][0] - 1) // sh + 1
+    return sh, rows, w2, rows * w2
 
 
 def _wx_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -207,7 +274,7 @@ def _wx_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
     return x_shape[2] + pads[0] + pads[2], oh, x_shape[3] + pads[1] + pads[3]
 
 
-def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor, res: Tensor | None) -> Tensor:
     real = a
     a, shape, st = _wx_view(a, tuple(x.shape))
     n_, c, h, w = shape
@@ -233,19 +300,32 @@ def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Te
         return te.if_then_else(inside, _u8(x[b, ch, ih, iw], signed), zero)
 
 
-    fill = phases if real.get("s2d", 1) > 1 else interleave
-    X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), fill, "x4")
-    geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad)
+    grid = _phase_grid(a, shape)
+    if grid is not None:  # strided: the phase planes of the padded image, plane after plane
+        ps, _, wpad, plane = grid
+
+        def planes(b, c4, p, kk):
+            ph, pp = p // plane, p % plane
+            ih, iw = (pp // wpad) * ps + ph // ps - pads[0], (pp % wpad) * ps + ph % ps - pads[1]
+            inside = te.all(c4 * 4 + kk < c, ih >= 0, ih < h, iw >= 0, iw < w)
+            return te.if_then_else(inside, _u8(x[b, c4 * 4 + kk, ih, iw], signed), zero)
+
+        X4 = I8.rows_stage((n_, cp // 4, ps * ps * plane, 4), planes, "x4")
+        geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad, ps, plane)
+    else:
+        fill = phases if real.get("s2d", 1) > 1 else interleave
+        X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), fill, "x4")
+        geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad)
     acc = I8.int8_acc_wx(wp, X4, geometry, name="qconv_acc", cfg=a.get(CONFIG_ATTR))
-    epi = _epilogue(lambda idx: acc[idx[0], idx[1], idx[2] * wpad + idx[3]], bias, scale, a)
+    epi = _epilogue(lambda idx: acc[idx[0], idx[1], idx[2] * wpad + idx[3]], bias, scale, a, res)
     return te.compute((n_, a["n"], oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv",
                       attrs={"template": "int8_gemm", "acc": acc, "wx": True})  # fmt: skip
 
 
 @lowering("QConvPacked", schedule=T.schedule_nn)
-def _qconv_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) -> Tensor:
+def _qconv_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor, res: Tensor | None = None) -> Tensor:
     if wp.shape[2] == 1 and wx_conv(a, x.shape):
-        return _qconv_wx(a, x, wp, bias, scale)
+        return _qconv_wx(a, x, wp, bias, scale, res)
     n_, c, h, w = x.shape
     (oh, ow), cp = _conv_geometry(a, x.shape)
     kh, kw = a["kernel_shape"]
@@ -261,7 +341,7 @@ def _qconv_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor) 
 
     A = I8.rows_stage((n_ * oh * ow, kh, kw, cp), patch, "im2col")
     acc = I8.int8_acc(A, wp, name="qconv_acc", cfg=a.get(CONFIG_ATTR), rows=ow)  # row tiles within one output row
-    epi = _epilogue(lambda idx: acc[idx[0] * (oh * ow) + idx[2] * ow + idx[3], idx[1]], bias, scale, a)
+    epi = _epilogue(lambda idx: acc[idx[0] * (oh * ow) + idx[2] * ow + idx[3], idx[1]], bias, scale, a, res)
     return te.compute((n_, a["n"], oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv",
                       attrs={"template": "int8_gemm", "acc": acc, "row_axes": (3,), "col_axis": 1})  # fmt: skip
 

@@ -74,10 +74,66 @@ def integer_ops(graph: Graph, target: Target | str | None = None) -> Graph:
     if replaced:
         graph.nodes = [replaced.get(n, n) for n in graph.nodes]
         graph.topo_sort()
+        _residual_joins(graph)
         from .cleanup import dead_code_elimination
 
         dead_code_elimination(graph)
     return graph
+
+
+def _residual_joins(graph: Graph) -> None:
+    """QuantizeLinear(y_s, y_z) <- [Relu | Clip] <- Add(QConvPacked with a float32 output, DequantizeLinear(r, r_s,
+    r_z)) of equal shapes, per-tensor constant parameters (a bottleneck's last convolution and its shortcut, as
+    `ember.quantize` writes them): one QConvPacked with the 8-bit output and r as its fused residual (`ember.ops.
+    int8`): scale / y_s and r_s / y_s in float32, so the epilogue multiplies where QuantizeLinear divides (within
+    one step of it where the quotient is within float32 rounding of a tie), clamps as integers and writes 8 bits.
+    In place; the nodes it absorbs are left to dead code elimination."""
+    producers, consumers = graph.producers(), graph.consumers()
+    outputs = set(graph.outputs)
+    for i, q in enumerate(graph.nodes):
+        ys, yz = (_scalar(q.inputs[1]), constant_value(q.inputs[2])) if q.op == "QuantizeLinear" and len(
+            q.inputs) > 2 else (None, None)  # fmt: skip
+        if ys is None or yz is None or yz.size != 1 or q.attrs.get("block_size", 0) or not ys > 0:
+            continue
+        yz = yz.reshape(())
+        add, clamp = producers.get(q.inputs[0]), None
+        if add is not None and add.op in ("Relu", "Clip") and _only_reader(add.outputs[0], consumers, outputs) is q:
+            clamp = _clamp(add, np.float32(ys), yz)
+            add = producers.get(add.inputs[0]) if clamp is not None else None
+        if add is None or add.op != "Add" or _only_reader(add.outputs[0], consumers, outputs) is None:
+            continue
+        new = None
+        for a, b in (add.inputs, add.inputs[::-1]):
+            new = new or _join(graph, producers.get(a), b, add, ys, yz, clamp, producers, consumers, outputs)
+        if new is not None:
+            graph.nodes[i] = Node("QConvPacked", new[0], [q.outputs[0]], new[1], new[2])
+
+
+def _join(graph: Graph, conv: Node | None, other: Value, add: Node, ys: float, yz: np.ndarray,
+          clamp: tuple[int, int] | None, producers: dict, consumers: dict,
+          outputs: set) -> tuple[list[Value], dict, str] | None:  # fmt: skip
+    """(inputs, attrs, name) of `conv` (a float32-output QConvPacked read only by `add`) with `other` =
+    DequantizeLinear(r) as its fused residual, requantized to (ys, yz) and clamped; None if they do not fit."""
+    if conv is None or conv.op != "QConvPacked" or conv.attrs["y_dtype"] != "float32" or len(conv.inputs) != 4:
+        return None
+    if _only_reader(conv.outputs[0], consumers, outputs) is not add:
+        return None
+    rd = _dq(other, producers)
+    if rd is None or rd[1].size != 1 or rd[2].size != 1 or rd[0].dtype not in ("uint8", "int8"):
+        return None
+    r, rs, rz, _ = rd
+    if tuple(r.shape) != tuple(conv.outputs[0].shape) or tuple(other.shape) != tuple(add.outputs[0].shape):
+        return None
+    x, wp, bias, scale = conv.inputs
+    yz_ = np.asarray(yz)
+    new_scale = constant_value(scale).astype(np.float32) / np.float32(ys)
+    res_scale = float(np.float32(rs.reshape(())) / np.float32(ys))
+    bound = _acc_bound(I8.unpack_weight(constant_value(wp), conv.attrs["n"]), constant_value(bias), new_scale)
+    attrs = {**conv.attrs, **_requant_attrs(conv.attrs["n"], conv.attrs["x_zero"], ys, yz_, clamp,
+                                            bound + 255 * abs(res_scale))}  # fmt: skip
+    attrs.update(res_zero=int(rz.reshape(())), res_scale=res_scale)
+    scale_q = new_constant(graph, f"{conv.name}_requant_scale_res", new_scale)
+    return [x, wp, bias, scale_q, r], attrs, conv.name
 
 
 MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity")  # ops that only move values

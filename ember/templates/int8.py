@@ -193,11 +193,16 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "
     [N, Cp / 4, pixels, 4] uint8 the padded image (Hp x Wp, then zeros) with 4 channels interleaved (the vector
     operand: 16 pixels x 4 channels), q = oh * Wp + ow an output pixel on the padded grid (each kernel tap is one
     shift of the whole image: no im2col; the columns ow >= OW are computed and never read). `geometry` =
-    (KH, KW, dh, dw, OH, OW, Wp). The accumulator comes out channels by pixels, as NCHW stores it."""
-    kh_, kw_, dh, dw, oh, ow, wpad = geometry
+    (KH, KW, dh, dw, OH, OW, Wp), or with (S, P) after it a stride-S convolution on the S x S phase planes of the
+    padded image, P pixels each, rows of Wp (`ember.ops.int8._phase_grid`): tap (r, s) reads plane
+    (r % S) * S + s % S at q + (r // S) * Wp + s // S. The accumulator comes out channels by pixels, as NCHW
+    stores it."""
+    kh_, kw_, dh, dw, oh, ow, wpad, *phases = geometry
+    st, plane = phases or (1, 0)
     co, k, one, _ = wt.shape
     _, k4, pixels, _ = x4.shape
-    if one != 1 or k != kh_ * kw_ * k4 or pixels < (oh + (kh_ - 1) * dh) * wpad + (kw_ - 1) * dw:
+    need = (oh + (kh_ - 1) * dh) * wpad + (kw_ - 1) * dw if st == 1 else st * st * plane
+    if one != 1 or k != kh_ * kw_ * k4 or pixels < need:
         raise ValueError(f"int8_acc_wx: packed W {wt.shape} (nb = 1) and X4 {x4.shape} do not make a "
                          f"{kh_} x {kw_} convolution to {oh} x {ow} on rows of {wpad}")  # fmt: skip
     mr, rows = wx_tile(oh, wpad, co)
@@ -208,12 +213,18 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "
     c4 = te.reduce_axis((0, k4), name="c4")
     kk = te.reduce_axis((0, 4), name="kk")
 
+    def tap(r, s):  # the offset of tap (r, s) from the output pixel
+        if st == 1:
+            return r * (dh * wpad) + s * dw
+        return ((r % st) * st + s % st) * plane + (r // st) * wpad + s // st
+
     def body(b, o, q):
         w = te.cast(wt[o, (r * kw_ + s) * k4 + c4, 0, kk], "int32")
-        return te.sum(w * te.cast(x4[b, c4, q + r * (dh * wpad) + s * dw, kk], "int32"), axis=[r, s, c4, kk])
+        return te.sum(w * te.cast(x4[b, c4, q + tap(r, s), kk], "int32"), axis=[r, s, c4, kk])
 
     plan = Int8Plan(mr, rows // wpad * ow)  # nb: the output pixels of a tile (whole output rows)
-    return te.compute((x4.shape[0], co, oh * wpad), body, name=name, tag="int8_gemm", attrs={"plan": plan})
+    attrs = {"plan": plan, "planes": (plane, wpad)} if st > 1 else {"plan": plan, "row": wpad}
+    return te.compute((x4.shape[0], co, oh * wpad), body, name=name, tag="int8_gemm", attrs=attrs)
 
 
 def rows_stage(shape: tuple[int, ...], fn: Callable, name: str) -> Tensor:
@@ -323,6 +334,14 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
         st = s[t]
         if st.is_placeholder or st.op.tag != "int8_rows":
             continue
+        _, _, p, kk = st.op.axis  # by row and column of the padded grid: no division per pixel, the padding
+        if "planes" in acc.op.attrs:  # columns partitioned off (phase planes: by plane first)
+            plane, wpad = acc.op.attrs["planes"]
+            ph, pp = st.split(p, plane)
+            i, j = st.split(pp, wpad)
+            st.reorder(ph, i, j, kk)
+        elif t.shape[2] % acc.op.attrs["row"] == 0:
+            st.split(p, acc.op.attrs["row"])
         if big:
             st.parallel(st.op.axis[1])
         done.add(st.name)
