@@ -448,4 +448,3 @@ def prod_low(dims: Any) -> int:
             d = builtins.max(1, int(v)) if v is not None else 1
         out *= int(d)
     return out
-
