@@ -390,8 +390,9 @@ class _Partitioner:
 
     def _remainder_variants(self, loop: For, facts: list[tuple[Expr, int]], full: Stmt) -> Stmt:
         """The tail after at least one full tile as a chain of variants `x % lo == r` (r = 1 .. lo - 1), x written
-        q * lo + r with q = x // lo: the tile's clamped start is then q * lo + r - lo, so the epilogue reads the
-        tile at constant rows (registers, not memory) and tests rows against constants; `full` stays for r = 0."""
+        q * lo + r with q = x // lo: the tail is the one tile q, of min(lo, x - q * lo) = r rows (`te.lower`'s
+        region of a symbolic axis), so its loops are constant, unroll, and keep the tile in registers, as in a
+        kernel specialized to r rows; `full` stays for r = 0."""
         if not self._variant_ok(loop, facts):
             return full
         x, lo = facts[0]
