@@ -251,8 +251,8 @@ def _dense_model(k: int, n: int) -> onnx.ModelProto:
 def test_symbolic_product_below_one_tile_runs_a_variant_per_size():
     """Sizes below one row tile run a constant-size variant each (`S == r`: its tile loops unroll, its accumulators
     are registers, as in a kernel specialized to r rows), and the tail after full tiles one per remainder (`S % 12
-    == r`: the tile's clamped start is a constant offset from S // 12 tiles). Every variant, the general tails and
-    the main part match onnxruntime."""
+    == r`: a tile of r rows after S // 12 full ones). Every variant, the general tails and the main part match
+    onnxruntime."""
     model = _dense_model(32, 32)
     m = ember.compile(model, target="c -threads=1", dynamic_bounds={"S": (1, 96)})  # (parallel loops: no partition)
     tile = m.source.count("if (S == ((int64_t)") + 1
@@ -280,3 +280,25 @@ def test_batched_scores_with_a_batch_bounded_to_one_keep_registers_and_vector_pa
                 "b": rng.standard_normal((1, 2, 16, s)).astype(np.float32)}  # fmt: skip
 
     check_sizes(model, m, feeds, (1, 5, 12, 13, 31, 32, 45, 80))
+
+
+@pytest.mark.parametrize("target", ["c -mcpu=skylake-avx512 -threads=1", "c -mcpu=haswell -threads=1"])
+def test_symbolic_rows_that_may_be_skinny_pack_the_skinny_panel(target):
+    """Rows of S in [1, 64] are a GEMV at S = 1 and a GEMM at 64: the weight is packed once in the panel width of
+    the skinny plan (4 vectors with AVX-512's 32 registers: full tiles of 7 x 64, variants of 1..6 rows; AVX2's
+    16 registers keep 2 vectors), and every size, through each variant and remainder, matches onnxruntime."""
+    from ember.target import Target
+    from ember.templates import nn as T
+
+    model = _dense_model(128, 128)
+    m = ember.compile(model, target=target, dynamic_bounds={"S": (1, 64)})
+    t = Target.parse(target)
+    lanes = T.lanes_of("float32", t)
+    width = T.packed_width(128, "float32", t, rows=64, rows_low=1)
+    assert width == (4 * lanes if T.vector_regs(t) >= 32 else 2 * lanes)
+    assert T.packed_width(128, "float32", t, rows=64, rows_low=8) == 2 * lanes  # never skinny: the GEMM's own
+    panels = [v.shape for v in m.plan.values if v.kind == "weight" and len(v.shape) == 3]
+    assert panels == [(128 // width, 128, width)]
+    rng = np.random.default_rng(8)
+    sizes = [1, 2, 5, 6, 7, 8, 9, 13, 16, 20, 64]
+    check_sizes(model, m, lambda s: {"x": rng.standard_normal((s, 128)).astype(np.float32)}, sizes)

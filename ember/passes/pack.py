@@ -26,7 +26,7 @@ from ember.graph.ir import Graph, Node, Value, unique_name
 from ember.ops import Pattern
 from ember.ops.matmul import pack_b
 from ember.target import Target
-from ember.te.tensor import prod_hint
+from ember.te.tensor import prod_hint, prod_low
 from ember.templates import nn as T
 
 from .fuse import pattern
@@ -143,9 +143,11 @@ def _rewrite(node: Node, target: Target, names: set[str], packed: dict) -> Node 
     b = w.data.T if trans else w.data
     if not _packable(x, b, target):
         return None
-    key = (id(w), trans, _rows(x) < MIN_ROWS)  # a skinny product's panels are wider
+    # a skinny product's panels are wider, as are those of symbolic rows that may be skinny
+    width = T.packed_width(b.shape[1], x.dtype, target, rows=_rows(x), rows_low=prod_low(x.shape[:-1]))
+    key = (id(w), trans, width)
     if key not in packed:
-        panels = pack_b(np.ascontiguousarray(b), T.packed_width(b.shape[1], x.dtype, target, rows=_rows(x)))
+        panels = pack_b(np.ascontiguousarray(b), width)
         packed[key] = Value.constant(unique_name(f"{w.name}_packed", names), panels)
     inputs = [x, packed[key]] + ([c] if c is not None else [])
     return Node("MatMulPackedB", inputs, list(node.outputs), {"n": b.shape[1], **attrs}, node.name)

@@ -30,6 +30,7 @@ from .tensor import (
     placeholder,
     pow,
     prod_hint,
+    prod_low,
     reduce_axis,
     round,
     rsqrt,
@@ -43,7 +44,7 @@ from .tensor import (
 )
 
 __all__ = [
-    "prod_hint", "size_hint",
+    "prod_hint", "prod_low", "size_hint",
     "ComputeOp", "IterVar", "PlaceholderOp", "Reduce", "Reducer", "Schedule", "ScheduleError", "Stage", "Step",
     "Tensor", "TensorLoad", "abs", "all", "any", "cast", "ceil", "comm_reducer", "compute", "const", "cos",
     "create_schedule", "erf", "exp", "floor", "if_then_else", "log", "max", "maximum", "min", "minimum",

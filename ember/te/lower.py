@@ -304,6 +304,14 @@ class Lowering:
                 out.append((const(0, self.index_dtype), n))
                 continue
             ext = max(ext, 1)
+            if isinstance(n, Expr) and ext > 1:
+                # a tile of a symbolic axis: from its own start, min(ext, n - start) rows. The last tile is not
+                # shifted back to end at n (that recomputes up to ext - 1 rows: at n = 16 a 12-row tile does 24);
+                # the loop partition gives the full tiles the constant extent and the tail a variant per size
+                start = self.ana.simplify(E.binop("max", it[0], 0))  # type: ignore[index]
+                rows = E.binop("min", const(ext, self.index_dtype), self.index(n) - start)
+                out.append((start, self.ana.simplify(rows)))
+                continue
             if isinstance(n, Expr) and not self.ana.can_prove(self.index(n) >= ext):
                 # a symbolic n that may be smaller than the tile: min(ext, n) rows, from max(0, ...)
                 sym_ext = self.ana.simplify(E.binop("min", self.index(n), const(ext, self.index_dtype)))

@@ -434,3 +434,17 @@ def prod_hint(dims: Any) -> int:
         out *= size_hint(d)
     return out
 
+
+def prod_low(dims: Any) -> int:
+    """The least product of sizes: each size variable at its lower bound (at least 1). A heuristic's other end
+    (`prod_hint` is the upper): rows that may be 1 at run time and 384 at the hint span a skinny and a full GEMM."""
+    from ..tir.arith import eval_int
+
+    out = 1
+    for d in dims:
+        if isinstance(d, Expr):
+            env = {n: builtins.max(1, int(getattr(n, "lo", 1) or 1)) for n in walk(d) if isinstance(n, Var)}
+            v = eval_int(d, env)
+            d = builtins.max(1, int(v)) if v is not None else 1
+        out *= int(d)
+    return out

@@ -129,14 +129,22 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     return _tuned_gemm_plan(cfg, M, N, K, lanes, dflt, fixed_nr is not None)
 
 
-def packed_width(N: int, dtype: DType | str, target: Target | None = None, rows: int | None = None) -> int:
+def packed_width(N: int, dtype: DType | str, target: Target | None = None, rows: int | None = None,
+                 rows_low: int | None = None) -> int:  # fmt: skip
     """Columns per panel of a packed B: two vectors (one when N is narrower than a vector); for a skinny product
-    (`rows` < SKINNY_ROWS) `skinny_width`."""
+    (`rows` < SKINNY_ROWS) `skinny_width`. Symbolic rows that may be skinny at run time (`rows_low` below
+    SKINNY_ROWS, `rows` the hint) take the skinny width of SKINNY_ROWS - 1 rows where it is wider: the full
+    tiles are then that many rows of the wide panel (7 x 64 with 32 vector registers, `gemm_plan`), and the size
+    variants of the tail (1..6 rows) are the skinny plan's tiles, which a 32-wide panel would leave half as many
+    independent FMA chains and twice the broadcasts per FMA."""
     target = target or host_target()
     lanes = lanes_of(dtype, target)
     if rows is not None and rows < SKINNY_ROWS:
         return skinny_width(N, rows, lanes, target)
-    return 2 * lanes if lanes < N else lanes
+    width = 2 * lanes if lanes < N else lanes
+    if rows_low is not None and rows_low < SKINNY_ROWS:
+        width = max(width, skinny_width(N, SKINNY_ROWS - 1, lanes, target))
+    return width
 
 
 # Skinny products (GEMV and small M): a few rows of activations against a large constant weight, as in the

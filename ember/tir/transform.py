@@ -320,8 +320,12 @@ class _Partitioner:
             runs = ana.simplify(main >= 1)
             if isinstance(runs, Const) and runs.value:
                 pieces[-1] = self._remainder_variants(loop, facts, pieces[-1])
-            else:
-                pieces[-1] = self._small_variants(loop, main, rest, facts, pieces[-1])
+                return pieces
+            small = self._small_variants(loop, main, rest, facts, pieces[-1])
+            after_full = self._remainder_variants(loop, facts, pieces[-1])
+            # a tile whose rows are clamped per tile (min(12, S - 12 * v)): sizes past one tile get the
+            # remainder variants too (a tail of S % 12 rows in registers), sizes below it the small ones
+            pieces[-1] = small if after_full is pieces[-1] else IfThenElse(runs, after_full, small)
             return pieces
         general = self._small_variants(loop, main, rest, facts, pieces[-1])
         full = For(v, main, rest, loop.kind, after, loop.thread_tag, loop.annotations)
@@ -354,8 +358,11 @@ class _Partitioner:
             main, rest = self._cut(loop, put)
             if main is None or not isinstance(rest, Const) or rest.value <= 0:
                 return None
+            body = transform(loop.body, put)
+            if rest.value == 1:  # one tile: its index is `main` (a tile's rows min(12, S - 12 * v) become r)
+                body = substitute(body, {v: main})
             with ana.scope(v, *ana.bind_loop(v, main, rest)):
-                body = self.stmt(_Simplifier(ana).stmt(transform(loop.body, put)))
+                body = self.stmt(_Simplifier(ana).stmt(body))
         finally:
             for q, r in old.items():
                 ana.bind(q, *r)
@@ -383,8 +390,9 @@ class _Partitioner:
 
     def _remainder_variants(self, loop: For, facts: list[tuple[Expr, int]], full: Stmt) -> Stmt:
         """The tail after at least one full tile as a chain of variants `x % lo == r` (r = 1 .. lo - 1), x written
-        q * lo + r with q = x // lo: the tile's clamped start is then q * lo + r - lo, so the epilogue reads the
-        tile at constant rows (registers, not memory) and tests rows against constants; `full` stays for r = 0."""
+        q * lo + r with q = x // lo: the tail is the one tile q, of min(lo, x - q * lo) = r rows (`te.lower`'s
+        region of a symbolic axis), so its loops are constant, unroll, and keep the tile in registers, as in a
+        kernel specialized to r rows; `full` stays for r = 0."""
         if not self._variant_ok(loop, facts):
             return full
         x, lo = facts[0]

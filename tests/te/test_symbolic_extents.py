@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ember
 from ember import te
@@ -52,7 +54,7 @@ def test_tiled_matmul_with_symbolic_rows_and_reduction(target):
     s[D].vectorize(ji)
     s[D].parallel(io)
     text = str(ember.lower(s, [A, B, D]))
-    assert "alloc float32[4, 8]" in text and "range(min(M, 4))" in text  # a static tile, clamped to M
+    assert "alloc float32[4, 8]" in text and "range(min(4, M - i.outer * 4))" in text  # a static tile, rows clamped
     f = ember.build(s, [A, B, D], target=target)
     rng = np.random.default_rng(1)
     for m, kk in ((1, 1), (3, 5), (16, 64), (33, 3)):
@@ -118,3 +120,66 @@ def test_symbolic_tiles_split_into_an_unguarded_main_part_and_a_guarded_tail():
         b = np.full_like(a, np.nan)
         f(a, b)
         np.testing.assert_allclose(b, a * 3 - 1, rtol=1e-6, atol=1e-6)  # the C compiler may fuse a * 3 - 1
+
+
+def _register_tiled_matmul(tile: int, hi: int = 64):
+    """D = A @ B (M x 16, M in [1, hi]) with a `tile` x 16 accumulator computed at each row tile, its loops
+    unrolled (a register tile, as the GEMM template's), and the built kernel."""
+    M = size_var("M", 1, hi)
+    A = te.placeholder((M, 8), "float32", name="A")
+    B = te.placeholder((8, 16), "float32", name="B")
+    k = te.reduce_axis((0, 8), name="k")
+    C = te.compute((M, 16), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="C")
+    D = te.compute((M, 16), lambda i, j: C[i, j] + 1, name="D")
+    s = te.create_schedule(D)
+    io, ii = s[D].split(D.op.axis[0], tile)
+    s[D].unroll(ii)
+    s[D].vectorize(D.op.axis[1])
+    CL = s.cache_write(C, "local")
+    s[C].compute_inline()
+    s[CL].compute_at(s[D], io)
+    s[CL].reorder(CL.op.reduce_axis[0], *CL.op.axis)
+    s[CL].unroll(CL.op.axis[0])
+    s[CL].vectorize(CL.op.axis[1])
+    return s, [A, B, D]
+
+
+def test_symbolic_row_tiles_end_at_the_size_and_the_tail_has_a_variant_per_remainder():
+    """The last row tile of a symbolic M starts at its own row and computes min(tile, M - start) rows (not a
+    whole tile shifted back over the previous one); after full tiles the tail is one variant per remainder
+    `M % tile == r` that computes r rows, below one tile one per size `M == r`. Every size matches numpy."""
+    s, args = _register_tiled_matmul(5)
+    func = ember.lower(s, args)
+    text = str(func)
+    assert "min(5, M - i.outer * 5)" in text and "M - 5" not in text
+    src = codegen_c(func)
+    assert all(f"M % ((int64_t)5LL) == ((int64_t){r}LL)" in src for r in range(1, 5))
+    assert all(f"M == ((int64_t){r}LL)" in src for r in range(1, 5))
+    # the remainder variant of r rows: r rows of A are read, none of another tile
+    variant = src.split("M % ((int64_t)5LL) == ((int64_t)2LL)")[1].split("} else {")[0]
+    assert variant.count("ember_bcast_float32x16(A[") == 2  # one row of A per row of the tile (k rolled)
+    f = ember.build(s, args, target="c")
+    rng = np.random.default_rng(2)
+    for m in range(1, 18):
+        a, b = rng.standard_normal((m, 8)).astype(np.float32), rng.standard_normal((8, 16)).astype(np.float32)
+        d = np.full((m, 16), np.nan, np.float32)
+        f(a, b, d)
+        np.testing.assert_allclose(d, a @ b + 1, rtol=1e-5, atol=1e-5)
+
+
+_BUILT: dict[int, object] = {}
+
+
+@settings(max_examples=25, deadline=None)
+@given(tile=st.sampled_from([3, 4, 7]), m=st.integers(1, 40), seed=st.integers(0, 2**31 - 1))
+def test_register_tiles_of_a_symbolic_size_match_numpy_at_any_size(tile, m, seed):
+    """Property: a register-tiled product over a symbolic M (full tiles, remainder variants, small variants)
+    equals numpy's at every size and tile."""
+    if tile not in _BUILT:
+        s, args = _register_tiled_matmul(tile, hi=40)
+        _BUILT[tile] = ember.build(s, args, target="c")
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((m, 8)).astype(np.float32), rng.standard_normal((8, 16)).astype(np.float32)
+    d = np.full((m, 16), np.nan, np.float32)
+    _BUILT[tile](a, b, d)
+    np.testing.assert_allclose(d, a @ b + 1, rtol=1e-5, atol=1e-5)
