@@ -14,7 +14,8 @@ from ember.graph.types import TensorType
 from ember.ops.common import ShapeError, acc_array, broadcast_shapes, norm_axes, norm_axis
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.rows import RowStats, unravel
-from ember.ops.te_lib import NotLowerable, broadcast_indices, lowering
+from ember.ops.te_lib import NotLowerable, broadcast_indices, lowering, numel
+from ember.te.config import CONFIG_ATTR
 from ember.te.tensor import Tensor
 from ember.templates import nn as T
 
@@ -170,7 +171,7 @@ def _layer_norm_compute(a: dict, x: Tensor, scale: Tensor, bias: Tensor | None =
     if not x.dtype.is_float:
         raise NotLowerable(f"LayerNormalization on {x.dtype}")
     axis = norm_axis(a["axis"], x.ndim)
-    st = RowStats(x.shape, tuple(range(axis, x.ndim)))
+    st = RowStats(x.shape, tuple(range(axis, x.ndim)), T.row_knobs(a.get(CONFIG_ATTR), numel(x.shape[axis:]), x.dtype))
     mean, inv = _mean_inv(st, lambda i: x[i], x.dtype, a["epsilon"], "ln")
 
     def y(*i):
@@ -201,7 +202,7 @@ def _rms_norm_compute(a: dict, x: Tensor, scale: Tensor) -> Tensor:
     if not x.dtype.is_float:
         raise NotLowerable(f"RMSNormalization on {x.dtype}")
     axis = norm_axis(a["axis"], x.ndim)
-    st = RowStats(x.shape, tuple(range(axis, x.ndim)))
+    st = RowStats(x.shape, tuple(range(axis, x.ndim)), T.row_knobs(a.get(CONFIG_ATTR), numel(x.shape[axis:]), x.dtype))
     n = math.prod(x.shape[axis:])
     ss = st.reduce(lambda i: x[i] * x[i], te.sum, x.dtype, "rms_sumsq")
     inv = st.stage(lambda i: te.rsqrt(ss(i) * (1.0 / n if n else math.nan) + a["epsilon"]), "rms_inv")

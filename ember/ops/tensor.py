@@ -215,27 +215,48 @@ def transpose(a: dict, x: np.ndarray) -> np.ndarray:
     return np.transpose(x, a["perm"])
 
 
+def _tile(n, limit: int = 16) -> int:
+    """A tile of axis extent `n`: the largest divisor of n up to `limit` (no tail to guard), else `limit`."""
+    if not isinstance(n, int):
+        return limit
+    best = max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+    return best if best >= 4 or n <= limit else limit
+
+
+def _reads_through_reshapes(op: te.ComputeOp) -> bool:
+    """Whether every tensor an op reads is an input of the kernel, or a reshape of one: its contiguous axis is
+    the transpose's input's (a layout transform before it would move that axis)."""
+    return all(isinstance(t.op, te.PlaceholderOp) or (t.op.name.startswith(("reshape", "flatten"))
+                                                     and _reads_through_reshapes(t.op)) for t in op.inputs)
+
+
 def _transpose_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Schedule:
     """When the innermost axis moves, copy in square tiles: one side of each tile is read along
-    contiguous input rows, the other written along contiguous output rows."""
+    contiguous input rows, the other written along contiguous output rows. The same holds for a fused
+    group that ends in elementwise or broadcast ops of the transpose's shape (convnext's NHWC -> NCHW,
+    layer scale and residual add): its other inputs are read along the output's rows."""
     perm = a["perm"]
     rank = len(perm)
-    if not standalone(outs, "transpose"):
+    s = te.create_schedule(outs)
+    inner = [st for st in s.stages if not (st.is_placeholder or st.is_output)]
+    transposes = [st for st in s.stages if not st.is_placeholder and st.op.tag == "transpose"]
+    tileable = (len(outs) == 1 and len(transposes) == 1 and rank >= 2 and perm[-1] != rank - 1
+                and tuple(transposes[0].op.shape) == tuple(outs[0].shape) and numel(outs[0].shape) >= 1024
+                and _reads_through_reshapes(transposes[0].op)
+                and not any(isinstance(st.op.body, te.Reduce) for st in inner))  # fmt: skip
+    if not tileable:
+        if standalone(outs, "transpose"):
+            return schedule_injective("transpose")(a, outs, target)
         return default_schedule(outs, target)
     (out,) = outs
-    # len(out.shape) != rank: two transposes fused into one group, `out` being the other one's
-    if rank < 2 or len(out.shape) != rank or perm[-1] == rank - 1 or numel(out.shape) < 1024:
-        return schedule_injective("transpose")(a, outs, target)
-    s = te.create_schedule(outs)
-    for other in s.stages:  # reshapes fused before the transpose: index arithmetic, not copies
-        if not (other.is_placeholder or other.is_output or isinstance(other.op.body, te.Reduce)):
-            other.compute_inline()
+    for other in inner:  # reshapes before the transpose, elementwise ops after it: index arithmetic, not copies
+        other.compute_inline()
     st = s[out]
     axes = list(st.op.axis)
     p = perm.index(rank - 1)  # the output axis that walks the input's contiguous axis
-    tile = 16 if out.dtype.bits <= 32 else 8
-    po, pi = st.split(axes[p], tile)
-    lo, li = st.split(axes[-1], tile)
+    limit = 16 if out.dtype.bits <= 32 else 8
+    po, pi = st.split(axes[p], _tile(out.shape[p], limit))
+    lo, li = st.split(axes[-1], _tile(out.shape[-1], limit))
     outer = [ax for d, ax in enumerate(axes[:-1]) if d != p]
     st.reorder(*outer, po, lo, pi, li)
     if any(isinstance(d, Expr) for d in out.shape):  # symbolic: loops kept apart, for the tail's partition

@@ -265,6 +265,8 @@ GROUPS: dict[str, tuple[int, list[N]]] = {
             N("LayerNormalization", [f(5, 70), f(70), f(70)]),
             N("LayerNormalization", [f(2, 3, 4, 5), f(4, 5)], {"axis": 2, "epsilon": 1e-3}),
             N("LayerNormalization", [f(4, 40), f(40), f(40)], outputs=3),
+            N("LayerNormalization", [f(3, 300), f(300), f(300)]),  # 4 vectors of partial sums, and a tail
+            N("LayerNormalization", [f(2, 768), f(768), f(768)]),
             N("InstanceNormalization", [f(2, 3, 9, 10), f(3), f(3)]),
             N("LpNormalization", [f(2, 3, 40)], {"axis": -1, "p": 1}),
             N("LpNormalization", [f(2, 3, 40)], {"axis": 1, "p": 2}),
@@ -290,6 +292,7 @@ GROUPS: dict[str, tuple[int, list[N]]] = {
         23,
         [
             N("RMSNormalization", [f(2, 3, 40), f(40)], ref=True),
+            N("RMSNormalization", [f(2, 300), f(300)], ref=True),
             N("RMSNormalization", [f(2, 3, 4), f(3, 4)], {"axis": 1}, ref=True),
             N("GroupNormalization", [f(2, 6, 9, 10), f(6), f(6)], {"num_groups": 3}, ref=True),
             N("GroupNormalization", [f(1, 4, 30), f(4), f(4)], {"num_groups": 4, "epsilon": 1e-2}, ref=True),

@@ -20,7 +20,7 @@ from ember.graph.ir import Graph, Node, Value
 from ember.graph.types import TensorType
 from ember.ops.evaluate import evaluate
 from ember.passes import run_passes
-from ember.passes.layout import MIN_MACS, block_of, cancel_transforms, convert_layout
+from ember.passes.layout import MIN_MACS, NARROW_MACS_DIVISOR, block_of, cancel_transforms, convert_layout
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -143,6 +143,21 @@ def test_depthwise_and_blocks_of_eight():
     dw = [n for n in g.nodes if n.op == "ConvNCHWc" and n.attrs["group"] > 1]
     assert len(dw) == 2 and all(n.inputs[1].shape == (9, 1, 3, 3, 1, 16) for n in dw)
     check(model, g)
+
+
+def test_narrow_depthwise_conv_is_blocked_below_min_macs():
+    """A depthwise 7x7 on a 5x5 image (convnext's last stage) is below MIN_MACS, but its NCHW kernel would
+    vectorize along rows of 5: it takes the blocked layout; the same on a 32x32 image stays NCHW."""
+    for side, blocked in ((5, True), (32, False)):
+        b = zoo.Builder(6)
+        channels = 128 if blocked else 16
+        y = b.conv("x", channels, channels, k=7, group=channels, bias=True)
+        model = b.model({"x": (1, channels, side, side)}, b.op("Relu", [y]))
+        macs = channels * side * side * 49
+        assert (MIN_MACS // NARROW_MACS_DIVISOR <= macs < MIN_MACS) if blocked else macs < MIN_MACS
+        g = passes(model)
+        assert ops(g)["ConvNCHWc"] == int(blocked) and ops(g)["Conv"] == int(not blocked)
+        check(model, g)
 
 
 def test_image_input_is_a_view_and_small_or_unsupported_convs_stay_nchw():
