@@ -44,6 +44,7 @@ from .vmath import EXP2_TABLE, c_vector_exp, exp2_table_values, vector_exp, want
 STACK_LIMIT = 32 * 1024  # bytes: larger allocations go to the heap
 CHUNK_WORK = 2048  # stores (scalar or vector) a chunk of a parallel loop does at least, where the loop has them
 CHUNKS_PER_THREAD = 4  # chunks per thread a parallel loop is split into at least, where it has the iterations
+PARALLEL_MIN_WORK = 2 * CHUNK_WORK  # stores a parallel loop must do in all to be split: a smaller one runs serially
 
 C_KEYWORDS = set(
     "auto break case char const continue default do double else enum extern float for goto if inline int long "
@@ -618,6 +619,8 @@ class CCodegen:
         lo = self.expr(s.min)
         end = self.expr(self.ana.simplify(s.min + s.extent))
         parallel_here = s.kind is ForKind.PARALLEL and not self.in_parallel
+        small = parallel_here and self.target.kind == "c" and self.too_small(s)
+        parallel_here = parallel_here and not small
         for key, value in s.annotations:
             if key == "vectorize_fallback":
                 self.emit(f"// not vectorized: {value}")
@@ -637,6 +640,8 @@ class CCodegen:
         if parallel_here:  # a GPU renderer drops the pragma; C: a region reading registers of the enclosing code
             threads = f" num_threads({self.target.threads})" if self.target.threads else ""
             self.emit(f"#pragma omp parallel for schedule(dynamic, {self.chunk(s)}){threads}")
+        elif small:
+            self.emit("// parallel loop with little work: runs serially (a region would cost more than it saves)")
         elif s.kind is ForKind.PARALLEL:
             self.emit("// parallel loop nested in a parallel loop: runs serially")
         elif s.kind is ForKind.UNROLLED:
@@ -663,6 +668,13 @@ class CCodegen:
         if n is not None:
             chunk = min(chunk, n // (CHUNKS_PER_THREAD * max(self.target.threads or 0, 2)))
         return max(1, chunk)
+
+    def too_small(self, s: For) -> bool:
+        """Whether a parallel loop does too little work in all (fewer than PARALLEL_MIN_WORK stores, at its constant
+        extent or bound) to pay for a region: waking a worker, and on a core shared with another process its time
+        slice, costs more than the few microseconds splitting it saves."""
+        n = s.extent.value if isinstance(s.extent, Const) else self.ana.const_upper_bound(s.extent)
+        return n is not None and n * max(1, _stores(s.body, self.ana)) < PARALLEL_MIN_WORK
 
     def region_inputs(self, s: For) -> tuple[list[Var], list[Buffer]] | None:
         """The variables and buffers of the enclosing function that a parallel loop's body uses (its closure), or

@@ -12,9 +12,20 @@ that has not started:
 - A region is published as one atomic word, odd while open, made even again (closed) by the caller when the
   counter is spent. A worker counts itself in (`active`) and then checks that the word is the one it saw: a
   worker that arrives after the close leaves without touching the region (seq_cst on both sides).
-- Idle threads poll for a while (`EMBER_POOL_SPIN` polls, default 2000, a `pause` each, yielding the core every
-  64) and then block on a condition variable, so a worker does not spin against a process that needs its core,
-  and the caller blocks the same way when it has to wait for a worker that lost its core.
+- Idle threads poll for a while (`EMBER_POOL_SPIN` polls, default 2000: about 50 us of `pause`) and then block on
+  a condition variable; the caller waits for its workers the same way. Polling never calls sched_yield: on a core
+  shared with a busy process a yield hands that process a whole time slice.
+- A core shared with another process is noticed and the workers stop polling for a while (`ember_pool_calm_until`,
+  EMBER_POOL_HOLD_NS: 100 ms, renewed while it lasts): a worker notices it when the monotonic clock jumps by more
+  than 50 us between two of its polls (it lost its core), the caller when it waited longer than 50 us, and longer
+  than two of its own chunks, for a worker inside a chunk. Meanwhile workers poll only EMBER_POOL_SPIN / 16 times
+  after a region and then block, so they are runnable only while there is work. That matters twice. A polling
+  worker is always runnable: the scheduler time-slices it against the busy process and its slice ends at any
+  moment, mostly inside a chunk, and the caller then waits out the busy process's slice (milliseconds) at the end
+  of the region. A worker woken for a region runs a short burst with a fresh slice and is rarely preempted inside a
+  chunk. And with two always-runnable threads beside a busy one, the scheduler leaves the caller on the shared core
+  about half the time (serial code and its chunks at half speed); a worker that sleeps carries little load, and the
+  caller stays on the free core.
 - Workers are created on the first region that needs them (at most EMBER_POOL_MAX - 1) and kept; a worker that
   cannot be created is not waited for (its share runs on the others). One region at a time: a caller that finds
   the pool taken (another host thread's region) runs its loop serially. A forked child starts with no workers.
@@ -33,9 +44,12 @@ POOL_SOURCE = r"""
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EMBER_POOL_MAX 64
+#define EMBER_POOL_GAP_NS 50000         // a longer gap between two polls: the thread lost its core
+#define EMBER_POOL_HOLD_NS 100000000    // how long workers stay calm after that (renewed while it lasts)
 static pthread_mutex_t ember_pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ember_pool_wake = PTHREAD_COND_INITIALIZER;  // workers wait for a region
 static pthread_cond_t ember_pool_idle = PTHREAD_COND_INITIALIZER;  // the caller waits for its workers
@@ -47,25 +61,53 @@ static _Atomic int32_t ember_pool_waiting;   // the caller is blocked on ember_p
 static _Atomic int32_t ember_pool_busy;      // a caller holds the pool
 static int32_t ember_pool_workers;           // workers 1..this exist
 static int32_t ember_pool_threads;           // ember_set_num_threads (0: the default)
-static int32_t ember_pool_spin = -1;
+static int32_t ember_pool_spin = -1;        // polls before an idle thread blocks (EMBER_POOL_SPIN)
+static _Atomic int64_t ember_pool_calm_until;  // till then (monotonic ns) a core is shared: workers poll briefly
 static void (*ember_pool_fn)(void*, int64_t, int64_t);  // the open region: written before the word opens it
 static void* ember_pool_closure;
 static int64_t ember_pool_end, ember_pool_chunk;
 static int32_t ember_pool_limit;             // workers below this index take part
 
-static void ember_pool_relax(int32_t n) {
+static void ember_pool_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #elif defined(__aarch64__) || defined(__arm__)
   __asm__ __volatile__("yield");
 #endif
-  if ((n & 63) == 63) sched_yield();
 }
 
-static void ember_pool_take(void (*fn)(void*, int64_t, int64_t), void* closure, int64_t end, int64_t chunk) {
-  for (;;) {
+static int64_t ember_pool_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void ember_pool_contended(int64_t now) { atomic_store(&ember_pool_calm_until, now + EMBER_POOL_HOLD_NS); }
+
+// Polls until the word is no longer `w`, at most `polls` times; a worker that finds it lost its core on the way
+// tells the pool and stops. Returns whether the word moved on.
+static int ember_pool_poll(uint64_t w, int32_t polls) {
+  int64_t last = ember_pool_now();
+  for (int32_t n = 1; n <= polls; n++) {
+    if (atomic_load(&ember_pool_word) != w) return 1;
+    ember_pool_relax();
+    if ((n & 15) == 0) {
+      int64_t now = ember_pool_now();
+      if (now - last > EMBER_POOL_GAP_NS) {
+        ember_pool_contended(now);
+        break;
+      }
+      last = now;
+    }
+  }
+  return atomic_load(&ember_pool_word) != w;
+}
+
+// Takes chunks till none is left; returns how many it ran.
+static int64_t ember_pool_take(void (*fn)(void*, int64_t, int64_t), void* closure, int64_t end, int64_t chunk) {
+  for (int64_t taken = 0;; taken++) {
     int64_t b = atomic_fetch_add(&ember_pool_next, chunk);
-    if (b >= end) return;
+    if (b >= end) return taken;
     fn(closure, b, end - b > chunk ? b + chunk : end);
   }
 }
@@ -87,8 +129,8 @@ static void* ember_pool_worker(void* arg) {
       }
       continue;
     }
-    for (int32_t n = 0; n < ember_pool_spin && atomic_load(&ember_pool_word) == w; n++) ember_pool_relax(n);
-    if (atomic_load(&ember_pool_word) == w) {
+    int calm = ember_pool_now() < atomic_load(&ember_pool_calm_until);
+    if (!ember_pool_poll(w, calm ? ember_pool_spin / 16 : ember_pool_spin)) {
       pthread_mutex_lock(&ember_pool_mu);
       atomic_fetch_add(&ember_pool_sleepers, 1);
       while (atomic_load(&ember_pool_word) == w) pthread_cond_wait(&ember_pool_wake, &ember_pool_mu);
@@ -161,11 +203,13 @@ void ember_parallel_for(void (*fn)(void*, int64_t, int64_t), void* closure, int6
     pthread_cond_broadcast(&ember_pool_wake);
     pthread_mutex_unlock(&ember_pool_mu);
   }
-  ember_pool_take(fn, closure, end, chunk);
+  int64_t start = ember_pool_now();
+  int64_t mine = ember_pool_take(fn, closure, end, chunk);
   atomic_store(&ember_pool_word, open + 1);  // closed: a worker arriving now leaves the region alone
+  int64_t done = ember_pool_now();
   for (int32_t n = 0; atomic_load(&ember_pool_active) != 0; n++) {
     if (n < ember_pool_spin) {
-      ember_pool_relax(n);
+      ember_pool_relax();
       continue;
     }
     pthread_mutex_lock(&ember_pool_mu);
@@ -174,6 +218,8 @@ void ember_parallel_for(void (*fn)(void*, int64_t, int64_t), void* closure, int6
     atomic_store(&ember_pool_waiting, 0);
     pthread_mutex_unlock(&ember_pool_mu);
   }
+  int64_t waited = ember_pool_now() - done;  // for workers inside a chunk: longer than two of ours, one lost its core
+  if (waited > EMBER_POOL_GAP_NS && (mine == 0 || waited > 2 * (done - start) / mine)) ember_pool_contended(done);
   atomic_store(&ember_pool_busy, 0);
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -113,3 +114,82 @@ def test_a_forked_child_runs_parallel_loops_without_the_parents_workers():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     np.testing.assert_array_equal(z, want)
+
+
+def small_and_large_regions():
+    """One function with two parallel loops: S = 2A + 1 over 64 rows (4096 stores in all: 8 chunks of 8 rows, the
+    smallest loop still split), then L = B @ S over 1024 rows (64 x 64 stores a row)."""
+    A = te.placeholder((64, 64), "float32", name="A")
+    B = te.placeholder((1024, 64), "float32", name="B")
+    S = te.compute((64, 64), lambda i, j: A[i, j] * 2.0 + 1.0, name="S")
+    r = te.reduce_axis((0, 64), name="r")
+    L = te.compute((1024, 64), lambda i, j: te.sum(B[i, r] * S[r, j], axis=r), name="L")
+    s = te.create_schedule(L)
+    s[S].parallel(S.op.axis[0])
+    s[L].parallel(L.op.axis[0])
+    return ember.build(s, [A, B, S, L], target="c")
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_many_small_and_large_regions_in_a_row_match_numpy(threads):
+    """Regions of very different sizes back to back (workers polling, blocking, woken), each answer checked."""
+    f = small_and_large_regions()
+    assert f.lib_path.with_suffix(".c").read_text().count("ember_parallel_for(default_function_par") == 2
+    f.set_num_threads(threads)
+    rng = np.random.default_rng(threads)
+    for _ in range(40):
+        a, b = rng.standard_normal((64, 64), np.float32), rng.standard_normal((1024, 64), np.float32)
+        s, big = np.full((64, 64), np.nan, np.float32), np.full((1024, 64), np.nan, np.float32)
+        f(a, b, s, big)
+        np.testing.assert_array_equal(s, a * np.float32(2) + np.float32(1))
+        np.testing.assert_allclose(big, b.astype(np.float64) @ (2.0 * a.astype(np.float64) + 1.0), rtol=1e-4, atol=1e-3)
+
+
+def test_a_parallel_loop_gives_identical_results_on_1_and_2_threads():
+    """Each iteration computes the same way whichever thread runs it: the answers agree bit for bit."""
+    f = small_and_large_regions()
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((64, 64), np.float32), rng.standard_normal((1024, 64), np.float32)
+    outs = {}
+    for threads in (1, 2, 1, 2):
+        s, big = np.empty((64, 64), np.float32), np.empty((1024, 64), np.float32)
+        f.set_num_threads(threads)
+        f(a, b, s, big)
+        if threads in outs:
+            np.testing.assert_array_equal(big, outs[threads])
+        outs[threads] = big
+    np.testing.assert_array_equal(outs[1], outs[2])
+
+
+def test_more_threads_than_cores_beside_a_busy_core_do_not_hang():
+    """4x as many threads as cores, one core taken by a spinning process: workers descheduled inside chunks, and
+    polling ones that lose their core, still finish every region (run under a watchdog: a hang fails the test)."""
+    f = small_and_large_regions()
+    f.set_num_threads(4 * os.cpu_count())
+    rng = np.random.default_rng(11)
+    cases = [(rng.standard_normal((64, 64), np.float32), rng.standard_normal((1024, 64), np.float32)) for _ in range(3)]
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            for _ in range(10):
+                for a, b in cases:
+                    s, big = np.empty((64, 64), np.float32), np.empty((1024, 64), np.float32)
+                    f(a, b, s, big)
+                    np.testing.assert_array_equal(s, a * np.float32(2) + np.float32(1))
+                    want = b.astype(np.float64) @ (2.0 * a.astype(np.float64) + 1.0)
+                    np.testing.assert_allclose(big, want, rtol=1e-4, atol=1e-3)
+        except BaseException as e:  # noqa: BLE001 (reported by the test's thread)
+            errors.append(e)
+
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN, str(os.cpu_count() - 1)])
+    try:
+        time.sleep(0.1)
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(timeout=60)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert not worker.is_alive(), "parallel regions with more threads than cores did not finish within 60 s"
+    assert not errors, errors[0]

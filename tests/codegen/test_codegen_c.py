@@ -347,3 +347,21 @@ def test_vector_integer_min_max_are_lane_loops(dt):
     c = np.zeros(n, dt)
     f(a, b, c)
     np.testing.assert_array_equal(c, np.minimum(np.maximum(a, b), np.array(100, dt)))
+
+
+def test_parallel_loop_with_little_work_runs_serially():
+    """A loop of fewer than PARALLEL_MIN_WORK stores in all is not split: a region costs more than it saves."""
+    from ember.codegen.c import PARALLEL_MIN_WORK
+
+    X = te.placeholder((16, 16), "float32", name="X")
+    Y = te.compute((16, 16), lambda i, j: X[i, j] * 2.0, name="Y")
+    s = te.create_schedule(Y)
+    s[Y].parallel(Y.op.axis[0])
+    assert PARALLEL_MIN_WORK > 16 * 16
+    src = body_of(source_of(s, [X, Y], "c -threads=2"))
+    assert "ember_parallel_for(" not in src and "runs serially" in src
+    f = ember.build(s, [X, Y], target="c -threads=2")
+    x = np.random.default_rng(3).standard_normal((16, 16), np.float32)
+    y = np.empty_like(x)
+    f(x, y)
+    np.testing.assert_array_equal(y, x * np.float32(2))
