@@ -112,31 +112,33 @@ def tiles_of(out: tuple[int, int], m: int = M) -> tuple[int, int]:
     return -(-out[0] // m), -(-out[1] // m)
 
 
-# Cost model, in multiply-add units of the products' rate (calibrated on bench/winograd.py --sweep, 1 thread):
-# a transform's addition on a channel vector costs about one product's multiply-add of a vector; a byte of
-# weights streamed from beyond L2 costs WEIGHT_BYTE_COST of them per channel vector lane.
-L2_BYTES = 1 << 20  # transformed weights up to this size stay cached between calls (half of a 2 MiB L2)
-WEIGHT_BYTE_COST = 0.5  # multiply-adds (per lane) that streaming one byte of weights costs
+# The cost model, in scalar multiply-adds of the direct template (calibrated on `bench/winograd.py --sweep`: maps of
+# 56..7, 64..512 channels, 1 thread, AVX-512; it ranks the tiles as measured there and predicts the gain over the
+# direct template within about 20%): Winograd's products and its transforms' additions per channel vector run
+# WINOGRAD_RATE times slower than the direct template's multiply-adds (short reductions, three passes over
+# memory); weights beyond L2 cost WEIGHT_BYTE_COST multiply-adds per byte streamed (at 7x7, F(4x4)'s 36 points of
+# weights serve only 4 tiles each: streaming them is half its time at 512 channels).
+L2_BYTES = 1 << 20  # weights up to this size stay in L2 (half of a 2 MiB L2)
+WINOGRAD_RATE = 1.1
+WEIGHT_BYTE_COST = 0.7
 
 
 def winograd_cost(n: int, c: int, k: int, out: tuple[int, int], m: int | None) -> float:
-    """Estimated time of the convolution (per lane, multiply-add units): by the direct template when m is None,
-    else by Winograd F(m x m, 3x3): a*a products of c x k per tile, the input transform (about 2a additions per
-    point and input channel), the output transform (about 2m per point and output channel), the tiles'
-    overhang past the border included, plus the weights streamed once per image when they exceed L2
-    (batch `n` reuses them)."""
+    """Estimated time of the convolution (scalar multiply-adds of the direct template): by the direct template
+    when m is None, else by Winograd F(m x m, 3x3): a*a products of c x k per tile, the input transform (about
+    2a additions per point and input channel), the output transform (about 2m per point and output channel),
+    the tiles' overhang past the border included; plus the weights streamed once per call when they exceed L2
+    (a batch of `n` reuses them)."""
     weights = R * R * c * k
     if m is None:
         macs = weights * n * out[0] * out[1]
     else:
         t = TILES[m]
         th, tw = tiles_of(out, m)
-        tiles = n * th * tw
         weights = t.alpha * t.alpha * c * k
-        macs = t.alpha * t.alpha * tiles * (c * k + 2 * t.alpha * c + 2 * m * k)
+        macs = WINOGRAD_RATE * t.alpha * t.alpha * n * th * tw * (c * k + 2 * t.alpha * c + 2 * m * k)
     wbytes = 4 * weights
-    stream = WEIGHT_BYTE_COST * wbytes * 16 if wbytes > L2_BYTES else 0.0
-    return macs + stream
+    return macs + (WEIGHT_BYTE_COST * wbytes if wbytes > L2_BYTES else 0.0)
 
 
 def winograd_tile(n: int, c: int, k: int, out: tuple[int, int]) -> int:

@@ -25,7 +25,7 @@ from ember.ops.conv import conv
 from ember.ops.layout import relayout
 from ember.ops.winograd import _infer, conv_winograd_nchwc
 from ember.passes import layout, run_passes
-from ember.templates.winograd import AT, BT, TILES, G, winograd_gain, winograd_weight
+from ember.templates.winograd import AT, BT, TILES, G, winograd_gain, winograd_tile, winograd_weight
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
 
@@ -133,9 +133,16 @@ def test_odd_output_channels_stay_direct(always_winograd):
 
 
 def test_layout_pass_chooses_by_cost():
-    """ResNet-like 3x3 layers take Winograd; an RGB-like 4-channel input, stride 2 and 1x1 do not."""
+    """ResNet-like 3x3 layers take Winograd; an RGB-like 4-channel input, stride 2 and 1x1 do not. F(4x4) from 7x7
+    maps up (measured fastest there, bench/winograd.py --sweep), F(2x2) on the smallest maps (F(4x4)'s tiles would
+    be mostly border)."""
     assert winograd_gain(1, 64, 64, (56, 56)) > layout.WINOGRAD_MIN_GAIN
     assert winograd_gain(1, 4, 16, (32, 32)) < layout.WINOGRAD_MIN_GAIN
+    for hw in (56, 28, 14, 7):
+        for c in (64, 128, 256, 512):
+            assert winograd_tile(1, c, c, (hw, hw)) == 4 and winograd_gain(1, c, c, (hw, hw)) > 1.5, (c, hw)
+    assert winograd_tile(1, 256, 256, (6, 6)) == 2
+    assert winograd_gain(1, 256, 256, (6, 6), 2) > winograd_gain(1, 256, 256, (6, 6), 4)
 
     def chosen(model):
         g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True)
