@@ -42,6 +42,39 @@ from .narrow import c_function
 from .vmath import EXP2_TABLE, c_vector_exp, exp2_table_values, vector_exp, wants_arithmetic_exp
 
 STACK_LIMIT = 32 * 1024  # bytes: larger allocations go to the heap
+SCRATCH_SLOTS = 8  # freed heap buffers of a library kept for its next calls (`SCRATCH`)
+# Heap buffers of a kernel (a Winograd convolution's transformed tiles, a few MB) are taken from and given back
+# to a few slots of the library instead of malloc/free: glibc hands buffers that large back to the system on
+# free (mmap, or trimming the heap's top), and every call then page-faults them in again (measured: half the
+# time of a 64-channel 56x56 Winograd layer). A block carries its size in a 64-byte header and serves any request
+# up to it; one too small for the request that finds it is freed (the larger new block takes its place), one that
+# finds no free slot is freed. Slots change hands only by atomic exchange and compare-exchange (any thread may
+# call); the library keeps at most SCRATCH_SLOTS blocks, each of a kernel's largest heap buffer at most.
+SCRATCH = f"""static void* ember_scratch_slot[{SCRATCH_SLOTS}];
+static void* ember_scratch_alloc(size_t n) {{
+  for (int i = 0; i < {SCRATCH_SLOTS}; ++i) {{
+    if (__atomic_load_n(&ember_scratch_slot[i], __ATOMIC_RELAXED) == NULL) continue;
+    char* p = (char*)__atomic_exchange_n(&ember_scratch_slot[i], NULL, __ATOMIC_ACQ_REL);
+    if (p == NULL) continue;
+    if (*(size_t*)p >= n) return p + 64;
+    free(p);
+  }}
+  char* p = (char*)aligned_alloc(64, n + 64);
+  if (p == NULL) return NULL;
+  *(size_t*)p = n;
+  return p + 64;
+}}
+static void ember_scratch_free(void* q) {{
+  char* p = (char*)q - 64;
+  for (int i = 0; i < {SCRATCH_SLOTS}; ++i) {{
+    void* none = NULL;
+    if (__atomic_compare_exchange_n(&ember_scratch_slot[i], &none, p, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) return;
+  }}
+  free(p);
+}}
+__attribute__((destructor)) static void ember_scratch_release(void) {{
+  for (int i = 0; i < {SCRATCH_SLOTS}; ++i) free(ember_scratch_slot[i]);
+}}"""
 CHUNK_WORK = 2048  # stores (scalar or vector) a chunk of a parallel loop does at least, where the loop has them
 CHUNKS_PER_THREAD = 4  # chunks per thread a parallel loop is split into at least, where it has the iterations
 PARALLEL_MIN_WORK = 2 * CHUNK_WORK  # stores a parallel loop must do in all to be split: a smaller one runs serially
@@ -798,12 +831,13 @@ class CCodegen:
             nbytes = f"(({size}) * {b.dtype.itemsize} + 63) / 64 * 64 + 64"
         self.emit("{")  # a scope of its own: a loop partitioned into straight code may allocate the buffer twice
         self.indent += 1
-        self.emit(f"{t}* restrict {name} = ({t}*)aligned_alloc(64, {nbytes});")
+        self.helper("ember_scratch", SCRATCH)
+        self.emit(f"{t}* restrict {name} = ({t}*)ember_scratch_alloc({nbytes});")
         self.emit(f"if ({name} == NULL) {{")
         self.emit("  ember_status = -1;")
         self.emit("} else {")
         self.block(s.body)
-        self.emit(f"  free({name});")
+        self.emit(f"  ember_scratch_free({name});")
         self.emit("}")
         self.indent -= 1
         self.emit("}")

@@ -10,8 +10,9 @@ largest power of two >= 4 below them that divides C (`block_of`; None: it stays 
   for the transforms around it). Its weights go through
   `LayoutTransform(OIHW -> OIHW{cb}i{kb}o)`, which `fold_constant` evaluates at compile time (the
   pass after this one). A stride-1 3x3 one with constant weights becomes `ConvWinogradNCHWc` instead
-  where `winograd_gain` (`ember.templates.winograd`) is at least `WINOGRAD_MIN_GAIN`, its weights
-  transformed here. Its input is taken blocked: as its producer made it, else through a
+  where `winograd_gain` (`ember.templates.winograd`) is at least `WINOGRAD_MIN_GAIN`, at the output tile
+  `winograd_tile` picks (F(4x4, 3x3), or F(2x2, 3x3) on small maps), its weights transformed here.
+  Its input is taken blocked: as its producer made it, else through a
   LayoutTransform, or for a channel count without a block (an RGB image) as [N, C, H, W, 1], a free
   reshape of NCHW. A 1-d convolution runs as a 2-d one of height 1 (reshapes are free);
 - elementwise and broadcast ops (relu, clip, residual add, ...) whose operand is blocked run blocked;
@@ -54,7 +55,7 @@ from ember.ops.tensor import slice_bounds
 from ember.target import Target
 from ember.te.tensor import prod_hint
 from ember.templates.gpu import is_gpu
-from ember.templates.winograd import winograd_gain, winograd_weight
+from ember.templates.winograd import winograd_gain, winograd_tile, winograd_weight
 
 from .cleanup import dead_code_elimination
 
@@ -64,6 +65,7 @@ POOLS = {"MaxPool": "max", "AveragePool": "avg"}
 GLOBAL_POOLS = {"GlobalMaxPool": "max", "GlobalAveragePool": "avg"}
 SPATIAL_REDUCES = {"ReduceMax": "max", "ReduceMean": "avg"}  # over H and W: global pooling
 WINOGRAD_MIN_GAIN = 1.5  # estimated direct / Winograd time from which a 3x3 convolution takes Winograd
+WINOGRAD_TILE: int | None = None  # Winograd's output tile (2 or 4); None: `winograd_tile`'s choice per layer
 MIN_MACS = 1 << 20  # a convolution whose input is not blocked yet starts a blocked region only from this size
 NARROW_MACS_DIVISOR = 8  # ... or from MIN_MACS / this, a depthwise one whose rows are narrower than a vector
 MAX_GROUP_MERGE = 2  # a grouped convolution merges at most this many groups into one of whole channel blocks
@@ -371,10 +373,11 @@ class _Converter:
         if not (w.is_constant and tuple(w.shape[2:]) == (3, 3) and node.attrs["group"] == 1 and static
                 and set(strides) | set(dil) == {1}):
             return False
-        n, c, k = y.shape[0], x.shape[1], y.shape[1]
-        if winograd_gain(1, c, k, tuple(y.shape[2:])) < WINOGRAD_MIN_GAIN:  # per image: the gain does not depend on n
+        n, c, k, out = y.shape[0], x.shape[1], y.shape[1], tuple(y.shape[2:])
+        m = WINOGRAD_TILE or winograd_tile(1, c, k, out)  # per image: a symbolic batch runs image by image
+        if winograd_gain(1, c, k, out, m) < WINOGRAD_MIN_GAIN:
             return False
-        u = winograd_weight(relayout(w.data, "OIHW", f"OIHW{cb}i{kb}o"))
+        u = winograd_weight(relayout(w.data, "OIHW", f"OIHW{cb}i{kb}o"), m)
         uv = Value(self.fresh(f"{w.name}_winograd"), w.type.with_shape(u.shape), u)
         b = node.inputs[2] if len(node.inputs) > 2 else None
         out = y.type.with_shape((n, k // kb, *y.shape[2:], kb))

@@ -1,32 +1,38 @@
-"""Winograd F(4x4, 3x3) convolution in the blocked layout NCHW[x]c (template "winograd_nchwc").
+"""Winograd F(4x4, 3x3) and F(2x2, 3x3) convolution in the blocked layout NCHW[x]c (template "winograd_nchwc").
 
-A stride-1, undilated 3x3 convolution computes each 4x4 tile of its output from a 6x6 tile of its
-input with 36 products per (input, output) channel pair instead of 144 (Lavin and Gray, "Fast
-Algorithms for Convolutional Neural Networks", 2016; points 0, +-1, +-2):
+A stride-1, undilated 3x3 convolution computes each m x m tile of its output from an a x a tile of its
+input (a = m + 2) with a*a products per (input, output) channel pair instead of 9*m*m (Lavin and Gray,
+"Fast Algorithms for Convolutional Neural Networks", 2016): F(4x4, 3x3) with 36 products per 16 outputs
+(points 0, +-1, +-2), F(2x2, 3x3) with 16 per 4 (points 0, +-1):
 
     Y = A^T [ (G g G^T) . (B^T d B) ] A
 
 - the weight transform U = G g G^T is done at compile time (`winograd_weight`, called by
-  `ember.passes.layout` on the constant weights): [36, K/kb, C/cb, cb, kb];
-- the input transform V = B^T d B of each 6x6 tile, channel vectors at each point: [6, 6, C/cb, P, cb]
+  `ember.passes.layout` on the constant weights): [a*a, K/kb, C/cb, cb, kb] (its first dim says the tile);
+- the input transform V = B^T d B of each a x a tile, channel vectors at each point: [a, a, C/cb, P, cb]
   (P = N x tile rows x tile columns), the padding inlined into its reads (bounds checks);
-- 36 independent products M[e] = U[e] V[e] over the input channels: a 1x1 convolution in the blocked
+- a*a independent products M[e] = U[e] V[e] over the input channels: a 1x1 convolution in the blocked
   layout, computed and scheduled by the dense template of `ember.templates.nchwc` ("conv_nchwc": a
   register tile of positions x output channel vectors, broadcast inputs);
 - the output transform A^T M A, with the bias and the fused epilogue (relu, residual add) applied to
   each output vector as it is stored.
 
 The transforms are written out as sums of the non-zero terms of the matrices (a select over the
-point, folded once the loops over points are unrolled), so they cost additions, not 6x6 products;
-each is done in two passes (columns, then rows: B^T d in a 6x6 buffer per tile, A^T M in a buffer of
+point, folded once the loops over points are unrolled), so they cost additions, not a x a products;
+each is done in two passes (columns, then rows: B^T d in an a x a buffer per tile, A^T M in a buffer of
 the product's size) so that the expressions stay small.
-`winograd_gain` estimates when this beats the direct template; float32 rounding grows with the
-transform constants (errors around 1e-5 relative at 3x3 kernels, see the tests).
+
+Which tile, if any: `winograd_cost` estimates the time of the direct template and of each tile (the
+products at the same rate, the transforms' additions, the border tiles' overhang, and at small maps the
+transformed weights streamed from memory once per image: a*a/9 times the direct template's weights, read
+for only a few tiles each); `winograd_tile` picks the cheaper one. float32 rounding grows with the
+transform constants: errors around 1e-5 relative at F(4x4, 3x3), about 1e-6 at F(2x2, 3x3) (see the tests).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction as F
 
 import numpy as np
@@ -38,56 +44,129 @@ from ember.templates.nchwc import nchwc_plan, pad_nchwc
 from ember.templates.nn import SCHEDULES, lanes_of, zero
 from ember.tir.expr import Expr
 
-M = 4  # output tile
 R = 3  # kernel
-ALPHA = M + R - 1  # input tile
-
-BT = ((4, 0, -5, 0, 1, 0),
-      (0, -4, -4, 1, 1, 0),
-      (0, 4, -4, -1, 1, 0),
-      (0, -2, -1, 2, 1, 0),
-      (0, 2, -1, -2, 1, 0),
-      (0, 4, 0, -5, 0, 1))  # fmt: skip
-G = ((F(1, 4), 0, 0),
-     (F(-1, 6), F(-1, 6), F(-1, 6)),
-     (F(-1, 6), F(1, 6), F(-1, 6)),
-     (F(1, 24), F(1, 12), F(1, 6)),
-     (F(1, 24), F(-1, 12), F(1, 6)),
-     (0, 0, 1))  # fmt: skip
-AT = ((1, 1, 1, 1, 1, 0),
-      (0, 1, -1, 2, -2, 0),
-      (0, 1, 1, 4, 4, 0),
-      (0, 1, -1, 8, -8, 1))  # fmt: skip
 
 
-def tiles_of(out: tuple[int, int]) -> tuple[int, int]:
-    """Tile rows and columns covering an output of `out` rows and columns."""
-    return -(-out[0] // M), -(-out[1] // M)
+@dataclass(frozen=True)
+class Tile:
+    """The matrices of F(m x m, 3x3): B^T (a x a), G (a x 3), A^T (m x a), a = m + 2."""
+
+    m: int
+    bt: tuple
+    g: tuple
+    at: tuple
+
+    @property
+    def alpha(self) -> int:
+        return self.m + R - 1
 
 
-def winograd_gain(n: int, c: int, k: int, out: tuple[int, int]) -> float:
+F4 = Tile(
+    4,
+    bt=((4, 0, -5, 0, 1, 0),
+        (0, -4, -4, 1, 1, 0),
+        (0, 4, -4, -1, 1, 0),
+        (0, -2, -1, 2, 1, 0),
+        (0, 2, -1, -2, 1, 0),
+        (0, 4, 0, -5, 0, 1)),
+    g=((F(1, 4), 0, 0),
+       (F(-1, 6), F(-1, 6), F(-1, 6)),
+       (F(-1, 6), F(1, 6), F(-1, 6)),
+       (F(1, 24), F(1, 12), F(1, 6)),
+       (F(1, 24), F(-1, 12), F(1, 6)),
+       (0, 0, 1)),
+    at=((1, 1, 1, 1, 1, 0),
+        (0, 1, -1, 2, -2, 0),
+        (0, 1, 1, 4, 4, 0),
+        (0, 1, -1, 8, -8, 1)),
+)  # fmt: skip
+F2 = Tile(
+    2,
+    bt=((1, 0, -1, 0),
+        (0, 1, 1, 0),
+        (0, -1, 1, 0),
+        (0, 1, 0, -1)),
+    g=((1, 0, 0),
+       (F(1, 2), F(1, 2), F(1, 2)),
+       (F(1, 2), F(-1, 2), F(1, 2)),
+       (0, 0, 1)),
+    at=((1, 1, 1, 0),
+        (0, 1, -1, -1)),
+)  # fmt: skip
+TILES = {t.m: t for t in (F2, F4)}
+# F(4x4, 3x3), the default tile, under the names of its paper
+M, ALPHA, BT, G, AT = F4.m, F4.alpha, F4.bt, F4.g, F4.at
+
+
+def tile_of_points(points: int) -> Tile:
+    """The tile whose transformed weights have `points` (a*a) points: 16 -> F(2x2), 36 -> F(4x4)."""
+    for t in TILES.values():
+        if t.alpha * t.alpha == points:
+            return t
+    raise ValueError(f"Winograd weights with {points} points: want one of "
+                     f"{sorted(t.alpha * t.alpha for t in TILES.values())} (F(2x2, 3x3) or F(4x4, 3x3))")  # fmt: skip
+
+
+def tiles_of(out: tuple[int, int], m: int = M) -> tuple[int, int]:
+    """Tile rows and columns of m x m covering an output of `out` rows and columns."""
+    return -(-out[0] // m), -(-out[1] // m)
+
+
+# The cost model, in scalar multiply-adds of the direct template (calibrated on `bench/winograd.py --sweep`: maps of
+# 56..7, 64..512 channels, 1 thread, AVX-512; it ranks the tiles as measured there and predicts the gain over the
+# direct template within about 20%): Winograd's products and its transforms' additions per channel vector run
+# WINOGRAD_RATE times slower than the direct template's multiply-adds (short reductions, three passes over
+# memory); weights beyond L2 cost WEIGHT_BYTE_COST multiply-adds per byte streamed (at 7x7, F(4x4)'s 36 points of
+# weights serve only 4 tiles each: streaming them is half its time at 512 channels).
+L2_BYTES = 1 << 20  # weights up to this size stay in L2 (half of a 2 MiB L2)
+WINOGRAD_RATE = 1.1
+WEIGHT_BYTE_COST = 0.7
+
+
+def winograd_cost(n: int, c: int, k: int, out: tuple[int, int], m: int | None) -> float:
+    """Estimated time of the convolution (scalar multiply-adds of the direct template): by the direct template
+    when m is None, else by Winograd F(m x m, 3x3): a*a products of c x k per tile, the input transform (about
+    2a additions per point and input channel), the output transform (about 2m per point and output channel),
+    the tiles' overhang past the border included; plus the weights streamed once per call when they exceed L2
+    (a batch of `n` reuses them)."""
+    weights = R * R * c * k
+    if m is None:
+        macs = weights * n * out[0] * out[1]
+    else:
+        t = TILES[m]
+        th, tw = tiles_of(out, m)
+        weights = t.alpha * t.alpha * c * k
+        macs = WINOGRAD_RATE * t.alpha * t.alpha * n * th * tw * (c * k + 2 * t.alpha * c + 2 * m * k)
+    wbytes = 4 * weights
+    return macs + (WEIGHT_BYTE_COST * wbytes if wbytes > L2_BYTES else 0.0)
+
+
+def winograd_tile(n: int, c: int, k: int, out: tuple[int, int]) -> int:
+    """The output tile (2 or 4) of the cheaper Winograd for this convolution (`winograd_cost`)."""
+    return min(TILES, key=lambda m: winograd_cost(n, c, k, out, m))
+
+
+def winograd_gain(n: int, c: int, k: int, out: tuple[int, int], m: int | None = None) -> float:
     """Estimated time of the direct template over Winograd's for this convolution (> 1: Winograd is
-    faster). Multiply-adds of each, the products of both at the same rate; the transforms count as
-    the additions they make per channel vector of a tile (input: about 12 per point, output: about 8),
-    plus the tiles' overhang past the output's border."""
-    th, tw = tiles_of(out)
-    tiles = n * th * tw
-    direct = R * R * c * k * n * out[0] * out[1]
-    wino = ALPHA * ALPHA * tiles * (c * k + 12 * c + 8 * k)
-    return direct / wino
+    faster), at tile m (None: the cheaper tile, `winograd_tile`)."""
+    m = m or winograd_tile(n, c, k, out)
+    return winograd_cost(n, c, k, out, None) / winograd_cost(n, c, k, out, m)
 
 
 # -----------------------------------------------------------------------------------------------------
 # the weight transform (compile time, numpy)
 # -----------------------------------------------------------------------------------------------------
-def winograd_weight(w: np.ndarray) -> np.ndarray:
-    """Packed weights [K/kb, C/cb, 3, 3, cb, kb] -> U [36, K/kb, C/cb, cb, kb], U[a*6+b] = (G g G^T)[a, b],
-    computed in float64 and rounded once to w's dtype."""
+def winograd_weight(w: np.ndarray, m: int = M) -> np.ndarray:
+    """Packed weights [K/kb, C/cb, 3, 3, cb, kb] -> U [a*a, K/kb, C/cb, cb, kb] of F(m x m, 3x3),
+    U[i*a+j] = (G g G^T)[i, j], computed in float64 and rounded once to w's dtype."""
     if w.ndim != 6 or w.shape[2:4] != (R, R):
         raise ValueError(f"winograd_weight: weights must be packed [K/kb, C/cb, 3, 3, cb, kb], got {w.shape}")
-    g = np.array(G, dtype=np.float64)
+    if m not in TILES:
+        raise ValueError(f"winograd_weight: output tile {m} is not one of {sorted(TILES)}")
+    t = TILES[m]
+    g = np.array(t.g, dtype=np.float64)
     u = np.einsum("ai,kcijxy,bj->abkcxy", g, w.astype(np.float64), g)
-    return u.reshape(ALPHA * ALPHA, *w.shape[:2], *w.shape[4:]).astype(w.dtype)
+    return u.reshape(t.alpha * t.alpha, *w.shape[:2], *w.shape[4:]).astype(w.dtype)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -117,39 +196,42 @@ def _select(index: Expr, cases: list[Expr]) -> Expr:
     return e
 
 
-def winograd_input(x: Tensor, pads, out: tuple[int, int], name: str = "wino_in") -> Tensor:
-    """V [6, 6, C/cb, P, cb]: B^T d B of each 6x6 input tile d of x [N, C/cb, H, W, cb] padded by pads
+def winograd_input(x: Tensor, pads, out: tuple[int, int], tile: Tile = F4, name: str = "wino_in") -> Tensor:
+    """V [a, a, C/cb, P, cb]: B^T d B of each a x a input tile d of x [N, C/cb, H, W, cb] padded by pads
     (top, left, bottom, right), and further at the bottom/right to whole tiles. In two passes: the
-    columns (B^T d: stage "_cols", [6, C/cb, P, 6, cb]), then the rows of that."""
+    columns (B^T d: stage "_cols", [a, C/cb, P, a, cb]), then the rows of that."""
     N, CB, H, W, cb = x.shape
-    th, tw = tiles_of(out)
-    after = (th * M + R - 1 - H - pads[0], tw * M + R - 1 - W - pads[1])
+    m, alpha, bt = tile.m, tile.alpha, tile.bt
+    th, tw = tiles_of(out, m)
+    after = (th * m + R - 1 - H - pads[0], tw * m + R - 1 - W - pads[1])
     xp = pad_nchwc(x, pads[:2], after, zero(x.dtype), name=f"{name}_pad")
     dt = x.dtype
 
     def cols(a, c, p, j, v):
         n, t = p // (th * tw), p % (th * tw)
-        r0, c0 = t // tw * M, t % tw * M
-        return _select(a, [_lincomb(BT[ai], lambda i: xp[n, c, r0 + i, c0 + j, v], dt) for ai in range(ALPHA)])
+        r0, c0 = t // tw * m, t % tw * m
+        return _select(a, [_lincomb(bt[ai], lambda i: xp[n, c, r0 + i, c0 + j, v], dt) for ai in range(alpha)])
 
-    bt_d = te.compute((ALPHA, CB, N * th * tw, ALPHA, cb), cols, name=f"{name}_cols")
+    bt_d = te.compute((alpha, CB, N * th * tw, alpha, cb), cols, name=f"{name}_cols")
 
     def rows(a, b, c, p, v):
-        return _select(b, [_lincomb(BT[bi], lambda j: bt_d[a, c, p, j, v], dt) for bi in range(ALPHA)])
+        return _select(b, [_lincomb(bt[bi], lambda j: bt_d[a, c, p, j, v], dt) for bi in range(alpha)])
 
-    return te.compute((ALPHA, ALPHA, CB, N * th * tw, cb), rows, name=name, tag="winograd_input",
+    return te.compute((alpha, alpha, CB, N * th * tw, cb), rows, name=name, tag="winograd_input",
                       attrs={"cols": bt_d})  # fmt: skip
 
 
 def winograd_conv_nchwc(x: Tensor, u: Tensor, bias: Tensor | None, pads, name: str = "conv_wino") -> Tensor:
-    """The convolution of x [N, C/cb, H, W, cb] with transformed weights u [36, K/kb, C/cb, cb, kb]
-    (`winograd_weight`), plus bias [K]: [N, K/kb, OH, OW, kb]."""
+    """The convolution of x [N, C/cb, H, W, cb] with transformed weights u [a*a, K/kb, C/cb, cb, kb]
+    (`winograd_weight`; a*a = 16: F(2x2, 3x3), 36: F(4x4, 3x3)), plus bias [K]: [N, K/kb, OH, OW, kb]."""
     N, CB, H, W, cb = x.shape
     E, KB, _, _, kb = u.shape
+    tile = tile_of_points(E)
+    m, alpha, at = tile.m, tile.alpha, tile.at
     out = (H + pads[0] + pads[2] - R + 1, W + pads[1] + pads[3] - R + 1)
-    th, tw = tiles_of(out)
+    th, tw = tiles_of(out, m)
     P = N * th * tw
-    v = winograd_input(x, pads, out, name=f"{name}_in")
+    v = winograd_input(x, pads, out, tile, name=f"{name}_in")
     rcb = te.reduce_axis((0, CB), name="rcb")
     rc = te.reduce_axis((0, cb), name="rc")
     # a symbolic batch: the tile plan of one image's tiles (a tile that divides them divides N times them)
@@ -157,7 +239,7 @@ def winograd_conv_nchwc(x: Tensor, u: Tensor, bias: Tensor | None, pads, name: s
     plan = nchwc_plan(KB, kb, (1, per), x.dtype, panel=CB * cb * kb * x.dtype.bits // 8)
 
     def product(e, k, _, p, j):
-        return te.sum(v[e // ALPHA, e % ALPHA, rcb, p, rc] * u[e, k, rcb, rc, j], axis=[rcb, rc])
+        return te.sum(v[e // alpha, e % alpha, rcb, p, rc] * u[e, k, rcb, rc, j], axis=[rcb, rc])
 
     acc = te.compute((E, KB, 1, P, kb), product, name=f"{name}_acc", tag="conv_nchwc", attrs={"plan": plan})
     prod = te.compute(acc.shape, lambda *i: acc[i], name=f"{name}_gemm",
@@ -165,24 +247,24 @@ def winograd_conv_nchwc(x: Tensor, u: Tensor, bias: Tensor | None, pads, name: s
     dt = x.dtype
 
     def cols(y, k, p, b, j):  # (A^T M)[y, b]
-        return _select(y, [_lincomb(AT[yi], lambda a: prod[a * ALPHA + b, k, 0, p, j], dt) for yi in range(M)])
+        return _select(y, [_lincomb(at[yi], lambda a: prod[a * alpha + b, k, 0, p, j], dt) for yi in range(m)])
 
-    at_m = te.compute((M, KB, P, ALPHA, kb), cols, name=f"{name}_out_cols", attrs={"materialize": True})
+    at_m = te.compute((m, KB, P, alpha, kb), cols, name=f"{name}_out_cols", attrs={"materialize": True})
 
     def body(n, k, oh, ow, j):
-        p = n * (th * tw) + oh // M * tw + ow // M
-        val = _select(ow % M, [_lincomb(AT[z], lambda b: at_m[oh % M, k, p, b, j], dt) for z in range(M)])
+        p = n * (th * tw) + oh // m * tw + ow // m
+        val = _select(ow % m, [_lincomb(at[z], lambda b: at_m[oh % m, k, p, b, j], dt) for z in range(m)])
         return val + bias[k * kb + j] if bias is not None else val
 
     return te.compute((N, KB, *out, kb), body, name=name,
-                      attrs={"template": "winograd_nchwc", "input": v, "out_cols": at_m})  # fmt: skip
+                      attrs={"template": "winograd_nchwc", "input": v, "out_cols": at_m, "tile": m})  # fmt: skip
 
 
 # -----------------------------------------------------------------------------------------------------
 # schedule
 # -----------------------------------------------------------------------------------------------------
 def _schedule_winograd(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:
-    """The output (with its epilogue) in 4x4 tiles, the points unrolled (the selects fold), channel
+    """The output (with its epilogue) in m x m tiles, the points unrolled (the selects fold), channel
     vectors stored whole, parallel over batch, channel blocks and tile rows; A^T M before it, per
     channel block and tile. The input transform: per channel block and tile (in parallel), B^T d into
     a 6x6 buffer of channel vectors, then the 36 points, unrolled. (The product is the "conv_nchwc"
@@ -190,8 +272,8 @@ def _schedule_winograd(s: te.Schedule, out: Tensor, attrs: dict, target: Target)
     lanes = lanes_of(out.dtype, target)
     O = s[out]
     n, kb, oh, ow, j = O.op.axis
-    oho, ohi = O.split(oh, M)
-    owo, owi = O.split(ow, M)
+    oho, ohi = O.split(oh, attrs["tile"])
+    owo, owi = O.split(ow, attrs["tile"])
     O.reorder(n, kb, oho, owo, ohi, owi, j)
     O.unroll(ohi)
     O.unroll(owi)
@@ -235,5 +317,6 @@ def _vector(st: te.Stage, axis, block: int, lanes: int) -> None:
 
 SCHEDULES["winograd_nchwc"] = _schedule_winograd
 
-__all__ = ["ALPHA", "AT", "BT", "G", "tiles_of", "winograd_conv_nchwc", "winograd_gain", "winograd_input",
+__all__ = ["ALPHA", "AT", "BT", "F2", "F4", "G", "TILES", "Tile", "tile_of_points", "tiles_of", "winograd_conv_nchwc",
+           "winograd_cost", "winograd_gain", "winograd_input", "winograd_tile",
            "winograd_weight"]

@@ -146,8 +146,35 @@ def test_small_local_arrays_are_aligned_on_the_stack_and_big_ones_on_the_heap(ch
     assert "float T[100] __attribute__((aligned(64)));" in f.source
     X, Y = two_stage(20000)  # 80 kB: more than the stack limit
     f = check_build(te.create_schedule(Y), [X, Y], lambda x: x * 2 + 1, rng)
-    assert "float* restrict T = (float*)aligned_alloc(64, 80000);" in f.source
-    assert "free(T);" in f.source
+    assert "float* restrict T = (float*)ember_scratch_alloc(80000);" in f.source
+    assert "ember_scratch_free(T);" in f.source
+
+
+def test_heap_buffers_are_reused_across_calls_and_threads():
+    """Heap buffers come from the library's scratch slots (kept between calls, not paged in again each call): a
+    module run from several threads at once, more of them than it keeps slots for, stays correct."""
+    X = te.placeholder((30000,), name="X")
+    T = te.compute(X.shape, lambda i: X[i] * 2.0, name="T")
+    Y = te.compute(X.shape, lambda i: T[i] + 1.0, name="Y")
+    f = ember.build(te.create_schedule(Y), [X, Y], target="c")
+    assert "ember_scratch_alloc(" in f.source
+    errors = []
+
+    def run(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(40):
+            x = rng.standard_normal(30000).astype(np.float32)
+            y = np.empty_like(x)
+            f(x, y)
+            if not np.array_equal(y, x * 2 + 1):
+                errors.append(seed)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
 
 
 def test_big_shapes_use_64_bit_indices():

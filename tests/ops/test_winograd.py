@@ -1,11 +1,12 @@
-"""Winograd F(4x4, 3x3) convolution in NCHWc (`ember.templates.winograd`, op ConvWinogradNCHWc, chosen by
-`ember.passes.layout`).
+"""Winograd F(4x4, 3x3) and F(2x2, 3x3) convolution in NCHWc (`ember.templates.winograd`, op ConvWinogradNCHWc,
+chosen by `ember.passes.layout`).
 
 Numerics against onnxruntime on fresh random inputs. Tolerance: Winograd F(4x4, 3x3) in float32 rounds
 the transformed input (B^T d B sums up to 16 terms with coefficients up to 25), the 36 products and the
 output transform (coefficients up to 64); measured errors are 2e-6..2e-5 of the output's largest magnitude
 (bench/winograd.py, up to 512 channels), so the tests allow 1e-4 of it (the direct template's tests
-allow 1e-5)."""
+allow 1e-5). F(2x2, 3x3)'s transforms have coefficients +-1 only (G's 1/2 is exact in binary): its errors are
+those of a direct convolution's sum, 2e-7..1e-6, and the tests allow it 1e-5."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ember.ops.conv import conv
 from ember.ops.layout import relayout
 from ember.ops.winograd import _infer, conv_winograd_nchwc
 from ember.passes import layout, run_passes
-from ember.templates.winograd import AT, BT, G, winograd_gain, winograd_weight
+from ember.templates.winograd import AT, BT, TILES, G, winograd_gain, winograd_tile, winograd_weight
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
 
@@ -58,27 +59,37 @@ def always_winograd(monkeypatch):
     monkeypatch.setattr(layout, "MIN_MACS", 0)
 
 
+TOLERANCE = {2: 1e-5, 4: 1e-4}  # of the output's largest magnitude, per output tile (see the module's docstring)
+
+
 def test_transform_matrices_compute_a_correlation():
-    """A^T [(G g) . (B^T d)] is the 1-d correlation of d (6) with g (3), exactly (rationals)."""
+    """A^T [(G g) . (B^T d)] is the 1-d correlation of d (a = m + 2) with g (3), exactly (rationals), for each tile;
+    the F(4x4) matrices keep their paper's names."""
+    assert (TILES[4].bt, TILES[4].g, TILES[4].at) == (BT, G, AT)
     rng = np.random.default_rng(0)
-    d = [Fraction(int(v)) for v in rng.integers(-9, 10, 6)]
-    g = [Fraction(int(v)) for v in rng.integers(-9, 10, 3)]
-    gg = [sum(Fraction(G[a][i]) * g[i] for i in range(3)) for a in range(6)]
-    dd = [sum(BT[a][i] * d[i] for i in range(6)) for a in range(6)]
-    y = [sum(AT[o][a] * gg[a] * dd[a] for a in range(6)) for o in range(4)]
-    assert y == [sum(d[o + i] * g[i] for i in range(3)) for o in range(4)]
+    for m, t in TILES.items():
+        a = t.alpha
+        d = [Fraction(int(v)) for v in rng.integers(-9, 10, a)]
+        g = [Fraction(int(v)) for v in rng.integers(-9, 10, 3)]
+        gg = [sum(Fraction(t.g[p][i]) * g[i] for i in range(3)) for p in range(a)]
+        dd = [sum(t.bt[p][i] * d[i] for i in range(a)) for p in range(a)]
+        y = [sum(t.at[o][p] * gg[p] * dd[p] for p in range(a)) for o in range(m)]
+        assert y == [sum(d[o + i] * g[i] for i in range(3)) for o in range(m)], f"F({m}x{m}, 3x3)"
 
 
-def test_reference_matches_direct_convolution():
+@pytest.mark.parametrize("m", [2, 4])
+def test_reference_matches_direct_convolution(m):
     rng = np.random.default_rng(1)
     x, w, b = rng.standard_normal((2, 8, 9, 7)), rng.standard_normal((8, 8, 3, 3)), rng.standard_normal(8)
     pads = (1, 0, 2, 1)
-    u = winograd_weight(relayout(w, "OIHW", "OIHW4i8o"))
+    u = winograd_weight(relayout(w, "OIHW", "OIHW4i8o"), m)
+    assert u.shape[0] == (m + 2) ** 2
     y = conv_winograd_nchwc({"pads": pads}, relayout(x, "NCHW", "NCHW4c"), u, b)
     ref = conv({"strides": (1, 1), "pads": pads, "dilations": (1, 1), "group": 1}, x, w, b)
     np.testing.assert_allclose(relayout(y, "NCHW8c", "NCHW"), ref, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize(
     "n, c, k, h, w, pads, residual",
     [
@@ -86,12 +97,20 @@ def test_reference_matches_direct_convolution():
         (2, 20, 24, 9, 11, (1, 1, 1, 1), True),  # batch 2, channels in blocks of 4 and 8, partial tiles
         (1, 12, 32, 7, 13, (0, 1, 2, 0), False),  # asymmetric padding, no bias below
         (1, 32, 16, 5, 5, (0, 0, 0, 0), True),  # unpadded: a 3x3 output, one partial tile
+        # the small maps of late CNN stages, odd input channels (taken as [N, C, H, W, 1])
+        (1, 13, 16, 7, 7, (1, 1, 1, 1), False),
+        (2, 9, 24, 7, 7, (1, 1, 1, 1), True),
+        (2, 7, 32, 9, 9, (1, 1, 1, 1), False),
+        (1, 17, 48, 14, 14, (1, 1, 1, 1), True),
+        (2, 5, 16, 14, 14, (1, 1, 1, 1), False),
     ],
 )
-def test_winograd_matches_onnxruntime(always_winograd, n, c, k, h, w, pads, residual):
+def test_winograd_matches_onnxruntime(always_winograd, monkeypatch, m, n, c, k, h, w, pads, residual):
+    monkeypatch.setattr(layout, "WINOGRAD_TILE", m)
     model = conv_model(n, c, k, h, w, pads, residual=residual, bias=c != 12, seed=n * c + k)
     g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True)
-    assert Counter(nd.op for nd in g.nodes)["ConvWinogradNCHWc"] == 1
+    wino = [nd for nd in g.nodes if nd.op == "ConvWinogradNCHWc"]
+    assert len(wino) == 1 and wino[0].inputs[1].shape[0] == (m + 2) ** 2
     rng = np.random.default_rng(k + h)
     feeds = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
     if residual:
@@ -99,13 +118,31 @@ def test_winograd_matches_onnxruntime(always_winograd, n, c, k, h, w, pads, resi
         feeds["r"] = rng.standard_normal((n, k, oh, ow)).astype(np.float32)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     got = ember.compile(model, fallback=False).run(feeds)["y"]
-    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4 * float(np.abs(ref).max()))
+    np.testing.assert_allclose(got, ref, rtol=0, atol=TOLERANCE[m] * float(np.abs(ref).max()))
+
+
+def test_odd_output_channels_stay_direct(always_winograd):
+    """Output channels without a channel block (an odd count) keep the convolution in NCHW, still correct."""
+    model = conv_model(2, 16, 15, 7, 7, (1, 1, 1, 1), seed=3)
+    g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True)
+    assert Counter(nd.op for nd in g.nodes)["ConvWinogradNCHWc"] == 0
+    feeds = {"x": np.random.default_rng(4).standard_normal((2, 16, 7, 7)).astype(np.float32)}
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ember.compile(model, fallback=False).run(feeds)["y"]
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * float(np.abs(ref).max()))
 
 
 def test_layout_pass_chooses_by_cost():
-    """ResNet-like 3x3 layers take Winograd; an RGB-like 4-channel input, stride 2 and 1x1 do not."""
+    """ResNet-like 3x3 layers take Winograd; an RGB-like 4-channel input, stride 2 and 1x1 do not. F(4x4) from 7x7
+    maps up (measured fastest there, bench/winograd.py --sweep), F(2x2) on the smallest maps (F(4x4)'s tiles would
+    be mostly border)."""
     assert winograd_gain(1, 64, 64, (56, 56)) > layout.WINOGRAD_MIN_GAIN
     assert winograd_gain(1, 4, 16, (32, 32)) < layout.WINOGRAD_MIN_GAIN
+    for hw in (56, 28, 14, 7):
+        for c in (64, 128, 256, 512):
+            assert winograd_tile(1, c, c, (hw, hw)) == 4 and winograd_gain(1, c, c, (hw, hw)) > 1.5, (c, hw)
+    assert winograd_tile(1, 256, 256, (6, 6)) == 2
+    assert winograd_gain(1, 256, 256, (6, 6), 2) > winograd_gain(1, 256, 256, (6, 6), 4)
 
     def chosen(model):
         g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True)
@@ -125,6 +162,10 @@ def test_bad_operands_are_named():
     x = TensorType((1, 2, 8, 8, 8), "float32")
     with pytest.raises(ShapeError, match="weight"):
         _infer({"pads": (1, 1, 1, 1)}, x, TensorType((36, 2, 4, 4, 8), "float32"))
+    with pytest.raises(ShapeError, match=r"F\(2x2, 3x3\)"):  # 25 points: no tile has them
+        _infer({"pads": (1, 1, 1, 1)}, x, TensorType((25, 2, 2, 8, 8), "float32"))
+    with pytest.raises(ValueError, match="tile 3"):
+        winograd_weight(np.zeros((1, 1, 3, 3, 4, 4), np.float32), 3)
     with pytest.raises(ShapeError, match="bias"):
         _infer({"pads": (1, 1, 1, 1)}, x, TensorType((36, 2, 2, 8, 8), "float32"), TensorType((8,), "float32"))
     with pytest.raises(ValueError, match="3, 3"):
