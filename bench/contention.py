@@ -84,7 +84,9 @@ def runner(system: str, workdir: Path, threads: int):
         return lambda: sess.run(None, feeds)
     import openvino as ov
 
-    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+    # float32 as Ember and onnxruntime compute (OpenVINO's default on a CPU with avx512_bf16 is bf16)
+    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+              "INFERENCE_PRECISION_HINT": "f32"}  # fmt: skip
     compiled = ov.Core().compile_model(str(workdir / "model.onnx"), "CPU", config)
     request = compiled.create_infer_request()
     return lambda: request.infer(feeds)
