@@ -101,6 +101,7 @@ class CompiledModel(ExportsC, Model):
         # take the sizes after the table
         self._sized = plan.is_symbolic
         self._plans: dict[tuple[int, ...], Plan] = {}
+        self._long_at: dict[tuple[int, ...], dict[str, bool]] = {}  # per size: which segments run interruptibly
         sizes = (ctypes.POINTER(ctypes.c_int64),) if self._sized else ()
         for s in plan.steps:
             if s.kind == "segment":
@@ -133,8 +134,13 @@ class CompiledModel(ExportsC, Model):
         plan = self._plans.get(sizes)
         if plan is None:
             with self._lock:
+                env = dict(zip(self.plan.size_vars, sizes))
+                flops = {s.function: sum(k.flops_at(env) for k in s.kernels) for s in self.plan.steps
+                         if s.kind == "segment"}  # fmt: skip
+                self._long_at.setdefault(sizes, {f: n >= INTERRUPTIBLE_FLOPS for f, n in flops.items()})
                 plan = self._plans.setdefault(sizes, self.plan.at(sizes))
         self._local.plan = plan
+        self._local.long = self._long_at[sizes]
         self._local.sizes = (ctypes.c_int64 * max(len(sizes), 1))(*sizes)
 
     def _set_threads(self) -> None:
@@ -184,6 +190,8 @@ class CompiledModel(ExportsC, Model):
         for s in self.plan.steps:
             if s.kind == "segment":
                 fn, prof, long = self._segments[s.function]
+                if self._sized:  # (how long a segment runs depends on the sizes of this call)
+                    long = self._local.long[s.function]
                 buf = (ctypes.c_double * len(s.kernels))()
                 call = (lambda: fn(table, *sized)) if times is None else (lambda: prof(table, *sized, buf))  # noqa: B023
                 if main and long:
