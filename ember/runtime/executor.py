@@ -53,6 +53,12 @@ from .plan import ALIGN, Plan, Step, alias_view
 INTERRUPTIBLE_FLOPS = 1e9  # segments this large run where Ctrl-C reaches them (a thread start is ~1% of them)
 
 
+def interruptible(plan: Plan) -> dict[str, bool]:
+    """Per segment function: whether it is long enough to run where Ctrl-C reaches it (a plan at sizes: at them)."""
+    return {s.function: sum(k.flops for k in s.kernels) >= INTERRUPTIBLE_FLOPS
+            for s in plan.steps if s.kind == "segment"}  # fmt: skip
+
+
 @dataclass
 class Values:
     """One caller's view of a model's values: the table of addresses the segment functions read, numpy views of
@@ -101,14 +107,15 @@ class CompiledModel(ExportsC, Model):
         # take the sizes after the table
         self._sized = plan.is_symbolic
         self._plans: dict[tuple[int, ...], Plan] = {}
-        self._long_at: dict[tuple[int, ...], dict[str, bool]] = {}  # per size: which segments run interruptibly
+        self._long_at: dict[tuple[int, ...], dict[str, bool]] = {}  # per size: `interruptible` of its plan
         sizes = (ctypes.POINTER(ctypes.c_int64),) if self._sized else ()
         for s in plan.steps:
             if s.kind == "segment":
                 fn = self._function(s.function, ctypes.c_void_p, *sizes)
                 prof = self._function(s.function + "_profiled", ctypes.c_void_p, *sizes,
                                       ctypes.POINTER(ctypes.c_double))  # fmt: skip
-                self._segments[s.function] = (fn, prof, sum(k.flops for k in s.kernels) >= INTERRUPTIBLE_FLOPS)
+                self._segments[s.function] = (fn, prof)
+        self._long = interruptible(plan)
 
     def _calls(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # each calling thread has its own Values
@@ -134,11 +141,8 @@ class CompiledModel(ExportsC, Model):
         plan = self._plans.get(sizes)
         if plan is None:
             with self._lock:
-                env = dict(zip(self.plan.size_vars, sizes))
-                flops = {s.function: sum(k.flops_at(env) for k in s.kernels) for s in self.plan.steps
-                         if s.kind == "segment"}  # fmt: skip
-                self._long_at.setdefault(sizes, {f: n >= INTERRUPTIBLE_FLOPS for f, n in flops.items()})
                 plan = self._plans.setdefault(sizes, self.plan.at(sizes))
+                self._long_at.setdefault(sizes, interruptible(plan))
         self._local.plan = plan
         self._local.long = self._long_at[sizes]
         self._local.sizes = (ctypes.c_int64 * max(len(sizes), 1))(*sizes)
@@ -189,9 +193,8 @@ class CompiledModel(ExportsC, Model):
         sized = (self._local.sizes,) if self._sized else ()
         for s in self.plan.steps:
             if s.kind == "segment":
-                fn, prof, long = self._segments[s.function]
-                if self._sized:  # (how long a segment runs depends on the sizes of this call)
-                    long = self._local.long[s.function]
+                fn, prof = self._segments[s.function]
+                long = (self._local.long if self._sized else self._long)[s.function]
                 buf = (ctypes.c_double * len(s.kernels))()
                 call = (lambda: fn(table, *sized)) if times is None else (lambda: prof(table, *sized, buf))  # noqa: B023
                 if main and long:

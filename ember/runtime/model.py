@@ -350,17 +350,15 @@ class Model:
                 times: dict[int, float] = {}
                 self._execute(arrays, times)
                 samples.append(times)
-        sized = self._current_plan()
-        env = {v: sized.info.get("sizes", {}).get(v.name) for v in self.plan.size_vars}
+        sized = self._current_plan()  # (symbolic sizes: the plan at this call's, its FLOPs and shapes evaluated)
         rows = []
-        for j, s in enumerate(self.plan.steps):
+        for j, s in enumerate(sized.steps):
             for c, k in enumerate(s.kernels) if s.kind == "segment" else [(None, None)]:
                 med = statistics.median(t[len(rows)] for t in samples)
                 if k is None:
                     row = {"kernel": f"fallback:{s.op}", "ops": [s.op], "nodes": [s.node], "seconds": med, "flops": 0}
-                else:  # (a kernel with symbolic sizes: its FLOPs and bytes at this call's sizes)
-                    row = {"kernel": k.name, "ops": k.ops, "nodes": k.nodes, "seconds": med,
-                           "flops": k.flops_at(env),
+                else:
+                    row = {"kernel": k.name, "ops": k.ops, "nodes": k.nodes, "seconds": med, "flops": k.flops,
                            "bytes": self._kernel_bytes(k.args, k.arg_bytes, sized)}  # fmt: skip
                 rows.append(row | self._profile_extra(j, c))
         total = sum(r["seconds"] for r in rows) or 1.0

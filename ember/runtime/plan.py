@@ -16,7 +16,7 @@ This module imports nothing else from `ember.runtime`.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -184,14 +184,16 @@ class Plan:
             env[d] = n
 
     def at(self, sizes: tuple[int, ...], align: int = ALIGN) -> Plan:
-        """This plan at one set of sizes: every shape evaluated and the workspace planned for them (the run-time
-        half of a symbolic plan; the executors make it once per new size and keep it)."""
+        """This plan at one set of sizes: every shape and kernel FLOP count evaluated and the workspace planned for
+        them (the run-time half of a symbolic plan; the executors make it once per new size and keep it)."""
         env = dict(zip(self.size_vars, sizes))
         out = copy.copy(self)
         out.__dict__.pop("_size_vars", None)
         out.values = [ValueInfo(v.name, tuple(int(eval_int(d, env)) if isinstance(d, Expr) else d for d in v.shape),
                                 v.dtype, v.kind, v.offset, v.alias_of, v.view_offset)
                       for v in self.values]  # fmt: skip
+        out.steps = [replace(s, kernels=[replace(k, flops=k.flops_at(env), flops_expr=None) for k in s.kernels])
+                     if s.kind == "segment" else s for s in self.steps]  # fmt: skip
         out.info = {**self.info, "sizes": {d.name: n for d, n in env.items()}}
         assign_offsets(out, align)
         return out
