@@ -10,8 +10,12 @@ profiled: Ember with `m.profile()` (per-kernel median, roofline fraction), onnxr
 nodes are grouped by class: the first heavy operator of a fused kernel (Conv, MatMul, Gemm, ...) names its class,
 so that a Conv+Add+Relu kernel of Ember's and onnxruntime's fused Conv land in one row. The table prints each
 class's milliseconds in both and the difference, largest first: where Ember loses its time. With openvino
-installed, OpenVINO is timed too (not profiled). Both profilers time kernels by the wall clock: on a loaded
-machine their milliseconds run high (descheduled time included), so compare classes, not totals.
+installed, OpenVINO is timed and profiled too (`PERF_COUNT`, per-layer times of `get_profiling_info()`, its
+layer types mapped to the same classes: FullyConnected is MatMul, MVN is LayerNormalization, RMS the simplified
+one; a `Subgraph` is OpenVINO's fused elementwise/attention code, its own class). The profilers time kernels by
+the wall clock (OpenVINO's per-layer sums ran 3-4x over its whole-model time on the loaded machine), so each
+system's class times are printed as shares of its profile times its measured whole-model CPU time: the columns
+then add up to the medians above, and compare where each system spends its time.
 """
 
 from __future__ import annotations
@@ -77,6 +81,37 @@ def ort_profile(path: Path, feeds: dict, threads: int, repeat: int) -> dict[str,
     return dict(by)
 
 
+OV_CLASSES = {"FullyConnected": "MatMul", "MVN": "LayerNormalization", "RMS": "SimplifiedLayerNormalization"}
+
+
+def openvino_profile(path: Path, feeds: dict, threads: int, repeat: int) -> dict[str, float]:
+    """OpenVINO's per-layer times (PERF_COUNT) by class: the median over `repeat` runs of each executed layer."""
+    import openvino as ov
+
+    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+              "INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": True}  # fmt: skip
+    request = ov.Core().compile_model(str(path), "CPU", config).create_infer_request()
+    request.infer(feeds)  # warm-up
+    per_layer: dict[str, list[float]] = defaultdict(list)
+    kind: dict[str, str] = {}
+    for _ in range(repeat):
+        request.infer(feeds)
+        for info in request.get_profiling_info():
+            if info.status.name == "EXECUTED":
+                per_layer[info.node_name].append(info.real_time.total_seconds())
+                kind[info.node_name] = OV_CLASSES.get(info.node_type, info.node_type)
+    by = defaultdict(float)
+    for name, times in per_layer.items():
+        by[kind[name]] += statistics.median(times)
+    return dict(by)
+
+
+def scaled(by_class: dict[str, float], whole: float) -> dict[str, float]:
+    """Class times as shares of the profile's sum times the measured whole-model time."""
+    total = sum(by_class.values()) or 1.0
+    return {c: t / total * whole for c, t in by_class.items()}
+
+
 def openvino_request(path: Path, threads: int, feeds: dict):
     """OpenVINO's CPU plugin on `threads` threads, as bench/zoo.py configures it: a callable running the model."""
     import openvino as ov
@@ -104,20 +139,23 @@ def compare(path: Path, threads: int, repeat: int, top: int) -> dict:
     whole = interleaved_medians(systems, repeat, warmup=1, clock=time.process_time)
     ours, rows = ember_profile(m, feeds, repeat)
     theirs = ort_profile(path / "model.onnx", feeds, threads, repeat)
+    ov_by = openvino_profile(path / "model.onnx", feeds, threads, repeat) if "ov" in whole else {}
+    ours, theirs = scaled(ours, whole["ember"]), scaled(theirs, whole["ort"])
+    ov_by = scaled(ov_by, whole["ov"]) if ov_by else {}
     name = path.name
     ov = f", openvino {whole['ov'] * 1e3:.2f} ms" if "ov" in whole else ""
     best = min(v for k, v in whole.items() if k != "ember")
     print(f"\n== {name}: ember {whole['ember'] * 1e3:.2f} ms, onnxruntime {whole['ort'] * 1e3:.2f} ms{ov} "
           f"(process CPU time, {threads} thread(s), loaded), ratio best/ember {best / whole['ember']:.2f}; "
           f"compile {compile_s:.1f} s; model roofline {(m.summary().get('roofline') or {}).get('fraction') or 0:.0%}")
-    classes = sorted(set(ours) | set(theirs), key=lambda c: -(ours.get(c, 0) - theirs.get(c, 0)))
-    print(f"{'class':<28} {'ember ms':>9} {'ort ms':>9} {'diff ms':>9}")
+    classes = sorted(set(ours) | set(theirs) | set(ov_by), key=lambda c: -(ours.get(c, 0) - theirs.get(c, 0)))
+    print(f"{'class (ms: shares of the CPU time)':<36} {'ember':>8} {'ort':>8} {'diff':>8} {'openvino':>9}")
     for c in classes:
         a, b = ours.get(c, 0.0) * 1e3, theirs.get(c, 0.0) * 1e3
-        print(f"{c:<28} {a:>9.2f} {b:>9.2f} {a - b:>+9.2f}")
-    print(f"{'total (profiled)':<28} {sum(ours.values()) * 1e3:>9.2f} {sum(theirs.values()) * 1e3:>9.2f}")
+        o = f"{ov_by[c] * 1e3:>9.2f}" if c in ov_by else f"{'-':>9}"
+        print(f"{c:<36} {a:>8.2f} {b:>8.2f} {a - b:>+8.2f} {o}")
     print(profile_table(rows, top))
-    return {"model": name, "seconds": whole, "ember": ours, "ort": theirs,
+    return {"model": name, "seconds": whole, "ember": ours, "ort": theirs, "openvino": ov_by,
             "kernels": [{k: r.get(k) for k in ("kernel", "ops", "seconds", "gflops", "roofline")} for r in rows]}
 
 
