@@ -162,11 +162,11 @@ def test_narrow_depthwise_conv_is_blocked_below_min_macs():
 
 def test_image_input_is_a_view_and_small_or_unsupported_convs_stay_nchw():
     """An RGB input enters its convolution as [N, 3, H, W, 1] (a reshape); a convolution too small to pay
-    for transforms, a grouped one whose groups are far narrower than a block, and one whose channels have
-    no block stay NCHW."""
+    for transforms, a grouped one whose groups are narrower than a 128-bit vector (2 channels), and one whose
+    channels have no block stay NCHW."""
     b = zoo.Builder(4)
     y = b.op("Relu", [b.conv("x", 3, 32, k=3, stride=2)])  # blocked, input through a view
-    y = b.conv(y, 32, 32, group=8)  # groups of 4 channels, blocks of 16: NCHW
+    y = b.conv(y, 32, 32, group=16)  # groups of 2 channels, blocks of 16: NCHW
     y = b.conv(y, 32, 6, k=1)  # 6 channels: no block
     small = b.conv("s", 16, 16)  # input not blocked, too small
     model = b.model({"x": (1, 3, 96, 96), "s": (1, 16, 8, 8)}, b.op("Add", [b.op("ReduceSum", [y]), b.op(
@@ -180,18 +180,21 @@ def test_image_input_is_a_view_and_small_or_unsupported_convs_stay_nchw():
     check(model, g)
 
 
-GROUPED = [  # channels, groups, kernel, stride, target, groups after merging: groups of 8 channels (merged in pairs
-    # into blocks of 16), 16, 32, 16 -> 32 (a 1x1), 8 in blocks of 8 (40 channels), 8 in blocks of 8 (AVX2)
-    (32, 4, 3, 1, None, 2), (64, 4, 3, 2, None, 4), (64, 2, 3, 1, None, 2), (48, 3, 1, 1, None, 3),
-    (40, 5, 3, 1, None, 5), (32, 4, 3, 1, "c -mcpu=haswell", 4),
+GROUPED = [  # channels, groups, kernel, stride, target, groups after merging: groups of 8 channels (narrower than
+    # blocks of 16: vectors of 8 lanes), 16, 32, 16 -> 32 (a 1x1), 40 channels padded to 48 (a sixth group, of zero
+    # weights, in blocks of 16), 8 in blocks of 8 (AVX2), 4 (vectors of 4 lanes, ResNeXt's first stage), 8 -> 16
+    # (a 1x1: merged in pairs into blocks of 16)
+    (32, 4, 3, 1, None, 4), (64, 4, 3, 2, None, 4), (64, 2, 3, 1, None, 2), (48, 3, 1, 1, None, 3),
+    (40, 5, 3, 1, None, 6), (32, 4, 3, 1, "c -mcpu=haswell", 4), (32, 8, 3, 2, None, 8), (32, 4, 1, 1, None, 2),
 ]
 
 
 @pytest.mark.parametrize("case", GROUPED, ids=[f"c{c[0]}g{c[1]}k{c[2]}s{c[3]}{'x' if c[4] else ''}" for c in GROUPED])
 def test_grouped_convolutions_run_blocked(case):
     """A grouped convolution (RegNet, ResNeXt) between blocked ones stays blocked: each output block reads
-    the input blocks of its group; groups narrower than a block are merged in pairs, their weights zero
-    between the groups. Checked against onnxruntime (reference evaluator and compiled)."""
+    the input blocks of its group; groups narrower than a block run in vectors of a group's lanes (as many channels
+    in as out) or are merged in pairs, their weights zero between the groups. Checked against onnxruntime
+    (reference evaluator and compiled)."""
     c, group, k, stride, target, merged = case
     b = zoo.Builder(9)
     y = b.conv_bn_relu("x", 32, c, k=1)  # large enough to start a blocked region
