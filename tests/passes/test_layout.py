@@ -274,3 +274,44 @@ def test_spatial_reduce_of_blocked_value_is_global_pooling(op, keepdims):
     assert ops(g)["GlobalPoolNCHWc"] == 1 and ops(g)[op] == 0
     assert [src for src, _ in transforms(g)] == ["NCHW"]  # the input in; the output back is a view
     check(model, g)
+
+
+def regnet_y_stage(c_in: int, width: int, group_width: int, blocks: int, size: int, batch: int = 1):
+    """RegNet-Y blocks as torchvision builds them: 1x1 conv, grouped 3x3 conv (stride 2 in the first block), a
+    squeeze-excitation (global average pool, 1x1 conv, relu, 1x1 conv, sigmoid, channel multiply), 1x1 conv, residual
+    add (a projection in the first block) and relu; then the classifier head (pool, flatten, Gemm)."""
+    b = zoo.Builder(16)
+    x, c = "x", c_in
+    for i in range(blocks):
+        stride = 2 if i == 0 else 1
+        y = b.conv_bn_relu(x, c, width, k=1)
+        y = b.conv_bn_relu(y, width, width, k=3, stride=stride, group=width // group_width)
+        s = b.op("GlobalAveragePool", [y])
+        s = b.op("Relu", [b.conv(s, width, c_in // 4, k=1, bias=True)])
+        s = b.op("Sigmoid", [b.conv(s, c_in // 4, width, k=1, bias=True)])
+        y = b.conv_bn_relu(b.op("Mul", [y, s]), width, width, k=1, relu=None)
+        short = b.conv_bn_relu(x, c, width, k=1, stride=stride, relu=None) if i == 0 else x
+        x, c = b.op("Relu", [b.op("Add", [short, y])]), width
+    head = b.linear(b.op("Flatten", [b.op("GlobalAveragePool", [x])]), width, 10, gemm=True)
+    return b.model({"x": (batch, c_in, size, size)}, head, "regnet_y_stage")
+
+
+@pytest.mark.parametrize("c_in, width, group_width, batch", [(32, 56, 8, 1), (16, 40, 8, 2), (32, 72, 4, 1)])
+def test_regnet_blocks_padded_to_whole_vectors(monkeypatch, c_in, width, group_width, batch):
+    """RegNet-Y's widths without a block of 16 (RegNet-Y-400MF: 104, 440; here 56, 40 and 72) are computed
+    zero-padded to whole vectors through the whole stage: the grouped conv takes the padding as whole groups of
+    zero weights (its groups narrower than a block: vectors of a group's lanes), the squeeze-excitation's pool,
+    sigmoid and channel multiply and the residual adds run on padded values, and only the pooled features are
+    sliced for the classifier. Checked against onnxruntime."""
+    monkeypatch.setattr("ember.passes.layout.MIN_MACS", 0)  # small maps: the first conv starts the blocked region
+    model = regnet_y_stage(c_in, width, group_width, blocks=2, size=10, batch=batch)
+    g = passes(model)
+    pad = -(-width // 16) * 16
+    blocked = [n.outputs[0].shape for n in g.nodes if n.op in ("ConvNCHWc", "Mul", "Add", "GlobalPoolNCHWc", "Sigmoid")]
+    wide = [s for s in blocked if s[1] * s[-1] >= width]  # 8 a block, the projection, the pool: not the SE middle
+    assert len(wide) == 8 * 2 + 2 and all(s[-1] == 16 and s[1] * 16 == pad for s in wide)  # no block of 8 (or 4)
+    grouped = [n for n in g.nodes if n.op == "ConvNCHWc" and n.attrs["group"] > 1]
+    assert len(grouped) == 2 and all(n.inputs[1].shape[-2] == group_width for n in grouped)  # narrow, not merged
+    assert all(n.attrs["group"] == pad // group_width for n in grouped)  # the padding is whole groups more
+    assert ops(g)["Conv"] == 0 and ops(g)["Slice"] == 1 and len(transforms(g)) == 1  # the input into the blocks only
+    check(model, g)
