@@ -4,8 +4,10 @@ A tensor of C channels is blocked as [N, C/x, H, W, x] with x the target's vecto
 largest power of two >= 4 below them that divides C (`block_of`; None: it stays NCHW). Then:
 
 - a Conv (2-d, float, weights [K, C/group, KH, KW], group 1, depthwise, or grouped with whole channel
-  blocks per group: groups narrower than a block are merged, up to `MAX_GROUP_MERGE` of them, their
-  constant weights zero outside each group) whose output channels block becomes `ConvNCHWc` (one whose
+  blocks per group: groups narrower than a block with as many channels in as out, at least `MIN_NARROW_BITS`
+  wide, run in vectors of a group's lanes (`narrow_groups`, RegNet's groups of 8 in blocks of 16); other narrow
+  groups are merged, up to `MAX_GROUP_MERGE` of them, their constant weights zero outside each group) whose
+  output channels block becomes `ConvNCHWc` (one whose
   input is not blocked yet only when it has at least `MIN_MACS` multiply-adds: a small one would not pay
   for the transforms around it). Its weights go through
   `LayoutTransform(OIHW -> OIHW{cb}i{kb}o)`, which `fold_constant` evaluates at compile time (the
@@ -25,11 +27,14 @@ largest power of two >= 4 below them that divides C (`block_of`; None: it stays 
   region, becomes `ChannelShuffleNCHWc`, whose output block divides the cuts of the Splits and Slices
   reading it (ShuffleNet v2: the shuffle, its split halves and the convolutions around them exchange
   blocked tensors);
-- a convolution whose output channels have no block of the full vector width (ShuffleNet v2's 58, 116, 232)
-  computes them zero-padded to whole vectors (zero weights and bias), where that adds at most
-  `MAX_CHANNEL_PAD` and every reader takes the padded value (`takes_padded`: convolutions, which read the
-  padding with zero weights; depthwise convolutions and `PAD_SAFE` ops, whose outputs stay padded; channel
-  shuffles, which read each input's own channels); any other reader gets it back in NCHW, sliced;
+- a convolution whose output channels have no block of the full vector width (ShuffleNet v2's 58, 116, 232;
+  RegNet-Y-400MF's 104 and 440) computes them zero-padded to whole vectors (zero weights and bias), where that
+  adds at most `MAX_CHANNEL_PAD` and every reader takes the padded value (`takes_padded`: convolutions, which
+  read the padding with zero weights, a grouped one as whole groups more; depthwise convolutions, `PAD_SAFE`
+  and `PAD_FINITE` ops and `PAD_BINARY` ones whose other operands are padded alike (a squeeze-excitation's
+  channel multiply, a residual add), whose outputs stay padded; global pooling; channel shuffles, which read
+  each input's own channels); any other reader gets it back in NCHW, sliced. The padding holds finite values
+  (zeros, or what a sigmoid makes of them) that no real channel reads;
 - every other reader of a blocked value, and the graph outputs, get the value back in NCHW through one
   `LayoutTransform` per value, placed before its first reader (a Reshape where H = W = 1: the pooled
   features of a classifier are laid out alike in both layouts).
