@@ -236,7 +236,7 @@ class _Converter:
         depthwise = group > 1 and group == c == k
         grouped = group > 1 and not depthwise
         c_in = self.padded.get(x, c)
-        k_out = self.padded_groups(node, c_in) if grouped else self.padded_channels(node, depthwise, kb, lanes)
+        k_out = self.padded_groups(node, c_in) if grouped else self.padded_channels(node, depthwise)
         if c_in != c and (k_out is None or x not in self.blocked):
             return False
         if k_out != k:
@@ -292,7 +292,7 @@ class _Converter:
         bits = int(dtype[-2:])
         return gw_in == gw_out < kb == cb and kb % gw_in == 0 and gw_in * bits >= MIN_NARROW_BITS
 
-    def padded_channels(self, node: Node, depthwise: bool, kb: int | None, lanes: int) -> int:
+    def padded_channels(self, node: Node, depthwise: bool) -> int:
         """The output channels of a Conv's blocked form: its own, or zero-padded to whole vectors where they have
         no block of the full lanes (ShuffleNet v2's 58, 116, 232; RegNet's 104 and 440), that adds at most
         `MAX_CHANNEL_PAD` of them and every reader takes a padded value (`takes_padded`); a depthwise one follows its
@@ -326,7 +326,8 @@ class _Converter:
             return k
         if (c_in - c) % (c // group) or not all(v is None or v.is_constant for v in node.inputs[1:]):
             return None
-        return k + (c_in - c) // (c // group) * (k // group)
+        k_out = k + (c_in - c) // (c // group) * (k // group)
+        return k_out if k_out % self.lanes[y.dtype] == 0 else None  # whole vectors out, as the input
 
     def takes_padded(self, v: Value, pad: int, seen: set[Value] | None = None) -> bool:
         """Whether every reader of v can read its blocked form zero-padded to `pad` channels (the padding holds finite

@@ -315,3 +315,16 @@ def test_regnet_blocks_padded_to_whole_vectors(monkeypatch, c_in, width, group_w
     assert all(n.attrs["group"] == pad // group_width for n in grouped)  # the padding is whole groups more
     assert ops(g)["Conv"] == 0 and ops(g)["Slice"] == 1 and len(transforms(g)) == 1  # the input into the blocks only
     check(model, g)
+
+
+def test_grouped_conv_whose_padding_would_not_be_whole_vectors_out(monkeypatch):
+    """40 channels in 5 groups of 8 -> 1: padded to 48, its output would be 6 channels, not whole vectors, so the
+    conv before it is not padded (blocks of 8) and the grouped one (8 -> 1 per group) stays NCHW."""
+    monkeypatch.setattr("ember.passes.layout.MIN_MACS", 0)
+    b = zoo.Builder(17)
+    y = b.conv_bn_relu("x", 32, 40, k=1)
+    y = b.conv_bn_relu(y, 40, 5, k=3, group=5)
+    model = b.model({"x": (1, 32, 8, 8)}, y)
+    g = passes(model)
+    assert [n.outputs[0].shape[-1] for n in g.nodes if n.op == "ConvNCHWc"] == [8] and ops(g)["Conv"] == 1
+    check(model, g)
