@@ -9,8 +9,9 @@ channel c of pixel (h, w) at [n, c // 16, h, w, c % 16]; "OIHW16i16o" packs conv
   constant, such as weights, it is folded at compile time).
 - `ConvNCHWc`: 2-d convolution of x [N, C/cb, H, W, cb] with packed weights [K/kb, C/cb, KH, KW, cb,
   kb] (`group` 1), or depthwise with weights [C/kb, 1, KH, KW, 1, kb] (`group` = C = K, cb = kb),
-  or grouped with whole channel blocks per group, weights [K/kb, C/group/cb, KH, KW, cb, kb]; and a bias
-  [K]; output [N, K/kb, OH, OW, kb].
+  or grouped with whole channel blocks per group, weights [K/kb, C/group/cb, KH, KW, cb, kb], or with groups
+  narrower than a block (g = C/group = K/group channels each, cb = kb a multiple of g: RegNet's width-8 groups
+  in blocks of 16), weights [K/kb, 1, KH, KW, g, kb]; and a bias [K]; output [N, K/kb, OH, OW, kb].
 - `PoolNCHWc(mode="max"|"avg", ...)` and `GlobalPoolNCHWc(mode)`: MaxPool/AveragePool and
   GlobalAveragePool/GlobalMaxPool on [N, C/c, H, W, c] (the ONNX attributes of those ops).
 - `ConcatInPlace(axis)`: a Concat whose inputs their producers write straight into the output
@@ -216,6 +217,8 @@ def _conv_nchwc_infer(a: dict, x: TensorType, w: TensorType, b: TensorType | Non
         if (wcb_, wcb, kb_, kb) != (1, 1, cb_, cb):
             raise ShapeError(f"ConvNCHWc with group={g} = channels is depthwise: weight [{cb_}, 1, KH, KW, 1, {cb}], "
                              f"got input {x} and weight {w}")  # fmt: skip
+    elif B.narrow_groups(x.shape, w.shape, g):
+        pass  # groups narrower than a block: weight [C/cb, 1, KH, KW, C/group, cb]
     elif cb_ % g or kb_ % g or (wcb_, wcb) != (cb_ // g, cb):
         raise ShapeError(f"ConvNCHWc with group={g} must be depthwise (group = channels) or have whole channel blocks "
                          f"per group (weight [K/kb, {cb_ // g or '?'}, KH, KW, {cb}, kb], input and output blocks "

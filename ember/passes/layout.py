@@ -4,8 +4,10 @@ A tensor of C channels is blocked as [N, C/x, H, W, x] with x the target's vecto
 largest power of two >= 4 below them that divides C (`block_of`; None: it stays NCHW). Then:
 
 - a Conv (2-d, float, weights [K, C/group, KH, KW], group 1, depthwise, or grouped with whole channel
-  blocks per group: groups narrower than a block are merged, up to `MAX_GROUP_MERGE` of them, their
-  constant weights zero outside each group) whose output channels block becomes `ConvNCHWc` (one whose
+  blocks per group: groups narrower than a block with as many channels in as out, at least `MIN_NARROW_BITS`
+  wide, run in vectors of a group's lanes (`narrow_groups`, RegNet's groups of 8 in blocks of 16); other narrow
+  groups are merged, up to `MAX_GROUP_MERGE` of them, their constant weights zero outside each group) whose
+  output channels block becomes `ConvNCHWc` (one whose
   input is not blocked yet only when it has at least `MIN_MACS` multiply-adds: a small one would not pay
   for the transforms around it). Its weights go through
   `LayoutTransform(OIHW -> OIHW{cb}i{kb}o)`, which `fold_constant` evaluates at compile time (the
@@ -25,11 +27,14 @@ largest power of two >= 4 below them that divides C (`block_of`; None: it stays 
   region, becomes `ChannelShuffleNCHWc`, whose output block divides the cuts of the Splits and Slices
   reading it (ShuffleNet v2: the shuffle, its split halves and the convolutions around them exchange
   blocked tensors);
-- a convolution whose output channels have no block of the full vector width (ShuffleNet v2's 58, 116, 232)
-  computes them zero-padded to whole vectors (zero weights and bias), where that adds at most
-  `MAX_CHANNEL_PAD` and every reader takes the padded value (`takes_padded`: convolutions, which read the
-  padding with zero weights; depthwise convolutions and `PAD_SAFE` ops, whose outputs stay padded; channel
-  shuffles, which read each input's own channels); any other reader gets it back in NCHW, sliced;
+- a convolution whose output channels have no block of the full vector width (ShuffleNet v2's 58, 116, 232;
+  RegNet-Y-400MF's 104 and 440) computes them zero-padded to whole vectors (zero weights and bias), where that
+  adds at most `MAX_CHANNEL_PAD` and every reader takes the padded value (`takes_padded`: convolutions, which
+  read the padding with zero weights, a grouped one as whole groups more; depthwise convolutions, `PAD_SAFE`
+  and `PAD_FINITE` ops and `PAD_BINARY` ones whose other operands are padded alike (a squeeze-excitation's
+  channel multiply, a residual add), whose outputs stay padded; global pooling; channel shuffles, which read
+  each input's own channels); any other reader gets it back in NCHW, sliced. The padding holds finite values
+  (zeros, or what a sigmoid makes of them) that no real channel reads;
 - every other reader of a blocked value, and the graph outputs, get the value back in NCHW through one
   `LayoutTransform` per value, placed before its first reader (a Reshape where H = W = 1: the pooled
   features of a classifier are laid out alike in both layouts).
@@ -68,9 +73,12 @@ WINOGRAD_MIN_GAIN = 1.5  # estimated direct / Winograd time from which a 3x3 con
 WINOGRAD_TILE: int | None = None  # Winograd's output tile (2 or 4); None: `winograd_tile`'s choice per layer
 MIN_MACS = 1 << 20  # a convolution whose input is not blocked yet starts a blocked region only from this size
 NARROW_MACS_DIVISOR = 8  # ... or from MIN_MACS / this, a depthwise one whose rows are narrower than a vector
+MIN_NARROW_BITS = 128  # groups narrower than a block run as vectors of one group's lanes from this width
 MAX_GROUP_MERGE = 2  # a grouped convolution merges at most this many groups into one of whole channel blocks
 MAX_CHANNEL_PAD = 0.25  # a convolution pads its output channels to whole vectors when that adds at most this share
 PAD_SAFE = {"Relu", "LeakyRelu", "Clip", "HardSwish"}  # channelwise ops that run on padded values as they are
+PAD_FINITE = {"Sigmoid", "HardSigmoid", "Tanh"}  # ... whose padding becomes other finite values
+PAD_BINARY = {"Add", "Sub", "Mul"}  # ... with operands padded alike (a squeeze-excitation scale, a residual)
 
 
 def block_of(channels: int, lanes: int) -> int | None:
@@ -226,11 +234,16 @@ class _Converter:
         lanes = self.lanes[x.dtype]
         kb = block_of(k, lanes)
         depthwise = group > 1 and group == c == k
-        c_in, k_out = self.padded.get(x, c), self.padded_channels(node, depthwise, kb, lanes)
-        if c_in != c and (group > 1 and not depthwise or x not in self.blocked):
+        grouped = group > 1 and not depthwise
+        c_in = self.padded.get(x, c)
+        k_out = self.padded_groups(node, c_in) if grouped else self.padded_channels(node, depthwise)
+        if c_in != c and (k_out is None or x not in self.blocked):
             return False
         if k_out != k:
             kb = lanes
+        if grouped and c_in != c:  # a padded input: whole zero groups for its padding, their outputs padding too
+            w, b = self.padded_weights(w, b, c // group, k_out, False)
+            c, k, group = c_in, k_out, c_in // (c // group)
         if kb is None or (group > 1 and not depthwise and group == c):
             return False
         if x not in self.blocked and not self.starts_blocked(node):
@@ -241,7 +254,8 @@ class _Converter:
             cb = self.blocked[x][1]
         else:
             cb = block_of(c, self.lanes[x.dtype]) or 1
-        if group > 1 and not depthwise:
+        narrow = grouped and self.narrow_groups(c // group, k // group, cb, kb, x.dtype)
+        if grouped and not narrow:
             merge = group_merge(c // group, k // group, group, cb, kb)
             if merge is None or (merge > 1 and not w.is_constant):
                 return False
@@ -252,12 +266,15 @@ class _Converter:
         xb = self.to_blocked(x, cb)
         kh, kw = w.shape[2:]
         if (c_in, k_out) != (c, k):  # zero weights (and bias) for the padding channels, read and written
-            w, b = self.padded_weights(w, b, c_in, k_out, depthwise)
+            w, b = self.padded_weights(w, b, 1 if depthwise else c_in, k_out, depthwise)
             c, k, group = c_in, k_out, k_out if depthwise else group
         elif not depthwise and self.winograd(node, xb, cb, kb):
             return True
-        wl = f"OIHW{1 if depthwise else cb}i{kb}o"
-        wshape = (k // kb, 1 if depthwise else c // group // cb, kh, kw, 1 if depthwise else cb, kb)
+        wl = f"OIHW{1 if depthwise else c // group if narrow else cb}i{kb}o"
+        if narrow:  # each block several whole groups: [K/kb, 1, KH, KW, C/group, kb]
+            wshape = (k // kb, 1, kh, kw, c // group, kb)
+        else:
+            wshape = (k // kb, 1 if depthwise else c // group // cb, kh, kw, 1 if depthwise else cb, kb)
         wb = self.emit("LayoutTransform", [w], w.type.with_shape(wshape), {"src_layout": "OIHW", "dst_layout": wl},
                        f"{w.name}_{wl}")  # fmt: skip
         out = y.type.with_shape((y.shape[0], k // kb, *y.shape[2:], kb))
@@ -267,41 +284,110 @@ class _Converter:
             self.padded[y] = k
         return True
 
-    def padded_channels(self, node: Node, depthwise: bool, kb: int | None, lanes: int) -> int:
+    def narrow_groups(self, gw_in: int, gw_out: int, cb: int, kb: int, dtype: str) -> bool:
+        """Whether a grouped convolution with groups of `gw_in` -> `gw_out` channels runs with groups narrower than
+        its blocks (`ember.templates.nchwc.narrow_groups`): as many channels in as out per group, the same block in
+        and out, a multiple of the group width, which is at least `MIN_NARROW_BITS` wide (a vector of its lanes).
+        Merged groups (`group_merge`) would compute kb/g times the multiply-adds, full-width."""
+        bits = int(dtype[-2:])
+        return gw_in == gw_out < kb == cb and kb % gw_in == 0 and gw_in * bits >= MIN_NARROW_BITS
+
+    def padded_channels(self, node: Node, depthwise: bool) -> int:
         """The output channels of a Conv's blocked form: its own, or zero-padded to whole vectors where they have
-        no block of the full lanes (ShuffleNet v2's 58, 116, 232), that adds at most `MAX_CHANNEL_PAD` of them
-        and every reader takes a padded value (`takes_padded`); a depthwise one follows its input."""
+        no block of the full lanes (ShuffleNet v2's 58, 116, 232; RegNet's 104 and 440), that adds at most
+        `MAX_CHANNEL_PAD` of them and every reader takes a padded value (`takes_padded`); a depthwise one follows its
+        input."""
         x, y = node.inputs[0], node.outputs[0]
         k = y.shape[1]
         if depthwise:
             return self.padded.get(x, k)
-        if node.attrs["group"] != 1 or kb == lanes or not all(v is None or v.is_constant for v in node.inputs[1:]):
-            return k
-        padded = -(-k // lanes) * lanes
-        return padded if padded <= k * (1 + MAX_CHANNEL_PAD) and self.takes_padded(y) else k
+        pad = self.channel_pad(node)
+        return pad if pad and self.takes_padded(y, pad) else k
 
-    def takes_padded(self, v: Value) -> bool:
-        """Whether every reader of v can read its blocked form with zero-padded channels: convolutions with constant
-        weights (their weights zero for the padding), depthwise ones and `PAD_SAFE` ops whose outputs do as well,
-        channel shuffles (they read each input's own channels)."""
+    def channel_pad(self, node: Node) -> int | None:
+        """The padded output channels a Conv of group 1 with constant weights would compute (whole vectors), or None
+        where its channels have a block of the full lanes or the padding would add more than `MAX_CHANNEL_PAD`."""
+        x, y = node.inputs[0], node.outputs[0]
+        if node.attrs["group"] != 1 or not all(v is None or v.is_constant for v in node.inputs[1:]):
+            return None
+        if x is None or len(y.shape) != 4 or y.dtype not in self.lanes or not isinstance(y.shape[1], int):
+            return None
+        k, lanes = y.shape[1], self.lanes[y.dtype]
+        padded = -(-k // lanes) * lanes
+        return padded if block_of(k, lanes) != lanes and padded <= k * (1 + MAX_CHANNEL_PAD) else None
+
+    def padded_groups(self, node: Node, c_in: int) -> int | None:
+        """The output channels of a grouped (not depthwise) Conv reading a value padded to `c_in` channels: the
+        padding taken as whole groups more (zero weights and bias), whose outputs pad the output alike; its own
+        channels when the input is not padded; None when the padding is not whole groups or the weights not constant."""
+        x, y = node.inputs[0], node.outputs[0]
+        c, k, group = x.shape[1], y.shape[1], node.attrs["group"]
+        if c_in == c:
+            return k
+        if (c_in - c) % (c // group) or not all(v is None or v.is_constant for v in node.inputs[1:]):
+            return None
+        k_out = k + (c_in - c) // (c // group) * (k // group)
+        return k_out if k_out % self.lanes[y.dtype] == 0 else None  # whole vectors out, as the input
+
+    def takes_padded(self, v: Value, pad: int, seen: set[Value] | None = None) -> bool:
+        """Whether every reader of v can read its blocked form zero-padded to `pad` channels (the padding holds finite
+        values that no real channel reads): convolutions with constant weights (zero weights for the padding; a
+        grouped one takes it as whole groups more), depthwise ones, `PAD_SAFE` and `PAD_FINITE` ops and channelwise
+        `PAD_BINARY` ops whose other operands are (or will be) padded alike, when their outputs are taken padded as
+        well; global pooling (its [N, C, 1, 1] output is cheap to slice for a reader that wants it unpadded); channel
+        shuffles (they read each input's own channels). `seen`: values asked about already in this question (taken
+        as yes: a residual chain asks about itself)."""
+        seen = set() if seen is None else seen
+        if v in seen:
+            return True
+        seen.add(v)
         if v in self.graph.outputs or not self.readers.get(v):
             return False
-        for r in self.readers[v]:
-            one = len(r.outputs) == 1 and r.inputs[0] is v and v not in r.inputs[1:]
-            consts = all(u is None or u.is_constant for u in r.inputs[1:])
-            if r.op == "Conv" and one and consts and r.attrs["group"] == 1:
-                continue
-            depthwise = r.op == "Conv" and r.attrs["group"] == v.shape[1] == r.outputs[0].shape[1]
-            scalars = all(u.is_constant and u.data.size == 1 for u in r.present_inputs[1:])
-            if one and ((depthwise and consts) or (r.op in PAD_SAFE and scalars)) and self.takes_padded(r.outputs[0]):
-                continue
-            if r.op != "ChannelShuffle":
-                return False
-        return True
+        return all(self.reader_takes_padded(r, v, pad, seen) for r in self.readers[v])
+
+    def reader_takes_padded(self, r: Node, v: Value, pad: int, seen: set[Value]) -> bool:
+        one = len(r.outputs) == 1 and r.inputs[0] is v and v not in r.inputs[1:]
+        consts = all(u is None or u.is_constant for u in r.inputs[1:])
+        scalars = all(u.is_constant and u.data.size == 1 for u in r.present_inputs[1:])
+        if r.op == "ChannelShuffle":
+            return True
+        if r.op in GLOBAL_POOLS or (r.op in SPATIAL_REDUCES and r.attrs.get("keepdims", 1)):
+            return one
+        if r.op == "Conv" and one and consts and len(r.outputs[0].shape) == 4:
+            c, group = v.shape[1], r.attrs["group"]
+            if group == 1:
+                return True
+            if group == c == r.outputs[0].shape[1]:  # depthwise: its output stays padded
+                return self.takes_padded(r.outputs[0], pad, seen)
+            grown = self.padded_groups(r, pad)
+            return grown is not None and self.takes_padded(r.outputs[0], grown, seen)
+        if r.op in PAD_SAFE | PAD_FINITE and one and scalars:
+            return self.takes_padded(r.outputs[0], pad, seen)
+        if r.op in PAD_BINARY and len(r.outputs) == 1 and r.outputs[0].shape[1] == v.shape[1]:
+            others = [u for u in r.present_inputs if u is not v]
+            if all(u.is_constant and u.data.size == 1 or u in seen or self.would_pad(u, pad, seen) for u in others):
+                return self.takes_padded(r.outputs[0], pad, seen)
+        return False
+
+    def would_pad(self, u: Value, pad: int, seen: set[Value]) -> bool:
+        """Whether u is padded to `pad` channels, or will be when its producer (not converted yet) is: a Conv that
+        pads its output, or a `PAD_SAFE`/`PAD_FINITE` op of such a value."""
+        if u in self.padded or len(u.shape) != 4:
+            return self.padded.get(u) == pad
+        p = self.producers.get(u)
+        if p is None or p in self.done or len(p.outputs) != 1:
+            return False
+        if p.op == "Conv":
+            return self.channel_pad(p) == pad and self.takes_padded(u, pad, seen)
+        scalars = all(w.is_constant and w.data.size == 1 for w in p.present_inputs[1:])
+        if p.op in PAD_SAFE | PAD_FINITE and scalars and p.inputs[0] is not None:
+            return self.would_pad(p.inputs[0], pad, seen) and self.takes_padded(u, pad, seen)
+        return False
 
     def padded_weights(self, w: Value, b: Value | None, c_in: int, k_out: int, depthwise: bool) -> tuple:
         """Constant weights [K, C, KH, KW] and bias [K] zero-padded to `k_out` output and `c_in` input channels
-        (a depthwise conv's [K, 1, KH, KW] to `k_out`)."""
+        (a depthwise conv's [K, 1, KH, KW] to `k_out`; a grouped one's [K, C/group, KH, KW] to `k_out` with `c_in`
+        its channels per group: the padding is whole groups of zero weights)."""
         k, c = w.shape[:2]
         wp = np.zeros((k_out, 1 if depthwise else c_in, *w.shape[2:]), w.data.dtype)
         wp[:k, :c] = w.data
@@ -326,16 +412,8 @@ class _Converter:
 
     def elementwise(self, node: Node) -> bool:
         y = node.outputs[0]
-        if any(v in self.padded for v in node.present_inputs):  # a PAD_SAFE op (`convert`): the padding goes through
-            x = node.inputs[0]
-            if x not in self.padded or not all(u.is_constant and u.data.size == 1 for u in node.present_inputs[1:]):
-                return False
-            xb, b = self.blocked[x]
-            out = self.emit(node.op, [xb, *node.inputs[1:]], y.type.with_shape(xb.shape), dict(node.attrs),
-                            f"{y.name}_{nchwc(b)}")  # fmt: skip
-            self.produce_blocked(node, out, b)
-            self.padded[y] = self.padded[x]
-            return True
+        if any(v in self.padded for v in node.present_inputs):  # a PAD_* op (`convert`): the padding goes through
+            return self.elementwise_padded(node)
         sources = [self.blocked[v][1] for v in node.present_inputs if v in self.blocked and v.shape == y.shape]
         if not sources or len(node.outputs) != 1:
             return False
@@ -347,6 +425,21 @@ class _Converter:
         operands = [None if v is None else self.operand(v, y.shape, b) for v in node.inputs]
         out = y.type.with_shape(self.blocked_shape(y.shape, b))
         self.produce_blocked(node, self.emit(node.op, operands, out, dict(node.attrs), f"{y.name}_{nchwc(b)}"), b)
+        return True
+
+    def elementwise_padded(self, node: Node) -> bool:
+        """A channelwise op on padded values: each operand a scalar constant or a value padded alike (the same
+        channels and block; [N, C, 1, 1] ones broadcast over the pixels), its output padded as they are."""
+        y = node.outputs[0]
+        pads = {self.padded.get(v) for v in node.present_inputs if not (v.is_constant and v.data.size == 1)}
+        if len(pads) != 1 or None in pads or len(node.outputs) != 1 or len(y.shape) != 4:
+            return False
+        pad = pads.pop()
+        b = next(self.blocked[v][1] for v in node.present_inputs if v in self.padded)
+        operands = [v if v is None or v not in self.padded else self.blocked[v][0] for v in node.inputs]
+        out = y.type.with_shape((y.shape[0], pad // b, *y.shape[2:], b))
+        self.produce_blocked(node, self.emit(node.op, operands, out, dict(node.attrs), f"{y.name}_{nchwc(b)}"), b)
+        self.padded[y] = pad
         return True
 
     @staticmethod
@@ -423,9 +516,11 @@ class _Converter:
         if x not in self.blocked:
             return False
         xb, b = self.blocked[x]
-        out = self.emit("GlobalPoolNCHWc", [xb], y.type.with_shape(self.blocked_shape(y.shape, b)),
+        out = self.emit("GlobalPoolNCHWc", [xb], xb.type.with_shape((xb.shape[0], xb.shape[1], 1, 1, b)),
                         {"mode": GLOBAL_POOLS[node.op]}, f"{y.name}_nchwc")  # fmt: skip
         self.produce_blocked(node, out, b)
+        if x in self.padded:
+            self.padded[y] = self.padded[x]
         return True
 
     def spatial_reduce(self, node: Node) -> bool:
@@ -435,11 +530,15 @@ class _Converter:
         axes = sorted(norm_axis(a, 4) for a in node.attrs.get("axes") or ())
         if x not in self.blocked or len(node.present_inputs) != 1 or axes != [2, 3]:
             return False
+        if x in self.padded and not node.attrs["keepdims"]:
+            return False  # [N, C] read as [N, C/b, 1, 1, b] would hold the padding: the input is unpadded instead
         xb, b = self.blocked[x]
         out = xb.type.with_shape((xb.shape[0], xb.shape[1], 1, 1, b))
         pooled = self.emit("GlobalPoolNCHWc", [xb], out, {"mode": SPATIAL_REDUCES[node.op]}, f"{y.name}_nchwc")
         if node.attrs["keepdims"]:
             self.produce_blocked(node, pooled, b)
+            if x in self.padded:
+                self.padded[y] = self.padded[x]
         else:
             self.nodes.append(Node("Reshape", [pooled], [y], {"shape": y.shape}, node.name))
         return True
@@ -537,7 +636,8 @@ class _Converter:
     def convert(self, node: Node) -> bool:
         if node.subgraphs():
             return False
-        if any(v in self.padded for v in node.present_inputs) and node.op not in ("Conv", "ChannelShuffle", *PAD_SAFE):
+        takes = ("Conv", "ChannelShuffle", *PAD_SAFE, *PAD_FINITE, *PAD_BINARY, *GLOBAL_POOLS, *SPATIAL_REDUCES)
+        if any(v in self.padded for v in node.present_inputs) and node.op not in takes:
             return False  # unforeseen reader of a padded value: it gets it back in NCHW (`to_nchw`)
         if node.op == "Conv":
             return self.conv1d(node) if len(node.inputs[0].shape) == 3 else self.conv(node)
@@ -563,11 +663,14 @@ class _Converter:
     def run(self) -> Graph:
         g = self.graph
         self.readers = g.consumers()
+        self.producers = {v: node for node in g.nodes for v in node.outputs}
+        self.done: set[Node] = set()  # nodes converted (or kept) so far
         for node in g.nodes:
             if not self.convert(node):
                 for v in node_reads(node):
                     self.to_nchw(v)
                 self.nodes.append(node)
+            self.done.add(node)
         for v in g.outputs:
             self.to_nchw(v)
         g.nodes = self.nodes

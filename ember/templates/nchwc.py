@@ -47,6 +47,7 @@ class NCHWcPlan:
     order: str = "cb_k"  # reduction loops: input channel blocks outside the kernel window ("cb_k") or inside
     unroll_kw: bool = False  # unroll the kernel columns around the register tile
     unroll_window: bool = False  # window ops: unroll the window loops (rows and columns) around the register tile
+    sub: int = 0  # lanes per vector where groups are narrower than a block (each block that many sub-vectors)
 
 
 PANEL_BYTES = 512 << 10  # weights of one channel-block tile that stay in L2 while the rows of a map reuse them
@@ -56,16 +57,18 @@ PANEL_BYTES = 512 << 10  # weights of one channel-block tile that stay in L2 whi
 # TILE CHOICES of the blocked templates: the one place to change them (tuning overrides them here)
 # -----------------------------------------------------------------------------------------------------
 def nchwc_plan(KB: int, block: int, out: tuple[int, int], dtype: DType | str, panel: int = 0,
-               target: Target | None = None) -> NCHWcPlan:  # fmt: skip
+               target: Target | None = None, sub: int = 0) -> NCHWcPlan:  # fmt: skip
     """A register tile of output positions x output channel vectors that fills the accumulators (all
     vector registers but 4: weights, the broadcast input). Dense convolutions (`panel`: bytes of the
     weights of one output channel block) take 2 channel vectors per tile (each broadcast input element
     feeds 2 FMAs, each weight vector `owt`), 4 when rows are short (7x7 maps), fewer when the weights
     of the tile would not stay in L2 (`PANEL_BYTES`) for the next row; window ops one. A row is split
-    into balanced tiles; short rows are taken whole, several per tile."""
+    into balanced tiles; short rows are taken whole, several per tile. `sub`: the lanes of a vector where a block
+    holds several groups (`conv_nchwc_acc`), each group's channels one narrower vector."""
     target = target or host_target()
     oh, ow = out
-    vecs = max(1, block // lanes_of(dtype, target))  # vectors per channel block
+    lanes = min(lanes_of(dtype, target), sub or block)
+    vecs = max(1, block // lanes)  # vectors per channel block
     accs = vector_regs(target) - 4
     kbt = 1
     if panel:
@@ -78,7 +81,7 @@ def nchwc_plan(KB: int, block: int, out: tuple[int, int], dtype: DType | str, pa
     if owt == ow:
         oht = max(1, min(oh, accs // (kbt * vecs * owt)))
         oht = -(-oh // -(-oh // oht))
-    return NCHWcPlan(kbt, owt, oht)
+    return NCHWcPlan(kbt, owt, oht, sub=sub if sub and sub < lanes_of(dtype, target) else 0)
 
 
 POOL_WIDTH = 8  # output positions along a row per pooling tile: enough loads in flight, a short unrolled body
@@ -130,7 +133,7 @@ def tuned_nchwc_plan(cfg: ConfigBase, dflt: NCHWcPlan, KB: int, out: tuple[int, 
         unroll_kw = cfg.define_knob("unroll_kw", [False, True], default=dflt.unroll_kw)
     else:
         unroll_window = cfg.define_knob("unroll_window", [False, True], default=dflt.unroll_window)
-    return NCHWcPlan(kbt, owt, oht, order=order, unroll_kw=unroll_kw, unroll_window=unroll_window)
+    return NCHWcPlan(kbt, owt, oht, order=order, unroll_kw=unroll_kw, unroll_window=unroll_window, sub=dflt.sub)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -147,32 +150,47 @@ def conv_nchwc_acc(x: Tensor, w: Tensor, pads: Sequence[int], win: Window, depth
                    cfg: ConfigBase | None = None, groups: int = 1) -> tuple[Tensor, Callable[..., Expr]]:  # fmt: skip
     """The accumulation of a 2-d convolution in NCHW[x]c: x [N, C/cb, H, W, cb], weights packed
     [K/kb, C/cb, KH, KW, cb, kb] (depthwise: [C/kb, 1, KH, KW, 1, kb]; `groups` > 1 not depthwise:
-    [K/kb, C/groups/cb, KH, KW, cb, kb], each output block reading the input blocks of its group). Returns
-    (acc, read): read(n, kb_, oh, ow, k) is the accumulated output element. `cfg`: a tuning config
-    (`tuned_nchwc_plan`), None for the fallback plan."""
+    [K/kb, C/groups/cb, KH, KW, cb, kb], each output block reading the input blocks of its group; groups narrower
+    than a block, `narrow_groups`: [K/kb, 1, KH, KW, g, kb], g channels in and out per group, each block of kb = cb
+    channels holding kb/g whole groups, output lane v reading the g input channels of its group, `v // g * g + rc`:
+    vectors of g lanes, one input element broadcast per group). Returns (acc, read): read(n, kb_, oh, ow, k) is the
+    accumulated output element. `cfg`: a tuning config (`tuned_nchwc_plan`), None for the fallback plan."""
     N, _, H, W, cb = x.shape
-    KB, CB, KH, KW, _, kb = w.shape  # CB: input blocks of one group
+    KB, CB, KH, KW, wcb, kb = w.shape  # CB: input blocks of one group
     OH, OW = win.out
     (sh, sw), (dh, dw) = win.strides, win.dilations
     if depthwise:
         return window_nchwc_acc(x, pads, zero(x.dtype), win, te.sum, lambda v, c, kh, kw, k: v * w[c, 0, kh, kw, 0, k],
                                 name=name, cfg=cfg)  # fmt: skip
-    plan = nchwc_plan(KB, kb, (OH, OW), x.dtype, panel=CB * cb * KH * KW * kb * x.dtype.bits // 8)
+    narrow = wcb if narrow_groups(x.shape, w.shape, groups) else 0
+    plan = nchwc_plan(KB, kb, (OH, OW), x.dtype, panel=CB * wcb * KH * KW * kb * x.dtype.bits // 8, sub=narrow)
     if cfg is not None:
         plan = tuned_nchwc_plan(cfg, plan, KB, (OH, OW), dense=True)
     rcb = te.reduce_axis((0, CB), name="rcb")
-    rc = te.reduce_axis((0, cb), name="rc")
+    rc = te.reduce_axis((0, wcb), name="rc")
     xp = pad_nchwc(x, pads[:2], pads[2:], zero(x.dtype), name=f"{name}_pad")
     rkh = te.reduce_axis((0, KH), name="rkh")
     rkw = te.reduce_axis((0, KW), name="rkw")
 
     def body(n, k, oh, ow, v):
-        xcb = rcb if groups == 1 else k // (KB // groups) * CB + rcb  # the first input block of k's group, + rcb
-        xv = xp[n, xcb, oh * sh + rkh * dh, ow * sw + rkw * dw, rc]
+        if narrow:  # block k of the output: the groups of block k of the input, lane v's group at v // g * g
+            xcb, xc = k + rcb, v // narrow * narrow + rc
+        else:
+            xcb, xc = rcb if groups == 1 else k // (KB // groups) * CB + rcb, rc  # k's group's first block, + rcb
+        xv = xp[n, xcb, oh * sh + rkh * dh, ow * sw + rkw * dw, xc]
         return te.sum(xv * w[k, rcb, rkh, rkw, rc, v], axis=[rcb, rkh, rkw, rc])
 
     acc = te.compute((N, KB, OH, OW, kb), body, name=name, tag="conv_nchwc", attrs={"plan": plan})
     return acc, lambda *i: acc[i]
+
+
+def narrow_groups(x: Sequence, w: Sequence, groups: int) -> bool:
+    """Whether a grouped ConvNCHWc of input [N, C/cb, H, W, cb] and weights `w` has groups narrower than a block:
+    weights [C/cb, 1, KH, KW, g, cb] with g = C/groups channels in and out per group, g dividing cb."""
+    if len(x) != 5 or len(w) != 6 or groups <= 1:
+        return False
+    g, cb = w[4], x[4]
+    return w[0] == x[1] and w[1] == 1 and w[5] == cb and g < cb and cb % g == 0 and g * groups == x[1] * cb
 
 
 def window_nchwc_acc(
@@ -264,6 +282,7 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     plan: NCHWcPlan = acc.op.attrs["plan"]
     block = acc.shape[-1]
     lanes = lanes_of(acc.dtype, target)
+    sub = min(lanes, plan.sub or lanes)  # narrow groups: the accumulators in vectors of a group's lanes
     O = s[out]
     n, kb, oh, ow, k = O.op.axis
     accl = s.cache_write(acc, "local")
@@ -294,7 +313,7 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     L.unroll(loh)
     L.unroll(low)
     L.unroll(lkb)
-    _vector_axis(L, lk, block, lanes)
+    _vector_axis(L, lk, block, sub)
     L.compute_at(O, po)
     if chunks:
         O.parallel(O.fuse(n, kbo, oho))

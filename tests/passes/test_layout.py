@@ -162,11 +162,11 @@ def test_narrow_depthwise_conv_is_blocked_below_min_macs():
 
 def test_image_input_is_a_view_and_small_or_unsupported_convs_stay_nchw():
     """An RGB input enters its convolution as [N, 3, H, W, 1] (a reshape); a convolution too small to pay
-    for transforms, a grouped one whose groups are far narrower than a block, and one whose channels have
-    no block stay NCHW."""
+    for transforms, a grouped one whose groups are narrower than a 128-bit vector (2 channels), and one whose
+    channels have no block stay NCHW."""
     b = zoo.Builder(4)
     y = b.op("Relu", [b.conv("x", 3, 32, k=3, stride=2)])  # blocked, input through a view
-    y = b.conv(y, 32, 32, group=8)  # groups of 4 channels, blocks of 16: NCHW
+    y = b.conv(y, 32, 32, group=16)  # groups of 2 channels, blocks of 16: NCHW
     y = b.conv(y, 32, 6, k=1)  # 6 channels: no block
     small = b.conv("s", 16, 16)  # input not blocked, too small
     model = b.model({"x": (1, 3, 96, 96), "s": (1, 16, 8, 8)}, b.op("Add", [b.op("ReduceSum", [y]), b.op(
@@ -180,18 +180,21 @@ def test_image_input_is_a_view_and_small_or_unsupported_convs_stay_nchw():
     check(model, g)
 
 
-GROUPED = [  # channels, groups, kernel, stride, target, groups after merging: groups of 8 channels (merged in pairs
-    # into blocks of 16), 16, 32, 16 -> 32 (a 1x1), 8 in blocks of 8 (40 channels), 8 in blocks of 8 (AVX2)
-    (32, 4, 3, 1, None, 2), (64, 4, 3, 2, None, 4), (64, 2, 3, 1, None, 2), (48, 3, 1, 1, None, 3),
-    (40, 5, 3, 1, None, 5), (32, 4, 3, 1, "c -mcpu=haswell", 4),
+GROUPED = [  # channels, groups, kernel, stride, target, groups after merging: groups of 8 channels (narrower than
+    # blocks of 16: vectors of 8 lanes), 16, 32, 16 -> 32 (a 1x1), 40 channels padded to 48 (a sixth group, of zero
+    # weights, in blocks of 16), 8 in blocks of 8 (AVX2), 4 (vectors of 4 lanes, ResNeXt's first stage), 8 -> 16
+    # (a 1x1: merged in pairs into blocks of 16)
+    (32, 4, 3, 1, None, 4), (64, 4, 3, 2, None, 4), (64, 2, 3, 1, None, 2), (48, 3, 1, 1, None, 3),
+    (40, 5, 3, 1, None, 6), (32, 4, 3, 1, "c -mcpu=haswell", 4), (32, 8, 3, 2, None, 8), (32, 4, 1, 1, None, 2),
 ]
 
 
 @pytest.mark.parametrize("case", GROUPED, ids=[f"c{c[0]}g{c[1]}k{c[2]}s{c[3]}{'x' if c[4] else ''}" for c in GROUPED])
 def test_grouped_convolutions_run_blocked(case):
     """A grouped convolution (RegNet, ResNeXt) between blocked ones stays blocked: each output block reads
-    the input blocks of its group; groups narrower than a block are merged in pairs, their weights zero
-    between the groups. Checked against onnxruntime (reference evaluator and compiled)."""
+    the input blocks of its group; groups narrower than a block run in vectors of a group's lanes (as many channels
+    in as out) or are merged in pairs, their weights zero between the groups. Checked against onnxruntime
+    (reference evaluator and compiled)."""
     c, group, k, stride, target, merged = case
     b = zoo.Builder(9)
     y = b.conv_bn_relu("x", 32, c, k=1)  # large enough to start a blocked region
@@ -270,4 +273,58 @@ def test_spatial_reduce_of_blocked_value_is_global_pooling(op, keepdims):
     g = passes(model)
     assert ops(g)["GlobalPoolNCHWc"] == 1 and ops(g)[op] == 0
     assert [src for src, _ in transforms(g)] == ["NCHW"]  # the input in; the output back is a view
+    check(model, g)
+
+
+def regnet_y_stage(c_in: int, width: int, group_width: int, blocks: int, size: int, batch: int = 1):
+    """RegNet-Y blocks as torchvision builds them: 1x1 conv, grouped 3x3 conv (stride 2 in the first block), a
+    squeeze-excitation (global average pool, 1x1 conv, relu, 1x1 conv, sigmoid, channel multiply), 1x1 conv, residual
+    add (a projection in the first block) and relu; then the classifier head (pool, flatten, Gemm)."""
+    b = zoo.Builder(16)
+    x, c = "x", c_in
+    for i in range(blocks):
+        stride = 2 if i == 0 else 1
+        y = b.conv_bn_relu(x, c, width, k=1)
+        y = b.conv_bn_relu(y, width, width, k=3, stride=stride, group=width // group_width)
+        s = b.op("GlobalAveragePool", [y])
+        s = b.op("Relu", [b.conv(s, width, c_in // 4, k=1, bias=True)])
+        s = b.op("Sigmoid", [b.conv(s, c_in // 4, width, k=1, bias=True)])
+        y = b.conv_bn_relu(b.op("Mul", [y, s]), width, width, k=1, relu=None)
+        short = b.conv_bn_relu(x, c, width, k=1, stride=stride, relu=None) if i == 0 else x
+        x, c = b.op("Relu", [b.op("Add", [short, y])]), width
+    head = b.linear(b.op("Flatten", [b.op("GlobalAveragePool", [x])]), width, 10, gemm=True)
+    return b.model({"x": (batch, c_in, size, size)}, head, "regnet_y_stage")
+
+
+@pytest.mark.parametrize("c_in, width, group_width, batch", [(32, 56, 8, 1), (16, 40, 8, 2), (32, 72, 4, 1)])
+def test_regnet_blocks_padded_to_whole_vectors(monkeypatch, c_in, width, group_width, batch):
+    """RegNet-Y's widths without a block of 16 (RegNet-Y-400MF: 104, 440; here 56, 40 and 72) are computed
+    zero-padded to whole vectors through the whole stage: the grouped conv takes the padding as whole groups of
+    zero weights (its groups narrower than a block: vectors of a group's lanes), the squeeze-excitation's pool,
+    sigmoid and channel multiply and the residual adds run on padded values, and only the pooled features are
+    sliced for the classifier. Checked against onnxruntime."""
+    monkeypatch.setattr("ember.passes.layout.MIN_MACS", 0)  # small maps: the first conv starts the blocked region
+    model = regnet_y_stage(c_in, width, group_width, blocks=2, size=10, batch=batch)
+    g = passes(model)
+    pad = -(-width // 16) * 16
+    blocked = [n.outputs[0].shape for n in g.nodes if n.op in ("ConvNCHWc", "Mul", "Add", "GlobalPoolNCHWc", "Sigmoid")]
+    wide = [s for s in blocked if s[1] * s[-1] >= width]  # 8 a block, the projection, the pool: not the SE middle
+    assert len(wide) == 8 * 2 + 2 and all(s[-1] == 16 and s[1] * 16 == pad for s in wide)  # no block of 8 (or 4)
+    grouped = [n for n in g.nodes if n.op == "ConvNCHWc" and n.attrs["group"] > 1]
+    assert len(grouped) == 2 and all(n.inputs[1].shape[-2] == group_width for n in grouped)  # narrow, not merged
+    assert all(n.attrs["group"] == pad // group_width for n in grouped)  # the padding is whole groups more
+    assert ops(g)["Conv"] == 0 and ops(g)["Slice"] == 1 and len(transforms(g)) == 1  # the input into the blocks only
+    check(model, g)
+
+
+def test_grouped_conv_whose_padding_would_not_be_whole_vectors_out(monkeypatch):
+    """40 channels in 5 groups of 8 -> 1: padded to 48, its output would be 6 channels, not whole vectors, so the
+    conv before it is not padded (blocks of 8) and the grouped one (8 -> 1 per group) stays NCHW."""
+    monkeypatch.setattr("ember.passes.layout.MIN_MACS", 0)
+    b = zoo.Builder(17)
+    y = b.conv_bn_relu("x", 32, 40, k=1)
+    y = b.conv_bn_relu(y, 40, 5, k=3, group=5)
+    model = b.model({"x": (1, 32, 8, 8)}, y)
+    g = passes(model)
+    assert [n.outputs[0].shape[-1] for n in g.nodes if n.op == "ConvNCHWc"] == [8] and ops(g)["Conv"] == 1
     check(model, g)

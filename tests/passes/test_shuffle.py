@@ -218,8 +218,9 @@ def test_padded_value_read_by_an_unpadded_conv(monkeypatch):
 
 def test_padding_goes_through_clip_and_stops_at_a_residual_add(monkeypatch):
     """A Clip (ReLU6-like, its bounds scalars) carries the padding of b to the conv d reading it; d's output, read by
-    an Add (which would need its other operand padded too), is not padded: d and e keep 58 channels, unblocked
-    (so d gets the Clip back in NCHW, its padding sliced off)."""
+    an Add whose output is the graph's (padded, it would need a slice; an Add of values padded alike is padded, see
+    tests/passes/test_layout.py's RegNet blocks), is not padded: d and e keep 58 channels, unblocked (so d gets the
+    Clip back in NCHW, its padding sliced off)."""
     n = Net(16, hw=5, seed=5)
     b = n.conv(n.conv("x", 16, "a"), 58, "b", relu=False)
     for name, v in (("lo", 0.0), ("hi", 0.5)):
