@@ -26,6 +26,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ Feeds = Sequence[np.ndarray] | Mapping[str, Any]  # inputs in graph order, or by
 
 
 TensorSpec = tuple[str, np.dtype, tuple[int, ...]]  # an input's name, dtype and shape
+SIZES_KEPT = 16  # a symbolic model keeps what it made for this many sizes, the least recently used dropped first
 
 
 def input_specs(plan: Plan) -> list[TensorSpec]:
@@ -222,6 +224,13 @@ class Model:
         self._summary = dict(summary or {})
         self._lock = threading.RLock()
         self._roofline: dict | None = None  # the last profile's whole-model roofline (summary()["roofline"])
+        # what a call checks its inputs against (symbolic dims: shapes None, `_bind` checks them)
+        self._symbolic = plan.is_symbolic
+        self._specs = [(n, dt, None if self._symbolic else shape) for n, dt, shape in input_specs(plan)]
+        # symbolic sizes: what each size needs (`_at`), by input shapes when they give every size (a repeat shape
+        # is one lookup), else by the sizes `Plan.bind` reads; the SIZES_KEPT last used are kept
+        self._by_shapes = not any(getattr(v, "source", "") for v in plan.size_vars)
+        self._kept: OrderedDict[tuple, Any] = OrderedDict()
 
     # -- how a backend runs (see the module's doc) ----------------------------------------------------------
     def _start(self, arrays: list[np.ndarray]) -> None:
@@ -246,6 +255,11 @@ class Model:
     def _current_plan(self) -> Plan:
         """The plan of the calling thread's current call (a backend with symbolic sizes: the plan at them)."""
         return self.plan
+
+    def _at(self, sizes: tuple[int, ...]) -> Any:
+        """What calls at one set of sizes need, made at the first call at them (`_bind`): here the plan at them; a
+        backend that runs symbolic plans adds what it derives from it."""
+        return self.plan.at(sizes)
 
     def _profile_extra(self, step: int, call: int | None) -> dict:
         """Extra columns of the profile row of a step's kernel call (None: a fallback step)."""
@@ -284,15 +298,35 @@ class Model:
     # -- running --------------------------------------------------------------------------------------------
     def _check(self, feeds: Feeds) -> list[np.ndarray]:
         """The inputs as contiguous arrays in graph order; wrong names, count, dtype or shape raise."""
-        if not self.plan.is_symbolic:
-            return check_feeds(self.plan.name, input_specs(self.plan), feeds)
-        specs = [(n, dt, None) for n, dt, _ in input_specs(self.plan)]
-        arrays = check_feeds(self.plan.name, specs, feeds)
+        arrays = check_feeds(self.plan.name, self._specs, feeds)
+        if self._symbolic:
+            self._bind(arrays)
+        return arrays
+
+    def _bind(self, arrays: list[np.ndarray]) -> Any:
+        """A symbolic model's call: `_at` of its sizes, made at a new size and kept for the SIZES_KEPT last used. A
+        repeat of input shapes that give every size is one lookup (no size evaluated, nothing checked again: the
+        same shapes passed before); ArgumentError naming the input whose shape the plan refuses."""
+        key = tuple([a.shape for a in arrays]) if self._by_shapes else self._sizes(arrays)
+        at = self._kept.get(key)
+        if at is not None:
+            with contextlib.suppress(KeyError):  # (another thread may have dropped it meanwhile)
+                self._kept.move_to_end(key)
+            return at
+        sizes = self._sizes(arrays) if self._by_shapes else key
+        with self._lock:
+            at = self._kept.get(key)
+            if at is None:
+                at = self._kept[key] = self._at(sizes)
+                while len(self._kept) > SIZES_KEPT:
+                    self._kept.popitem(last=False)
+        return at
+
+    def _sizes(self, arrays: list[np.ndarray]) -> tuple[int, ...]:
         try:
-            self.plan.bind([a.shape for a in arrays], arrays)
+            return self.plan.bind([a.shape for a in arrays], arrays)
         except ValueError as e:
             raise ArgumentError(f"model {self.plan.name}: {e}") from None
-        return arrays
 
     def _outputs_of(self, feeds: Feeds) -> list[np.ndarray]:
         arrays = self._check(feeds)
