@@ -88,7 +88,7 @@ def check_feeds(model: str, specs: Sequence[TensorSpec], feeds: Feeds) -> list[n
             raise ArgumentError(f"model {model}: input '{name}' has dtype {x.dtype}, wants {want}")
         if shape is not None and x.shape != shape:  # None: symbolic dims, checked by Plan.bind
             raise ArgumentError(f"model {model}: input '{name}' has shape {x.shape}, wants {dtype}{list(shape)}")
-        arrays.append(np.ascontiguousarray(x).reshape(x.shape))  # (ascontiguousarray makes a scalar 1-d)
+        arrays.append(x if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(x.shape))  # (a scalar: 1-d)
     return arrays
 
 
@@ -338,11 +338,12 @@ class Model:
         repeat of input shapes that give every size is one lookup (no size evaluated, nothing checked again: the
         same shapes passed before); ArgumentError naming the input whose shape the plan refuses."""
         key = tuple([a.shape for a in arrays]) if self._by_shapes else self._sizes(arrays)
-        at = self._kept.get(key)
-        if at is not None:
-            with contextlib.suppress(KeyError):  # (another thread may have dropped it meanwhile)
-                self._kept.move_to_end(key)
+        try:
+            at = self._kept[key]
+            self._kept.move_to_end(key)
             return at
+        except KeyError:  # a new size (or one another thread has just dropped)
+            pass
         sizes = self._sizes(arrays) if self._by_shapes else key
         with self._lock:
             at = self._kept.get(key)
