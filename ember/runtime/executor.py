@@ -9,6 +9,12 @@ Calls from several threads at once are safe and run in parallel: each calling th
 workspace (`Values`, made on its first call; weights are shared and only read), and every call returns fresh
 output arrays.
 
+A call does the same work for a symbolic model, at a size it has seen, as for a static one: what depends only on
+the sizes is made once per size and kept (`Prepared`: the plan at them, the sizes argument, the outputs to allocate,
+the views to point; per thread, `Values`: the table and the views over its workspace, each segment's call with
+its arguments bound), found again by the tuple of input shapes (`Model._bind`). What is left per call is pointing
+the table at this call's inputs and fresh outputs, and the native calls.
+
 OpenMP keeps its thread count per calling thread: each thread that calls a model gives it the target's
 `-threads` on its first call.
 
@@ -32,8 +38,10 @@ import queue
 import shutil
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +55,8 @@ from ..tir.dtype import numpy_dtype
 from ..tir.stmt import PrimFunc
 from .cross import CrossCompiledModel
 from .export import ExportsC
-from .model import Fallback, Model
-from .plan import ALIGN, Plan, Step, alias_view
+from .model import SIZES_KEPT, Fallback, Model
+from .plan import ALIGN, Plan, Step, ValueInfo, alias_view
 
 INTERRUPTIBLE_FLOPS = 1e9  # segments this large run where Ctrl-C reaches them (a thread start is ~1% of them)
 
@@ -59,20 +67,58 @@ def interruptible(plan: Plan) -> dict[str, bool]:
             for s in plan.steps if s.kind == "segment"}  # fmt: skip
 
 
+def address(a: np.ndarray) -> int:
+    """The address of a contiguous array's data: through the buffer protocol where it is writable (a third of what
+    `a.ctypes.data` costs, which makes a ctypes object per call), else `a.ctypes.data`."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):  # read-only, or empty
+        return a.ctypes.data
+
+
+@dataclass(eq=False)
+class Prepared:
+    """What every call at one set of sizes needs, made once (a symbolic model: at the first call at them; a static
+    one: once): the plan at the sizes, the sizes argument of the segment functions, which segments run where Ctrl-C
+    reaches them, the outputs a call allocates, and the views a call points at its inputs and outputs."""
+
+    plan: Plan
+    sizes: tuple  # () for a static plan, else (the sizes as a pointer to int64s,): the runners' last arguments
+    long: dict[str, bool]  # `interruptible`
+    fresh: list[tuple[int, tuple[int, ...], np.dtype]]  # (value, shape, dtype): new arrays at each call
+    views: list[tuple[int, int, ValueInfo]]  # (alias, its source, its info): aliases of inputs and fresh outputs
+    results: list[tuple[int, bool]]  # (value, whether a copy is returned): the graph outputs
+
+    @staticmethod
+    def make(plan: Plan, sizes: tuple[int, ...] | None = None) -> Prepared:
+        """For `plan`, a static plan or a symbolic plan at `sizes` (`Plan.at`)."""
+        args = () if sizes is None else (ctypes.cast((ctypes.c_int64 * max(len(sizes), 1))(*sizes), ctypes.c_void_p),)
+        fresh = [(i, plan.values[i].shape, numpy_dtype(plan.values[i].dtype)) for i in plan.outputs
+                 if plan.values[i].kind == "output"]  # fmt: skip
+        per_call = set(plan.inputs) | {i for i, _, _ in fresh}
+        views = [(i, v.alias_of, v) for i, v in enumerate(plan.values) if v.kind == "alias" and v.alias_of in per_call]
+        results = [(i, plan.values[i].kind != "output") for i in plan.outputs]
+        return Prepared(plan, args, interruptible(plan), fresh, views, results)
+
+
 @dataclass
 class Values:
-    """One caller's view of a model's values: the table of addresses the segment functions read, numpy views of
-    the same memory (for fallback steps and outputs), and the workspace the intermediates live in."""
+    """One caller's view of a model's values at one set of sizes: the table of addresses the segment functions
+    read, numpy views of the same memory (for fallback steps and outputs), the workspace the intermediates live in,
+    and each segment's call over them (its function with the table and the sizes bound)."""
 
     table: Any  # ctypes array of void*
     views: list[np.ndarray | None]
     workspace: np.ndarray
+    prepared: Prepared
+    calls: dict[str, Callable[[], int]] = field(default_factory=dict)
 
     @staticmethod
-    def make(plan: Plan, weights: Mapping[int, np.ndarray]) -> Values:
+    def make(at: Prepared, weights: Mapping[int, np.ndarray], workspace: np.ndarray) -> Values:
+        """The values of `at`'s plan over `workspace` (at least its workspace and ALIGN bytes)."""
+        plan = at.plan
         n = len(plan.values)
         table = (ctypes.c_void_p * max(n, 1))()
-        workspace = np.zeros(max(plan.workspace, 1) + ALIGN, dtype=np.uint8)
         base = workspace.ctypes.data
         pad = (-base) % ALIGN
         views: list[np.ndarray | None] = [None] * n
@@ -84,7 +130,34 @@ class Values:
             elif v.kind == "weight":
                 views[i] = weights[i]
                 table[i] = weights[i].ctypes.data
-        return Values(table, views, workspace)
+        per_call = {i for i, _, _ in at.views}
+        for i, v in enumerate(plan.values):  # views of temporaries and weights: the same at every call
+            if v.kind == "alias" and i not in per_call:
+                views[i] = alias_view(views[v.alias_of], v)
+                table[i] = table[v.alias_of] + v.view_offset if table[v.alias_of] else table[v.alias_of]
+        return Values(table, views, workspace, at)
+
+
+class CallerMemory:
+    """One calling thread's memory: a workspace as large as the largest plan it has run needs, and the `Values` of
+    the sizes it ran at last (at most SIZES_KEPT, all over that workspace: a thread runs one call at a time)."""
+
+    def __init__(self) -> None:
+        self.workspace = np.zeros(0, np.uint8)
+        self.values: OrderedDict[Prepared, Values] = OrderedDict()
+
+    def values_of(self, at: Prepared, weights: Mapping[int, np.ndarray]) -> Values:
+        values = self.values.get(at)
+        if values is not None:
+            self.values.move_to_end(at)
+            return values
+        if self.workspace.size < at.plan.workspace + ALIGN:  # a larger plan: a larger workspace, the old views go
+            self.workspace = np.zeros(at.plan.workspace + ALIGN, np.uint8)
+            self.values.clear()
+        values = self.values[at] = Values.make(at, weights, self.workspace)
+        while len(self.values) > SIZES_KEPT:
+            self.values.popitem(last=False)
+        return values
 
 
 class CompiledModel(ExportsC, Model):
@@ -100,52 +173,47 @@ class CompiledModel(ExportsC, Model):
         self.lib_path: Path | None = None
         self._threads = plan.threads
         self._lib = self._open(lib)
-        self._local = threading.local()  # .values: the calling thread's Values
+        # per calling thread: .memory (its CallerMemory), .at (a symbolic model: the Prepared of its call's sizes,
+        # set by `_bind`), .values (the Values of its current call, set by `_start`)
+        self._local = threading.local()
         self._caller: NativeCaller | None = None  # runs the main thread's long calls
         self._segments = {}
-        # symbolic sizes: one plan per size (`Plan.at`), made on the first call at that size and kept; the runners
-        # take the sizes after the table
-        self._sized = plan.is_symbolic
-        self._plans: dict[tuple[int, ...], Plan] = {}
-        self._long_at: dict[tuple[int, ...], dict[str, bool]] = {}  # per size: `interruptible` of its plan
-        sizes = (ctypes.POINTER(ctypes.c_int64),) if self._sized else ()
+        # symbolic sizes: the runners take the sizes after the table; a Prepared per size (`Model._bind`)
+        sizes = (ctypes.c_void_p,) if self._symbolic else ()
         for s in plan.steps:
             if s.kind == "segment":
                 fn = self._function(s.function, ctypes.c_void_p, *sizes)
                 prof = self._function(s.function + "_profiled", ctypes.c_void_p, *sizes,
                                       ctypes.POINTER(ctypes.c_double))  # fmt: skip
                 self._segments[s.function] = (fn, prof)
-        self._long = interruptible(plan)
+        self._static = None if self._symbolic else Prepared.make(plan)
 
     def _calls(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # each calling thread has its own Values
 
-    def _values(self) -> Values:
-        """The calling thread's value table and workspace (made on its first call, and again at each new size)."""
-        values = getattr(self._local, "values", None)
-        plan = self._current_plan()
-        if values is None or getattr(self._local, "values_plan", None) is not plan:
-            if values is None:
-                self._set_threads()
-            values = self._local.values = Values.make(plan, self._weights)
-            self._local.values_plan = plan
+    def _at(self, sizes: tuple[int, ...]) -> Prepared:
+        return Prepared.make(self.plan.at(sizes), sizes)
+
+    def _bind(self, arrays: list[np.ndarray]) -> Prepared:
+        at = self._local.at = super()._bind(arrays)
+        return at
+
+    def _values(self, at: Prepared) -> Values:
+        """The calling thread's values at `at`'s sizes (its memory made on its first call)."""
+        memory = getattr(self._local, "memory", None)
+        if memory is None:
+            self._set_threads()
+            memory = self._local.memory = CallerMemory()
+        values = memory.values_of(at, self._weights)
+        if not values.calls:
+            table = ctypes.cast(values.table, ctypes.c_void_p)
+            values.calls = {name: partial(fn, table, *at.sizes) for name, (fn, _) in self._segments.items()}
         return values
 
     def _current_plan(self) -> Plan:
         """The plan of the calling thread's current call: the model's, or for symbolic sizes the plan at them."""
-        return getattr(self._local, "plan", None) or self.plan if self._sized else self.plan
-
-    def _bind(self, arrays: list[np.ndarray]) -> None:
-        """For symbolic sizes: the sizes of this call, its plan (made once per new size) and the sizes argument."""
-        sizes = self.plan.bind([a.shape for a in arrays], arrays)
-        plan = self._plans.get(sizes)
-        if plan is None:
-            with self._lock:
-                plan = self._plans.setdefault(sizes, self.plan.at(sizes))
-                self._long_at.setdefault(sizes, interruptible(plan))
-        self._local.plan = plan
-        self._local.long = self._long_at[sizes]
-        self._local.sizes = (ctypes.c_int64 * max(len(sizes), 1))(*sizes)
+        values = getattr(self._local, "values", None)
+        return values.prepared.plan if values is not None else self.plan
 
     def _set_threads(self) -> None:
         """Give the library's thread pool (and OpenMP, which keeps it per thread) the target's thread count."""
@@ -167,46 +235,31 @@ class CompiledModel(ExportsC, Model):
 
     # -- running --------------------------------------------------------------------------------------------
     def _start(self, arrays: list[np.ndarray]) -> None:
-        """Point the calling thread's table at the inputs, fresh output arrays and the aliases' sources."""
-        if self._sized:
-            self._bind(arrays)
-        plan = self._current_plan()
-        values = self._values()
+        """Point the calling thread's table at the inputs, fresh output arrays and the views of them."""
+        at = self._local.at if self._symbolic else self._static
+        values = self._local.values = self._values(at)
         views, table = values.views, values.table
-        for vid, x in zip(plan.inputs, arrays):
+        for vid, x in zip(at.plan.inputs, arrays):
             views[vid] = x
-            table[vid] = x.ctypes.data
-        for vid in plan.outputs:
-            v = plan.values[vid]
-            if v.kind == "output":
-                a = np.empty(v.shape, dtype=numpy_dtype(v.dtype))
-                views[vid] = a
-                table[vid] = a.ctypes.data
-        for i, v in enumerate(plan.values):
-            if v.kind == "alias":
-                views[i] = alias_view(views[v.alias_of], v)
-                table[i] = table[v.alias_of] + v.view_offset if table[v.alias_of] else table[v.alias_of]
+            table[vid] = address(x)
+        for vid, shape, dtype in at.fresh:
+            a = views[vid] = np.empty(shape, dtype)
+            table[vid] = address(a)
+        for i, src, v in at.views:
+            views[i] = alias_view(views[src], v)
+            table[i] = table[src] + v.view_offset if table[src] else table[src]
 
     def _execute(self, arrays: list[np.ndarray] | None, times: dict[int, float] | None = None) -> None:
-        table = self._values().table
-        main = threading.current_thread() is threading.main_thread()
-        sized = (self._local.sizes,) if self._sized else ()
+        values = self._local.values
+        at = values.prepared
         for s in self.plan.steps:
             if s.kind == "segment":
-                fn, prof = self._segments[s.function]
-                long = (self._local.long if self._sized else self._long)[s.function]
-                buf = (ctypes.c_double * len(s.kernels))()
-                call = (lambda: fn(table, *sized)) if times is None else (lambda: prof(table, *sized, buf))  # noqa: B023
-                if main and long:
-                    if self._caller is None:
-                        self._caller = NativeCaller(self._set_threads)
-                    try:
-                        status = self._caller(call)
-                    except KeyboardInterrupt:
-                        self._local.values = None  # still in use by the abandoned call
-                        self._caller.retire()
-                        self._caller = None
-                        raise
+                call = values.calls[s.function]
+                if times is not None:
+                    buf = (ctypes.c_double * len(s.kernels))()
+                    call = partial(self._segments[s.function][1], *call.args, buf)
+                if at.long[s.function] and threading.current_thread() is threading.main_thread():
+                    status = self._call_interruptibly(call, values)
                 else:
                     status = call()
                 if times is not None:
@@ -220,22 +273,35 @@ class CompiledModel(ExportsC, Model):
                 if times is not None:
                     times[len(times)] = time.perf_counter() - t0
 
+    def _call_interruptibly(self, call: Callable[[], int], values: Values) -> int:
+        """A long call on the main thread: made on the model's caller thread while this one waits (Ctrl-C reaches
+        it); interrupted, the call goes on in the background over `values`, which the caller keeps until it ends and
+        this thread no longer uses."""
+        if self._caller is None:
+            self._caller = NativeCaller(self._set_threads)
+        try:
+            return self._caller(call, values)
+        except KeyboardInterrupt:
+            self._local.memory = None  # (its workspace is still in use by the abandoned call)
+            self._caller.retire()
+            self._caller = None
+            raise
+
     def _run_fallback(self, s: Step) -> None:
-        views = self._values().views
+        views = self._local.values.views
         for vid, r in zip(s.outputs, self._reference(s, lambda i: views[i])):
             view = views[vid]
             assert view is not None
             view[...] = r
 
     def _results(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        views = self._values().views
-        plan = self._current_plan()
+        values = self._local.values
+        views, plan = values.views, values.prepared.plan
         outs = []
-        for vid in plan.outputs:
-            v = plan.values[vid]
+        for vid, copy in values.prepared.results:
             view = views[vid]
             assert view is not None
-            outs.append(view if v.kind == "output" else np.array(view, copy=True).reshape(v.shape))
+            outs.append(np.array(view, copy=True).reshape(plan.values[vid].shape) if copy else view)
         return outs
 
     # -- persistence ----------------------------------------------------------------------------------------
@@ -264,16 +330,18 @@ class NativeCaller:
     def _serve(self, setup: Callable[[], None]) -> None:
         setup()
         while (job := self._jobs.get()) is not None:
-            call, done, result = job
+            call, _, done, result = job  # (the job holds the memory the call uses until it ends)
             try:
                 result.append(call())
             except BaseException as e:  # (ctypes errors) raised again in the caller
                 result.append(e)
             done.set()
+            del job, call
 
-    def __call__(self, call: Callable[[], int]) -> int:
+    def __call__(self, call: Callable[[], int], keep: object = None) -> int:
+        """`call()` made on the thread; `keep` (the memory it works in) is held until it returns."""
         done, result = threading.Event(), []
-        self._jobs.put((call, done, result))
+        self._jobs.put((call, keep, done, result))
         while not done.wait(0.1):
             pass
         if isinstance(result[0], BaseException):

@@ -71,4 +71,4 @@ def test_a_symbolic_segment_is_interruptible_by_the_flops_of_the_call(monkeypatc
     for n, long in ((1, False), (400, True)):
         a = rng.standard_normal((n, 64)).astype(np.float32)
         np.testing.assert_allclose(cm(a), a @ wm, rtol=1e-4, atol=1e-4)
-        assert list(cm._local.long.values()) == [long]
+        assert list(cm._local.values.prepared.long.values()) == [long]
