@@ -616,7 +616,7 @@ class CCodegen:
         x86 = kind in ("load", "store") and dt.bits in (32, 64) and bits == dt.bits and not dt.is_half
         x86 = x86 and ((width == 512 and "avx512f" in flags) or (width == 256 and {"avx512f", "avx512vl"} <= flags))
         it = self.ctype(idx_dt) if idx_dt is not None else ""
-        name = f"ember_v{kind}_masked_{t}" + (f"_{it}" if it else "")
+        name = f"ember_v{kind}_masked_{t}" + (f"_{it}" if it else "") + ("" if bits == dt.bits else f"_{m}")
         at = "p[idx[l]]" if it else "p[l]"
         if x86:
             self.helper("immintrin", "#include <immintrin.h>")

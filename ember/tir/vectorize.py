@@ -185,24 +185,51 @@ class _Vectorizer:
 
     def masked(self, cond: Expr, body: Stmt, scalar_cond: Expr) -> Stmt:
         """`if cond: body` with cond per lane: body's stores masked by cond (and their vector loads, where they may
-        reach past their buffer); only stores (and sequences of them) can be masked."""
+        reach past their buffer); only stores (and sequences of them) can be masked. A scalar read (a row's sum,
+        broadcast) is made only when some lane is active: under a branch on the first lane, where the condition
+        bounds increasing lanes (`lane < n`: the tail of a tile), else not at all (the loop stays scalar)."""
         mask_bits(cond)
         read = [n for n in walk(cond) if isinstance(n, Load)]
+        first = _first_lane(cond)
         out = self.stmt(body)
+        scalar_reads = False
 
         def mask(s: Stmt) -> Stmt:
+            nonlocal scalar_reads
             if isinstance(s, Seq):
                 return Seq(tuple(mask(x) for x in s.stmts))
             if not isinstance(s, Store) or _lanes(s.indices[0]) == 1:
                 raise CannotVectorize(f"branch on the vector lane: if {scalar_cond}")
             for n in walk(s):
                 if isinstance(n, Load) and _lanes(n) == 1 and not _in_bounds(n) and not any(same(n, r) for r in read):
-                    raise CannotVectorize(f"a per-lane condition guards a scalar read of {n.buffer.name}")
-            value = _mask_loads(s.value, cond, read)
+                    if first is None:
+                        raise CannotVectorize(f"a per-lane condition guards a scalar read of {n.buffer.name}")
+                    scalar_reads = True
+            value = _mask_loads(s.value, cond, read + ([] if first is None else _scalar_loads(s.value)))
             pred = cond if s.predicate is None else BinOp("and", s.predicate, cond, cond.dtype)
             return Store(s.buffer, value, s.indices, pred)
 
-        return mask(out)
+        out = mask(out)
+        return IfThenElse(first, out) if scalar_reads else out
+
+
+def _scalar_loads(e: Expr) -> list[Load]:
+    return [n for n in walk(e) if isinstance(n, Load) and _lanes(n) == 1]
+
+
+def _first_lane(cond: Expr) -> Expr | None:
+    """Whether any lane of a vector condition holds, as a scalar condition, where each of its conjuncts bounds an
+    increasing ramp (`ramp(b, s, L) < broadcast(n)`, s > 0: any lane holds iff the first does); None otherwise."""
+    out = []
+    for c in _conjuncts(cond):
+        if not (isinstance(c, BinOp) and c.op in ("lt", "le") and isinstance(c.b, Broadcast)):
+            return None
+        a = c.a.value if isinstance(c.a, Cast) and isinstance(c.a.value, Ramp) else c.a  # a lane offset, cast
+        if not (isinstance(a, Ramp) and isinstance(a.stride, Const) and a.stride.value > 0):
+            return None
+        base = Cast(c.b.value.dtype, a.base) if a.base.dtype != c.b.value.dtype else a.base
+        out.append(BinOp(c.op, base, c.b.value, c.dtype.with_lanes(1)))
+    return _all(out) if out else None
 
 
 def _conjuncts(c: Expr) -> list[Expr]:
