@@ -513,6 +513,7 @@ def _register_tile(O: Stage, L: Stage, d: Decider, target: Target) -> None:
             O.parallel(at)
         else:
             at = outer[-1]
+            O.pragma(at, "exact_tail")  # serial tile loops: the tail tiles computed exactly (partitioned off)
         L.compute_at(O, at)
     # the accumulation: reduction loops outside, the unrolled register tile inside, its last axis vectorized
     red = [split_levels(L, iv, 2, d, f"{L.name}.{iv.name}", limit=16) for iv in L.op.reduce_axis]

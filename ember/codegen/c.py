@@ -37,6 +37,7 @@ from ..tir.stmt import (
     Store,
     size_params,
 )  # fmt: skip
+from ..tir.vectorize import lane_mask, mask_bits
 from .c_pool import POOL_DECL, POOL_SOURCE
 from .narrow import c_function
 from .vmath import EXP2_TABLE, c_vector_exp, exp2_table_values, vector_exp, wants_arithmetic_exp
@@ -570,6 +571,11 @@ class CCodegen:
         idx = e.indices[0]
         if e.buffer in self.registers:
             return f"{buf}_{const_offset(idx)}"
+        if e.predicate is not None and idx.dtype.lanes > 1:
+            mask = self.mask(e.predicate)
+            if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
+                return f"{self.masked_helper('load', e.dtype, e.predicate)}(&{buf}[{self.expr(idx.base)}], {mask})"
+            return f"{self.masked_helper('gather', e.dtype, e.predicate, idx.dtype)}({buf}, {self.expr(idx)}, {mask})"
         if idx.dtype.lanes == 1 and e.buffer.dtype.is_half:
             return f"{self.half_helper(e.buffer.dtype, 'to_f32')}({buf}[{self.expr(idx)}])"
         if idx.dtype.lanes == 1:
@@ -588,6 +594,49 @@ class CCodegen:
         init = _lanes_init(dt.lanes, lambda l: f"p[idx[{l}]]")
         code = f"static inline {t} {name}(const {s}* p, {it} idx) {{\n  return ({t}){init};\n}}"
         return f"{self.helper(name, code)}({buf}, {self.expr(idx)})"
+
+    def mask(self, pred: Expr) -> str:
+        """A vector mask as C: a literal where its lanes are constant (a tile's tail: the compiler folds it into the
+        masked move), else the comparison."""
+        lanes = lane_mask(pred)
+        if lanes is None:
+            return self.expr(pred)
+        m = self.mask_type(mask_bits(pred) or 32, len(lanes))
+        return f"({m}){_lanes_init(len(lanes), lambda i: '-1' if lanes[i] else '0')}"
+
+    def masked_helper(self, kind: str, dt: DType, pred: Expr, idx_dt: DType | None = None) -> str:
+        """The helper of a masked vector access (`kind`: load, store, gather, scatter) of type dt under mask `pred`
+        (a vector comparison: an integer vector of -1/0 lanes): only the lanes where it is set are read (the others
+        are zero) or written. Contiguous accesses to one AVX-512 register of 32- or 64-bit elements (or a 256-bit one
+        with avx512vl) are one masked move; otherwise a loop over the lanes."""
+        t, s, n = self.ctype(dt), dt.c_type, dt.lanes
+        bits = mask_bits(pred) or dt.bits
+        m = self.mask_type(bits, n)
+        flags, width = self.target.simd_features(), dt.bits * n
+        x86 = kind in ("load", "store") and dt.bits in (32, 64) and bits == dt.bits and not dt.is_half
+        x86 = x86 and ((width == 512 and "avx512f" in flags) or (width == 256 and {"avx512f", "avx512vl"} <= flags))
+        it = self.ctype(idx_dt) if idx_dt is not None else ""
+        name = f"ember_v{kind}_masked_{t}" + (f"_{it}" if it else "") + ("" if bits == dt.bits else f"_{m}")
+        at = "p[idx[l]]" if it else "p[l]"
+        if x86:
+            self.helper("immintrin", "#include <immintrin.h>")
+            w, el = ("512" if width == 512 else "256"), ("epi32" if dt.bits == 32 else "epi64")
+            k = f"_mm{w}_test_{el}_mask((__m{w}i)m, (__m{w}i)m)"
+            if kind == "load":
+                body = f"return ({t})_mm{w}_maskz_loadu_{el}({k}, p);"
+                code = f"static inline {t} {name}(const {s}* p, {m} m) {{ {body} }}"
+            else:
+                body = f"_mm{w}_mask_storeu_{el}(p, {k}, (__m{w}i)v);"
+                code = f"static inline void {name}({s}* p, {t} v, {m} m) {{ {body} }}"
+        elif kind in ("load", "gather"):
+            extra = f", {it} idx" if it else ""
+            code = (f"static inline {t} {name}(const {s}* p{extra}, {m} m) {{\n  {t} v = {{0}};\n"
+                    f"  for (int l = 0; l < {n}; ++l) if (m[l]) v[l] = {at};\n  return v;\n}}")  # fmt: skip
+        else:
+            extra = f", {it} idx" if it else ""
+            code = (f"static inline void {name}({s}* p{extra}, {t} v, {m} m) {{\n"
+                    f"  for (int l = 0; l < {n}; ++l) if (m[l]) {at} = v[l];\n}}")  # fmt: skip
+        return self.helper(name, code)
 
     def stride2_load(self, dt: DType) -> str:
         """A helper loading the even elements p[0], p[2], ..., p[2(L-1)] as a vector of L lanes: two contiguous loads
@@ -774,8 +823,22 @@ class CCodegen:
             raise CodegenError(f"store to {s.buffer.name} is not flattened")
         idx = s.indices[0]
         value = self.expr(s.value)
+        if s.buffer in self.registers and s.predicate is not None:
+            reg = f"{buf}_{const_offset(idx)}"
+            mask = self.mask(s.predicate)
+            self.emit(f"{reg} = {self.vselect_helper(s.value.dtype)}({mask}, {value}, {reg});")
+            return
         if s.buffer in self.registers:
             self.emit(f"{buf}_{const_offset(idx)} = {value};")
+            return
+        if s.predicate is not None and idx.dtype.lanes > 1:
+            dt, mask = s.value.dtype, self.mask(s.predicate)
+            if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
+                helper = self.masked_helper("store", dt, s.predicate)
+                self.emit(f"{helper}(&{buf}[{self.expr(idx.base)}], {value}, {mask});")
+            else:
+                helper = self.masked_helper("scatter", dt, s.predicate, idx.dtype)
+                self.emit(f"{helper}({buf}, {self.expr(idx)}, {value}, {mask});")
             return
         if idx.dtype.lanes == 1 and s.buffer.dtype.is_half:
             self.emit(f"{buf}[{self.expr(idx)}] = {self.half_helper(s.buffer.dtype, 'from_f32')}({value});")

@@ -533,6 +533,8 @@ class LLVMCodegen:
         if idx.dtype.lanes == 1:
             v = B.load(self.address(buf, self.expr(idx)), typ=mtype(buf.dtype), align=align)
             return B.trunc(v, ir.IntType(1)) if buf.dtype.is_bool else v
+        if e.predicate is not None:
+            return self.masked_load(e)
         if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
             p = self.address(buf, self.expr(idx.base))
             return B.load(p, typ=ltype(e.dtype), align=align)
@@ -547,7 +549,10 @@ class LLVMCodegen:
         B = self.b
         value = self.expr(s.value)
         if buf in self.st.slots:
-            _store(B, value, self.st.slots[buf][_const_offset(idx)][0])
+            slot, t = self.st.slots[buf][_const_offset(idx)]
+            if s.predicate is not None:  # the lanes it does not write keep their value
+                value = B.select(self.expr(s.predicate), self.splat(value, idx.dtype.lanes), B.load(slot, typ=t))
+            _store(B, value, slot)
             return
         align = buf.dtype.itemsize
         if idx.dtype.lanes == 1:
@@ -557,6 +562,9 @@ class LLVMCodegen:
             return
         lanes = idx.dtype.lanes
         value = self.splat(value, lanes)
+        if s.predicate is not None:
+            self.masked_store(s, value)
+            return
         if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
             _store(B, value, self.address(buf, self.expr(idx.base)), align)
             return
@@ -564,6 +572,46 @@ class LLVMCodegen:
         for lane in range(lanes):
             k = ir.Constant(self.i32, lane)
             B.store(B.extract_element(value, k), self.address(buf, B.extract_element(vi, k)), align=align)
+
+    def masked_load(self, e: Load):
+        """A vector load of the lanes where e.predicate holds (zero elsewhere): llvm.masked.load for a contiguous
+        ramp, llvm.masked.gather otherwise."""
+        B, buf, idx = self.b, e.buffer, e.indices[0]
+        vt, mask = ltype(e.dtype), self.expr(e.predicate)
+        align = ir.Constant(self.i32, buf.dtype.itemsize)
+        zero = ir.Constant(vt, None)
+        if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
+            fn = self.declare(f"llvm.masked.load.{_suffix(vt)}.p0", vt, [self.ptr, self.i32, mask.type, vt])
+            return B.call(fn, [self.address(buf, self.expr(idx.base)), align, mask, zero])
+        ptrs = self.pointers(buf, idx)
+        fn = self.declare(f"llvm.masked.gather.{_suffix(vt)}.v{idx.dtype.lanes}p0", vt, [ptrs.type, self.i32,
+                          mask.type, vt])  # fmt: skip
+        return B.call(fn, [ptrs, align, mask, zero])
+
+    def pointers(self, buf: Buffer, idx: Expr):
+        """The addresses of a vector index's lanes, as a vector of pointers."""
+        B, vi, n = self.b, self.expr(idx), idx.dtype.lanes
+        out = ir.Constant(ir.VectorType(self.ptr, n), ir.Undefined)
+        for lane in range(n):
+            k = ir.Constant(self.i32, lane)
+            out = B.insert_element(out, self.address(buf, B.extract_element(vi, k)), k)
+        return out
+
+    def masked_store(self, s: Store, value) -> None:
+        """A vector store of the lanes where s.predicate holds: llvm.masked.store (llvm.masked.scatter for
+        other than a contiguous ramp)."""
+        B, buf, idx = self.b, s.buffer, s.indices[0]
+        mask = self.expr(s.predicate)
+        align = ir.Constant(self.i32, buf.dtype.itemsize)
+        vt = value.type
+        if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
+            fn = self.declare(f"llvm.masked.store.{_suffix(vt)}.p0", ir.VoidType(), [vt, self.ptr, self.i32, mask.type])
+            B.call(fn, [value, self.address(buf, self.expr(idx.base)), align, mask])
+            return
+        ptrs = self.pointers(buf, idx)
+        fn = self.declare(f"llvm.masked.scatter.{_suffix(vt)}.v{idx.dtype.lanes}p0", ir.VoidType(),
+                          [vt, ptrs.type, self.i32, mask.type])  # fmt: skip
+        B.call(fn, [value, ptrs, align, mask])
 
     # -- statements --------------------------------------------------------------------------
     def stmt(self, s: Stmt) -> None:

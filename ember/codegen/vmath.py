@@ -66,7 +66,7 @@ def _lift(e: Expr, var: Var, value: Expr, lanes: int, memo: dict[int, Expr]) -> 
     elif isinstance(e, Cast):
         out = Cast(e.dtype.with_lanes(lanes), lift(e.value))
     elif isinstance(e, Load):
-        out = Load(e.buffer, tuple(lift(i) for i in e.indices))
+        out = Load(e.buffer, tuple(lift(i) for i in e.indices), e.predicate)
     elif isinstance(e, Call):
         out = Call(e.name, tuple(lift(a) for a in e.args), e.dtype.with_lanes(lanes))
     else:

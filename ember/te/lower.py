@@ -60,6 +60,7 @@ class Lowering:
         self.buffers: dict[Stage, Buffer] = {}
         self.attached: dict[tuple[Stage, IterVar], list[Stage]] = {}
         self.readers: dict[Stage, dict[Stage, None]] = {}  # ordered sets: the IR must not depend on object ids
+        self.exact_dims: dict[Stage, set[int]] = {}  # stages computed with exact tails: their axes that have one
 
     def arg_stage(self, t: Tensor) -> Stage:
         """The stage of argument t; an input that the computation does not read is an unused parameter."""
@@ -201,16 +202,29 @@ class Lowering:
             L.var[iv] = L.value[iv] = v
             ext = L.extent[iv]
             self.ana.bind(v, 0, ext - 1 if not isinstance(ext, Expr) else self.ana.const_upper_bound(ext - 1))
+        exact = {st.op.axis[d]: d for d in self.exact_dims.get(st, ())}
         for r in reversed(st.relations):
             if isinstance(r, Split):
                 inner = L.extent[r.inner]
                 L.value[r.parent] = L.value[r.outer] * inner + L.value[r.inner]
                 if not self.same_extent(L.extent[r.outer] * inner, L.extent[r.parent]):
-                    L.preds.append(L.value[r.parent] < L.extent[r.parent])
+                    L.preds.append(self.split_guard(st, L, r.parent, exact.get(r.parent)))
             else:
                 inner_ext = self.index(L.extent[r.inner])
                 L.value[r.outer] = L.value[r.fused] // inner_ext
                 L.value[r.inner] = L.value[r.fused] % inner_ext
+
+    def split_guard(self, st: Stage, L: Loops, parent: IterVar, exact_dim: int | None) -> Expr:
+        """The guard of a split that does not divide `parent`: its value within the extent. An axis with an exact
+        tail (a region of min(tile, what the readers need) elements) computes its last inner tile whole instead,
+        as far as its buffer (allocated at the full tile) and its own shape allow: the lanes of a vector past
+        the tail cost nothing more than masking them, and read only what the stage's compute defines."""
+        value, ext = L.value[parent], L.extent[parent]
+        bound = self.ana.const_upper_bound(ext) if exact_dim is not None and isinstance(ext, Expr) else None
+        if bound is None:
+            return value < ext
+        shape = st.op.shape[exact_dim]
+        return (value < bound) & (L.root_min[parent] + value < shape)
 
     def index(self, n: int | Expr) -> Expr:
         """An extent as an index expression."""
@@ -231,19 +245,31 @@ class Lowering:
         lo, hi = self.ana.interval(it[0], env), self.ana.interval(it[1], env)
         return None if lo is None or hi is None else (lo[0], hi[1])
 
-    def root_intervals(self, st: Stage, first: int) -> dict[Var, tuple[Expr, Expr]]:
-        """Interval of each root axis of st while its leaf loops from position `first` inward run."""
+    def root_intervals(self, st: Stage, first: int, clamp: bool = False) -> dict[Var, tuple[Expr, Expr]]:
+        """Interval of each root axis of st while its leaf loops from position `first` inward run; `clamp`:
+        its upper end clamped to the axis's range (a min(), exact at a split's tail)."""
         loops = self.loops[st]
         op = st.op
         assert isinstance(op, ComputeOp)
         out = {}
         for iv in op.axis + op.reduce_axis:
-            # not clamped to the axis domain: split tails over-approximate, and the producer's region
+            # not clamped to the axis domain by default: split tails over-approximate, and the producer's region
             # is clamped to its own shape in `region` (clamping here would lose the extent's constancy)
             v = loops.root_min[iv] + loops.value[iv]
             dom = (loops.root_min[iv], loops.root_min[iv] + (loops.extent[iv] - 1))
-            out[iv.var] = self.relax((v, v), st, first) or dom
+            lo, hi = self.relax((v, v), st, first) or dom
+            if clamp:
+                hi = self.ana.simplify(E.binop("min", hi, self.index(dom[1])))
+            out[iv.var] = (lo, hi)
         return out
+
+    def exact_tail(self, st: Stage) -> bool:
+        """Whether st is computed at a loop with pragma `exact_tail`: its region at a tile that does not divide
+        the extent is only what the tile reads (from the tile's own start, not shifted back to end at the
+        extent), a min() that the loop partition makes constant in the full tiles and in the tail."""
+        target = st.attach_stage
+        attr = target.iter_attrs.get(self.attach_axis(st)) if target is not None else None
+        return attr is not None and any(k == "exact_tail" and v for k, v in attr.pragmas)
 
     def relax_threads(self, it: tuple[Expr, Expr], st: Stage) -> tuple[Expr, Expr] | None:
         """Widen an interval over the threadIdx-bound loops of st and of the stages it is computed in: a
@@ -272,9 +298,13 @@ class Lowering:
         acc: list[tuple[Expr, Expr] | None] = [None] * len(shape)  # clamped to the shape
         raw: list[tuple[Expr, Expr] | None] = [None] * len(shape)  # unclamped: often a constant extent
         unbounded = [False] * len(shape)
+        exact = self.exact_tail(st)
+        tight: list[Expr | None] = [None] * len(shape)  # exact tails: the last element the readers' domains need
+        untight = [False] * len(shape)
         for reader in self.readers.get(st, ()):
             first = pos + 1 if reader is target else 0
             root_env = self.root_intervals(reader, first)
+            clamped_env = self.root_intervals(reader, first, clamp=True) if exact else {}
             for n in walk(self.bodies[reader]):
                 if not (isinstance(n, TensorLoad) and self.sch[n.tensor] is st):
                     continue
@@ -284,6 +314,9 @@ class Lowering:
                     while it is not None and s is not target:
                         s = s.attach_stage  # type: ignore[assignment]
                         it = self.relax(it, s, pos + 1 if s is target else 0)
+                    if exact and it is not None and not untight[d]:
+                        tight[d] = self.tight_end(idx, clamped_env, reader, target, pos, tight[d])
+                        untight[d] = tight[d] is None
                     if it is not None and st.scope == "shared":
                         it = self.relax_threads(it, target)
                     if it is None:
@@ -318,9 +351,32 @@ class Lowering:
                 lo = E.binop("max", E.binop("min", E.binop("max", it[0], 0), self.index(n - ext)), 0)  # type: ignore[index]
                 out.append((self.ana.simplify(lo), sym_ext))
                 continue
+            if exact and tight[d] is not None and not untight[d]:
+                # the tile from its own start, as many elements as its readers need (the loop partition cuts the
+                # tiles that hold all `ext` from the tail); its buffer is allocated at `ext`
+                start = self.ana.simplify(E.binop("max", it[0], 0))  # type: ignore[index]
+                end = E.binop("min", tight[d], self.index(n - 1))
+                rows = self.ana.simplify(E.binop("min", const(ext, self.index_dtype), end - start + 1))
+                if not isinstance(rows, E.Const) or rows.value == ext:
+                    self.exact_dims.setdefault(st, set()).add(d)
+                    out.append((start, rows))
+                    continue
             lo = E.binop("min", E.binop("max", it[0], 0), self.index(n - ext))  # type: ignore[index]
             out.append((self.ana.simplify(lo), ext))
         return out
+
+    def tight_end(self, idx: Expr, env: dict[Var, tuple[Expr, Expr]], reader: Stage, target: Stage, pos: int,
+                  prev: Expr | None) -> Expr | None:
+        """The last element index `idx` reaches when the reader's axes stay within their ranges (a tile's
+        end clamped to the axis); None where that is unknown."""
+        it = self.ana.interval(idx, env)
+        s = reader
+        while it is not None and s is not target:
+            s = s.attach_stage  # type: ignore[assignment]
+            it = self.relax(it, s, pos + 1 if s is target else 0)
+        if it is None:
+            return None
+        return it[1] if prev is None else self.ana.simplify(E.binop("max", prev, it[1]))
 
     # -- 3. loop nests -----------------------------------------------------------------------
     def make_buffers(self) -> list[Buffer]:

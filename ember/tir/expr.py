@@ -260,10 +260,12 @@ class Call(Expr):
 
 @dataclass(frozen=True, eq=False)
 class Load(Expr):
-    """Read of buffer at indices (one per dimension; a single flat index after flattening)."""
+    """Read of buffer at indices (one per dimension; a single flat index after flattening). A vector load may
+    have a `predicate` (a vector boolean): lanes where it is false are not read and hold zero (a masked load)."""
 
     buffer: Any  # tir.Buffer
     indices: tuple[Expr, ...]
+    predicate: Expr | None = None
 
     @property
     def dtype(self) -> DType:  # type: ignore[override]

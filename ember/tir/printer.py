@@ -46,7 +46,8 @@ def format_expr(e: Expr, prec: int = 0) -> str:
     if isinstance(e, Call):
         return f"{e.name}({', '.join(format_expr(a) for a in e.args)})"
     if isinstance(e, Load):
-        return f"{e.buffer.name}[{', '.join(format_expr(i) for i in e.indices)}]"
+        s = f"{e.buffer.name}[{', '.join(format_expr(i) for i in e.indices)}]"
+        return s if e.predicate is None else f"masked({s}, {format_expr(e.predicate)})"
     if isinstance(e, Ramp):
         return f"ramp({format_expr(e.base)}, {format_expr(e.stride)}, {e.lanes})"
     if isinstance(e, Broadcast):
@@ -73,7 +74,8 @@ def format_stmt(s: Stmt, indent: int = 0) -> list[str]:
         return [f"{pad}for {s.var.name} in {kind}({_range(s)}{tag}):{notes}", *format_stmt(s.body, indent + 1)]
     if isinstance(s, Store):
         idx = ", ".join(format_expr(i) for i in s.indices)
-        return [f"{pad}{s.buffer.name}[{idx}] = {format_expr(s.value)}"]
+        mask = "" if s.predicate is None else f"  # lanes where {format_expr(s.predicate)}"
+        return [f"{pad}{s.buffer.name}[{idx}] = {format_expr(s.value)}{mask}"]
     if isinstance(s, Allocate):
         b = s.buffer
         return [

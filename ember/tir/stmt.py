@@ -105,9 +105,13 @@ class For(Stmt):
 
 @dataclass(frozen=True, eq=False)
 class Store(Stmt):
+    """Write of value at indices; a vector store with a `predicate` (a vector boolean) writes only the lanes where
+    it is true (a masked store: the tail of a vector tile)."""
+
     buffer: Buffer
     value: Expr
     indices: tuple[Expr, ...]
+    predicate: Expr | None = None
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,7 +25,7 @@ from .stmt import (
     seq,
     size_params,
 )
-from .vectorize import vectorize_loops
+from .vectorize import lane_mask, vectorize_loops
 
 log = logging.getLogger("ember.lower")
 
@@ -68,7 +68,13 @@ class _Simplifier:
                 return NOP
             return For(s.var, lo, ext, s.kind, body, s.thread_tag, s.annotations)
         if isinstance(s, Store):
-            return Store(s.buffer, self.expr(s.value), tuple(self.expr(i) for i in s.indices))
+            pred = self.expr(s.predicate) if s.predicate is not None else None
+            lanes = lane_mask(pred) if pred is not None else None
+            if lanes is not None and not any(lanes):
+                return NOP  # a masked store of no lane (a tail tile's vectors past its end, once unrolled)
+            if lanes is not None and all(lanes):
+                pred = None
+            return Store(s.buffer, _unmask_loads(self.expr(s.value)), tuple(self.expr(i) for i in s.indices), pred)
         if isinstance(s, IfThenElse):
             cond = self.expr(s.cond)
             if isinstance(cond, Const):
@@ -119,6 +125,21 @@ class _Simplifier:
         finally:
             for v, old in reversed(narrowed):
                 self.ana.bind(v, *old)
+
+
+def _unmask_loads(e: Expr) -> Expr:
+    """Masked loads whose mask is constant: plain loads where every lane is read (zero where none is)."""
+
+    def post(n):
+        if isinstance(n, Load) and n.predicate is not None:
+            lanes = lane_mask(n.predicate)
+            if lanes is not None and all(lanes):
+                return Load(n.buffer, n.indices)
+            if lanes is not None and not any(lanes):
+                return E.Broadcast(E.convert(0, n.buffer.dtype), n.dtype.lanes)
+        return None
+
+    return transform(e, post) if any(isinstance(n, Load) and n.predicate is not None for n in walk(e)) else e  # type: ignore[return-value]
 
 
 def simplify(func: PrimFunc) -> PrimFunc:
@@ -577,9 +598,9 @@ def flatten(func: PrimFunc) -> PrimFunc:
 
     def post(n):
         if isinstance(n, Load):
-            return Load(n.buffer, flat(n.buffer, n.indices))
+            return Load(n.buffer, flat(n.buffer, n.indices), n.predicate)
         if isinstance(n, Store):
-            return Store(n.buffer, n.value, flat(n.buffer, n.indices))
+            return Store(n.buffer, n.value, flat(n.buffer, n.indices), n.predicate)
         return None
 
     return func.with_body(transform(func.body, post))  # type: ignore[arg-type]

@@ -1,15 +1,19 @@
 """Vectorize: turn a VECTORIZED loop into vector operations (Ramp indices, vector loads/stores).
 
 The loop variable becomes Ramp(min, 1, lanes); expressions that do not depend on it stay scalar
-and are broadcast where they meet vectors. When the body cannot be expressed with vectors (a branch
-on the lane, a store to one address from all lanes, an allocation, a lane count that is not a power
-of two, ...) the loop stays a scalar loop with an `omp simd` hint and the reason is recorded.
+and are broadcast where they meet vectors. A branch on the lane around stores (the tail of a tile:
+`if lane < n: y[...] = ...`) becomes masked stores, their vector loads masked loads where they may
+reach past their buffer, and a per-lane select between loads (padding) masks each side's loads by its
+condition. When the body cannot be expressed with vectors (another branch on the lane, a store to one
+address from all lanes, an allocation, a lane count that is not a power of two, ...) the loop stays a
+scalar loop with an `omp simd` hint and the reason is recorded.
 """
 
 from __future__ import annotations
 
 import logging
 
+from .dtype import DType, boolean
 from .expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var, same
 from .functor import map_children, transform, walk
 from .stmt import Allocate, Evaluate, For, ForKind, IfThenElse, LetStmt, Seq, Stmt, Store
@@ -122,13 +126,13 @@ class _Vectorizer:
         if _lanes(e.cond) == 1:
             return Select(e.cond, broadcast(e.t, L), broadcast(e.f, L))
         read = [n for n in walk(e.cond) if isinstance(n, Load)]  # evaluated for every lane anyway
-        guarded = [n for side in (e.t, e.f) for n in walk(side) if isinstance(n, Load)]
-        if any(not any(same(g, r) for r in read) for g in guarded):
-            raise CannotVectorize("a per-lane condition guards a memory read (padding/boundary check)")
         bits = mask_bits(e.cond)
         if e.t.dtype.is_bool or bits != e.t.dtype.bits:
             raise CannotVectorize(f"select of {e.t.dtype} under a {bits}-bit condition")
-        return Select(e.cond, broadcast(e.t, L), broadcast(e.f, L))
+        # a read on one side only (padding, a boundary check): masked by that side's condition
+        t = _mask_loads(broadcast(e.t, L), e.cond, read)
+        f = _mask_loads(broadcast(e.f, L), Not(e.cond), read)
+        return Select(e.cond, t, f)
 
     # -- statements --------------------------------------------------------------------------
     def stmt(self, s: Stmt) -> Stmt:
@@ -150,6 +154,12 @@ class _Vectorizer:
                 raise CannotVectorize(f"inner loop {s.var.name} bounds depend on the vector lane")
             return For(s.var, lo, ext, s.kind, self.stmt(s.body), s.thread_tag, s.annotations)
         if isinstance(s, IfThenElse):
+            parts = [(c, self.expr(c)) for c in _conjuncts(s.cond)] if s.else_case is None else []
+            lane = [c for c, v in parts if _lanes(v) != 1]
+            if lane:  # a guard per lane (a tile's tail): masked stores, within a branch on the uniform part
+                uniform = [v for _, v in parts if _lanes(v) == 1]
+                body = self.masked(self.expr(_all(lane)), s.then_case, s.cond)
+                return IfThenElse(_all(uniform), body) if uniform else body
             cond = self.expr(s.cond)
             if _lanes(cond) != 1:
                 raise CannotVectorize(f"branch on the vector lane: if {s.cond}")
@@ -173,6 +183,121 @@ class _Vectorizer:
         raise CannotVectorize(f"cannot vectorize {type(s).__name__}")
 
 
+    def masked(self, cond: Expr, body: Stmt, scalar_cond: Expr) -> Stmt:
+        """`if cond: body` with cond per lane: body's stores masked by cond (and their vector loads, where they may
+        reach past their buffer); only stores (and sequences of them) can be masked. A scalar read (a row's sum,
+        broadcast) is made only when some lane is active: under a branch on the first lane, where the condition
+        bounds increasing lanes (`lane < n`: the tail of a tile), else not at all (the loop stays scalar)."""
+        mask_bits(cond)
+        read = [n for n in walk(cond) if isinstance(n, Load)]
+        first = _first_lane(cond)
+        out = self.stmt(body)
+        scalar_reads = False
+
+        def mask(s: Stmt) -> Stmt:
+            nonlocal scalar_reads
+            if isinstance(s, Seq):
+                return Seq(tuple(mask(x) for x in s.stmts))
+            if not isinstance(s, Store) or _lanes(s.indices[0]) == 1:
+                raise CannotVectorize(f"branch on the vector lane: if {scalar_cond}")
+            for n in walk(s):
+                if isinstance(n, Load) and _lanes(n) == 1 and not _in_bounds(n) and not any(same(n, r) for r in read):
+                    if first is None:
+                        raise CannotVectorize(f"a per-lane condition guards a scalar read of {n.buffer.name}")
+                    scalar_reads = True
+            value = _mask_loads(s.value, cond, read + ([] if first is None else _scalar_loads(s.value)))
+            pred = cond if s.predicate is None else BinOp("and", s.predicate, cond, cond.dtype)
+            return Store(s.buffer, value, s.indices, pred)
+
+        out = mask(out)
+        return IfThenElse(first, out) if scalar_reads else out
+
+
+def _scalar_loads(e: Expr) -> list[Load]:
+    return [n for n in walk(e) if isinstance(n, Load) and _lanes(n) == 1]
+
+
+def _first_lane(cond: Expr) -> Expr | None:
+    """Whether any lane of a vector condition holds, as a scalar condition, where each of its conjuncts bounds an
+    increasing ramp (`ramp(b, s, L) < broadcast(n)`, s > 0: any lane holds iff the first does); None otherwise."""
+    out = []
+    for c in _conjuncts(cond):
+        if not (isinstance(c, BinOp) and c.op in ("lt", "le") and isinstance(c.b, Broadcast)):
+            return None
+        a = c.a.value if isinstance(c.a, Cast) and isinstance(c.a.value, Ramp) else c.a  # a lane offset, cast
+        if not (isinstance(a, Ramp) and isinstance(a.stride, Const) and a.stride.value > 0):
+            return None
+        base = Cast(c.b.value.dtype, a.base) if a.base.dtype != c.b.value.dtype else a.base
+        out.append(BinOp(c.op, base, c.b.value, c.dtype.with_lanes(1)))
+    return _all(out) if out else None
+
+
+def _conjuncts(c: Expr) -> list[Expr]:
+    if isinstance(c, BinOp) and c.op == "and":
+        return _conjuncts(c.a) + _conjuncts(c.b)
+    return [c]
+
+
+def _all(cs: list[Expr]) -> Expr:
+    out = cs[0]
+    for c in cs[1:]:
+        out = BinOp("and", out, c, out.dtype)
+    return out
+
+
+def lane_mask(pred: Expr) -> list[bool] | None:
+    """The lanes of a mask that is a constant (comparisons of constant ramps and broadcasts, as unrolling leaves
+    them), or None."""
+    if isinstance(pred, Ramp) and isinstance(pred.base, Const) and isinstance(pred.stride, Const):
+        return [pred.base.value + pred.stride.value * i for i in range(pred.lanes)]  # type: ignore[return-value]
+    if isinstance(pred, Broadcast) and isinstance(pred.value, Const):
+        return [pred.value.value] * pred.lanes
+    if isinstance(pred, Cast):
+        return lane_mask(pred.value)
+    if isinstance(pred, Not):
+        a = lane_mask(pred.a)
+        return None if a is None else [not x for x in a]
+    if isinstance(pred, BinOp) and pred.op in _LANE_OPS:
+        a, b = lane_mask(pred.a), lane_mask(pred.b)
+        if a is None or b is None:
+            return None
+        return [_LANE_OPS[pred.op](x, y) for x, y in zip(a, b)]
+    return None
+
+
+_LANE_OPS = {"lt": lambda x, y: x < y, "le": lambda x, y: x <= y, "gt": lambda x, y: x > y, "ge": lambda x, y: x >= y,
+             "eq": lambda x, y: x == y, "ne": lambda x, y: x != y, "and": lambda x, y: bool(x and y),
+             "or": lambda x, y: bool(x or y), "add": lambda x, y: x + y, "sub": lambda x, y: x - y}  # fmt: skip
+
+
+def _in_bounds(n: Load) -> bool:
+    """A load at constant offsets (a scalar, or a contiguous ramp) within its buffer's static size."""
+    idx = n.indices[0] if len(n.indices) == 1 else None
+    size = getattr(n.buffer, "size", None)
+    if idx is None or not isinstance(size, int):
+        return False
+    if isinstance(idx, Const):
+        return 0 <= idx.value < size
+    return (isinstance(idx, Ramp) and isinstance(idx.base, Const) and isinstance(idx.stride, Const)
+            and idx.base.value >= 0 and idx.base.value + idx.stride.value * (idx.lanes - 1) < size)  # fmt: skip
+
+
+def _mask_loads(e: Expr, cond: Expr, read: list[Load]) -> Expr:
+    """e with its vector loads masked by cond (lanes where it is false are not read), except those that cannot
+    fault (within their buffer at constant offsets) and those the condition itself reads; a scalar load there
+    (read whatever the lanes) must be within its buffer."""
+
+    def post(n):
+        if not isinstance(n, Load) or any(same(n, r) for r in read) or _in_bounds(n):
+            return None
+        if _lanes(n) == 1:
+            raise CannotVectorize(f"a per-lane condition guards a scalar read of {n.buffer.name}")
+        pred = cond if n.predicate is None else BinOp("and", n.predicate, cond, cond.dtype)
+        return Load(n.buffer, n.indices, pred)
+
+    return transform(e, post)  # type: ignore[return-value]
+
+
 def _expr_children(e: object) -> list[Expr]:
     out: list[Expr] = []
     for v in e._values():  # type: ignore[attr-defined]
@@ -191,15 +316,30 @@ def vectorize_loop(loop: For) -> Stmt:
         from .functor import substitute
 
         return substitute(loop.body, {loop.var: loop.min})  # type: ignore[return-value]
-    if lanes & (lanes - 1) or lanes > MAX_LANES:
-        return _fallback(loop, f"{lanes} lanes (needs a power of two <= {MAX_LANES})")
     half = [n for n in walk(loop.body) if isinstance(n, Expr) and n.dtype.is_half]
     if half or any(isinstance(n, Load | Store) and n.buffer.dtype.is_half for n in walk(loop.body)):
         return _fallback(loop, "16-bit floats are converted element by element")
+    if lanes > MAX_LANES:
+        return _fallback(loop, f"{lanes} lanes (needs a power of two <= {MAX_LANES})")
+    if lanes & (lanes - 1):  # the next power of two, the lanes past the extent masked off (a tile's tail)
+        try:
+            return _Vectorizer(loop.var, loop.min, 1 << lanes.bit_length()).stmt(_lane_guard(loop, lanes))
+        except CannotVectorize as e:
+            return _fallback(loop, f"{lanes} lanes (not a power of two) and no masked form: {e}")
     try:
         return _Vectorizer(loop.var, loop.min, lanes).stmt(loop.body)
     except CannotVectorize as e:
         return _fallback(loop, str(e))
+
+
+def _lane_guard(loop: For, lanes: int) -> Stmt:
+    """The loop's body under `var - min < lanes`, the comparison in integers as wide as the elements it stores
+    (a mask that selects whole elements)."""
+    stores = [n for n in walk(loop.body) if isinstance(n, Store)]
+    bits = stores[0].buffer.dtype.bits if stores and stores[0].buffer.dtype.bits in (8, 16, 32, 64) else 32
+    it = DType(f"int{bits}")
+    lane = Cast(it, BinOp("sub", loop.var, loop.min, loop.var.dtype))
+    return IfThenElse(BinOp("lt", lane, Const(lanes, it), boolean), loop.body)
 
 
 def _fallback(loop: For, reason: str) -> For:

@@ -214,3 +214,91 @@ def test_row_sum_any_annotation(target, seed):
         out = np.zeros(4, "float32")
         ember.build(sch, [A, S_], target=target)(a, out)
         np.testing.assert_allclose(out, a.sum(1), rtol=1e-4, atol=1e-4)
+
+
+# -- tails: extents that are no multiple of any tile -----------------------------------------------------------
+def scaled_scores(b: int, m: int, n: int, k: int, target: str) -> AutoTask:
+    """The kernel of MatMul(b x m x k, b x k x n) -> Mul(0.125), as the compiler groups attention scores."""
+    pytest.importorskip("onnx", reason="the scores are built as an ONNX model")
+    from onnx import TensorProto, helper
+
+    from ember.autoschedule.task import extract_auto_tasks
+
+    q = helper.make_tensor_value_info("q", TensorProto.FLOAT, [b, m, k])
+    kt = helper.make_tensor_value_info("k", TensorProto.FLOAT, [b, k, n])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, m, n])
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [0.125])
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "scores", [q, kt], [y], [scale]),
+                              opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    (task,) = extract_auto_tasks(model, target)
+    return task
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x.astype(np.float64) - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+@PROPERTY
+@given(data=st.data())
+def test_any_sketch_any_annotation_any_extents(target, data):
+    """Scaled scores (batched, a fused epilogue) and softmax rows at extents drawn from 1 to a few vectors past
+    a tile (primes, one past a vector, smaller than one): every sketch and annotation, exact and masked tails
+    included, computes numpy's result."""
+    kind = data.draw(st.sampled_from(["scores", "softmax"]), label="kernel")
+    m, n = data.draw(st.integers(1, 29), label="rows"), data.draw(st.integers(1, 53), label="columns")
+    if kind == "scores":
+        b, k = data.draw(st.integers(1, 3), label="batch"), data.draw(st.integers(1, 19), label="reduction")
+        task = scaled_scores(b, m, n, k, target)
+    else:
+        task = AutoTask.from_op("Softmax", [(m, n)], {"axis": -1}, target=target)
+    sk = data.draw(st.sampled_from(task.sketches()), label="sketch")
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    outs, args = task.computes()
+    sch, dec = S.sample(sk, outs, args, Target.parse(target), random.Random(seed))
+    note(f"{kind} {sk.name} {dec}")
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal(a.shape).astype("float32") for a in args[: len(args) - len(outs)]]
+    ref = np.matmul(xs[0].astype(np.float64), xs[1]) * 0.125 if kind == "scores" else _softmax(xs[0])
+    y = np.zeros(outs[0].shape, "float32")
+    ember.build(sch, args, target=target)(*xs, y)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
+
+
+def _lane_updates(s, name: str) -> int:
+    """Lanes stored to buffer `name` by a loop nest (loops at their constant extents)."""
+    from ember.tir.stmt import Allocate, For, IfThenElse, LetStmt, Seq, Store
+
+    if isinstance(s, Store):
+        return s.value.dtype.lanes if s.buffer.name == name else 0
+    if isinstance(s, Seq):
+        return sum(_lane_updates(x, name) for x in s.stmts)
+    if isinstance(s, For):
+        return s.extent.value * _lane_updates(s.body, name)
+    if isinstance(s, IfThenElse):
+        return _lane_updates(s.then_case, name) + (_lane_updates(s.else_case, name) if s.else_case else 0)
+    return _lane_updates(s.body, name) if isinstance(s, Allocate | LetStmt) else 0
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_register_tile_computes_exact_tails(target):
+    """tile.reg on 2 x 13 x 37 scores with 3-row tiles of two vectors: the last row tile computes its one row
+    (not a tile shifted back over the previous one), the last column tile one vector (not two, nor the whole
+    padded panel): the accumulator is updated (k + 1) times (init and k steps) per row and per column rounded up
+    to whole vectors, no more; against numpy."""
+    task = scaled_scores(2, 13, 37, 5, target)
+    tgt = Target.parse(target)
+    lanes = S.lanes_of("float32", tgt)
+    outs, args = task.computes()
+    dec = {"matmul_acc.nr": 2 * lanes, "matmul_acc.i1.reg": 3, "matmul_acc.i0.reg": 1, "mul.swap": False,
+           "matmul_acc.k.1": 1, "matmul_acc_packed_b.inline": False}  # fmt: skip
+    sch, _ = S.apply(task.sketch("tile.reg"), outs, tgt, dec)
+    f = ember.build(sch, args, target=target)
+    assert _lane_updates(f.ir.body, "matmul_acc") == 2 * 13 * (-(-37 // lanes) * lanes) * (5 + 1), f.ir
+    rng = np.random.default_rng(11)
+    q, k = rng.standard_normal((2, 13, 5)).astype("float32"), rng.standard_normal((2, 5, 37)).astype("float32")
+    y = np.zeros((2, 13, 37), "float32")
+    f(q, k, y)
+    np.testing.assert_allclose(y, q @ k * 0.125, rtol=1e-5, atol=1e-5)

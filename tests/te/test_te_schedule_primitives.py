@@ -190,8 +190,8 @@ def fused_loop_vectorized_power_of_two():
     return s, [A, B], ew_ref
 
 
-@case("vectorize_fallback=56 lanes", lacks=("ramp(",))
-def fused_loop_vectorized_not_power_of_two_falls_back():
+@case("B[ramp(0, 1, 64)]", "lanes where", lacks=("vectorize_fallback",))
+def fused_loop_vectorized_not_power_of_two_is_masked():
     A, B = elementwise(7, 8)
     s = te.create_schedule(B)
     s[B].vectorize(s[B].fuse(*B.op.axis))
@@ -233,16 +233,20 @@ def test_vectorize_power_of_two_lanes_gives_vector_code(check_build, rng, lanes)
 
 
 @pytest.mark.parametrize("lanes", [3, 5, 6, 7])
-def test_vectorize_other_lane_counts_fall_back_to_scalar_loops(check_build, rng, lanes):
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_vectorize_other_lane_counts_mask_the_next_power_of_two(check_build, rng, lanes, target):
+    """A row of 3..7 elements: one vector of 4 or 8 lanes, its loads and stores masked to the row (the last row's
+    lanes past the buffer are never touched)."""
     A, B = elementwise(5, lanes)
     s = te.create_schedule(B)
     s[B].vectorize(B.op.axis[1])
-    f = check_build(s, [A, B], ew_ref, rng)
-    assert f"vectorize_fallback={lanes} lanes" in str(f.ir)
-    assert "ramp(" not in str(f.ir)
+    f = check_build(s, [A, B], ew_ref, rng, target=target)
+    p = 1 << lanes.bit_length()
+    assert f"B[ramp(i * {lanes}, 1, {p})]" in str(f.ir) and "masked(A[" in str(f.ir), f.ir
+    assert "vectorize_fallback" not in str(f.ir)
 
 
-@case("C[ramp(i * 19 + j.outer * 8, 1, 8)]", "for j.inner in range(3):")
+@case("C[ramp(i * 19 + j.outer * 8, 1, 8)]", "C[ramp(i * 19 + 16, 1, 4)]", "lanes where")
 def vectorize_a_split_with_a_tail():
     A, B, C = matmul(13, 19, 9)
     s = te.create_schedule(C)
@@ -261,8 +265,8 @@ def vectorize_a_loop_that_holds_the_reduction_loop():
     return s, [A, B, C], mm_ref
 
 
-@case("vectorize_fallback=a per-lane condition guards a memory read")
-def vectorize_a_guarded_read_falls_back():
+@case("masked(A[ramp(-1, 1, 16)]", lacks=("vectorize_fallback",))
+def vectorize_a_guarded_read_masks_it():
     A = te.placeholder((16,), name="A")
     B = te.compute((16,), lambda i: te.if_then_else(i % 2 == 1, A[i - 1], 0.0), name="B")  # never reads A[-1]
     s = te.create_schedule(B)

@@ -264,13 +264,15 @@ def test_vectorize_a_scheduled_compute_gives_vector_loads_in_the_ir():
 
 
 FALLBACKS = [
-    ("6 lanes", lambda i: Store(B, A[i], (i,)), 6, "6 lanes (needs a power of two <= 64)"),
-    ("lane-dependent branch", lambda i: IfThenElse(i < 3, Store(B, A[i], (i,))), 4, "branch on the vector lane"),
+    ("lane-dependent branch with an else", lambda i: IfThenElse(i < 3, Store(B, A[i], (i,)), Store(B, c(0.0), (i,))),
+     4, "branch on the vector lane"),
     ("all lanes store one element", lambda i: Store(B, A[i], (c(0),)), 4, "all lanes store to the same element"),
     ("allocation inside", lambda i: Allocate(Buffer("T", (1,), "float32", "local"), Store(B, A[i], (i,))), 4,
      "allocation of T inside the vectorized loop"),
-    ("load under a per-lane condition", lambda i: Store(B, tir.Select(i > 1, A[i - 1], c(0.0)), (i,)), 4,
-     "a per-lane condition guards a memory read"),
+    ("6 lanes around a loop", lambda i: loop(Var("k"), 2, Store(B, A[i], (i,))), 6,
+     "6 lanes (not a power of two) and no masked form"),
+    ("scalar load under a per-lane condition", lambda i: IfThenElse(i > 1, Store(B, A[Var("n")], (i,))), 4,
+     "guards a scalar read of A"),
 ]  # fmt: skip
 
 
@@ -282,6 +284,46 @@ def test_vectorize_falls_back_to_a_scalar_loop_with_the_reason(name, body, lanes
     notes = dict(out.body.annotations)
     assert reason in notes["vectorize_fallback"]
     assert not [n for n in walk(out.body) if isinstance(n, Ramp | Broadcast)]
+
+
+def test_vectorize_masks_a_tail_of_lanes():
+    """A lane count that is not a power of two: the next one, its stores and loads masked to the lanes that exist;
+    a branch on the lane around stores: masked stores (the loads within their buffer at constant offsets unmasked);
+    a select reading on one side only: that side's loads masked by its condition."""
+    i = Var("i")
+    A6 = Buffer("A6", (6,), "float32")
+    six = vectorize(PrimFunc("g", (A6, B), loop(i, 6, Store(B, A6[i] * c(2.0), (i,)), ForKind.VECTORIZED)))
+    mask = "ramp(0, 1, 8) < broadcast(6, 8)"
+    assert text(six) == expect(f"""
+        def g(A6: float32[6], B: float32[10]):
+          B[ramp(0, 1, 8)] = masked(A6[ramp(0, 1, 8)], {mask}) * broadcast(2.0f, 8)  # lanes where {mask}
+    """)
+    n = Var("n")
+    tail = vectorize(PrimFunc("g", (A, B), loop(i, 4, IfThenElse((i < n) & (n > 2), Store(B, A[i] + A[c(9)], (i,))),
+                                                 ForKind.VECTORIZED)))  # fmt: skip
+    assert text(tail) == expect("""
+        def g(A: float32[10], B: float32[10]):
+          if n >= 3:
+            B[ramp(0, 1, 4)] = A[ramp(0, 1, 4)] + broadcast(A[9], 4)  # lanes where ramp(0, 1, 4) < broadcast(n, 4)
+    """)
+    pad = vectorize(PrimFunc("g", (A, B), loop(i, 4, Store(B, tir.Select(i > n, A[i - 1], c(0.0)), (i,)),
+                                                ForKind.VECTORIZED)))  # fmt: skip
+    cond = "ramp(0, 1, 4) > broadcast(n, 4)"
+    assert f"select({cond}, masked(A[ramp(-1, 1, 4)], {cond})" in text(pad)
+
+
+def test_masked_stores_of_constant_masks_simplify():
+    """Once unrolled, a masked store of no lane is dropped and one of every lane is a plain store."""
+    i, j = Var("i"), Var("j")
+    C = Buffer("C", (64,), "float32")
+    body = loop(j, 4, loop(i, 16, IfThenElse(j * 16 + i < 21, Store(C, c(1.0), (j * 16 + i,))), ForKind.VECTORIZED),
+                ForKind.UNROLLED)  # fmt: skip
+    out = optimize(PrimFunc("g", (C,), body))
+    assert text(out) == expect("""
+        def g(C: float32[64]):
+          C[ramp(0, 1, 16)] = broadcast(1.0f, 16)
+          C[ramp(16, 1, 16)] = broadcast(1.0f, 16)  # lanes where ramp(16, 1, 16) < broadcast(21, 16)
+    """)
 
 
 def test_vectorize_selects_without_loads_under_a_lane_condition():
