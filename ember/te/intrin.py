@@ -108,6 +108,9 @@ def dot_u8s8_isa(features: frozenset[str], n: int, a_signed: bool = False) -> st
     return "c"
 
 
+VNNI_REGISTERS = 32  # zmm registers: a tile's accumulators, its operand vectors and broadcasts
+
+
 def _dot_u8s8_c(m: int, n: int, features: frozenset[str], zero: bool = False) -> tuple[str, str]:
     return _dot_c(m, n, features, False, zero)
 
@@ -144,11 +147,18 @@ def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool, zero: bool 
                 for v in range(nv)]  # fmt: skip
         lines += [f"  __m512i {cs[r][v]} = {init[r * nv + v]};" for r in range(m) for v in range(nv)]
         lines.append("  for (long p = 0; p < k4; ++p) {")
-        lines += [f"    const __m512i b{v} = {load(v, f'b + p * ldb + {64 * v}')};" for v in range(nv)]
-        for r in range(m):
-            lines.append(f"    const __m512i a{r} = _mm512_set1_epi32(ember_load4(a + {r} * lda + 4 * p));")
-            ops = [f"b{v}, a{r}" if a_signed else f"a{r}, b{v}" for v in range(nv)]  # first source: the unsigned
-            lines += [f"    EMBER_DPBUSD({cs[r][v]}, {ops[v]});" for v in range(nv)]
+        ops = [[f"b{v}, a{r}" if a_signed else f"a{r}, b{v}" for v in range(nv)] for r in range(m)]  # unsigned first
+        if (m + 1) * nv + 1 <= VNNI_REGISTERS:  # the row of B in registers, one broadcast of A at a time
+            lines += [f"    const __m512i b{v} = {load(v, f'b + p * ldb + {64 * v}')};" for v in range(nv)]
+            for r in range(m):
+                lines.append(f"    const __m512i a{r} = _mm512_set1_epi32(ember_load4(a + {r} * lda + 4 * p));")
+                lines += [f"    EMBER_DPBUSD({cs[r][v]}, {ops[r][v]});" for v in range(nv)]
+        else:  # a wide tile (a 14 x 14 image's 13 vectors): the m broadcasts in registers, one vector of B at a time
+            lines += [f"    const __m512i a{r} = _mm512_set1_epi32(ember_load4(a + {r} * lda + 4 * p));"
+                      for r in range(m)]  # fmt: skip
+            for v in range(nv):
+                lines.append(f"    const __m512i b{v} = {load(v, f'b + p * ldb + {64 * v}')};")
+                lines += [f"    EMBER_DPBUSD({cs[r][v]}, {ops[r][v]});" for r in range(m)]
         lines.append("  }")
         lines += [store(r, v) for r in range(m) for v in range(nv)]
         body = "\n".join(lines) + "\n"

@@ -64,24 +64,47 @@ def _accumulators(nb: int, rows: int) -> int:
 
 
 WX_ACCUMULATORS = 28  # zmm registers for the accumulators of a W x X tile (the rest: columns of X, a row of W)
-WX_REGISTERS = 32  # all of them: accumulators, the tile's vectors of X (loaded once per k) and one broadcast of W
+WX_REGISTERS = 32  # all of them: accumulators, the tile's vectors of X or its broadcasts of W, one more operand
 ROW_WEIGHT = {1: 0.5, 2: 0.9}  # a W x X tile's worth by its rows (measured on ResNet-50's layers; 4 or more: 1)
+# A tile's worth by the vector width its requantizing epilogue is written in (a tile of 28 pixels in vectors of 4:
+# ResNet-50's 1 x 1 convolutions at 14 x 14, 256 -> 1024 channels, 270 GOP/s as 8 x 28 tiles, 347 as 2 x 196)
+EPILOGUE_WEIGHT = {16: 1.0, 8: 0.9, 4: 0.8}
 
 
-def wx_tile(height: int, width: int, rows: int) -> tuple[int, int]:
+def wx_registers(mr: int, nv: int) -> int:
+    """The vector registers of an mr x nv W x X micro-kernel (`ember.te.intrin`'s VNNI one): the accumulators plus
+    the nv vectors of X loaded once per k and a broadcast of W, or (a wide tile) the mr broadcasts of W and one
+    vector of X at a time, whichever is fewer."""
+    return mr * nv + min(nv + 1, mr + 1)
+
+
+def wx_epilogue_width(nb: int, whole: bool, flat: bool) -> int:
+    """The vector width `_schedule_wx` writes a tile of nb output pixels in: 16 with a tail partitioned off where
+    the tile's pixels are one range of the accumulator (`flat`: no padding columns, or the whole image) and
+    span two vectors, else the widest of 16, 8, 4 that divides nb (0: none)."""
+    if (flat or whole) and nb >= 32:
+        return 16
+    return next((v for v in (16, 8, 4) if nb % v == 0), 0)
+
+
+def wx_tile(height: int, width: int, rows: int, flat: bool = False) -> tuple[int, int]:
     """(mr output channels, nb pixels) of a W x X tile (`int8_acc_wx`) for an image of height x width: nb whole
     image rows (the tile's pixels are then one range of the NCHW image), in vectors of 16 pixels (the last one
-    masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS, and with the vectors of X and a
-    broadcast within WX_REGISTERS (else the compiler reloads X for every row: a load per vpdpbusd, 7 x 4 tiles
+    masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS, and the whole micro-kernel within
+    WX_REGISTERS (`wx_registers`; else the compiler reloads X for every row: a load per vpdpbusd, 7 x 4 tiles
     of 14 x 14 images at 60% of the 8 x 2 tile's speed). Best: the most lanes used, times ROW_WEIGHT (a row of W
-    broadcast per vector of X loaded: one row is slow, two nearly as good as four), then the most accumulators."""
+    broadcast per vector of X loaded: one row is slow, two nearly as good as four), times EPILOGUE_WEIGHT where
+    the grid is `flat` (a 1 x 1 convolution: no padding columns), then the most accumulators."""
     best, key = (0, 0), (0.0, 0)
     for k in (k for k in range(1, height + 1) if height % k == 0):
         nb = k * width
         nv = -(-nb // 16)
         for mr in (8, 6, 4, 2, 1):
-            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS and (mr + 1) * nv + 1 <= WX_REGISTERS:
-                score = (nb / (16 * nv) * ROW_WEIGHT.get(mr, 1.0), mr * nv)
+            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS and wx_registers(mr, nv) <= WX_REGISTERS:
+                worth = nb / (16 * nv) * ROW_WEIGHT.get(mr, 1.0)
+                if flat:
+                    worth *= EPILOGUE_WEIGHT.get(wx_epilogue_width(nb, k == height, True), 0.7)
+                score = (worth, mr * nv)
                 if score > key:
                     best, key = (mr, nb), score
     return best
@@ -205,7 +228,7 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "
     if one != 1 or k != kh_ * kw_ * k4 or pixels < need:
         raise ValueError(f"int8_acc_wx: packed W {wt.shape} (nb = 1) and X4 {x4.shape} do not make a "
                          f"{kh_} x {kw_} convolution to {oh} x {ow} on rows of {wpad}")  # fmt: skip
-    mr, rows = wx_tile(oh, wpad, co)
+    mr, rows = wx_tile(oh, wpad, co, flat=st == 1 and wpad == ow)
     if not rows:
         raise ValueError(f"int8_acc_wx: no tile of whole rows of {wpad} pixels for {co} channels (use int8_acc)")
     r = te.reduce_axis((0, kh_), name="r")
