@@ -235,7 +235,7 @@ def _wx_tile(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int]:
     """`ember.templates.int8.wx_tile` of a convolution seen as stride 1 (`_wx_view`), as `int8_acc_wx` picks it."""
     _, oh, wpad = _wx_rows(a, x_shape)
     flat = _phase_grid(a, x_shape) is None and wpad == _conv_geometry(a, x_shape)[0][1]
-    return I8.wx_tile(oh, wpad, a["n"], flat)
+    return I8.wx_tile(oh, wpad, a["n"], flat, -(-x_shape[1] // 4) * 4)
 
 
 def _wx_rows(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:

@@ -87,21 +87,36 @@ def wx_epilogue_width(nb: int, whole: bool, flat: bool) -> int:
     return next((v for v in (16, 8, 4) if nb % v == 0), 0)
 
 
-def wx_tile(height: int, width: int, rows: int, flat: bool = False) -> tuple[int, int]:
+WX_NARROW_BYTES = 32768  # the most bytes of X (channels x pixels) a 256-bit W x X tile reads per call (`wx_lanes`)
+
+
+def wx_lanes(nb: int, whole_flat: bool, channels: int = 0) -> int:
+    """The pixels per vector of a W x X tile of nb pixels: 8 (`dot_s8u8_256`) for a whole flat image (a 1 x 1
+    convolution's) of fewer than 64 pixels that vectors of 8 cover with fewer idle lanes than vectors of 16, where
+    its X of `channels` x nb bytes stays in the L1 cache (its tiles have 2 rows of W, not 4: each reads X twice as
+    often), else 16. ResNet-50's 7 x 7 images (7 x 8 against 4 x 16 lanes for 49 pixels): 512 -> 2048 channels 250
+    -> 300 GOP/s, but 2048 -> 512 285 -> 258 (loaded, 1 thread)."""
+    fits = 0 < channels * nb <= WX_NARROW_BYTES
+    return 8 if whole_flat and fits and nb < 64 and -nb % 8 < -nb % 16 else 16
+
+
+def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: int = 0) -> tuple[int, int]:
     """(mr output channels, nb pixels) of a W x X tile (`int8_acc_wx`) for an image of height x width: nb whole
     image rows (the tile's pixels are then one range of the NCHW image), in vectors of 16 pixels (the last one
     masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS, and the whole micro-kernel within
     WX_REGISTERS (`wx_registers`; else the compiler reloads X for every row: a load per vpdpbusd, 7 x 4 tiles
     of 14 x 14 images at 60% of the 8 x 2 tile's speed). Best: the most lanes used, times ROW_WEIGHT (a row of W
     broadcast per vector of X loaded: one row is slow, two nearly as good as four), times EPILOGUE_WEIGHT where
-    the grid is `flat` (a 1 x 1 convolution: no padding columns), then the most accumulators."""
+    the grid is `flat` (a 1 x 1 convolution: no padding columns), then the most accumulators. Vectors of 16
+    pixels, or of 8 where `wx_lanes` says (`channels`: the input's, padded to 4)."""
     best, key = (0, 0), (0.0, 0)
     for k in (k for k in range(1, height + 1) if height % k == 0):
         nb = k * width
-        nv = -(-nb // 16)
+        lanes = wx_lanes(nb, flat and k == height, channels)
+        nv = -(-nb // lanes)
         for mr in (8, 6, 4, 2, 1):
             if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS and wx_registers(mr, nv) <= WX_REGISTERS:
-                worth = nb / (16 * nv) * ROW_WEIGHT.get(mr, 1.0)
+                worth = nb / (lanes * nv) * ROW_WEIGHT.get(mr, 1.0)
                 if flat:
                     worth *= EPILOGUE_WEIGHT.get(wx_epilogue_width(nb, k == height, True), 0.7)
                 score = (worth, mr * nv)
@@ -228,7 +243,8 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "
     if one != 1 or k != kh_ * kw_ * k4 or pixels < need:
         raise ValueError(f"int8_acc_wx: packed W {wt.shape} (nb = 1) and X4 {x4.shape} do not make a "
                          f"{kh_} x {kw_} convolution to {oh} x {ow} on rows of {wpad}")  # fmt: skip
-    mr, rows = wx_tile(oh, wpad, co, flat=st == 1 and wpad == ow)
+    flat = st == 1 and wpad == ow
+    mr, rows = wx_tile(oh, wpad, co, flat, 4 * k4)
     if not rows:
         raise ValueError(f"int8_acc_wx: no tile of whole rows of {wpad} pixels for {co} channels (use int8_acc)")
     r = te.reduce_axis((0, kh_), name="r")
@@ -247,6 +263,8 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "
 
     plan = Int8Plan(mr, rows // wpad * ow)  # nb: the output pixels of a tile (whole output rows)
     attrs = {"plan": plan, "planes": (plane, wpad)} if st > 1 else {"plan": plan, "row": wpad}
+    if wx_lanes(rows, flat and rows == oh * wpad, 4 * k4) == 8:
+        attrs["intrinsic"] = "dot_s8u8_256"
     return te.compute((x4.shape[0], co, oh * wpad), body, name=name, tag="int8_gemm", attrs=attrs)
 
 
@@ -346,7 +364,7 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
     lb, lo, lp = L.op.axis
     r, s_, c4, kk = L.op.reduce_axis
     L.reorder(r, s_, c4, lb, lo, lp, kk)  # one micro-kernel call per kernel tap
-    L.tensorize(c4, "dot_s8u8")
+    L.tensorize(c4, acc.op.attrs.get("intrinsic", "dot_s8u8"))
     big = target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16
     if big:  # the threads share the pixel panels and the channel tiles: a 7 x 7 or 14 x 14 image is one panel
         oo = O.fuse(b, po, oo)
