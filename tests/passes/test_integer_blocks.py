@@ -134,6 +134,19 @@ def test_small_images_pointwise_convs_take_the_whole_image(cin, mid, size, strid
         assert f"{tile}" in m.source and "_avx512_vnni" in m.source
 
 
+@pytest.mark.skipif(not VNNI, reason="W x X packing needs the host's int8 dot-product instructions")
+def test_few_long_tiles_run_in_parallel():
+    """A 1 x 1 convolution at 7 x 7 over many channels (ResNet-50's 2048 -> 512) has few tiles, each one micro-kernel
+    call over all of K: counted by its dot products, not as one store, its loop is split over the threads."""
+    import re
+
+    g, m = check(conv_block(1024, 64, 7, 1, 1))
+    regions = re.findall(r"static void (qconvpacked\w*)_par\d+\(.*?\n}\n", m.source, re.S)
+    bodies = re.findall(r"static void qconvpacked\w*_par\d+\(.*?\n}\n", m.source, re.S)
+    with_dot = {name for name, body in zip(regions, bodies) if "ember_dot_s8u8_" in body}
+    assert len(with_dot) == sum(n.op == "QConvPacked" for n in g.nodes) == 2
+
+
 def test_bad_residual_names_the_problem():
     from ember.graph.types import TensorType
     from ember.ops import get_op
