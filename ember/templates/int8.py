@@ -71,11 +71,13 @@ ROW_WEIGHT = {1: 0.5, 2: 0.9}  # a W x X tile's worth by its rows (measured on R
 EPILOGUE_WEIGHT = {16: 1.0, 8: 0.9, 4: 0.8}
 
 
-def wx_registers(mr: int, nv: int) -> int:
+def wx_registers(mr: int, nv: int, whole_flat: bool = False) -> int:
     """The vector registers of an mr x nv W x X micro-kernel (`ember.te.intrin`'s VNNI one): the accumulators plus
-    the nv vectors of X loaded once per k and a broadcast of W, or (a wide tile) the mr broadcasts of W and one
-    vector of X at a time, whichever is fewer."""
-    return mr * nv + min(nv + 1, mr + 1)
+    the nv vectors of X loaded once per k and a broadcast of W, or for a whole flat image (a 1 x 1 convolution's;
+    14 x 14: 13 vectors) the fewer of that and the mr broadcasts of W with one vector of X at a time (the
+    micro-kernel's other order, only measured faster there: 2 x 14-vector tiles of 56 x 56 images ran at half the
+    speed of 2 x 7)."""
+    return mr * nv + (min(nv + 1, mr + 1) if whole_flat else nv + 1)
 
 
 def wx_epilogue_width(nb: int, whole: bool, flat: bool) -> int:
@@ -115,7 +117,8 @@ def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: in
         lanes = wx_lanes(nb, flat and k == height, channels)
         nv = -(-nb // lanes)
         for mr in (8, 6, 4, 2, 1):
-            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS and wx_registers(mr, nv) <= WX_REGISTERS:
+            fits = wx_registers(mr, nv, flat and k == height) <= WX_REGISTERS
+            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS and fits:
                 worth = nb / (lanes * nv) * ROW_WEIGHT.get(mr, 1.0)
                 if flat:
                     worth *= EPILOGUE_WEIGHT.get(wx_epilogue_width(nb, k == height, True), 0.7)
