@@ -220,16 +220,22 @@ def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
     (oh, ow), _ = _conv_geometry(a, x_shape)
     if a.get("s2d", 1) == 1 and math.prod(a["kernel_shape"]) > 1 and oh * ow < WX_MIN_PIXELS:
         return False
-    _, oh, wpad = _wx_rows(a, x_shape)
-    return I8.wx_tile(oh, wpad, a["n"])[1] >= 16
+    return _wx_tile(a, x_shape)[1] >= 16
 
 
 def wx_columns(a: dict, x_shape: tuple[int, ...]) -> int:
     """The pixel columns of one micro-kernel call of a W x X convolution: its tile's rows on the padded grid, but
     for the last row's padding columns."""
     a, x_shape, _ = _wx_view(a, x_shape)
+    _, _, wpad = _wx_rows(a, x_shape)
+    return _wx_tile(a, x_shape)[1] - wpad + _conv_geometry(a, x_shape)[0][1]
+
+
+def _wx_tile(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int]:
+    """`ember.templates.int8.wx_tile` of a convolution seen as stride 1 (`_wx_view`), as `int8_acc_wx` picks it."""
     _, oh, wpad = _wx_rows(a, x_shape)
-    return I8.wx_tile(oh, wpad, a["n"])[1] - wpad + _conv_geometry(a, x_shape)[0][1]
+    flat = _phase_grid(a, x_shape) is None and wpad == _conv_geometry(a, x_shape)[0][1]
+    return I8.wx_tile(oh, wpad, a["n"], flat, -(-x_shape[1] // 4) * 4)
 
 
 def _wx_rows(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:

@@ -64,24 +64,65 @@ def _accumulators(nb: int, rows: int) -> int:
 
 
 WX_ACCUMULATORS = 28  # zmm registers for the accumulators of a W x X tile (the rest: columns of X, a row of W)
-WX_REGISTERS = 32  # all of them: accumulators, the tile's vectors of X (loaded once per k) and one broadcast of W
+WX_REGISTERS = 32  # all of them: accumulators, the tile's vectors of X or its broadcasts of W, one more operand
 ROW_WEIGHT = {1: 0.5, 2: 0.9}  # a W x X tile's worth by its rows (measured on ResNet-50's layers; 4 or more: 1)
+# A tile's worth by the vector width its requantizing epilogue is written in (a tile of 28 pixels in vectors of 4:
+# ResNet-50's 1 x 1 convolutions at 14 x 14, 256 -> 1024 channels, 270 GOP/s as 8 x 28 tiles, 347 as 2 x 196)
+EPILOGUE_WEIGHT = {16: 1.0, 8: 0.9, 4: 0.8}
 
 
-def wx_tile(height: int, width: int, rows: int) -> tuple[int, int]:
+def wx_registers(mr: int, nv: int, whole_flat: bool = False) -> int:
+    """The vector registers of an mr x nv W x X micro-kernel (`ember.te.intrin`'s VNNI one): the accumulators plus
+    the nv vectors of X loaded once per k and a broadcast of W, or for a whole flat image (a 1 x 1 convolution's;
+    14 x 14: 13 vectors) the fewer of that and the mr broadcasts of W with one vector of X at a time (the
+    micro-kernel's other order, only measured faster there: 2 x 14-vector tiles of 56 x 56 images ran at half the
+    speed of 2 x 7)."""
+    return mr * nv + (min(nv + 1, mr + 1) if whole_flat else nv + 1)
+
+
+def wx_epilogue_width(nb: int, whole: bool, flat: bool) -> int:
+    """The vector width `_schedule_wx` writes a tile of nb output pixels in: 16 with a tail partitioned off where
+    the tile's pixels are one range of the accumulator (`flat`: no padding columns, or the whole image) and
+    span two vectors, else the widest of 16, 8, 4 that divides nb (0: none)."""
+    if (flat or whole) and nb >= 32:
+        return 16
+    return next((v for v in (16, 8, 4) if nb % v == 0), 0)
+
+
+WX_NARROW_BYTES = 32768  # the most bytes of X (channels x pixels) a 256-bit W x X tile reads per call (`wx_lanes`)
+
+
+def wx_lanes(nb: int, whole_flat: bool, channels: int = 0) -> int:
+    """The pixels per vector of a W x X tile of nb pixels: 8 (`dot_s8u8_256`) for a whole flat image (a 1 x 1
+    convolution's) of fewer than 64 pixels that vectors of 8 cover with fewer idle lanes than vectors of 16, where
+    its X of `channels` x nb bytes stays in the L1 cache (its tiles have 2 rows of W, not 4: each reads X twice as
+    often), else 16. ResNet-50's 7 x 7 images (7 x 8 against 4 x 16 lanes for 49 pixels): 512 -> 2048 channels 250
+    -> 300 GOP/s, but 2048 -> 512 285 -> 258 (loaded, 1 thread)."""
+    fits = 0 < channels * nb <= WX_NARROW_BYTES
+    return 8 if whole_flat and fits and nb < 64 and -nb % 8 < -nb % 16 else 16
+
+
+def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: int = 0) -> tuple[int, int]:
     """(mr output channels, nb pixels) of a W x X tile (`int8_acc_wx`) for an image of height x width: nb whole
     image rows (the tile's pixels are then one range of the NCHW image), in vectors of 16 pixels (the last one
-    masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS, and with the vectors of X and a
-    broadcast within WX_REGISTERS (else the compiler reloads X for every row: a load per vpdpbusd, 7 x 4 tiles
+    masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS, and the whole micro-kernel within
+    WX_REGISTERS (`wx_registers`; else the compiler reloads X for every row: a load per vpdpbusd, 7 x 4 tiles
     of 14 x 14 images at 60% of the 8 x 2 tile's speed). Best: the most lanes used, times ROW_WEIGHT (a row of W
-    broadcast per vector of X loaded: one row is slow, two nearly as good as four), then the most accumulators."""
+    broadcast per vector of X loaded: one row is slow, two nearly as good as four), times EPILOGUE_WEIGHT where
+    the grid is `flat` (a 1 x 1 convolution: no padding columns), then the most accumulators. Vectors of 16
+    pixels, or of 8 where `wx_lanes` says (`channels`: the input's, padded to 4)."""
     best, key = (0, 0), (0.0, 0)
     for k in (k for k in range(1, height + 1) if height % k == 0):
         nb = k * width
-        nv = -(-nb // 16)
+        lanes = wx_lanes(nb, flat and k == height, channels)
+        nv = -(-nb // lanes)
         for mr in (8, 6, 4, 2, 1):
-            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS and (mr + 1) * nv + 1 <= WX_REGISTERS:
-                score = (nb / (16 * nv) * ROW_WEIGHT.get(mr, 1.0), mr * nv)
+            fits = wx_registers(mr, nv, flat and k == height) <= WX_REGISTERS
+            if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS and fits:
+                worth = nb / (lanes * nv) * ROW_WEIGHT.get(mr, 1.0)
+                if flat:
+                    worth *= EPILOGUE_WEIGHT.get(wx_epilogue_width(nb, k == height, True), 0.7)
+                score = (worth, mr * nv)
                 if score > key:
                     best, key = (mr, nb), score
     return best
@@ -205,7 +246,8 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "
     if one != 1 or k != kh_ * kw_ * k4 or pixels < need:
         raise ValueError(f"int8_acc_wx: packed W {wt.shape} (nb = 1) and X4 {x4.shape} do not make a "
                          f"{kh_} x {kw_} convolution to {oh} x {ow} on rows of {wpad}")  # fmt: skip
-    mr, rows = wx_tile(oh, wpad, co)
+    flat = st == 1 and wpad == ow
+    mr, rows = wx_tile(oh, wpad, co, flat, 4 * k4)
     if not rows:
         raise ValueError(f"int8_acc_wx: no tile of whole rows of {wpad} pixels for {co} channels (use int8_acc)")
     r = te.reduce_axis((0, kh_), name="r")
@@ -224,6 +266,8 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "
 
     plan = Int8Plan(mr, rows // wpad * ow)  # nb: the output pixels of a tile (whole output rows)
     attrs = {"plan": plan, "planes": (plane, wpad)} if st > 1 else {"plan": plan, "row": wpad}
+    if wx_lanes(rows, flat and rows == oh * wpad, 4 * k4) == 8:
+        attrs["intrinsic"] = "dot_s8u8_256"
     return te.compute((x4.shape[0], co, oh * wpad), body, name=name, tag="int8_gemm", attrs=attrs)
 
 
@@ -323,7 +367,7 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
     lb, lo, lp = L.op.axis
     r, s_, c4, kk = L.op.reduce_axis
     L.reorder(r, s_, c4, lb, lo, lp, kk)  # one micro-kernel call per kernel tap
-    L.tensorize(c4, "dot_s8u8")
+    L.tensorize(c4, acc.op.attrs.get("intrinsic", "dot_s8u8"))
     big = target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16
     if big:  # the threads share the pixel panels and the channel tiles: a 7 x 7 or 14 x 14 image is one panel
         oo = O.fuse(b, po, oo)

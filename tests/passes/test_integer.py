@@ -396,16 +396,20 @@ def test_requantization_clamps_integers_where_the_range_is_proven(ys, int_clamp)
         assert (got == 255).mean() > 0.3 and (got == 0).mean() > 0.3  # saturated both ways
 
 
-@pytest.mark.parametrize("height, width, rows", [(56, 56, 256), (56, 58, 64), (28, 28, 512), (28, 30, 128),
-                                                 (14, 14, 1024), (14, 16, 256), (7, 7, 2048), (7, 9, 512),
-                                                 (112, 112, 96), (56, 56, 144)])  # fmt: skip
-def test_wx_tiles_fit_the_registers(height, width, rows):
-    """A W x X tile (ResNet-50's and MobileNetV2's images): whole rows of pixels, its accumulators plus its vectors
-    of X plus one broadcast within the 32 vector registers (a tile past them reloads X for every row), mr dividing
-    the output channels, and no single-row tile where two rows fit."""
-    from ember.templates.int8 import WX_REGISTERS, wx_tile
+@pytest.mark.parametrize("height, width, rows, flat", [(56, 56, 256, True), (56, 58, 64, False), (28, 28, 512, True),
+                                                       (28, 30, 128, False), (14, 14, 1024, True), (14, 16, 256, False),
+                                                       (7, 7, 2048, True), (7, 9, 512, False), (112, 112, 96, True),
+                                                       (56, 56, 144, True)])  # fmt: skip
+def test_wx_tiles_fit_the_registers(height, width, rows, flat):
+    """A W x X tile (ResNet-50's and MobileNetV2's images): whole rows of pixels, its micro-kernel (accumulators plus
+    its vectors of X and a broadcast, or its broadcasts and a vector of X) within the 32 vector registers (a tile
+    past them reloads X for every row), mr dividing the output channels, and no single-row tile where two rows fit;
+    a 1 x 1 convolution's image of at most 196 pixels in one tile (its epilogue in vectors of 16)."""
+    from ember.templates.int8 import WX_REGISTERS, wx_registers, wx_tile
 
-    mr, nb = wx_tile(height, width, rows)
+    mr, nb = wx_tile(height, width, rows, flat)
     nv = -(-nb // 16)
     assert nb % width == 0 and height % (nb // width) == 0 and rows % mr == 0
-    assert (mr + 1) * nv + 1 <= WX_REGISTERS and mr >= 2
+    assert wx_registers(mr, nv, flat and nb == height * width) <= WX_REGISTERS and mr >= 2
+    if flat and height * width <= 196:
+        assert nb == height * width

@@ -117,6 +117,36 @@ def test_pointwise_convs_run_as_weights_times_activations(cin, cout, size, strid
     assert "ember_dot_s8u8_" in m.source
 
 
+@pytest.mark.skipif(not VNNI, reason="W x X packing needs the host's int8 dot-product instructions")
+@pytest.mark.parametrize("cin, mid, size, stride, projection, tiles", [
+    (64, 16, 14, 1, False, ["2x196"]),  # 13 vectors of pixels: the micro-kernel holds the broadcasts, not X
+    (64, 16, 7, 1, False, ["2x49_avx512_vnni_y"]),  # 7 vectors of 8 pixels (256 bits)
+    (32, 16, 14, 2, True, ["2x196", "2x49_avx512_vnni_y"]),  # 14 x 14, then 7 x 7 (the strided projection)
+])  # fmt: skip
+def test_small_images_pointwise_convs_take_the_whole_image(cin, mid, size, stride, projection, tiles):
+    """ResNet-50's last stages: a bottleneck at 14 x 14 or 7 x 7 whose 1 x 1 convolutions (the last one with the
+    residual join in its epilogue) run as weights times activations on tiles of the whole image, written in
+    vectors of 16 pixels."""
+    g, m = check(bottleneck(cin, mid, size, stride, projection))
+    pointwise = [n for n in g.nodes if n.op == "QConvPacked" and n.attrs["kernel_shape"] == (1, 1)]
+    assert pointwise and all(n.inputs[1].shape[2] == 1 for n in pointwise)
+    for tile in tiles:
+        assert f"{tile}" in m.source and "_avx512_vnni" in m.source
+
+
+@pytest.mark.skipif(not VNNI, reason="W x X packing needs the host's int8 dot-product instructions")
+def test_few_long_tiles_run_in_parallel():
+    """A 1 x 1 convolution at 7 x 7 over many channels (ResNet-50's 2048 -> 512) has few tiles, each one micro-kernel
+    call over all of K: counted by its dot products, not as one store, its loop is split over the threads."""
+    import re
+
+    g, m = check(conv_block(1024, 64, 7, 1, 1))
+    regions = re.findall(r"static void (qconvpacked\w*)_par\d+\(.*?\n}\n", m.source, re.S)
+    bodies = re.findall(r"static void qconvpacked\w*_par\d+\(.*?\n}\n", m.source, re.S)
+    with_dot = {name for name, body in zip(regions, bodies) if "ember_dot_s8u8_" in body}
+    assert len(with_dot) == sum(n.op == "QConvPacked" for n in g.nodes) == 2
+
+
 def test_bad_residual_names_the_problem():
     from ember.graph.types import TensorType
     from ember.ops import get_op
