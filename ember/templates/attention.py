@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from ember import te
 from ember.target import Target
-from ember.te.tensor import Tensor
+from ember.te.tensor import Reduce, Tensor
 from ember.templates import nn as T
 from ember.tir.dtype import dtype as as_dtype
 
@@ -141,6 +141,11 @@ def schedule_attention(attrs: dict, outs: Sequence[Tensor], target: Target) -> t
         elif tag == "row_buffer" and len(ax) == len(out.shape) and shape[-1] % lanes == 0:
             _, fi = st.split(ax[-1], lanes)
             st.vectorize(fi)
+    for st in s.stages:  # prologues fused into the kernel (the heads' reshapes and transposes): read in place
+        op = st.op
+        if st.attach == "root" and not st.is_placeholder and not st.is_output and not op.tag \
+                and not isinstance(op.body, Reduce) and not op.attrs.get("materialize"):  # fmt: skip
+            st.compute_inline()
     if target.num_cores > 1:
         O.parallel(O.fuse(*b, io) if b else io)
     return s

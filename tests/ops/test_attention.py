@@ -104,3 +104,33 @@ def test_bad_shapes_name_the_operands():
         infer({"scale": 1.0}, t(2, 5, 4), t(2, 3, 7), t(2, 7, 6))
     with pytest.raises(ShapeError, match="batch dims"):
         infer({"scale": 1.0}, t(2, 5, 4), t(3, 4, 7), t(2, 7, 6))
+
+
+def heads_model(s: int, heads: int, d: int):
+    """q, k, v [s, heads * d] split into heads by Reshape + Transpose (as transformers export them), k transposed
+    for the product, the heads' outputs transposed back: the transposes before Attention fuse into its kernel."""
+    f, w = TensorProto.FLOAT, heads * d
+    ins = [helper.make_tensor_value_info(n, f, [1, s, w]) for n in ("q", "k", "v")]
+    shape = numpy_helper.from_array(np.array([1, s, heads, d], np.int64), "heads")
+    back = numpy_helper.from_array(np.array([1, s, w], np.int64), "merged")
+    nodes = []
+    for n, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [helper.make_node("Reshape", [n, "heads"], [f"{n}4"]),
+                  helper.make_node("Transpose", [f"{n}4"], [f"{n}h"], perm=perm)]  # fmt: skip
+    nodes += [helper.make_node("MatMul", ["qh", "kh"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vh"], ["oh"]),
+              helper.make_node("Transpose", ["oh"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "merged"], ["o"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "heads", ins, [helper.make_tensor_value_info("o", f, [1, s, w])], [shape, back])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_head_transposes_fuse_into_attention():
+    model = heads_model(29, 3, 16)
+    graph, _ = run_passes(from_onnx(model), target="c")
+    fused = [n for n in graph.nodes if n.op == "Fused" and "Attention" in [m.op for m in n.attrs["body"].nodes]]
+    assert len(fused) == 1 and [m.op for m in fused[0].attrs["body"].nodes].count("Transpose") == 3
+    compiled = ember.compile(model, target="c -threads=1")
+    feeds = feeds_for(model, 5)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(compiled.run(feeds)["o"], ref, rtol=1e-4, atol=1e-5)
