@@ -32,9 +32,11 @@ ROW_MAX = te.comm_reducer(lambda a, b: te.if_then_else(a < b, b, a), te.max.iden
 BLOCK_ROWS = 24  # query rows per block: two register tiles of 12 rows; scores + exps of 24 x 768 floats: 144 KiB
 
 
-def attention_te(q: Tensor, k: Tensor, v: Tensor, scale: float = 1.0, name: str = "attention") -> Tensor:
-    """softmax(scale * q @ k, last axis) @ v for q [*batch, M, D], k [*batch, D, N], v [*batch, N, Dv] of one
-    float32 dtype and equal static batch dims; the output [*batch, M, Dv] names the template "attention"."""
+def attention_te(q: Tensor, k: Tensor, v: Tensor, scale: float = 1.0, bias: Tensor | None = None,
+                 name: str = "attention") -> Tensor:  # fmt: skip
+    """softmax(scale * q @ k + bias, last axis) @ v for q [*batch, M, D], k [*batch, D, N], v [*batch, N, Dv] of
+    one float32 dtype and equal static batch dims, bias (a mask) broadcast to the scores [*batch, M, N]; the output
+    [*batch, M, Dv] names the template "attention"."""
     *batch, M, D = q.shape
     N, Dv = v.shape[-2], v.shape[-1]
     batch = tuple(batch)
@@ -51,6 +53,11 @@ def attention_te(q: Tensor, k: Tensor, v: Tensor, scale: float = 1.0, name: str 
     def score(*idx):
         s = sacc[idx]
         s = s * te.const(scale, dt) if scale != 1.0 else s
+        if bias is not None:  # its column clamped: the padded columns read a real element (then masked)
+            col = te.if_then_else(idx[-1] < N, idx[-1], te.const(N - 1)) if Np != N else idx[-1]
+            at = (*idx[:-1], col)
+            s = s + bias[tuple(te.const(0) if n == 1 else at[len(at) - len(bias.shape) + d]
+                               for d, n in enumerate(bias.shape))]  # fmt: skip
         return te.if_then_else(idx[-1] < N, s, neg) if Np != N else s
 
     sc = te.compute((*batch, M, Np), score, name=f"{name}_scores", tag="attention_scores",

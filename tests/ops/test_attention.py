@@ -1,7 +1,8 @@
 """Attention (MatMul -> [scale] -> Softmax -> MatMul fused by `ember.passes.attention`, computed in row blocks by
 `ember.templates.attention`) against onnxruntime on small shapes: score rows narrower than a vector, not a
-multiple of it, longer than one block of rows; a scale by Mul and by Div; 1 and 2 threads. Chains the pass must
-leave alone (a mask added to the scores, probabilities read twice) and shapes the op rejects."""
+multiple of it, longer than one block of rows; a scale by Mul and by Div; an added mask with the float32 minimum in
+it; 1 and 2 threads; the heads' transposes fused in. A chain the pass must leave alone (probabilities read twice)
+and shapes the op rejects."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ def feeds_for(model, seed: int) -> dict[str, np.ndarray]:
     for i in model.graph.input:
         shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
         out[i.name] = rng.standard_normal(shape).astype(np.float32)
+    if "mask" in out:  # padding masked as transformers do it: the float32 minimum added to the scores
+        out["mask"][rng.random(out["mask"].shape) < 0.3] = np.finfo(np.float32).min
     return out
 
 
@@ -55,14 +58,14 @@ def ops_after_passes(model) -> list[str]:
     return [n.op for n in graph.nodes]
 
 
-@pytest.mark.parametrize("batch, m, n, d, dv, scale, threads", [
-    ((1, 2), 37, 45, 16, 16, None, 1),      # rows of scores not a multiple of the vector width, one block + a tail
-    ((3,), 50, 13, 32, 8, "Mul", 1),        # scores narrower than one vector, output narrower than one
-    ((1, 2), 61, 100, 64, 64, "Div", 2),    # blocks split across threads, K = 64 (a head's width)
-    ((), 24, 32, 16, 48, "Mul", 1),         # no batch dims, exactly one block and whole panels
+@pytest.mark.parametrize("batch, m, n, d, dv, scale, mask, threads", [
+    ((1, 2), 37, 45, 16, 16, None, False, 1),   # rows of scores not a multiple of the vector width, a block + a tail
+    ((3,), 50, 13, 32, 8, "Mul", True, 1),      # scores narrower than one vector, output narrower than one, masked
+    ((1, 2), 61, 100, 64, 64, "Div", True, 2),  # blocks split across threads, K = 64 (a head's width), masked
+    ((), 24, 32, 16, 48, "Mul", False, 1),      # no batch dims, exactly one block and whole panels
 ])  # fmt: skip
-def test_fused_attention_matches_onnxruntime(batch, m, n, d, dv, scale, threads):
-    model = attention_model(batch, m, n, d, dv, scale)
+def test_fused_attention_matches_onnxruntime(batch, m, n, d, dv, scale, mask, threads):
+    model = attention_model(batch, m, n, d, dv, scale, mask=mask)
     assert "Attention" in ops_after_passes(model) and "Softmax" not in ops_after_passes(model)
     compiled = ember.compile(model, target=f"c -threads={threads}")
     for seed in (0, 1):
@@ -83,10 +86,9 @@ def test_reference_matches_onnxruntime():
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kw", [{"mask": True}, {"probs_out": True}])
-def test_chains_left_alone(kw):
-    """A mask between the product and the softmax, or probabilities read elsewhere: no Attention, same results."""
-    model = attention_model((2,), 20, 24, 16, 16, "Mul", **kw)
+def test_chain_read_elsewhere_left_alone():
+    """Probabilities read elsewhere (an output too): no Attention, same results."""
+    model = attention_model((2,), 20, 24, 16, 16, "Mul", mask=True, probs_out=True)
     assert "Attention" not in ops_after_passes(model)
     feeds = feeds_for(model, 4)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -104,6 +106,8 @@ def test_bad_shapes_name_the_operands():
         infer({"scale": 1.0}, t(2, 5, 4), t(2, 3, 7), t(2, 7, 6))
     with pytest.raises(ShapeError, match="batch dims"):
         infer({"scale": 1.0}, t(2, 5, 4), t(3, 4, 7), t(2, 7, 6))
+    with pytest.raises(ShapeError, match="bias"):
+        infer({"scale": 1.0}, t(2, 5, 4), t(2, 4, 7), t(2, 7, 6), t(5, 6))
 
 
 def heads_model(s: int, heads: int, d: int):
