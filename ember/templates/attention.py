@@ -48,7 +48,10 @@ def attention_te(q: Tensor, k: Tensor, v: Tensor, scale: float = 1.0, bias: Tens
     sacc = T.gemm_acc(batch, M, N, D, lambda bi, i, kk: q[tuple(bi) + (i, kk)],
                       lambda bb, kk, j: k[tuple(bb) + (kk, j)], batch, same, dt, name=f"{name}_s")  # fmt: skip
     Np = sacc.shape[-1]  # the panels' padded width: a whole number of vectors
-    neg = te.const(float("-inf"), dt)
+    # -inf past column N, added (not selected: a select on the column splits off the last panel, which then
+    # stores lane by lane); the padded panels' products are 0, so those scores become -inf
+    pad = te.compute((Np,), lambda j: te.if_then_else(j < N, te.const(0.0, dt), te.const(float("-inf"), dt)),
+                     name=f"{name}_pad", attrs={"materialize": True})  # fmt: skip
 
     def score(*idx):
         s = sacc[idx]
@@ -58,7 +61,7 @@ def attention_te(q: Tensor, k: Tensor, v: Tensor, scale: float = 1.0, bias: Tens
             at = (*idx[:-1], col)
             s = s + bias[tuple(te.const(0) if n == 1 else at[len(at) - len(bias.shape) + d]
                                for d, n in enumerate(bias.shape))]  # fmt: skip
-        return te.if_then_else(idx[-1] < N, s, neg) if Np != N else s
+        return s + pad[idx[-1]] if Np != N else s
 
     sc = te.compute((*batch, M, Np), score, name=f"{name}_scores", tag="attention_scores",
                     attrs={"materialize": True})  # fmt: skip
