@@ -1,4 +1,4 @@
-"""Attention in row blocks: softmax(scale * Q @ K) @ V as one kernel, the scores never leaving the cache.
+"""Attention in row blocks: softmax(scale * Q @ K + mask) @ V as one kernel, the scores never leaving the cache.
 
 The unfused graph writes the score matrix of every head ([*batch, M, N], 13.5 MB for Whisper's 6 heads of 750
 frames) to memory, reads it back for the softmax, writes the probabilities and reads them again for the second
@@ -7,7 +7,7 @@ through all three steps before the next one starts (the row-block form of flash 
 fits the cache, so the softmax needs no running rescale):
 
     for each batch index b, block of R rows:
-        scores[R, Np]  = scale * Q[b, rows] @ K[b]      register tiles of the GEMM template (K packed in panels)
+        scores[R, Np]  = scale * Q[b, rows] @ K[b] + mask   register tiles of the GEMM template (K packed)
         m[R]           = row max of scores              the row template's vector partials and lane tree
         e[R, Np]       = exp(scores - m)                vector exps, whole vectors only
         l[R]           = row sum of e
