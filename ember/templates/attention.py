@@ -14,7 +14,7 @@ fits the cache, so the softmax needs no running rescale):
         out[b, rows]   = (e @ V[b]) * (1 / l)           register tiles again, the normalization in the epilogue
 
 The score row is padded to the panel width Np (a multiple of the vector lanes) with -inf: exp gives 0 there, so
-the max, exp, sum and the second product's reduction run over whole vectors (V's packed panels are zero past N).
+the max, exp and sum run over whole vectors; the second product reduces over the N real columns only.
 `attention_te` builds the stages; `schedule_attention` nests them in the block loop (parallel over blocks).
 """
 
@@ -70,13 +70,8 @@ def attention_te(q: Tensor, k: Tensor, v: Tensor, scale: float = 1.0, bias: Tens
     e = T.row_buffer((*batch, M, Np), lambda *i: te.exp(sc[i] - mx(i[:-1])), f"{name}_exp")
     total = T.row_reduce(rows, Np, lambda r, l: e[tuple(r) + (l,)], te.sum, dt, f"{name}_sum", acc=4)
     rcp = T.row_buffer(rows, lambda *r: te.const(1.0, dt) / total(r), f"{name}_rcp")
-    zero = te.const(0.0, dt)
-
-    def v_at(bb, kk, j):
-        return te.if_then_else(kk < N, v[tuple(bb) + (kk, j)], zero) if Np != N else v[tuple(bb) + (kk, j)]
-
-    oacc = T.gemm_acc(batch, M, Dv, Np, lambda bi, i, kk: e[tuple(bi) + (i, kk)], v_at, batch, same, dt,
-                      name=f"{name}_o")  # fmt: skip
+    oacc = T.gemm_acc(batch, M, Dv, N, lambda bi, i, kk: e[tuple(bi) + (i, kk)],
+                      lambda bb, kk, j: v[tuple(bb) + (kk, j)], batch, same, dt, name=f"{name}_o")  # fmt: skip
     return te.compute((*batch, M, Dv), lambda *i: oacc[i] * rcp[i[:-1]], name=name,
                       attrs={"template": "attention", "acc": oacc, "scores": sc, "scores_acc": sacc})  # fmt: skip
 
