@@ -129,12 +129,13 @@ def heads_model(s: int, heads: int, d: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_head_transposes_fuse_into_attention():
+@pytest.mark.parametrize("target", ["c -threads=1", "llvm -threads=2"])
+def test_head_transposes_fuse_into_attention(target):
     model = heads_model(29, 3, 16)
     graph, _ = run_passes(from_onnx(model), target="c")
     fused = [n for n in graph.nodes if n.op == "Fused" and "Attention" in [m.op for m in n.attrs["body"].nodes]]
     assert len(fused) == 1 and [m.op for m in fused[0].attrs["body"].nodes].count("Transpose") == 3
-    compiled = ember.compile(model, target="c -threads=1")
+    compiled = ember.compile(model, target=target)
     feeds = feeds_for(model, 5)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(compiled.run(feeds)["o"], ref, rtol=1e-4, atol=1e-5)
