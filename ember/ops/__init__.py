@@ -9,6 +9,7 @@ evaluator (`ember.ops.evaluate`), verification of graphs against the op rules
 """
 
 from ember.ops import (  # noqa: F401  (registers operators)
+    attention,
     bf16,
     broadcast,
     control,

@@ -18,6 +18,7 @@ from ember.graph.ir import Graph
 from ember.ops.verify import verify as verify_graph
 from ember.target import Target
 
+from .attention import fuse_attention
 from .batchnorm import fold_batchnorm
 from .cleanup import dead_code_elimination, eliminate_common_subexpr, fold_constant
 from .control import unroll_scan
@@ -51,6 +52,8 @@ PASSES: list[Pass] = [
     Pass("channel_shuffle", channel_shuffle, 2, "Reshape -> Transpose -> Reshape channel shuffles as ChannelShuffle"),
     Pass("convert_layout", convert_layout, 3, "convolutions and the ops between them to NCHW[x]c", takes_target=True),
     Pass("fold_constant", fold_constant, 3, "evaluate subgraphs whose inputs are all constants (re-laid out weights)"),
+    Pass("fuse_attention", fuse_attention, 3, "MatMul -> [scale] -> Softmax -> MatMul as one Attention node",
+         takes_target=True),
     Pass("pack_weights", pack_weights, 3, "constant B of MatMul/Gemm packed into GEMM panels", takes_target=True),
     Pass("concat_in_place", concat_in_place, 2, "Concat inputs written by their producers into the output (no copy)",
          takes_target=True),

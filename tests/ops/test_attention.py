@@ -1,0 +1,141 @@
+"""Attention (MatMul -> [scale] -> Softmax -> MatMul fused by `ember.passes.attention`, computed in row blocks by
+`ember.templates.attention`) against onnxruntime on small shapes: score rows narrower than a vector, not a
+multiple of it, longer than one block of rows; a scale by Mul and by Div; an added mask with the float32 minimum in
+it; 1 and 2 threads; the heads' transposes fused in. A chain the pass must leave alone (probabilities read twice)
+and shapes the op rejects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ember
+from ember.frontend.onnx import from_onnx
+from ember.graph.types import TensorType
+from ember.ops import ShapeError, get_op
+from ember.passes import run_passes
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference for the fused attention")
+
+
+def attention_model(batch: tuple[int, ...], m: int, n: int, d: int, dv: int, scale: str | None = None,
+                    mask: bool = False, probs_out: bool = False):  # fmt: skip
+    """softmax(q @ k [* or / c] [+ mask]) @ v as an ONNX model, with q [*batch, m, d], k [*batch, d, n] inputs."""
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("q", f, [*batch, m, d]), helper.make_tensor_value_info("k", f, [*batch, d, n]),
+           helper.make_tensor_value_info("v", f, [*batch, n, dv])]  # fmt: skip
+    nodes, inits, s = [helper.make_node("MatMul", ["q", "k"], ["s"])], [], "s"
+    if scale is not None:
+        inits.append(numpy_helper.from_array(np.array(8.0 if scale == "Div" else 0.125, np.float32), "c"))
+        nodes.append(helper.make_node(scale, [s, "c"], ["scaled"]))
+        s = "scaled"
+    if mask:
+        ins.append(helper.make_tensor_value_info("mask", f, [n]))
+        nodes.append(helper.make_node("Add", [s, "mask"], ["masked"]))
+        s = "masked"
+    nodes += [helper.make_node("Softmax", [s], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o"])]
+    outs = [helper.make_tensor_value_info("o", f, [*batch, m, dv])]
+    if probs_out:
+        outs.append(helper.make_tensor_value_info("p", f, [*batch, m, n]))
+    graph = helper.make_graph(nodes, "attention", ins, outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def feeds_for(model, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in model.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        out[i.name] = rng.standard_normal(shape).astype(np.float32)
+    if "mask" in out:  # padding masked as transformers do it: the float32 minimum added to the scores
+        out["mask"][rng.random(out["mask"].shape) < 0.3] = np.finfo(np.float32).min
+    return out
+
+
+def ops_after_passes(model) -> list[str]:
+    graph, _ = run_passes(from_onnx(model), disabled=["fuse_ops"], target="c")
+    return [n.op for n in graph.nodes]
+
+
+@pytest.mark.parametrize("batch, m, n, d, dv, scale, mask, threads", [
+    ((1, 2), 37, 45, 16, 16, None, False, 1),   # rows of scores not a multiple of the vector width, a block + a tail
+    ((3,), 50, 13, 32, 8, "Mul", True, 1),      # scores narrower than one vector, output narrower than one, masked
+    ((1, 2), 61, 100, 64, 64, "Div", True, 2),  # blocks split across threads, K = 64 (a head's width), masked
+    ((), 24, 32, 16, 48, "Mul", False, 1),      # no batch dims, exactly one block and whole panels
+])  # fmt: skip
+def test_fused_attention_matches_onnxruntime(batch, m, n, d, dv, scale, mask, threads):
+    model = attention_model(batch, m, n, d, dv, scale, mask=mask)
+    assert "Attention" in ops_after_passes(model) and "Softmax" not in ops_after_passes(model)
+    compiled = ember.compile(model, target=f"c -threads={threads}")
+    for seed in (0, 1):
+        feeds = feeds_for(model, seed)
+        ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        got = compiled.run(feeds)["o"]
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_reference_matches_onnxruntime():
+    """The op's numpy reference (float64) is the same function as the unfused chain."""
+    from ember.ops.attention import attention
+
+    model = attention_model((2,), 9, 11, 5, 7, "Div")
+    feeds = feeds_for(model, 3)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = attention({"scale": 1 / 8.0}, feeds["q"], feeds["k"], feeds["v"])
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_chain_read_elsewhere_left_alone():
+    """Probabilities read elsewhere (an output too): no Attention, same results."""
+    model = attention_model((2,), 20, 24, 16, 16, "Mul", mask=True, probs_out=True)
+    assert "Attention" not in ops_after_passes(model)
+    feeds = feeds_for(model, 4)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ember.compile(model, target="c -threads=1").run(feeds)
+    np.testing.assert_allclose(got["o"], ref[0], rtol=1e-4, atol=1e-5)
+
+
+def test_bad_shapes_name_the_operands():
+    infer = get_op("Attention").infer
+
+    def t(*shape):
+        return TensorType(shape, "float32")
+
+    with pytest.raises(ShapeError, match="do not chain"):
+        infer({"scale": 1.0}, t(2, 5, 4), t(2, 3, 7), t(2, 7, 6))
+    with pytest.raises(ShapeError, match="batch dims"):
+        infer({"scale": 1.0}, t(2, 5, 4), t(3, 4, 7), t(2, 7, 6))
+    with pytest.raises(ShapeError, match="bias"):
+        infer({"scale": 1.0}, t(2, 5, 4), t(2, 4, 7), t(2, 7, 6), t(5, 6))
+
+
+def heads_model(s: int, heads: int, d: int):
+    """q, k, v [s, heads * d] split into heads by Reshape + Transpose (as transformers export them), k transposed
+    for the product, the heads' outputs transposed back: the transposes before Attention fuse into its kernel."""
+    f, w = TensorProto.FLOAT, heads * d
+    ins = [helper.make_tensor_value_info(n, f, [1, s, w]) for n in ("q", "k", "v")]
+    shape = numpy_helper.from_array(np.array([1, s, heads, d], np.int64), "heads")
+    back = numpy_helper.from_array(np.array([1, s, w], np.int64), "merged")
+    nodes = []
+    for n, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [helper.make_node("Reshape", [n, "heads"], [f"{n}4"]),
+                  helper.make_node("Transpose", [f"{n}4"], [f"{n}h"], perm=perm)]  # fmt: skip
+    nodes += [helper.make_node("MatMul", ["qh", "kh"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vh"], ["oh"]),
+              helper.make_node("Transpose", ["oh"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "merged"], ["o"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "heads", ins, [helper.make_tensor_value_info("o", f, [1, s, w])], [shape, back])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("target", ["c -threads=1", "llvm -threads=2"])
+def test_head_transposes_fuse_into_attention(target):
+    model = heads_model(29, 3, 16)
+    graph, _ = run_passes(from_onnx(model), target="c")
+    fused = [n for n in graph.nodes if n.op == "Fused" and "Attention" in [m.op for m in n.attrs["body"].nodes]]
+    assert len(fused) == 1 and [m.op for m in fused[0].attrs["body"].nodes].count("Transpose") == 3
+    compiled = ember.compile(model, target=target)
+    feeds = feeds_for(model, 5)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(compiled.run(feeds)["o"], ref, rtol=1e-4, atol=1e-5)
