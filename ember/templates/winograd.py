@@ -41,7 +41,7 @@ from ember import te
 from ember.target import Target
 from ember.te.tensor import Tensor, size_hint
 from ember.templates.nchwc import nchwc_plan, pad_nchwc
-from ember.templates.nn import SCHEDULES, lanes_of, zero
+from ember.templates.nn import SCHEDULES, host_target, lanes_of, vector_regs, zero
 from ember.tir.expr import Expr
 
 R = 3  # kernel
@@ -121,6 +121,13 @@ def tiles_of(out: tuple[int, int], m: int = M) -> tuple[int, int]:
 L2_BYTES = 1 << 20  # weights up to this size stay in L2 (half of a 2 MiB L2)
 WINOGRAD_RATE = 1.1
 WEIGHT_BYTE_COST = 0.7
+# The fused product (`fused_plan`): the a*a products of a block of output channel vectors and tile rows are computed
+# into a buffer that the output transform then reads while it is in cache, instead of all products of the layer
+# going through memory (at 16..64 input channels the products are short and their outputs, K/C times the size of
+# the transformed input, dominated the time). It pays while the transformed weights of one channel-vector tile
+# (all points) stay in L2 across the tile rows, and the block's products fit in half of it.
+FUSED_WEIGHT_BYTES = 512 << 10
+FUSED_BLOCK_BYTES = 256 << 10
 
 
 def winograd_cost(n: int, c: int, k: int, out: tuple[int, int], m: int | None) -> float:
@@ -151,6 +158,43 @@ def winograd_gain(n: int, c: int, k: int, out: tuple[int, int], m: int | None = 
     faster), at tile m (None: the cheaper tile, `winograd_tile`)."""
     m = m or winograd_tile(n, c, k, out)
     return winograd_cost(n, c, k, out, None) / winograd_cost(n, c, k, out, m)
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """The fused product's blocks: `kbt` output channel vectors x `rows` tile rows (of one image) per block,
+    its register tile `owt` tiles x `kbt` vectors."""
+
+    kbt: int
+    rows: int
+    owt: int
+
+
+def fused_plan(c: int, KB: int, kb: int, tiles: tuple[int, int], points: int, dtype, target: Target | None = None,
+               ) -> FusedPlan | None:  # fmt: skip
+    """The blocks of the fused product (`FUSED_WEIGHT_BYTES`, `FUSED_BLOCK_BYTES`), or None where the weights of one
+    channel-vector tile would not stay in L2: the direct product of all tiles at once then reads each weight panel
+    for all tiles. Two channel vectors per tile where they fit (each broadcast input feeds two FMAs), tile rows of
+    one image per block: the fewest (a divisor of the rows, so that no block runs past the image) whose tiles fill
+    the register tile."""
+    target = target or host_target()
+    size = dtype.bits // 8
+    vecs = max(1, kb // lanes_of(dtype, target))
+    kbts = [d for d in (2, 1) if KB % d == 0 and points * c * d * kb * size <= FUSED_WEIGHT_BYTES]
+    if not kbts:
+        return None
+    kbt = kbts[0]
+    th, tw = tiles
+    accs = vector_regs(target) - 4
+    want = max(1, accs // (kbt * vecs))
+    fits = [r for r in range(1, th + 1) if th % r == 0 and points * r * tw * kbt * kb * size <= FUSED_BLOCK_BYTES]
+    if not fits:
+        return None
+    rows = next((r for r in fits if r * tw >= want), fits[-1])
+    per = rows * tw
+    owt = min(per, want)
+    owt = -(-per // -(-per // owt))
+    return FusedPlan(kbt, rows, owt)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -237,13 +281,15 @@ def winograd_conv_nchwc(x: Tensor, u: Tensor, bias: Tensor | None, pads, name: s
     # a symbolic batch: the tile plan of one image's tiles (a tile that divides them divides N times them)
     per = P if isinstance(P, int) else th * tw
     plan = nchwc_plan(KB, kb, (1, per), x.dtype, panel=CB * cb * kb * x.dtype.bits // 8)
+    fused = fused_plan(CB * cb, KB, kb, (th, tw), E, x.dtype)
 
     def product(e, k, _, p, j):
         return te.sum(v[e // alpha, e % alpha, rcb, p, rc] * u[e, k, rcb, rc, j], axis=[rcb, rc])
 
     acc = te.compute((E, KB, 1, P, kb), product, name=f"{name}_acc", tag="conv_nchwc", attrs={"plan": plan})
-    prod = te.compute(acc.shape, lambda *i: acc[i], name=f"{name}_gemm",
-                      attrs={"template": "conv_nchwc", "acc": acc})  # fmt: skip
+    # fused: scheduled with the output transform (`_schedule_fused_product`); else by the dense template
+    prod_attrs = {"acc": acc, "materialize": True} if fused else {"template": "conv_nchwc", "acc": acc}
+    prod = te.compute(acc.shape, lambda *i: acc[i], name=f"{name}_gemm", attrs=prod_attrs)
     dt = x.dtype
 
     def cols(y, k, p, b, j):  # (A^T M)[y, b]
@@ -257,7 +303,8 @@ def winograd_conv_nchwc(x: Tensor, u: Tensor, bias: Tensor | None, pads, name: s
         return val + bias[k * kb + j] if bias is not None else val
 
     return te.compute((N, KB, *out, kb), body, name=name,
-                      attrs={"template": "winograd_nchwc", "input": v, "out_cols": at_m, "tile": m})  # fmt: skip
+                      attrs={"template": "winograd_nchwc", "input": v, "out_cols": at_m, "tile": m, "product": prod,
+                             "fused": fused})  # fmt: skip
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -274,12 +321,20 @@ def _schedule_winograd(s: te.Schedule, out: Tensor, attrs: dict, target: Target)
     n, kb, oh, ow, j = O.op.axis
     oho, ohi = O.split(oh, attrs["tile"])
     owo, owi = O.split(ow, attrs["tile"])
-    O.reorder(n, kb, oho, owo, ohi, owi, j)
+    fused: FusedPlan | None = attrs.get("fused")
+    names = set()
+    if fused is None:
+        O.reorder(n, kb, oho, owo, ohi, owi, j)
+        block = [n, kb, oho]
+    else:  # per block of kbt channel vectors x rows tile rows: the products, A^T M, then the output tiles
+        kbo, kbi = O.split(kb, fused.kbt)
+        roo, roi = O.split(oho, fused.rows)
+        O.reorder(n, kbo, roo, kbi, roi, owo, ohi, owi, j)
+        block = [n, kbo, roo]
+        names = _schedule_fused_product(s, attrs["product"], fused, O, roo, target)
     O.unroll(ohi)
     O.unroll(owi)
     _vector(O, j, out.shape[-1], lanes)
-    if target.num_cores > 1:
-        O.parallel(O.fuse(n, kb, oho))
     v: Tensor = attrs["input"]
     V = s[v]
     a, b, c, p, vj = V.op.axis
@@ -301,9 +356,41 @@ def _schedule_winograd(s: te.Schedule, out: Tensor, attrs: dict, target: Target)
     T.unroll(ty)
     T.unroll(tb)
     _vector(T, tj, out.shape[-1], lanes)
-    if target.num_cores > 1:
+    if fused is not None:
+        T.compute_at(O, roo)
+    elif target.num_cores > 1:
         T.parallel(T.fuse(tk, tp))
-    return {O.name, V.name, C.name, T.name}
+    if target.num_cores > 1:  # (after the stages computed inside the block loop are attached to it)
+        O.parallel(O.fuse(*block))
+    return {O.name, V.name, C.name, T.name} | names
+
+
+def _schedule_fused_product(s: te.Schedule, prod: Tensor, plan: FusedPlan, O: te.Stage, at, target: Target) -> set[str]:
+    """The products of one block (all points, `plan.kbt` channel vectors, its tiles) computed inside the output's
+    block loop `at`: per point, register tiles of `plan.owt` tiles x `plan.kbt` vectors accumulated over the input
+    channels (the dense template's tile, `ember.templates.nchwc`), stored to the block's buffer."""
+    acc: Tensor = prod.op.attrs["acc"]
+    lanes = lanes_of(acc.dtype, target)
+    block = acc.shape[-1]
+    G = s[prod]
+    accl = s.cache_write(acc, "local")
+    s[acc].compute_inline()
+    e, k, one, p, j = G.op.axis
+    po, pi = G.split(p, plan.owt)
+    G.reorder(e, one, po, pi, k, j)
+    G.unroll(pi)
+    G.unroll(k)
+    _vector(G, j, block, lanes)
+    L = s[accl]
+    le, lk, lone, lp, lj = L.op.axis
+    L.reorder(le, *L.op.reduce_axis, lone, lp, lk, lj)  # the FMAs of one broadcast input element adjacent
+    L.unroll(lone)
+    L.unroll(lp)
+    L.unroll(lk)
+    _vector(L, lj, block, lanes)
+    L.compute_at(G, po)
+    G.compute_at(O, at)
+    return {G.name, L.name}
 
 
 def _vector(st: te.Stage, axis, block: int, lanes: int) -> None:
@@ -317,6 +404,6 @@ def _vector(st: te.Stage, axis, block: int, lanes: int) -> None:
 
 SCHEDULES["winograd_nchwc"] = _schedule_winograd
 
-__all__ = ["ALPHA", "AT", "BT", "F2", "F4", "G", "TILES", "Tile", "tile_of_points", "tiles_of", "winograd_conv_nchwc",
-           "winograd_cost", "winograd_gain", "winograd_input", "winograd_tile",
+__all__ = ["ALPHA", "AT", "BT", "F2", "F4", "G", "TILES", "FusedPlan", "Tile", "fused_plan", "tile_of_points",
+           "tiles_of", "winograd_conv_nchwc", "winograd_cost", "winograd_gain", "winograd_input", "winograd_tile",
            "winograd_weight"]
