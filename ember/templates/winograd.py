@@ -124,8 +124,10 @@ WEIGHT_BYTE_COST = 0.7
 # The fused product (`fused_plan`): the a*a products of a block of output channel vectors and tile rows are computed
 # into a buffer that the output transform then reads while it is in cache, instead of all products of the layer
 # going through memory (at 16..64 input channels the products are short and their outputs, K/C times the size of
-# the transformed input, dominated the time). It pays while the transformed weights of one channel-vector tile
-# (all points) stay in L2 across the tile rows, and the block's products fit in half of it.
+# the transformed input, dominated the time). It pays where the layer's products would not stay in L2 (`L2_BYTES`;
+# below that the unfused order, all tiles per point, streams the weights in longer runs and measured faster),
+# while the transformed weights of one channel-vector tile (all points) stay in L2 across the tile rows, and the
+# block's products fit in a quarter of it.
 FUSED_WEIGHT_BYTES = 512 << 10
 FUSED_BLOCK_BYTES = 256 << 10
 
@@ -172,19 +174,21 @@ class FusedPlan:
 
 def fused_plan(c: int, KB: int, kb: int, tiles: tuple[int, int], points: int, dtype, target: Target | None = None,
                ) -> FusedPlan | None:  # fmt: skip
-    """The blocks of the fused product (`FUSED_WEIGHT_BYTES`, `FUSED_BLOCK_BYTES`), or None where the weights of one
-    channel-vector tile would not stay in L2: the direct product of all tiles at once then reads each weight panel
-    for all tiles. Two channel vectors per tile where they fit (each broadcast input feeds two FMAs), tile rows of
+    """The blocks of the fused product (`FUSED_WEIGHT_BYTES`, `FUSED_BLOCK_BYTES`) for `tiles` (rows, columns) per
+    image, or None where the layer's products fit in L2 or the weights of one channel-vector tile would not stay
+    there: the product of all tiles at once then reads each weight panel for all tiles. Two channel vectors per tile where they fit (each broadcast input feeds two FMAs), tile rows of
     one image per block: the fewest (a divisor of the rows, so that no block runs past the image) whose tiles fill
     the register tile."""
     target = target or host_target()
     size = dtype.bits // 8
+    th, tw = tiles
+    if points * th * tw * KB * kb * size <= L2_BYTES:
+        return None
     vecs = max(1, kb // lanes_of(dtype, target))
     kbts = [d for d in (2, 1) if KB % d == 0 and points * c * d * kb * size <= FUSED_WEIGHT_BYTES]
     if not kbts:
         return None
     kbt = kbts[0]
-    th, tw = tiles
     accs = vector_regs(target) - 4
     want = max(1, accs // (kbt * vecs))
     fits = [r for r in range(1, th + 1) if th % r == 0 and points * r * tw * kbt * kb * size <= FUSED_BLOCK_BYTES]
