@@ -15,7 +15,11 @@ input (a = m + 2) with a*a products per (input, output) channel pair instead of 
   layout, computed and scheduled by the dense template of `ember.templates.nchwc` ("conv_nchwc": a
   register tile of positions x output channel vectors, broadcast inputs);
 - the output transform A^T M A, with the bias and the fused epilogue (relu, residual add) applied to
-  each output vector as it is stored.
+  each output vector as it is stored;
+- where the products of the whole layer would not stay in L2 (few input channels, many tiles: SqueezeNet's
+  16 -> 64 expand layers at 55x55, ResNet's 64-channel stage), they are fused with the output transform
+  (`fused_plan`): per block of channel vectors x tile rows, the block's products of all points go to a
+  cache-sized buffer that A^T M A reads at once, instead of M [a*a, K/kb, 1, P, kb] through memory.
 
 The transforms are written out as sums of the non-zero terms of the matrices (a select over the
 point, folded once the loops over points are unrolled), so they cost additions, not a x a products;
@@ -176,9 +180,9 @@ def fused_plan(c: int, KB: int, kb: int, tiles: tuple[int, int], points: int, dt
                ) -> FusedPlan | None:  # fmt: skip
     """The blocks of the fused product (`FUSED_WEIGHT_BYTES`, `FUSED_BLOCK_BYTES`) for `tiles` (rows, columns) per
     image, or None where the layer's products fit in L2 or the weights of one channel-vector tile would not stay
-    there: the product of all tiles at once then reads each weight panel for all tiles. Two channel vectors per tile where they fit (each broadcast input feeds two FMAs), tile rows of
-    one image per block: the fewest (a divisor of the rows, so that no block runs past the image) whose tiles fill
-    the register tile."""
+    there: the product of all tiles at once then reads each weight panel for all tiles. Two channel vectors per
+    tile where they fit (each broadcast input feeds two FMAs), tile rows of one image per block: the fewest (a
+    divisor of the rows, so that no block runs past the image) whose tiles fill the register tile."""
     target = target or host_target()
     size = dtype.bits // 8
     th, tw = tiles
