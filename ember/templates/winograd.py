@@ -27,9 +27,9 @@ each is done in two passes (columns, then rows: B^T d in an a x a buffer per til
 the product's size) so that the expressions stay small.
 
 Which tile, if any: `winograd_cost` estimates the time of the direct template and of each tile (the
-products at the same rate, the transforms' additions, the border tiles' overhang, and at small maps the
-transformed weights streamed from memory once per image: a*a/9 times the direct template's weights, read
-for only a few tiles each); `winograd_tile` picks the cheaper one. float32 rounding grows with the
+products at the same rate, the transforms' additions, the border tiles' overhang, and the weights streamed
+from memory once per call: Winograd's are a*a/9 times the direct template's, read for only a few tiles each
+at small maps); `winograd_tile` picks the cheaper one. float32 rounding grows with the
 transform constants: errors around 1e-5 relative at F(4x4, 3x3), about 1e-6 at F(2x2, 3x3) (see the tests).
 """
 
@@ -117,14 +117,17 @@ def tiles_of(out: tuple[int, int], m: int = M) -> tuple[int, int]:
 
 
 # The cost model, in scalar multiply-adds of the direct template (calibrated on `bench/winograd.py --sweep`: maps of
-# 56..7, 64..512 channels, 1 thread, AVX-512; it ranks the tiles as measured there and predicts the gain over the
-# direct template within about 20%): Winograd's products and its transforms' additions per channel vector run
-# WINOGRAD_RATE times slower than the direct template's multiply-adds (short reductions, three passes over
-# memory); weights beyond L2 cost WEIGHT_BYTE_COST multiply-adds per byte streamed (at 7x7, F(4x4)'s 36 points of
-# weights serve only 4 tiles each: streaming them is half its time at 512 channels).
-L2_BYTES = 1 << 20  # weights up to this size stay in L2 (half of a 2 MiB L2)
+# 56..7, 64..512 channels, 1 thread, AVX-512; it ranks the tiles as measured there), then checked against the layers'
+# times inside whole models (perf samples per kernel, SqueezeNet, GoogLeNet, ResNet-18, each layer compiled direct,
+# F(2x2) and F(4x4)): Winograd's products and its transforms' additions per channel vector run WINOGRAD_RATE times
+# slower than the direct template's multiply-adds (short reductions, three passes over memory); every byte of
+# weights costs WEIGHT_BYTE_COST multiply-adds: inside a model the other layers have evicted them from L2, so each
+# call streams them, also when they would fit (a standalone sweep, with the weights staying in L2, hid that:
+# GoogLeNet's 32/48 -> 128-channel 7x7 layers, 0.9 MB of F(4x4) weights for 4 tiles, ran 2x slower than direct
+# there, though estimated 2.1x faster with only the weights beyond L2 counted).
+L2_BYTES = 1 << 20  # half of a 2 MiB L2: the fused product's threshold (`fused_plan`)
 WINOGRAD_RATE = 1.1
-WEIGHT_BYTE_COST = 0.7
+WEIGHT_BYTE_COST = 1.0
 # The fused product (`fused_plan`): the a*a products of a block of output channel vectors and tile rows are computed
 # into a buffer that the output transform then reads while it is in cache, instead of all products of the layer
 # going through memory (at 16..64 input channels the products are short and their outputs, K/C times the size of
@@ -140,8 +143,8 @@ def winograd_cost(n: int, c: int, k: int, out: tuple[int, int], m: int | None) -
     """Estimated time of the convolution (scalar multiply-adds of the direct template): by the direct template
     when m is None, else by Winograd F(m x m, 3x3): a*a products of c x k per tile, the input transform (about
     2a additions per point and input channel), the output transform (about 2m per point and output channel),
-    the tiles' overhang past the border included; plus the weights streamed once per call when they exceed L2
-    (a batch of `n` reuses them)."""
+    the tiles' overhang past the border included; plus the weights streamed once per call (a batch of `n` reuses
+    them)."""
     weights = R * R * c * k
     if m is None:
         macs = weights * n * out[0] * out[1]
@@ -150,8 +153,7 @@ def winograd_cost(n: int, c: int, k: int, out: tuple[int, int], m: int | None) -
         th, tw = tiles_of(out, m)
         weights = t.alpha * t.alpha * c * k
         macs = WINOGRAD_RATE * t.alpha * t.alpha * n * th * tw * (c * k + 2 * t.alpha * c + 2 * m * k)
-    wbytes = 4 * weights
-    return macs + (WEIGHT_BYTE_COST * wbytes if wbytes > L2_BYTES else 0.0)
+    return macs + WEIGHT_BYTE_COST * 4 * weights
 
 
 def winograd_tile(n: int, c: int, k: int, out: tuple[int, int]) -> int:
