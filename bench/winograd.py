@@ -8,6 +8,8 @@ the layout pass's choice forced to the direct template (`WINOGRAD_MIN_GAIN = inf
 `--sweep` times a grid instead (maps of 56, 28, 14 and 7, C = K from 64 to 512, 1 thread, process CPU time,
 `--batch`): the direct template, each Winograd tile size forced, the layout pass's default choice and
 onnxruntime (io-binding), all called without argument checks, in turns (`interleaved_medians`).
+`--shapes C,K,HW ...` times those layers instead of the grid (`--zoo-layers`: the 3x3 stride-1 layers of
+SqueezeNet and GoogLeNet, whose small squeeze widths the square grid does not cover).
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ def compile_with(model, threads: int, min_gain: float):
 
 
 SWEEP_SIZES = (56, 28, 14, 7)
+ZOO_LAYERS = (  # (C, K, HW): SqueezeNet 1.1's expand 3x3 layers, 1.0's at 54 and 27, GoogLeNet's 3x3 branches
+    (16, 64, 55), (32, 128, 27), (48, 192, 13), (64, 256, 13), (16, 64, 54), (32, 128, 54), (48, 192, 27),
+    (64, 256, 27), (96, 128, 28), (128, 192, 28), (16, 32, 28), (32, 96, 28), (112, 224, 14), (160, 320, 7),
+    (24, 64, 14), (48, 128, 7), (64, 192, 56))
 SWEEP_CHANNELS = (64, 128, 256, 512)
 
 
@@ -104,28 +110,30 @@ def sweep(args) -> None:
     names = ["direct"] + [f"F{t}" for t in tiles] + ["chosen", "ort"]
     print(f"3x3 conv + bias + relu, batch {args.batch}, {args.threads} thread(s), process CPU time, medians (ms); "
           "GFLOP/s of the direct convolution for the chosen one")
-    print(f"{'C=K':>4} {'HW':>3} " + " ".join(f"{n:>7}" for n in names) + f" {'GF/s':>6} {'best/dir':>8} "
+    print(f"{'C':>4} {'K':>4} {'HW':>3} " + " ".join(f"{n:>7}" for n in names) + f" {'GF/s':>6} {'best/dir':>8} "
           f"{'chosen/ort':>10} {'rel err':>8}")
     clock = time.process_time
-    for hw in args.sizes:
-        for c in args.channels:
-            model = conv_model(c, c, hw, batch=args.batch)
-            x = np.random.default_rng(1).standard_normal((args.batch, c, hw, hw)).astype(np.float32)
-            ref, ort_fn = _ort_call(model, x, args.threads)
-            systems, err = {}, 0.0
-            for n, t in zip(names[:-2], [None, *tiles]):
-                m = _compile_tile(model, args.threads, t)
-                err = max(err, float(np.abs(m(x) - ref).max() / np.abs(ref).max()))
-                systems[n] = _unchecked(m, x)
-            chosen = compile_with(model, args.threads, layout.WINOGRAD_MIN_GAIN)
-            err = max(err, float(np.abs(chosen(x) - ref).max() / np.abs(ref).max()))
-            systems["chosen"], systems["ort"] = _unchecked(chosen, x), ort_fn
-            med = interleaved_medians(systems, args.repeat, clock=clock)
-            gf = 2 * args.batch * c * c * 9 * hw * hw / 1e9
-            best = min(med[n] for n in names[1:-2])
-            print(f"{c:>4} {hw:>3} " + " ".join(f"{med[n] * 1e3:7.3f}" for n in names)
-                  + f" {gf / med['chosen']:6.1f} {med['direct'] / best:8.2f} {med['ort'] / med['chosen']:10.2f}"
-                  f" {err:8.1e}", flush=True)  # fmt: skip
+    shapes = [tuple(int(v) for v in sh.split(",")) for sh in args.shapes] if args.shapes else []
+    if args.zoo_layers:
+        shapes += list(ZOO_LAYERS)
+    for c, k, hw in shapes or [(c, c, hw) for hw in args.sizes for c in args.channels]:
+        model = conv_model(c, k, hw, batch=args.batch)
+        x = np.random.default_rng(1).standard_normal((args.batch, c, hw, hw)).astype(np.float32)
+        ref, ort_fn = _ort_call(model, x, args.threads)
+        systems, err = {}, 0.0
+        for n, t in zip(names[:-2], [None, *tiles]):
+            m = _compile_tile(model, args.threads, t)
+            err = max(err, float(np.abs(m(x) - ref).max() / np.abs(ref).max()))
+            systems[n] = _unchecked(m, x)
+        chosen = compile_with(model, args.threads, layout.WINOGRAD_MIN_GAIN)
+        err = max(err, float(np.abs(chosen(x) - ref).max() / np.abs(ref).max()))
+        systems["chosen"], systems["ort"] = _unchecked(chosen, x), ort_fn
+        med = interleaved_medians(systems, args.repeat, clock=clock)
+        gf = 2 * args.batch * c * k * 9 * hw * hw / 1e9
+        best = min(med[n] for n in names[1:-2])
+        print(f"{c:>4} {k:>4} {hw:>3} " + " ".join(f"{med[n] * 1e3:7.3f}" for n in names)
+              + f" {gf / med['chosen']:6.1f} {med['direct'] / best:8.2f} {med['ort'] / med['chosen']:10.2f}"
+              f" {err:8.1e}", flush=True)  # fmt: skip
     print("best/dir: the direct template's time over the fastest Winograd's; chosen/ort > 1: Ember's choice is faster")
 
 
@@ -134,13 +142,15 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="the grid of map sizes x channels (1 thread, CPU time)")
     ap.add_argument("--sizes", type=int, nargs="*", default=list(SWEEP_SIZES))
     ap.add_argument("--channels", type=int, nargs="*", default=list(SWEEP_CHANNELS))
+    ap.add_argument("--shapes", nargs="*", default=[], help="C,K,HW layers to sweep instead of the grid")
+    ap.add_argument("--zoo-layers", action="store_true", help="sweep the 3x3 layers of SqueezeNet and GoogLeNet")
     ap.add_argument("--tiles", default="2,4", help="Winograd output tiles forced in the sweep")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--layers", nargs="*", default=list(LAYERS))
     args = ap.parse_args()
-    if args.sweep:
+    if args.sweep or args.shapes or args.zoo_layers:
         sweep(args)
         return
     print(f"3x3 conv + bias + relu, batch 1, {args.threads} thread(s), medians; GFLOP/s of the direct convolution")

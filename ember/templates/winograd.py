@@ -15,7 +15,11 @@ input (a = m + 2) with a*a products per (input, output) channel pair instead of 
   layout, computed and scheduled by the dense template of `ember.templates.nchwc` ("conv_nchwc": a
   register tile of positions x output channel vectors, broadcast inputs);
 - the output transform A^T M A, with the bias and the fused epilogue (relu, residual add) applied to
-  each output vector as it is stored.
+  each output vector as it is stored;
+- where the products of the whole layer would not stay in L2 (few input channels, many tiles: SqueezeNet's
+  16 -> 64 expand layers at 55x55, ResNet's 64-channel stage), they are fused with the output transform
+  (`fused_plan`): per block of channel vectors x tile rows, the block's products of all points go to a
+  cache-sized buffer that A^T M A reads at once, instead of M [a*a, K/kb, 1, P, kb] through memory.
 
 The transforms are written out as sums of the non-zero terms of the matrices (a select over the
 point, folded once the loops over points are unrolled), so they cost additions, not a x a products;
@@ -23,9 +27,9 @@ each is done in two passes (columns, then rows: B^T d in an a x a buffer per til
 the product's size) so that the expressions stay small.
 
 Which tile, if any: `winograd_cost` estimates the time of the direct template and of each tile (the
-products at the same rate, the transforms' additions, the border tiles' overhang, and at small maps the
-transformed weights streamed from memory once per image: a*a/9 times the direct template's weights, read
-for only a few tiles each); `winograd_tile` picks the cheaper one. float32 rounding grows with the
+products at the same rate, the transforms' additions, the border tiles' overhang, and the weights streamed
+from memory once per call: Winograd's are a*a/9 times the direct template's, read for only a few tiles each
+at small maps); `winograd_tile` picks the cheaper one. float32 rounding grows with the
 transform constants: errors around 1e-5 relative at F(4x4, 3x3), about 1e-6 at F(2x2, 3x3) (see the tests).
 """
 
@@ -41,7 +45,7 @@ from ember import te
 from ember.target import Target
 from ember.te.tensor import Tensor, size_hint
 from ember.templates.nchwc import nchwc_plan, pad_nchwc
-from ember.templates.nn import SCHEDULES, lanes_of, zero
+from ember.templates.nn import SCHEDULES, host_target, lanes_of, vector_regs, zero
 from ember.tir.expr import Expr
 
 R = 3  # kernel
@@ -113,22 +117,34 @@ def tiles_of(out: tuple[int, int], m: int = M) -> tuple[int, int]:
 
 
 # The cost model, in scalar multiply-adds of the direct template (calibrated on `bench/winograd.py --sweep`: maps of
-# 56..7, 64..512 channels, 1 thread, AVX-512; it ranks the tiles as measured there and predicts the gain over the
-# direct template within about 20%): Winograd's products and its transforms' additions per channel vector run
-# WINOGRAD_RATE times slower than the direct template's multiply-adds (short reductions, three passes over
-# memory); weights beyond L2 cost WEIGHT_BYTE_COST multiply-adds per byte streamed (at 7x7, F(4x4)'s 36 points of
-# weights serve only 4 tiles each: streaming them is half its time at 512 channels).
-L2_BYTES = 1 << 20  # weights up to this size stay in L2 (half of a 2 MiB L2)
+# 56..7, 64..512 channels, 1 thread, AVX-512; it ranks the tiles as measured there), then checked against the layers'
+# times inside whole models (perf samples per kernel, SqueezeNet, GoogLeNet, ResNet-18, each layer compiled direct,
+# F(2x2) and F(4x4)): Winograd's products and its transforms' additions per channel vector run WINOGRAD_RATE times
+# slower than the direct template's multiply-adds (short reductions, three passes over memory); every byte of
+# weights costs WEIGHT_BYTE_COST multiply-adds: inside a model the other layers have evicted them from L2, so each
+# call streams them, also when they would fit (a standalone sweep, with the weights staying in L2, hid that:
+# GoogLeNet's 32/48 -> 128-channel 7x7 layers, 0.9 MB of F(4x4) weights for 4 tiles, ran 2x slower than direct
+# there, though estimated 2.1x faster with only the weights beyond L2 counted).
+L2_BYTES = 1 << 20  # half of a 2 MiB L2: the fused product's threshold (`fused_plan`)
 WINOGRAD_RATE = 1.1
-WEIGHT_BYTE_COST = 0.7
+WEIGHT_BYTE_COST = 1.0
+# The fused product (`fused_plan`): the a*a products of a block of output channel vectors and tile rows are computed
+# into a buffer that the output transform then reads while it is in cache, instead of all products of the layer
+# going through memory (at 16..64 input channels the products are short and their outputs, K/C times the size of
+# the transformed input, dominated the time). It pays where the layer's products would not stay in L2 (`L2_BYTES`;
+# below that the unfused order, all tiles per point, streams the weights in longer runs and measured faster),
+# while the transformed weights of one channel-vector tile (all points) stay in L2 across the tile rows, and the
+# block's products fit in a quarter of it.
+FUSED_WEIGHT_BYTES = 512 << 10
+FUSED_BLOCK_BYTES = 256 << 10
 
 
 def winograd_cost(n: int, c: int, k: int, out: tuple[int, int], m: int | None) -> float:
     """Estimated time of the convolution (scalar multiply-adds of the direct template): by the direct template
     when m is None, else by Winograd F(m x m, 3x3): a*a products of c x k per tile, the input transform (about
     2a additions per point and input channel), the output transform (about 2m per point and output channel),
-    the tiles' overhang past the border included; plus the weights streamed once per call when they exceed L2
-    (a batch of `n` reuses them)."""
+    the tiles' overhang past the border included; plus the weights streamed once per call (a batch of `n` reuses
+    them)."""
     weights = R * R * c * k
     if m is None:
         macs = weights * n * out[0] * out[1]
@@ -137,8 +153,7 @@ def winograd_cost(n: int, c: int, k: int, out: tuple[int, int], m: int | None) -
         th, tw = tiles_of(out, m)
         weights = t.alpha * t.alpha * c * k
         macs = WINOGRAD_RATE * t.alpha * t.alpha * n * th * tw * (c * k + 2 * t.alpha * c + 2 * m * k)
-    wbytes = 4 * weights
-    return macs + (WEIGHT_BYTE_COST * wbytes if wbytes > L2_BYTES else 0.0)
+    return macs + WEIGHT_BYTE_COST * 4 * weights
 
 
 def winograd_tile(n: int, c: int, k: int, out: tuple[int, int]) -> int:
@@ -151,6 +166,45 @@ def winograd_gain(n: int, c: int, k: int, out: tuple[int, int], m: int | None = 
     faster), at tile m (None: the cheaper tile, `winograd_tile`)."""
     m = m or winograd_tile(n, c, k, out)
     return winograd_cost(n, c, k, out, None) / winograd_cost(n, c, k, out, m)
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """The fused product's blocks: `kbt` output channel vectors x `rows` tile rows (of one image) per block,
+    its register tile `owt` tiles x `kbt` vectors."""
+
+    kbt: int
+    rows: int
+    owt: int
+
+
+def fused_plan(c: int, KB: int, kb: int, tiles: tuple[int, int], points: int, dtype, target: Target | None = None,
+               ) -> FusedPlan | None:  # fmt: skip
+    """The blocks of the fused product (`FUSED_WEIGHT_BYTES`, `FUSED_BLOCK_BYTES`) for `tiles` (rows, columns) per
+    image, or None where the layer's products fit in L2 or the weights of one channel-vector tile would not stay
+    there: the product of all tiles at once then reads each weight panel for all tiles. Two channel vectors per
+    tile where they fit (each broadcast input feeds two FMAs), tile rows of one image per block: the fewest (a
+    divisor of the rows, so that no block runs past the image) whose tiles fill the register tile."""
+    target = target or host_target()
+    size = dtype.bits // 8
+    th, tw = tiles
+    if points * th * tw * KB * kb * size <= L2_BYTES:
+        return None
+    vecs = max(1, kb // lanes_of(dtype, target))
+    kbts = [d for d in (2, 1) if KB % d == 0 and points * c * d * kb * size <= FUSED_WEIGHT_BYTES]
+    if not kbts:
+        return None
+    kbt = kbts[0]
+    accs = vector_regs(target) - 4
+    want = max(1, accs // (kbt * vecs))
+    fits = [r for r in range(1, th + 1) if th % r == 0 and points * r * tw * kbt * kb * size <= FUSED_BLOCK_BYTES]
+    if not fits:
+        return None
+    rows = next((r for r in fits if r * tw >= want), fits[-1])
+    per = rows * tw
+    owt = min(per, want)
+    owt = -(-per // -(-per // owt))
+    return FusedPlan(kbt, rows, owt)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -237,13 +291,15 @@ def winograd_conv_nchwc(x: Tensor, u: Tensor, bias: Tensor | None, pads, name: s
     # a symbolic batch: the tile plan of one image's tiles (a tile that divides them divides N times them)
     per = P if isinstance(P, int) else th * tw
     plan = nchwc_plan(KB, kb, (1, per), x.dtype, panel=CB * cb * kb * x.dtype.bits // 8)
+    fused = fused_plan(CB * cb, KB, kb, (th, tw), E, x.dtype)
 
     def product(e, k, _, p, j):
         return te.sum(v[e // alpha, e % alpha, rcb, p, rc] * u[e, k, rcb, rc, j], axis=[rcb, rc])
 
     acc = te.compute((E, KB, 1, P, kb), product, name=f"{name}_acc", tag="conv_nchwc", attrs={"plan": plan})
-    prod = te.compute(acc.shape, lambda *i: acc[i], name=f"{name}_gemm",
-                      attrs={"template": "conv_nchwc", "acc": acc})  # fmt: skip
+    # fused: scheduled with the output transform (`_schedule_fused_product`); else by the dense template
+    prod_attrs = {"acc": acc, "materialize": True} if fused else {"template": "conv_nchwc", "acc": acc}
+    prod = te.compute(acc.shape, lambda *i: acc[i], name=f"{name}_gemm", attrs=prod_attrs)
     dt = x.dtype
 
     def cols(y, k, p, b, j):  # (A^T M)[y, b]
@@ -257,7 +313,8 @@ def winograd_conv_nchwc(x: Tensor, u: Tensor, bias: Tensor | None, pads, name: s
         return val + bias[k * kb + j] if bias is not None else val
 
     return te.compute((N, KB, *out, kb), body, name=name,
-                      attrs={"template": "winograd_nchwc", "input": v, "out_cols": at_m, "tile": m})  # fmt: skip
+                      attrs={"template": "winograd_nchwc", "input": v, "out_cols": at_m, "tile": m, "product": prod,
+                             "fused": fused})  # fmt: skip
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -274,12 +331,20 @@ def _schedule_winograd(s: te.Schedule, out: Tensor, attrs: dict, target: Target)
     n, kb, oh, ow, j = O.op.axis
     oho, ohi = O.split(oh, attrs["tile"])
     owo, owi = O.split(ow, attrs["tile"])
-    O.reorder(n, kb, oho, owo, ohi, owi, j)
+    fused: FusedPlan | None = attrs.get("fused")
+    names = set()
+    if fused is None:
+        O.reorder(n, kb, oho, owo, ohi, owi, j)
+        block = [n, kb, oho]
+    else:  # per block of kbt channel vectors x rows tile rows: the products, A^T M, then the output tiles
+        kbo, kbi = O.split(kb, fused.kbt)
+        roo, roi = O.split(oho, fused.rows)
+        O.reorder(n, kbo, roo, kbi, roi, owo, ohi, owi, j)
+        block = [n, kbo, roo]
+        names = _schedule_fused_product(s, attrs["product"], fused, O, roo, target)
     O.unroll(ohi)
     O.unroll(owi)
     _vector(O, j, out.shape[-1], lanes)
-    if target.num_cores > 1:
-        O.parallel(O.fuse(n, kb, oho))
     v: Tensor = attrs["input"]
     V = s[v]
     a, b, c, p, vj = V.op.axis
@@ -301,9 +366,41 @@ def _schedule_winograd(s: te.Schedule, out: Tensor, attrs: dict, target: Target)
     T.unroll(ty)
     T.unroll(tb)
     _vector(T, tj, out.shape[-1], lanes)
-    if target.num_cores > 1:
+    if fused is not None:
+        T.compute_at(O, roo)
+    elif target.num_cores > 1:
         T.parallel(T.fuse(tk, tp))
-    return {O.name, V.name, C.name, T.name}
+    if target.num_cores > 1:  # (after the stages computed inside the block loop are attached to it)
+        O.parallel(O.fuse(*block))
+    return {O.name, V.name, C.name, T.name} | names
+
+
+def _schedule_fused_product(s: te.Schedule, prod: Tensor, plan: FusedPlan, O: te.Stage, at, target: Target) -> set[str]:
+    """The products of one block (all points, `plan.kbt` channel vectors, its tiles) computed inside the output's
+    block loop `at`: per point, register tiles of `plan.owt` tiles x `plan.kbt` vectors accumulated over the input
+    channels (the dense template's tile, `ember.templates.nchwc`), stored to the block's buffer."""
+    acc: Tensor = prod.op.attrs["acc"]
+    lanes = lanes_of(acc.dtype, target)
+    block = acc.shape[-1]
+    G = s[prod]
+    accl = s.cache_write(acc, "local")
+    s[acc].compute_inline()
+    e, k, one, p, j = G.op.axis
+    po, pi = G.split(p, plan.owt)
+    G.reorder(e, one, po, pi, k, j)
+    G.unroll(pi)
+    G.unroll(k)
+    _vector(G, j, block, lanes)
+    L = s[accl]
+    le, lk, lone, lp, lj = L.op.axis
+    L.reorder(le, *L.op.reduce_axis, lone, lp, lk, lj)  # the FMAs of one broadcast input element adjacent
+    L.unroll(lone)
+    L.unroll(lp)
+    L.unroll(lk)
+    _vector(L, lj, block, lanes)
+    L.compute_at(G, po)
+    G.compute_at(O, at)
+    return {G.name, L.name}
 
 
 def _vector(st: te.Stage, axis, block: int, lanes: int) -> None:
@@ -317,6 +414,6 @@ def _vector(st: te.Stage, axis, block: int, lanes: int) -> None:
 
 SCHEDULES["winograd_nchwc"] = _schedule_winograd
 
-__all__ = ["ALPHA", "AT", "BT", "F2", "F4", "G", "TILES", "Tile", "tile_of_points", "tiles_of", "winograd_conv_nchwc",
-           "winograd_cost", "winograd_gain", "winograd_input", "winograd_tile",
+__all__ = ["ALPHA", "AT", "BT", "F2", "F4", "G", "TILES", "FusedPlan", "Tile", "fused_plan", "tile_of_points",
+           "tiles_of", "winograd_conv_nchwc", "winograd_cost", "winograd_gain", "winograd_input", "winograd_tile",
            "winograd_weight"]

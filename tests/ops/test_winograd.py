@@ -10,6 +10,7 @@ those of a direct convolution's sum, 2e-7..1e-6, and the tests allow it 1e-5."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from fractions import Fraction
 
@@ -25,7 +26,9 @@ from ember.ops.conv import conv
 from ember.ops.layout import relayout
 from ember.ops.winograd import _infer, conv_winograd_nchwc
 from ember.passes import layout, run_passes
-from ember.templates.winograd import AT, BT, TILES, G, winograd_gain, winograd_tile, winograd_weight
+from ember.templates import winograd as W
+from ember.templates.winograd import AT, BT, TILES, G, fused_plan, winograd_gain, winograd_tile, winograd_weight
+from ember.tir.dtype import DType
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference")
 
@@ -135,12 +138,16 @@ def test_odd_output_channels_stay_direct(always_winograd):
 def test_layout_pass_chooses_by_cost():
     """ResNet-like 3x3 layers take Winograd; an RGB-like 4-channel input, stride 2 and 1x1 do not. F(4x4) from 7x7
     maps up (measured fastest there, bench/winograd.py --sweep), F(2x2) on the smallest maps (F(4x4)'s tiles would
-    be mostly border)."""
+    be mostly border). At 7x7 with few channels the weights, streamed each call inside a model for only 4 tiles,
+    outweigh the saved products: GoogLeNet's 48 -> 128 layer ran 2x slower as Winograd there (perf samples per
+    kernel), and stays direct."""
     assert winograd_gain(1, 64, 64, (56, 56)) > layout.WINOGRAD_MIN_GAIN
     assert winograd_gain(1, 4, 16, (32, 32)) < layout.WINOGRAD_MIN_GAIN
-    for hw in (56, 28, 14, 7):
-        for c in (64, 128, 256, 512):
+    for hw, cs in ((56, (64, 128, 256, 512)), (28, (64, 128, 256, 512)), (14, (64, 128, 256, 512)), (7, (256, 512))):
+        for c in cs:
             assert winograd_tile(1, c, c, (hw, hw)) == 4 and winograd_gain(1, c, c, (hw, hw)) > 1.5, (c, hw)
+    assert winograd_gain(1, 48, 128, (7, 7)) < layout.WINOGRAD_MIN_GAIN
+    assert winograd_gain(1, 32, 128, (7, 7)) < layout.WINOGRAD_MIN_GAIN
     assert winograd_tile(1, 256, 256, (6, 6)) == 2
     assert winograd_gain(1, 256, 256, (6, 6), 2) > winograd_gain(1, 256, 256, (6, 6), 4)
 
@@ -174,13 +181,57 @@ def test_bad_operands_are_named():
 
 @pytest.mark.parametrize("target", ["llvm", "c -threads=2"])
 def test_winograd_on_llvm_and_threads(target):
-    """The default choice (a 32-channel layer takes Winograd) on the LLVM backend and with parallel loops."""
-    model = conv_model(2, 32, 32, 11, 13, (1, 1, 1, 1), residual=True, seed=5)
+    """The default choice (a 32-channel layer of 20x22 takes Winograd) on the LLVM backend and with parallel loops."""
+    model = conv_model(2, 32, 32, 20, 22, (1, 1, 1, 1), residual=True, seed=5)
     g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True)
     assert Counter(nd.op for nd in g.nodes)["ConvWinogradNCHWc"] == 1
     rng = np.random.default_rng(6)
-    feeds = {"x": rng.standard_normal((2, 32, 11, 13)).astype(np.float32),
-             "r": rng.standard_normal((2, 32, 11, 13)).astype(np.float32)}  # fmt: skip
+    feeds = {"x": rng.standard_normal((2, 32, 20, 22)).astype(np.float32),
+             "r": rng.standard_normal((2, 32, 20, 22)).astype(np.float32)}  # fmt: skip
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     got = ember.compile(model, target=target, fallback=False).run(feeds)["y"]
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4 * float(np.abs(ref).max()))
+
+
+def test_fused_plan_blocks_small_channel_layers():
+    """The products go through a cache-sized block buffer where the layer's would not fit in L2 and the weights of
+    a channel-vector tile do (SqueezeNet's 16 -> 64 expand layer at 55x55, ResNet's 64-channel stage); blocks are
+    whole tile rows of one image (a divisor of the rows) and fill the register tile; small layers and wide ones
+    keep the product of all tiles at once."""
+    f32 = DType("float32")
+    sq = fused_plan(16, 4, 16, (14, 14), 36, f32)  # 16 -> 64 channels, 55x55 output: 14x14 tiles of F(4x4)
+    assert sq is not None and sq.kbt == 2 and 14 % sq.rows == 0 and sq.rows * 14 >= sq.owt
+    rn = fused_plan(64, 4, 16, (14, 14), 36, f32)
+    assert rn is not None and 36 * 64 * rn.kbt * 16 * 4 <= W.FUSED_WEIGHT_BYTES
+    assert fused_plan(48, 12, 16, (4, 4), 36, f32) is None  # 13x13 map: its products (442 KB) stay in L2
+    assert fused_plan(512, 32, 16, (14, 14), 36, f32) is None  # a tile's weights (1.2 MB) would not stay in L2
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize(
+    "n, c, k, h, w, pads, residual, target",
+    [
+        (1, 16, 64, 23, 23, (1, 1, 1, 1), False, "c"),  # squeeze width, partial tiles at the border
+        (2, 8, 32, 13, 10, (1, 0, 1, 1), True, "c -threads=2"),  # batch 2 (blocks stay in an image), parallel
+        (1, 16, 48, 9, 17, (0, 0, 0, 0), False, "llvm"),  # unpadded, 3 channel blocks (one per block tile)
+    ],
+)
+def test_fused_product_matches_onnxruntime(always_winograd, monkeypatch, fused, n, c, k, h, w, pads, residual,
+                                           target):  # fmt: skip
+    """The fused product (forced on small shapes by a small L2) and the product of all tiles at once against
+    onnxruntime, F(4x4, 3x3)."""
+    monkeypatch.setattr(layout, "WINOGRAD_TILE", 4)
+    monkeypatch.setattr(W, "L2_BYTES", 0 if fused else 1 << 40)
+    oh, ow = h + pads[0] + pads[2] - 2, w + pads[1] + pads[3] - 2
+    model = conv_model(n, c, k, h, w, pads, residual=residual, seed=c + k)
+    rng = np.random.default_rng(n + k)
+    feeds = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
+    if residual:
+        feeds["r"] = rng.standard_normal((n, k, oh, ow)).astype(np.float32)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    cm = ember.compile(model, target=target, fallback=False)
+    if target.startswith("c"):  # the product buffer: one block's tiles, or all tiles of the batch
+        tiles = {int(t) for t in re.findall(r"conv_wino_gemm: float32\[36, \d+, 1, (\d+),", cm.source)}
+        assert tiles and (max(tiles) < n * -(-oh // 4) * -(-ow // 4)) == fused, tiles
+    got = cm.run(feeds)["y"]
+    np.testing.assert_allclose(got, ref, rtol=0, atol=TOLERANCE[4] * float(np.abs(ref).max()))
