@@ -1,10 +1,10 @@
-"""FuseAttention: MatMul -> [scale] -> [+ mask] -> Softmax(last axis) -> MatMul as one Attention node.
+"""FuseAttention: MatMul -> [scale] -> [+ mask] -> Softmax(last axis) -> MatMul as one BlockAttention node.
 
     s = MatMul(q, k); s = Mul(s, c) or Div(s, c)   (c a constant scalar, optional)
     s = Add(s, mask)                               (mask broadcast to the scores, optional: BERT's padding mask)
-    p = Softmax(s, axis=-1); o = MatMul(p, v)      ->  o = Attention(q, k, v[, mask]) {scale}
+    p = Softmax(s, axis=-1); o = MatMul(p, v)      ->  o = BlockAttention(q, k, v[, mask]) {scale}
 
-Attention computes the scores of a block of query rows, their softmax and their product with V before the
+BlockAttention computes the scores of a block of query rows, their softmax and their product with V before the
 next block (`ember.templates.attention`), so the [*batch, M, N] score and probability tensors are never written
 to memory: for long sequences (Whisper's 750 or 1500 frames) they are several times the cache. Taken where q, k
 and v are float32 with static shapes and the same batch dims (per-head products as exported by transformers),
@@ -54,7 +54,7 @@ def _mask(node: Node, scores: tuple, producers: dict) -> tuple[Value | None, Val
 
 
 def fuse_attention(graph: Graph, target: Target | str | None = None) -> Graph:
-    """Rewrite each MatMul -> [scale] -> Softmax -> MatMul chain of the module doc into one Attention node."""
+    """Rewrite each MatMul -> [scale] -> Softmax -> MatMul chain of the module doc into one BlockAttention node."""
     target = Target.parse(target or "c")
     if target.kind not in ("c", "llvm"):
         return graph
@@ -97,7 +97,7 @@ def fuse_attention(graph: Graph, target: Target | str | None = None) -> Graph:
         if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2] or k.shape[-1] < MIN_COLUMNS:
             continue
         inputs = [q, k, v] + ([bias] if bias is not None else [])
-        replaced[node] = Node("Attention", inputs, list(node.outputs), {"scale": scale}, node.name)
+        replaced[node] = Node("BlockAttention", inputs, list(node.outputs), {"scale": scale}, node.name)
         dropped.update([first, *chain])
     if replaced:
         graph.nodes = [replaced.get(n, n) for n in graph.nodes if n not in dropped]

@@ -10,7 +10,7 @@
 2. Prologues: an elementwise/broadcast/injective op whose only reader is in another group joins
    that group (it is computed inside the reader's kernel: transposes before a softmax, an
    elementwise prologue of a reduction), except into conv/matmul groups, whose inputs stay buffers, and into
-   opaque ops other than Attention (which reads its q, k, v through them: the heads' transposes).
+   opaque ops other than BlockAttention (which reads its q, k, v through them: the heads' transposes).
 
 A group holds at most `MAX_GROUP` nodes (TVM's max_fuse_depth): a kernel is one expression per output,
 and a chain of thousands of elementwise ops would make an expression thousands deep, which every
@@ -31,7 +31,7 @@ VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 EPILOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST)
 PROLOGUE = (Pattern.ELEMWISE, Pattern.BROADCAST, Pattern.INJECTIVE)
 ANCHORS = (Pattern.OUT_ELEMWISE_FUSABLE, Pattern.REDUCTION, Pattern.ELEMWISE, Pattern.BROADCAST)
-TAKES_PROLOGUES = {"Attention"}  # opaque ops whose kernels read their inputs through inlined prologues
+TAKES_PROLOGUES = {"BlockAttention"}  # opaque ops whose kernels read their inputs through inlined prologues
 MAX_GROUP = 64  # nodes per fused group
 MAX_CONVERGING = 12  # nodes from a value's several elementwise readers to where they meet again
 

@@ -66,7 +66,7 @@ def ops_after_passes(model) -> list[str]:
 ])  # fmt: skip
 def test_fused_attention_matches_onnxruntime(batch, m, n, d, dv, scale, mask, threads):
     model = attention_model(batch, m, n, d, dv, scale, mask=mask)
-    assert "Attention" in ops_after_passes(model) and "Softmax" not in ops_after_passes(model)
+    assert "BlockAttention" in ops_after_passes(model) and "Softmax" not in ops_after_passes(model)
     compiled = ember.compile(model, target=f"c -threads={threads}")
     for seed in (0, 1):
         feeds = feeds_for(model, seed)
@@ -87,9 +87,9 @@ def test_reference_matches_onnxruntime():
 
 
 def test_chain_read_elsewhere_left_alone():
-    """Probabilities read elsewhere (an output too): no Attention, same results."""
+    """Probabilities read elsewhere (an output too): no BlockAttention, same results."""
     model = attention_model((2,), 20, 24, 16, 16, "Mul", mask=True, probs_out=True)
-    assert "Attention" not in ops_after_passes(model)
+    assert "BlockAttention" not in ops_after_passes(model)
     feeds = feeds_for(model, 4)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     got = ember.compile(model, target="c -threads=1").run(feeds)
@@ -97,7 +97,7 @@ def test_chain_read_elsewhere_left_alone():
 
 
 def test_bad_shapes_name_the_operands():
-    infer = get_op("Attention").infer
+    infer = get_op("BlockAttention").infer
 
     def t(*shape):
         return TensorType(shape, "float32")
@@ -112,7 +112,7 @@ def test_bad_shapes_name_the_operands():
 
 def heads_model(s: int, heads: int, d: int):
     """q, k, v [s, heads * d] split into heads by Reshape + Transpose (as transformers export them), k transposed
-    for the product, the heads' outputs transposed back: the transposes before Attention fuse into its kernel."""
+    for the product, the heads' outputs transposed back: the transposes before BlockAttention fuse into its kernel."""
     f, w = TensorProto.FLOAT, heads * d
     ins = [helper.make_tensor_value_info(n, f, [1, s, w]) for n in ("q", "k", "v")]
     shape = numpy_helper.from_array(np.array([1, s, heads, d], np.int64), "heads")
@@ -133,7 +133,7 @@ def heads_model(s: int, heads: int, d: int):
 def test_head_transposes_fuse_into_attention(target):
     model = heads_model(29, 3, 16)
     graph, _ = run_passes(from_onnx(model), target="c")
-    fused = [n for n in graph.nodes if n.op == "Fused" and "Attention" in [m.op for m in n.attrs["body"].nodes]]
+    fused = [n for n in graph.nodes if n.op == "Fused" and "BlockAttention" in [m.op for m in n.attrs["body"].nodes]]
     assert len(fused) == 1 and [m.op for m in fused[0].attrs["body"].nodes].count("Transpose") == 3
     compiled = ember.compile(model, target=target)
     feeds = feeds_for(model, 5)
