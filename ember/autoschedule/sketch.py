@@ -596,7 +596,7 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
     n_c = c.dom[1] if c is not None else 1  # type: ignore[index]
     block = d.pick(f"{O.name}.block", [b for b in (1, 2, 4, 8) if b <= min(n_c, max(1, room // rows))] or [1])
     ho, hi = O.split(h, rows)
-    wo, wi = O.split(w, width)
+    wo, wi = O.split(w, width, tail=_tail(O, width, n_w))
     if c is not None:
         co, ci = O.split(c, block)
         outer, tile = [*lead, co, ho, wo], [ci, hi, wi]
@@ -608,9 +608,9 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
     if nvec > 1:
         wio, wii = O.split(wi, vec)
         O.unroll(wio)
-        O.vectorize(wii)
+        _vectorize(O, wii)
     else:
-        O.vectorize(wi)
+        _vectorize(O, wi)
     top = O.fuse(*outer[:-2]) if len(outer) > 3 else outer[0]
     if len(outer) > 2 and d.pick(f"{O.name}.parallel", [True, False] if (target.threads or 1) > 1 else [False]):
         O.parallel(top)
@@ -626,7 +626,7 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
     else:
         rwi = rw
         R.reorder(*rlead, *taps, rh, rw)
-    R.vectorize(rwi)
+    _vectorize(R, rwi)
     R.unroll(rh)
     if rlead and c is not None:
         R.unroll(rlead[-1])
@@ -635,12 +635,27 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
     return top
 
 
+def _vectorize(st: Stage, iv: IterVar) -> None:
+    """Vectorize iv; where the loop partition peels the lanes of a padded border off a vector (the first vector
+    of a row reads column -1), the rest (15 lanes) are vectors of 8, 4, 2 and 1, not a scalar loop."""
+    st.vectorize(iv)
+    st.pragma(iv, "vector_pieces", 1)
+
+
+def _tail(st: Stage, factor: int, n: int) -> str:
+    """How a split of a loop of extent n by `factor` ends: a partial last tile of a stage without reduction
+    (an output, a copy) is shifted back to end at n, so that it is whole vectors too (it recomputes a few
+    elements); a reduction's is guarded."""
+    return "shift" if n > factor and n % factor and not is_reduce(st) else "guard"
+
+
 def _vector_rows(st: Stage, d: Decider, target: Target) -> None:
-    """A copy (the padded input): its last axis in vectors."""
+    """A copy (the padded input): its last axis in vectors (a last partial vector shifted back to end at the
+    row's end)."""
     last = st.op.axis[-1]
     lanes = lanes_of(st.op.output().dtype, target)
     if last.dom[1] > lanes:  # type: ignore[index]
-        st.vectorize(st.split(last, lanes)[1])
+        _vectorize(st, st.split(last, lanes, tail=_tail(st, lanes, last.dom[1]))[1])
     elif d.vectorize(f"{st.name}.vectorize", last.dom[1]):  # type: ignore[arg-type]
         st.vectorize(last)
 

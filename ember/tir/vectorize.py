@@ -12,7 +12,7 @@ import logging
 
 from .expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var, same
 from .functor import map_children, transform, walk
-from .stmt import Allocate, Evaluate, For, ForKind, IfThenElse, LetStmt, Seq, Stmt, Store
+from .stmt import Allocate, Evaluate, For, ForKind, IfThenElse, LetStmt, Seq, Stmt, Store, seq
 
 log = logging.getLogger("ember.lower")
 
@@ -191,15 +191,41 @@ def vectorize_loop(loop: For) -> Stmt:
         from .functor import substitute
 
         return substitute(loop.body, {loop.var: loop.min})  # type: ignore[return-value]
-    if lanes & (lanes - 1) or lanes > MAX_LANES:
+    pieces = lanes & (lanes - 1) and lanes < MAX_LANES and dict(loop.annotations).get("vector_pieces")
+    if lanes & (lanes - 1) and not pieces or lanes > MAX_LANES:
         return _fallback(loop, f"{lanes} lanes (needs a power of two <= {MAX_LANES})")
     half = [n for n in walk(loop.body) if isinstance(n, Expr) and n.dtype.is_half]
     if half or any(isinstance(n, Load | Store) and n.buffer.dtype.is_half for n in walk(loop.body)):
         return _fallback(loop, "16-bit floats are converted element by element")
+    if pieces:
+        return _vector_pieces(loop, lanes)
     try:
         return _Vectorizer(loop.var, loop.min, lanes).stmt(loop.body)
     except CannotVectorize as e:
         return _fallback(loop, str(e))
+
+
+def _vector_pieces(loop: For, lanes: int) -> Stmt:
+    """A loop of `lanes` iterations, not a power of two, as vectors of its binary digits, largest first (15:
+    8 + 4 + 2 + 1), where the schedule asks for it (pragma `vector_pieces`: the lanes that a loop partition peeled
+    off a vector at a padded border); kept scalar if a piece does not vectorize."""
+    from .functor import substitute
+
+    pieces, start = [], 0
+    for bit in reversed(range(lanes.bit_length())):
+        n = 1 << bit
+        if not lanes & n:
+            continue
+        base = loop.min + start if start else loop.min
+        if n == 1:
+            pieces.append(substitute(loop.body, {loop.var: base}))
+        else:
+            try:
+                pieces.append(_Vectorizer(loop.var, base, n).stmt(loop.body))
+            except CannotVectorize as e:
+                return _fallback(loop, f"{lanes} lanes in pieces: {e}")
+        start += n
+    return seq(*pieces)
 
 
 def _fallback(loop: For, reason: str) -> For:
