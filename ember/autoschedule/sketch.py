@@ -239,7 +239,8 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
     pads = _pad_stages(s) if sketch.window else []
     optional = layouts + pads + ([] if sketch.gpu else _shared_stages(s))
     for st in s.stages:
-        if inlinable(st) and (st not in optional or d.pick(f"{st.name}.inline", [True, False])):
+        first = [False, True] if st in pads else [True, False]  # window: a padded copy per channel tile first
+        if inlinable(st) and (st not in optional or d.pick(f"{st.name}.inline", first)):
             st.compute_inline()
     if sketch.register:
         _apply_register(s, d, target, [st for st in layouts if st.attach != "inline"])
@@ -568,7 +569,7 @@ def _apply_window(s: Schedule, d: Decider, target: Target, pads: list[Stage]) ->
     readers = _readers(s)
     for P in pads:
         users = [r for r in readers.get(P, []) if r in locals_]
-        where = ["root"] + (["tile"] if len(users) == 1 and users == readers.get(P) else [])
+        where = (["tile"] if len(users) == 1 and users == readers.get(P) else []) + ["root"]  # first: the rule's
         O = locals_[users[0]] if users else None
         if d.pick(f"{P.name}.at", where) == "tile" and O is not None:
             P.compute_at(O, tiles[O])
@@ -588,11 +589,14 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
     n_w, n_h = w.dom[1], h.dom[1]  # type: ignore[index]
     widths = sorted({lanes * m for m in (1, 2, 3, 4) if lanes * (m - 1) < n_w} | {v for v in (lanes // 2, lanes // 4)
                      if v >= 4 and v < n_w} or {n_w})  # fmt: skip
+    widths.sort(key=lambda v: v != lanes)  # the first choice (the rule's, see `rule_candidates`): one vector wide
     width = d.pick(f"{O.name}.width", widths)
     vec = min(width, lanes)
     nvec = -(-width // vec)
     room = max(1, (vector_regs(target) - 4) // nvec)
-    rows = d.pick(f"{O.name}.rows", [r for r in (1, 2, 3, 4, 7) if r <= min(n_h, room)] or [1])
+    # rows: the most that divide the height (no partial tile) and fit the registers first
+    rows = sorted((r for r in (1, 2, 3, 4, 7) if r <= min(n_h, room)), key=lambda r: (n_h % r != 0, -r)) or [1]
+    rows = d.pick(f"{O.name}.rows", rows)
     n_c = c.dom[1] if c is not None else 1  # type: ignore[index]
     block = d.pick(f"{O.name}.block", [b for b in (1, 2, 4, 8) if b <= min(n_c, max(1, room // rows))] or [1])
     ho, hi = O.split(h, rows)
@@ -784,6 +788,20 @@ def check(sch: Schedule, args: Sequence[Tensor], target: Target) -> PrimFunc:
     if shared > MAX_SHARED:
         raise SketchError(f"{shared} bytes of shared memory per block")
     return func
+
+
+def rule_candidates(sketch: Sketch, outs: Sequence[Tensor], target: Target) -> list[dict]:
+    """Decisions of the rule's own choices for a sketch, tried before random ones: the window sketch's first
+    choice of every decision (one vector wide, the most rows that divide the height, a padded copy per channel
+    tile), and the same with the padded input inlined (its border partitioned off); none for other sketches."""
+    if not sketch.window:
+        return []
+    _, first = apply(sketch, outs, target, None, None)
+    out = [first]
+    flipped = {k: (not v if k.endswith(".inline") else v) for k, v in first.items()}
+    if flipped != first:
+        out.append(flipped)
+    return out
 
 
 def sample(sketch: Sketch, outs: Sequence[Tensor], args: Sequence[Tensor], target: Target, rng: random.Random,
