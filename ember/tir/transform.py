@@ -152,29 +152,16 @@ def _direction(t: Expr, v: Var, ana: Analyzer) -> int | None:
     if not any(n is v for n in walk(t)):
         return 0
     if isinstance(t, BinOp) and t.op == "floordiv" and isinstance(t.b, Const) and t.b.value > 0:
-        return _linear_direction(t.a, v, ana)
-    if isinstance(t, BinOp) and t.op in ("min", "max"):  # a shifted tile's start, min(outer * f, n - f)
-        dirs = {_linear_direction(x, v, ana) for x in (t.a, t.b)}
-        if None in dirs:
-            return None
-        dirs.discard(0)
+        terms, _ = ana.lin(t.a)
+        dirs = set()
+        for x, k in terms.items():
+            d = _direction(x, v, ana)
+            if d is None:
+                return None
+            if d:
+                dirs.add(d if k > 0 else -d)
         return dirs.pop() if len(dirs) == 1 else None
     return None
-
-
-def _linear_direction(e: Expr, v: Var, ana: Analyzer) -> int | None:
-    """The direction in v of a linear combination of terms (as `_direction`)."""
-    terms, _ = ana.lin(e)
-    dirs = set()
-    for x, k in terms.items():
-        d = _direction(x, v, ana)
-        if d is None:
-            return None
-        if d:
-            dirs.add(d if k > 0 else -d)
-    if not dirs:
-        return 0
-    return dirs.pop() if len(dirs) == 1 else None
 
 
 def _monotone_in(c: Expr, v: Var, ana: Analyzer) -> bool:
