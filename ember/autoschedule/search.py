@@ -134,6 +134,13 @@ class EvolutionarySearch:
     def propose(self, n: int) -> list[Candidate]:
         best = sorted((x for x in self.measured.values() if x[1].ok), key=lambda x: x[1].cost)
         pop = [c for c, _ in best[: self.population // 4]]
+        if not self.measured:  # the first round: the rules' own choices first (`sketch.rule_candidates`)
+            for sk in self.sketches:
+                for dec in S.rule_candidates(sk, self.outs, self.target):
+                    c = self._make(sk, dec)
+                    if c is not None and c.key not in {p.key for p in pop}:
+                        pop.append(c)
+        rules = len(pop)
         pop += self.random_candidates(self.population - len(pop))
         if self.model.booster is not None:
             self._score(pop)
@@ -153,7 +160,9 @@ class EvolutionarySearch:
                 uniq = {c.key: c for c in pop + children}
                 pop = sorted(uniq.values(), key=lambda c: -c.score)[: self.population]
         else:
-            self.rng.shuffle(pop)
+            head, tail = pop[:rules], pop[rules:]
+            self.rng.shuffle(tail)
+            pop = head + tail
         picked: list[Candidate] = []
         seen = set(self.measured)
         for c in pop:

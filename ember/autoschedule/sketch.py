@@ -239,7 +239,8 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
     pads = _pad_stages(s) if sketch.window else []
     optional = layouts + pads + ([] if sketch.gpu else _shared_stages(s))
     for st in s.stages:
-        if inlinable(st) and (st not in optional or d.pick(f"{st.name}.inline", [True, False])):
+        first = [False, True] if st in pads else [True, False]  # window: a padded copy per channel tile first
+        if inlinable(st) and (st not in optional or d.pick(f"{st.name}.inline", first)):
             st.compute_inline()
     if sketch.register:
         _apply_register(s, d, target, [st for st in layouts if st.attach != "inline"])
@@ -569,7 +570,7 @@ def _apply_window(s: Schedule, d: Decider, target: Target, pads: list[Stage]) ->
     readers = _readers(s)
     for P in pads:
         users = [r for r in readers.get(P, []) if r in locals_]
-        where = ["root"] + (["tile"] if len(users) == 1 and users == readers.get(P) else [])
+        where = (["tile"] if len(users) == 1 and users == readers.get(P) else []) + ["root"]  # first: the rule's
         O = locals_[users[0]] if users else None
         if d.pick(f"{P.name}.at", where) == "tile" and O is not None:
             P.compute_at(O, tiles[O])
@@ -589,15 +590,18 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
     n_w, n_h = w.dom[1], h.dom[1]  # type: ignore[index]
     widths = sorted({lanes * m for m in (1, 2, 3, 4) if lanes * (m - 1) < n_w} | {v for v in (lanes // 2, lanes // 4)
                      if v >= 4 and v < n_w} or {n_w})  # fmt: skip
+    widths.sort(key=lambda v: v != lanes)  # the first choice (the rule's, see `rule_candidates`): one vector wide
     width = d.pick(f"{O.name}.width", widths)
     vec = min(width, lanes)
     nvec = -(-width // vec)
     room = max(1, (vector_regs(target) - 4) // nvec)
-    rows = d.pick(f"{O.name}.rows", [r for r in (1, 2, 3, 4, 7) if r <= min(n_h, room)] or [1])
+    # rows: the most that divide the height (no partial tile) and fit the registers first
+    rows = sorted((r for r in (1, 2, 3, 4, 7) if r <= min(n_h, room)), key=lambda r: (n_h % r != 0, -r)) or [1]
+    rows = d.pick(f"{O.name}.rows", rows)
     n_c = c.dom[1] if c is not None else 1  # type: ignore[index]
     block = d.pick(f"{O.name}.block", [b for b in (1, 2, 4, 8) if b <= min(n_c, max(1, room // rows))] or [1])
     ho, hi = O.split(h, rows)
-    wo, wi = O.split(w, width)
+    wo, wi = O.split(w, width, tail=_tail(O, width, n_w))
     if c is not None:
         co, ci = O.split(c, block)
         outer, tile = [*lead, co, ho, wo], [ci, hi, wi]
@@ -609,9 +613,9 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
     if nvec > 1:
         wio, wii = O.split(wi, vec)
         O.unroll(wio)
-        O.vectorize(wii)
+        _vectorize(O, wii)
     else:
-        O.vectorize(wi)
+        _vectorize(O, wi)
     top = O.fuse(*outer[:-2]) if len(outer) > 3 else outer[0]
     if len(outer) > 2 and d.pick(f"{O.name}.parallel", [True, False] if (target.threads or 1) > 1 else [False]):
         O.parallel(top)
@@ -627,7 +631,7 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
     else:
         rwi = rw
         R.reorder(*rlead, *taps, rh, rw)
-    R.vectorize(rwi)
+    _vectorize(R, rwi)
     R.unroll(rh)
     if rlead and c is not None:
         R.unroll(rlead[-1])
@@ -636,12 +640,27 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
     return top
 
 
+def _vectorize(st: Stage, iv: IterVar) -> None:
+    """Vectorize iv; where the loop partition peels the lanes of a padded border off a vector (the first vector
+    of a row reads column -1), the rest (15 lanes) are vectors of 8, 4, 2 and 1, not a scalar loop."""
+    st.vectorize(iv)
+    st.pragma(iv, "vector_pieces", 1)
+
+
+def _tail(st: Stage, factor: int, n: int) -> str:
+    """How a split of a loop of extent n by `factor` ends: a partial last tile of a stage without reduction
+    (an output, a copy) is shifted back to end at n, so that it is whole vectors too (it recomputes a few
+    elements); a reduction's is guarded."""
+    return "shift" if n > factor and n % factor and not is_reduce(st) else "guard"
+
+
 def _vector_rows(st: Stage, d: Decider, target: Target) -> None:
-    """A copy (the padded input): its last axis in vectors."""
+    """A copy (the padded input): its last axis in vectors (a last partial vector shifted back to end at the
+    row's end)."""
     last = st.op.axis[-1]
     lanes = lanes_of(st.op.output().dtype, target)
     if last.dom[1] > lanes:  # type: ignore[index]
-        st.vectorize(st.split(last, lanes)[1])
+        _vectorize(st, st.split(last, lanes, tail=_tail(st, lanes, last.dom[1]))[1])
     elif d.vectorize(f"{st.name}.vectorize", last.dom[1]):  # type: ignore[arg-type]
         st.vectorize(last)
 
@@ -770,6 +789,20 @@ def check(sch: Schedule, args: Sequence[Tensor], target: Target) -> PrimFunc:
     if shared > MAX_SHARED:
         raise SketchError(f"{shared} bytes of shared memory per block")
     return func
+
+
+def rule_candidates(sketch: Sketch, outs: Sequence[Tensor], target: Target) -> list[dict]:
+    """Decisions of the rule's own choices for a sketch, tried before random ones: the window sketch's first
+    choice of every decision (one vector wide, the most rows that divide the height, a padded copy per channel
+    tile), and the same with the padded input inlined (its border partitioned off); none for other sketches."""
+    if not sketch.window:
+        return []
+    _, first = apply(sketch, outs, target, None, None)
+    out = [first]
+    flipped = {k: (not v if k.endswith(".inline") else v) for k, v in first.items()}
+    if flipped != first:
+        out.append(flipped)
+    return out
 
 
 def sample(sketch: Sketch, outs: Sequence[Tensor], args: Sequence[Tensor], target: Target, rng: random.Random,

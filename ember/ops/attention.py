@@ -25,7 +25,8 @@ def _attention_infer(a: dict, q: TensorType, k: TensorType, v: TensorType, bias:
                          f"k's columns = v's rows)")  # fmt: skip
     scores = (*q.shape[:-1], k.shape[-1])
     if bias is not None and (bias.dtype != q.dtype or not _broadcasts(bias.shape, scores)):
-        raise ShapeError(f"BlockAttention: bias {bias} does not broadcast to the scores {list(scores)} of q {q} @ k {k}")
+        raise ShapeError(f"BlockAttention: bias {bias} does not broadcast to the scores {list(scores)} "
+                         f"of q {q} @ k {k}")
     return TensorType((*q.shape[:-1], v.shape[-1]), q.dtype)
 
 

@@ -207,8 +207,14 @@ class Lowering:
             if isinstance(r, Split):
                 inner = L.extent[r.inner]
                 L.value[r.parent] = L.value[r.outer] * inner + L.value[r.inner]
-                if not self.same_extent(L.extent[r.outer] * inner, L.extent[r.parent]):
-                    L.preds.append(self.split_guard(st, L, r.parent, exact.get(r.parent)))
+                if self.same_extent(L.extent[r.outer] * inner, L.extent[r.parent]):
+                    continue
+                if r.tail == "shift" and not isinstance(L.extent[r.parent], Expr):
+                    self.check_shift(st, r)  # the last tile moved back to end at the extent: no guard
+                    last = const(L.extent[r.parent] - inner, self.index_dtype)
+                    L.value[r.parent] = E.binop("min", L.value[r.outer] * inner, last) + L.value[r.inner]
+                    continue
+                L.preds.append(self.split_guard(st, L, r.parent, exact.get(r.parent)))
             else:
                 inner_ext = self.index(L.extent[r.inner])
                 L.value[r.outer] = L.value[r.fused] // inner_ext
@@ -225,6 +231,36 @@ class Lowering:
             return value < ext
         shape = st.op.shape[exact_dim]
         return (value < bound) & (L.root_min[parent] + value < shape)
+
+    @staticmethod
+    def check_shift(st: Stage, r: Split) -> None:
+        """A shifted tail recomputes elements: only sound where each tile computes its elements whole, every
+        reduction loop inside the split's outer loop (not a reduction accumulated across tiles)."""
+        leaves = st.leaf_iter_vars
+        outer = Lowering.leaf_of(st, r.outer)
+        if outer is None:
+            return
+        pos = leaves.index(outer)
+        if any(iv.kind == "reduce" for iv in leaves[: pos + 1]):
+            raise ScheduleError(
+                f"stage '{st.name}': split of '{r.parent.name}' with tail='shift' needs every reduction loop inside "
+                f"'{r.outer.name}' (a shifted tile recomputes its elements); reorder, or use tail='guard'"
+            )
+
+    @staticmethod
+    def leaf_of(st: Stage, iv: IterVar) -> IterVar | None:
+        """The leaf loop that iv became (itself, the outer part of a later split, or a fused loop)."""
+        while iv not in st.leaf_iter_vars:
+            nxt = None
+            for r in st.relations:
+                if isinstance(r, Split) and r.parent is iv:
+                    nxt = r.outer
+                elif isinstance(r, Fuse) and iv in (r.outer, r.inner):
+                    nxt = r.fused
+            if nxt is None:
+                return None
+            iv = nxt
+        return iv
 
     def index(self, n: int | Expr) -> Expr:
         """An extent as an index expression."""

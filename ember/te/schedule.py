@@ -59,6 +59,7 @@ class Split:
     inner: IterVar
     factor: int | None
     nparts: int | None
+    tail: str = "guard"  # a last partial tile: "guard" (bounds checks) or "shift" (moved back to end at the edge)
 
 
 @dataclass
@@ -117,9 +118,15 @@ class Stage:
         return f"Stage({self.name}, loops=[{', '.join(iv.name for iv in self.leaf_iter_vars)}], {where})"
 
     # -- public primitives: each records a Step ---------------------------------------------
-    def split(self, parent: IterVar | str, factor: int | None = None, nparts: int | None = None):
-        """Split a loop into (outer, inner) with inner extent `factor`, or outer extent `nparts`."""
-        return self.sch._apply(Step("split", self.name, (_name(parent), factor, nparts)))
+    def split(self, parent: IterVar | str, factor: int | None = None, nparts: int | None = None,
+              tail: str = "guard"):  # fmt: skip
+        """Split a loop into (outer, inner) with inner extent `factor`, or outer extent `nparts`. Where the factor
+        does not divide the extent, the last tile is guarded (`tail="guard"`: bounds checks, partitioned off by
+        the loop passes) or, as Halide's ShiftInwards, shifted back to end at the extent (`tail="shift"`: it
+        recomputes a few elements of the tile before, and every tile is whole, so it vectorizes; only for a
+        stage whose reduction loops, if any, run inside the split)."""
+        args = (_name(parent), factor, nparts) + ((tail,) if tail != "guard" else ())
+        return self.sch._apply(Step("split", self.name, args))
 
     def tile(self, x: IterVar | str, y: IterVar | str, x_factor: int, y_factor: int):
         """Split x and y and order the loops as (x.outer, y.outer, x.inner, y.inner)."""
@@ -352,16 +359,18 @@ class Schedule:
         return out
 
     # -- implementations (arguments by name) ---------------------------------------------------
-    def _do_split(self, st: Stage, name: str, factor: int | None, nparts: int | None):
+    def _do_split(self, st: Stage, name: str, factor: int | None, nparts: int | None, tail: str = "guard"):
         parent = st._leaf(name, "split")
         if (factor is None) == (nparts is None):
             raise st._err(f"split of '{name}' needs exactly one of factor= or nparts=")
+        if tail not in ("guard", "shift") or (tail == "shift" and factor is None):
+            raise st._err(f"split of '{name}': tail must be 'guard' or 'shift' (with factor=), got {tail!r}")
         n = factor if factor is not None else nparts
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise st._err(f"split of '{name}': factor/nparts must be a positive integer, got {n!r}")
         outer = IterVar(st._fresh_name(f"{name}.outer"), None, parent.kind)
         inner = IterVar(st._fresh_name(f"{name}.inner"), None, parent.kind)
-        st.relations.append(Split(parent, outer, inner, factor, nparts))
+        st.relations.append(Split(parent, outer, inner, factor, nparts, tail))
         i = st.leaf_iter_vars.index(parent)
         st.leaf_iter_vars[i : i + 1] = [outer, inner]
         attr = st.iter_attrs.pop(parent, None)

@@ -16,7 +16,7 @@ import logging
 from .dtype import DType, boolean
 from .expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var, same
 from .functor import map_children, transform, walk
-from .stmt import Allocate, Evaluate, For, ForKind, IfThenElse, LetStmt, Seq, Stmt, Store
+from .stmt import Allocate, Evaluate, For, ForKind, IfThenElse, LetStmt, Seq, Stmt, Store, seq
 
 log = logging.getLogger("ember.lower")
 
@@ -321,6 +321,8 @@ def vectorize_loop(loop: For) -> Stmt:
         return _fallback(loop, "16-bit floats are converted element by element")
     if lanes > MAX_LANES:
         return _fallback(loop, f"{lanes} lanes (needs a power of two <= {MAX_LANES})")
+    if lanes & (lanes - 1) and dict(loop.annotations).get("vector_pieces"):
+        return _vector_pieces(loop, lanes)
     if lanes & (lanes - 1):  # the next power of two, the lanes past the extent masked off (a tile's tail)
         try:
             return _Vectorizer(loop.var, loop.min, 1 << lanes.bit_length()).stmt(_lane_guard(loop, lanes))
@@ -340,6 +342,29 @@ def _lane_guard(loop: For, lanes: int) -> Stmt:
     it = DType(f"int{bits}")
     lane = Cast(it, BinOp("sub", loop.var, loop.min, loop.var.dtype))
     return IfThenElse(BinOp("lt", lane, Const(lanes, it), boolean), loop.body)
+
+
+def _vector_pieces(loop: For, lanes: int) -> Stmt:
+    """A loop of `lanes` iterations, not a power of two, as vectors of its binary digits, largest first (15:
+    8 + 4 + 2 + 1), where the schedule asks for it (pragma `vector_pieces`: the lanes that a loop partition peeled
+    off a vector at a padded border); kept scalar if a piece does not vectorize."""
+    from .functor import substitute
+
+    pieces, start = [], 0
+    for bit in reversed(range(lanes.bit_length())):
+        n = 1 << bit
+        if not lanes & n:
+            continue
+        base = loop.min + start if start else loop.min
+        if n == 1:
+            pieces.append(substitute(loop.body, {loop.var: base}))
+        else:
+            try:
+                pieces.append(_Vectorizer(loop.var, base, n).stmt(loop.body))
+            except CannotVectorize as e:
+                return _fallback(loop, f"{lanes} lanes in pieces: {e}")
+        start += n
+    return seq(*pieces)
 
 
 def _fallback(loop: For, reason: str) -> For:

@@ -57,9 +57,13 @@ KERNELS = {
                                             "strides": [1, 1], "dilations": [1, 1], "group": 5}, target=t),  # fmt: skip
 }
 
+# for the window sketch only: 30 outputs a row, more than a vector and not a multiple (the last vector shifted back)
+WINDOW_KERNELS = {**KERNELS, "avgpool_wide": lambda t: AutoTask.from_op(
+    "AveragePool", [(1, 2, 5, 60)], {**POOL, "count_include_pad": 0}, target=t)}
+
 
 def _check(kernel: str, target: str, data, sketch: str | None = None) -> None:
-    task = KERNELS[kernel](target)
+    task = WINDOW_KERNELS[kernel](target)
     sketches = [s for s in task.sketches() if sketch is None or s.name == sketch]
     sk = data.draw(st.sampled_from(sketches), label="sketch")
     seed = data.draw(st.integers(0, 2**16), label="seed")
@@ -86,7 +90,7 @@ def test_any_sketch_any_annotation_cpu(kernel, target, data):
     _check(kernel, target, data)
 
 
-@pytest.mark.parametrize("kernel", ["avgpool", "maxpool", "depthwise"])
+@pytest.mark.parametrize("kernel", ["avgpool", "avgpool_wide", "maxpool", "depthwise"])
 @pytest.mark.parametrize("target", ["c", "llvm"])
 @settings(PROPERTY, max_examples=max(1, EXAMPLES // 2))
 @given(data=st.data())
@@ -302,3 +306,30 @@ def test_register_tile_computes_exact_tails(target):
     y = np.zeros((2, 13, 37), "float32")
     f(q, k, y)
     np.testing.assert_allclose(y, q @ k * 0.125, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+@pytest.mark.parametrize("kernel", ["avgpool", "maxpool", "depthwise"])
+def test_window_rule_candidates(kernel, target):
+    """The window sketch's rule candidates (tried first by the search): one vector wide, a width that is not a
+    multiple of the vector ends in a shifted whole vector (no scalar tail), and they compute the reference."""
+    task = KERNELS[kernel](target)
+    outs, args = task.computes()
+    tgt = Target.parse(target)
+    sk = task.sketch("window")
+    cands = S.rule_candidates(sk, outs, tgt)
+    assert len(cands) == 2 and {c[k] for c in cands for k in c if k.endswith(".inline")} == {False, True}
+    assert S.rule_candidates(task.sketches()[0], outs, tgt) == []  # none for the other sketches
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(a.shape).astype(a.dtype.name) for a in args[: len(args) - len(outs)]]
+    ref = task.reference(xs)
+    for dec in cands:
+        sch, taken = S.apply(sk, outs, tgt, dec)
+        assert all(dec[k] == v for k, v in taken.items())
+        n_w, lanes = outs[0].shape[-1], S.lanes_of("float32", tgt)
+        shifted = any(st.kind == "split" and st.args[3:] == ("shift",) for st in sch.steps)
+        assert shifted == (n_w > lanes and n_w % lanes != 0), sch.steps  # depthwise: 19 wide
+        ys = [np.zeros(o.shape, o.dtype.name) for o in outs]
+        ember.build(sch, args, target=target)(*xs, *ys)
+        for y, r in zip(ys, ref):
+            np.testing.assert_allclose(y, r, rtol=1e-4, atol=1e-4)
