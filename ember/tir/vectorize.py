@@ -207,6 +207,7 @@ class _Vectorizer:
                     scalar_reads = True
             value = _mask_loads(s.value, cond, read + ([] if first is None else _scalar_loads(s.value)))
             pred = cond if s.predicate is None else BinOp("and", s.predicate, cond, cond.dtype)
+            mask_bits(pred)  # conditions of one width (a mask per element), else the loop stays scalar
             return Store(s.buffer, value, s.indices, pred)
 
         out = mask(out)
@@ -293,6 +294,7 @@ def _mask_loads(e: Expr, cond: Expr, read: list[Load]) -> Expr:
         if _lanes(n) == 1:
             raise CannotVectorize(f"a per-lane condition guards a scalar read of {n.buffer.name}")
         pred = cond if n.predicate is None else BinOp("and", n.predicate, cond, cond.dtype)
+        mask_bits(pred)
         return Load(n.buffer, n.indices, pred)
 
     return transform(e, post)  # type: ignore[return-value]

@@ -273,6 +273,8 @@ FALLBACKS = [
      "6 lanes (not a power of two) and no masked form"),
     ("scalar load under a per-lane condition", lambda i: IfThenElse(i > 1, Store(B, A[Var("n")], (i,))), 4,
      "guards a scalar read of A"),
+    ("a 64-bit lane condition in a masked tail of 32-bit stores", lambda i: IfThenElse(
+        tir.Cast(tir.DType("int64"), i) > c(1, "int64"), Store(B, A[i], (i,))), 6, "mixed-width vector conditions"),
 ]  # fmt: skip
 
 
