@@ -130,12 +130,17 @@ class Values:
             elif v.kind == "weight":
                 views[i] = weights[i]
                 table[i] = weights[i].ctypes.data
+        values = Values(table, views, workspace, at)
         per_call = {i for i, _, _ in at.views}
         for i, v in enumerate(plan.values):  # views of temporaries and weights: the same at every call
             if v.kind == "alias" and i not in per_call:
-                views[i] = alias_view(views[v.alias_of], v)
-                table[i] = table[v.alias_of] + v.view_offset if table[v.alias_of] else table[v.alias_of]
-        return Values(table, views, workspace, at)
+                values.point_alias(i, v.alias_of, v)
+        return values
+
+    def point_alias(self, i: int, src: int, v: ValueInfo) -> None:
+        """Value i, a view `v` of value `src`: its numpy view and its address in the table (null stays null)."""
+        self.views[i] = alias_view(self.views[src], v)
+        self.table[i] = self.table[src] + v.view_offset if self.table[src] else self.table[src]
 
 
 class CallerMemory:
@@ -246,8 +251,7 @@ class CompiledModel(ExportsC, Model):
             a = views[vid] = np.empty(shape, dtype)
             table[vid] = address(a)
         for i, src, v in at.views:
-            views[i] = alias_view(views[src], v)
-            table[i] = table[src] + v.view_offset if table[src] else table[src]
+            values.point_alias(i, src, v)
 
     def _execute(self, arrays: list[np.ndarray] | None, times: dict[int, float] | None = None) -> None:
         values = self._local.values
