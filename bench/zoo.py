@@ -9,11 +9,15 @@ width; a 2-core machine cannot time the full sizes of all of them in one sitting
 (the TorchScript exporter, opset 17) into a cache directory (`--cache`, default $TMPDIR/ember-zoo) beside random
 inputs and onnxruntime's outputs for them, so reruns only time.
 
-Every measurement is one process (`--worker`): it loads one system (Ember, onnxruntime or OpenVINO), compiles the
-model at the given thread count, warms up and times `--repeat` calls. The systems take turns per round (the order
-rotates between rounds, so drifts of a shared machine hit all alike) and a system's time is the median of all its
-calls in all rounds (`--cpu-time`: each call timed by the process's CPU time, all its threads, instead of the wall
-clock: on a machine loaded by other work, wall-clock times of long calls swell by the time the process waits).
+Each system (Ember, onnxruntime, OpenVINO) runs in a process of its own (`--worker`), which compiles the model at
+the given thread count and warms up. Per round, the three processes are started and loaded together, then take
+turns (`--repeat` turns, fewer past ~3 s of calls; the order rotates, with a pause between systems for the last
+one's threads to stop spinning): per turn an untimed call, which brings the model's weights back into the caches
+after the other systems' calls, then two timed ones. A drift of a shared machine then hits all alike: on this
+2-vCPU machine the host at times runs both vCPUs at half speed for seconds, which measurements one process after
+another blamed on whichever system was running. A system's time is the median of all its calls in all rounds
+(`--cpu-time`: each call timed by the process's CPU time, all its threads, instead of the wall clock: on a machine
+loaded by other work, wall-clock times of long calls swell by the time the process waits).
 The ratio is the faster of onnxruntime and OpenVINO over Ember (> 1: Ember is faster); the
 table is sorted by it, and the geometric mean is printed below. `rel err` is the max |ember - ort| / max |ort| over
 the outputs, on the inputs stored with the model. Ember's worker also profiles the model once per thread count
@@ -32,6 +36,7 @@ import importlib.util
 import json
 import math
 import os
+import select
 import shutil
 import statistics
 import subprocess
@@ -274,7 +279,10 @@ def worst_kernels(m, model: str, keep: int = 5) -> tuple[list[dict], float | Non
     return [{"model": model, "ops": "+".join(r["ops"])} | {k: r[k] for k in keys} for r in rows[:keep]], fraction
 
 
-def worker(system: str, path: Path, threads: int, repeat: int, profile: bool, cpu_time: bool = False) -> dict:
+def serve(system: str, path: Path, threads: int, cpu_time: bool = False) -> None:
+    """A measurement process held open (`--worker`): loads one system with the model, prints its facts as one JSON
+    line, then answers each line of stdin with one: "time N" (an untimed call, then N timed ones: {"times": seconds}),
+    "profile" (Ember's worst kernels), "quit"."""
     with np.load(path / "inputs.npz") as z:
         feeds = {k: z[k] for k in z.files}
     run, facts = load_system(system, path, threads, feeds)
@@ -288,38 +296,67 @@ def worker(system: str, path: Path, threads: int, repeat: int, profile: bool, cp
         out["fallback"] = len(m.summary()["fallback_ops"])
         out["cached"] = m.summary().get("compile_cache") == "hit"
     run()  # one warm-up call (Ember's model has run once already, for the error)
-    times = []
+    print(json.dumps(out), flush=True)
     clock = time.process_time if cpu_time else time.perf_counter  # CPU time: all of the process's threads
-    t_end = time.perf_counter() + 3.0  # at most ~3 s of timed calls, at least 3 calls
-    for i in range(repeat):
-        t0 = clock()
-        run()
-        times.append(clock() - t0)
-        if i >= 2 and time.perf_counter() > t_end:
-            break
-    out["times"] = times
-    if system == "ember" and profile:
-        out["worst"], out["roofline"] = worst_kernels(facts["model"], path.name)
-    return out
+    for line in sys.stdin:
+        cmd, *arg = line.split()
+        if cmd == "time":  # after an untimed call: the caches hold this model again, not the other systems'
+            run()
+            times = []
+            for _ in range(int(arg[0])):
+                t0 = clock()
+                run()
+                times.append(clock() - t0)
+            reply: dict = {"times": times}
+        elif cmd == "profile" and system == "ember":
+            worst, fraction = worst_kernels(facts["model"], path.name)
+            reply = {"worst": worst, "roofline": fraction}
+        else:
+            return
+        print(json.dumps(reply), flush=True)
 
 
-def measure(system: str, path: Path, threads: int, repeat: int, profile: bool, cpu_time: bool = False) -> dict:
-    """Run one measurement in a fresh process; {"error": ...} where it failed."""
-    cmd = [sys.executable, __file__, "--worker", system, "--path", str(path), "--threads", str(threads),
-           "--repeat", str(repeat)] + (["--profile"] if profile else []) + (["--cpu-time"] if cpu_time else [])
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=WORKER_TIMEOUT, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {WORKER_TIMEOUT} s"}
-    lines = p.stdout.strip().splitlines()
-    if p.returncode != 0 or not lines or not lines[-1].startswith("{"):
-        err = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
-        return {"error": (err[-1] if err else f"exit status {p.returncode}")[:200]}
-    return json.loads(lines[-1])
+class Server:
+    """One system's measurement process (`serve`), started at once and asked line by line."""
+
+    def __init__(self, system: str, path: Path, threads: int, cpu_time: bool):
+        cmd = [sys.executable, __file__, "--worker", system, "--path", str(path), "--threads", str(threads)]
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        # stderr to a file: a pipe nobody reads would block a process that warns a lot
+        self.stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115 - read and dropped with the Server
+        self.proc = subprocess.Popen(cmd + (["--cpu-time"] if cpu_time else []), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env)  # fmt: skip
+
+    def reply(self, ask: str | None = None, timeout: float = WORKER_TIMEOUT) -> dict:
+        """The next line the process prints (after sending `ask`), or {"error": ...} where it died or timed out."""
+        try:
+            if ask is not None:
+                self.proc.stdin.write(ask + "\n")
+                self.proc.stdin.flush()
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            line = self.proc.stdout.readline() if ready else ""
+        except (BrokenPipeError, OSError):
+            line = ""
+        if line.startswith("{"):
+            return json.loads(line)
+        self.close()
+        self.stderr.seek(0)
+        err = [ln for ln in self.stderr.read().strip().splitlines() if ln.strip()]
+        if not ready:
+            return {"error": f"no reply in {timeout:.0f} s"}
+        return {"error": (err[-1] if err else f"exit status {self.proc.returncode}")[:200]}
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
 
 
-# -- the sweep -----------------------------------------------------------------------------------------------------
 def available_systems() -> tuple[list[str], list[str]]:
     systems, notes = [], []
     for s, module in zip(SYSTEMS, ("ember", "onnxruntime", "openvino")):
@@ -330,24 +367,48 @@ def available_systems() -> tuple[list[str], list[str]]:
     return systems, notes
 
 
+CALLS_PER_TURN = 2  # timed, after an untimed one that brings the model back into the caches
+SETTLE_S = 0.05  # between two systems' calls: the last one's threads stop spinning (onnxruntime's, TBB's)
+TURN_BUDGET_S = 3.0  # per system and round: fewer calls than --repeat for models past ~0.3 s a call
+
+
 def sweep_one(name: str, path: Path, systems: list[str], threads: int, rounds: int, repeat: int,
               cpu_time: bool = False) -> dict:  # fmt: skip
+    """Per round, every system's process is started and loaded, then they take turns call by call (the order
+    rotating), so that a drift of the machine (another tenant, a host that packs both vCPUs onto one core for a
+    few seconds) hits all of them alike."""
     times: dict[str, list[float]] = {s: [] for s in systems}
     row: dict = {"model": name, "config": config_note(name), "errors": {}}
     for r in range(rounds):
-        order = systems[r % len(systems):] + systems[:r % len(systems)]
-        for s in order:
-            if s in row["errors"]:
-                continue
-            res = measure(s, path, threads, repeat, profile=(s == "ember" and r == 0), cpu_time=cpu_time)
-            if "error" in res:
-                row["errors"][s] = res["error"]
-                continue
-            times[s] += res["times"]
-            if s == "ember":
-                row.update({k: res[k] for k in ("rel_err", "fallback", "worst", "roofline", "cached") if k in res})
-                row["compile_s"] = res["compile_s"] if r == 0 else row.get("compile_s")
-                row["recompile_s"] = res["compile_s"] if r > 0 else None
+        servers = {s: Server(s, path, threads, cpu_time) for s in systems if s not in row["errors"]}
+        try:
+            for s, srv in list(servers.items()):
+                facts = srv.reply()
+                if "error" in facts:
+                    row["errors"][s] = facts["error"]
+                    del servers[s]
+                elif s == "ember":
+                    row.update({k: facts[k] for k in ("rel_err", "fallback", "cached") if k in facts})
+                    row["compile_s" if r == 0 else "recompile_s"] = facts["compile_s"]
+            spent = dict.fromkeys(servers, 0.0)
+            for turn in range(repeat):
+                order = list(servers)[turn % max(len(servers), 1):] + list(servers)[:turn % max(len(servers), 1)]
+                for s in order:
+                    if s not in servers or (turn >= 3 and spent[s] > TURN_BUDGET_S):
+                        continue
+                    res = servers[s].reply(f"time {CALLS_PER_TURN}")
+                    if "error" in res:
+                        row["errors"][s] = res["error"]
+                        del servers[s]
+                        continue
+                    times[s] += res["times"]
+                    spent[s] += sum(res["times"])
+                    time.sleep(SETTLE_S)
+            if r == 0 and "ember" in servers:
+                row.update(servers["ember"].reply("profile"))
+        finally:
+            for srv in servers.values():
+                srv.close()
     row["ms"] = {s: statistics.median(t) * 1e3 for s, t in times.items() if t}
     others = [row["ms"][s] for s in ("onnxruntime", "openvino") if s in row["ms"]]
     if "ember" in row["ms"] and others:
@@ -414,8 +475,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=None, help="comma-separated names (default: all; --list prints them)")
     p.add_argument("--threads", default="1,2")
-    p.add_argument("--rounds", type=int, default=2, help="measurement processes per system, model and thread count")
-    p.add_argument("--repeat", type=int, default=10, help="timed calls per process (fewer past ~3 s)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="process sets per model and thread count (each: the systems' calls in turns)")
+    p.add_argument("--repeat", type=int, default=10,
+                   help="turns per round: two timed calls per system each (fewer past ~3 s)")
     p.add_argument("--quick", action="store_true", help=f"one round of 5 calls on {','.join(QUICK)} (unless "
                    "--models is given), 1 thread (unless --threads is given)")  # fmt: skip
     p.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "ember-zoo"))
@@ -427,11 +490,9 @@ def main() -> None:
                    help="print the tables of earlier sweeps' results (their sweep-<pid>.json files) merged")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--path", help=argparse.SUPPRESS)
-    p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, Path(args.path), int(args.threads), args.repeat, args.profile,
-                                args.cpu_time)))  # fmt: skip
+        serve(args.worker, Path(args.path), int(args.threads), args.cpu_time)
         return
     if args.list:
         print("\n".join(f"{n:<20} {config_note(n)}" for n in MODELS))
@@ -460,7 +521,7 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - a model that does not export is a row, not the end of the sweep
             failed[name] = f"export failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}"
     print(f"{len(paths)} models exported to {cache} (torch.onnx, opset 17); systems: {', '.join(systems)}; "
-          f"{args.rounds} round(s) of up to {args.repeat} calls per process")  # fmt: skip
+          f"{args.rounds} round(s) of up to {args.repeat} turns of 2 calls per system")  # fmt: skip
     results: dict = {"systems": systems, "notes": notes}
     thread_counts = [int(t) for t in args.threads.split(",")]
     rows: dict[int, list[dict]] = {t: [] for t in thread_counts}
