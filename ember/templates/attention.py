@@ -20,6 +20,7 @@ the max, exp and sum run over whole vectors; the second product reduces over the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ember import te
@@ -53,14 +54,25 @@ def attention_te(q: Tensor, k: Tensor, v: Tensor, scale: float = 1.0, bias: Tens
     pad = te.compute((Np,), lambda j: te.if_then_else(j < N, te.const(0.0, dt), te.const(float("-inf"), dt)),
                      name=f"{name}_pad", attrs={"materialize": True})  # fmt: skip
 
+    def bias_at(idx):  # the mask's element for the scores' index idx (broadcast)
+        return bias[tuple(te.const(0) if n == 1 else idx[len(idx) - len(bias.shape) + d]
+                          for d, n in enumerate(bias.shape))]  # fmt: skip
+
+    padded_bias = None
+    if bias is not None and Np != N:
+        # the mask copied per block into rows of Np with -inf past column N: the score tiles then add whole aligned
+        # vectors (reading the mask in place, the panel across column N took a gather per vector and kept its
+        # accumulators in memory: a third of Swin's window attention)
+        padded_bias = T.row_buffer((*batch, M, Np), lambda *idx: te.if_then_else(
+            idx[-1] < N, bias_at(idx), te.const(float("-inf"), dt)), f"{name}_bias")  # fmt: skip
+
     def score(*idx):
         s = sacc[idx]
         s = s * te.const(scale, dt) if scale != 1.0 else s
-        if bias is not None:  # its column clamped: the padded columns read a real element (then masked)
-            col = te.if_then_else(idx[-1] < N, idx[-1], te.const(N - 1)) if Np != N else idx[-1]
-            at = (*idx[:-1], col)
-            s = s + bias[tuple(te.const(0) if n == 1 else at[len(at) - len(bias.shape) + d]
-                               for d, n in enumerate(bias.shape))]  # fmt: skip
+        if padded_bias is not None:
+            return s + padded_bias[idx]
+        if bias is not None:
+            s = s + bias_at(idx)
         return s + pad[idx[-1]] if Np != N else s
 
     sc = te.compute((*batch, M, Np), score, name=f"{name}_scores", tag="attention_scores",
@@ -112,6 +124,15 @@ def _tile(s: te.Schedule, out: te.Stage, acc: Tensor, rows, cols, target: Target
     return io
 
 
+def block_rows(mr_scores: int, mr_out: int) -> int:
+    """Query rows per block: about BLOCK_ROWS, a whole number of both products' row tiles (each block's last tile
+    is otherwise a partial one computed whole: Swin's 49 rows in tiles of 10 took blocks of 24 as 3 x 10, and 1.8x
+    the score rows), or of the output's tiles where the two tile heights have no common multiple near it."""
+    both = math.lcm(mr_scores, mr_out)
+    step = both if both <= 2 * BLOCK_ROWS else mr_out
+    return step * max(1, round(BLOCK_ROWS / step))
+
+
 def schedule_attention(attrs: dict, outs: Sequence[Tensor], target: Target) -> te.Schedule:
     """Block loop over (batch, R query rows), parallel when there are threads; in it the scores' register tiles,
     the row stages (max, exp, sum, reciprocal), then the output's register tiles."""
@@ -121,7 +142,8 @@ def schedule_attention(attrs: dict, outs: Sequence[Tensor], target: Target) -> t
     lanes = T.lanes_of(out.dtype, target)
     O = s[out]
     *b, i, j = O.op.axis
-    rows = min(BLOCK_ROWS, te.size_hint(out.shape[-2]))
+    rows = min(block_rows(a["scores_acc"].op.attrs["plan"].mr, a["acc"].op.attrs["plan"].mr),
+               te.size_hint(out.shape[-2]))  # fmt: skip
     io, ii = O.split(i, rows)
     O.reorder(*b, io, ii, j)
     _tile(s, O, a["acc"], ii, j, target)

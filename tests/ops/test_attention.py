@@ -20,8 +20,9 @@ ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference fo
 
 
 def attention_model(batch: tuple[int, ...], m: int, n: int, d: int, dv: int, scale: str | None = None,
-                    mask: bool = False, probs_out: bool = False):  # fmt: skip
-    """softmax(q @ k [* or / c] [+ mask]) @ v as an ONNX model, with q [*batch, m, d], k [*batch, d, n] inputs."""
+                    mask: bool | tuple[int, ...] = False, probs_out: bool = False):  # fmt: skip
+    """softmax(q @ k [* or / c] [+ mask]) @ v as an ONNX model, with q [*batch, m, d], k [*batch, d, n] inputs; the
+    mask [n] (mask=True) or of the shape given."""
     f = TensorProto.FLOAT
     ins = [helper.make_tensor_value_info("q", f, [*batch, m, d]), helper.make_tensor_value_info("k", f, [*batch, d, n]),
            helper.make_tensor_value_info("v", f, [*batch, n, dv])]  # fmt: skip
@@ -31,7 +32,7 @@ def attention_model(batch: tuple[int, ...], m: int, n: int, d: int, dv: int, sca
         nodes.append(helper.make_node(scale, [s, "c"], ["scaled"]))
         s = "scaled"
     if mask:
-        ins.append(helper.make_tensor_value_info("mask", f, [n]))
+        ins.append(helper.make_tensor_value_info("mask", f, [n] if mask is True else list(mask)))
         nodes.append(helper.make_node("Add", [s, "mask"], ["masked"]))
         s = "masked"
     nodes += [helper.make_node("Softmax", [s], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o"])]
@@ -63,6 +64,8 @@ def ops_after_passes(model) -> list[str]:
     ((3,), 50, 13, 32, 8, "Mul", True, 1),      # scores narrower than one vector, output narrower than one, masked
     ((1, 2), 61, 100, 64, 64, "Div", True, 2),  # blocks split across threads, K = 64 (a head's width), masked
     ((), 24, 32, 16, 48, "Mul", False, 1),      # no batch dims, exactly one block and whole panels
+    ((2, 3), 49, 49, 32, 32, "Mul", (2, 3, 49, 49), 1),  # Swin's windows: a bias per score, rows not a vector's
+    ((2, 3), 49, 49, 32, 32, "Mul", (1, 3, 49, 1), 2),   # a bias broadcast over windows and columns
 ])  # fmt: skip
 def test_fused_attention_matches_onnxruntime(batch, m, n, d, dv, scale, mask, threads):
     model = attention_model(batch, m, n, d, dv, scale, mask=mask)
