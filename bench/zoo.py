@@ -405,7 +405,8 @@ def sweep_one(name: str, path: Path, systems: list[str], threads: int, rounds: i
                     spent[s] += sum(res["times"])
                     time.sleep(SETTLE_S)
             if r == 0 and "ember" in servers:
-                row.update(servers["ember"].reply("profile"))
+                prof = servers["ember"].reply("profile")
+                row.update(prof) if "error" not in prof else row["errors"].setdefault("ember profile", prof["error"])
         finally:
             for srv in servers.values():
                 srv.close()
