@@ -641,13 +641,17 @@ def exp_table() -> Tensor:
                       name="exp2_table", attrs={"materialize": True})  # fmt: skip
 
 
+EXP_LOW = -87.33654  # ln FLT_MIN, rounded up: exp below it would be subnormal, and the vector exps give 0 there
+
+
 def exp(x: Expr, table: Tensor | None = None) -> Expr:
     """exp for float32 in plain arithmetic and selects, so that it vectorizes (the C library's expf
     runs once per lane): x = n ln2 + r with |r| <= ln2/2 (Cody-Waite), Cephes' degree-7 polynomial
     for e^r (about 1 ulp), and 2^n looked up in `table` (`exp_table()`, a gather), or else built
     as a product of one factor per binary digit of |n| (each digit found on its own: a sequential
     scale-by-digit would repeat the expression tree, te has no let). NaN stays NaN, exp(-inf) = 0,
-    overflow gives inf. Other dtypes use the library call."""
+    overflow gives inf, and results below FLT_MIN are 0 (x < EXP_LOW: a subnormal result costs the CPU a
+    microcode assist, as `ember.codegen.vmath.c_vector_exp` says). Other dtypes use the library call."""
     if x.dtype.scalar.name != "float32":
         return te.exp(x)
 
@@ -661,7 +665,7 @@ def exp(x: Expr, table: Tensor | None = None) -> Expr:
         return te.if_then_else(cond, f(a), f(b))
 
     finite = te.if_then_else(x != x, f(0.0), x)  # max/min propagate NaN; NaN is put back at the end
-    xc = te.minimum(te.maximum(finite, f(-104.0)), f(88.75))
+    xc = te.minimum(te.maximum(finite, f(EXP_LOW)), f(88.75))
     n = rint(xc * f(1.44269504088896341))
     r = xc - n * f(0.693359375) - n * f(-2.12194440e-4)
     p = f(1.9875691500e-4)
@@ -669,7 +673,8 @@ def exp(x: Expr, table: Tensor | None = None) -> Expr:
         p = p * r + f(c)
     p = (p * (r * r) + r + f(1.0)) * f(2.0)  # times 2^n = 2 * 2^(n - 1): the factors stay finite
     if table is not None:  # 2^(n - 1) = table[n + 150]
-        return p * table[te.cast(n, "int32") + 150] * pick(x > f(88.72283), math.inf, 1.0) * pick(x != x, math.nan, 1.0)
+        p = p * table[te.cast(n, "int32") + 150]
+        return p * pick(x > f(88.72283), math.inf, 1.0) * pick(x != x, math.nan, 1.0) * pick(x < f(EXP_LOW), 0.0, 1.0)
     m = te.abs(n - f(1.0))  # an integer <= 152
     for b in range(8):
         half = float(2**b)
@@ -677,7 +682,7 @@ def exp(x: Expr, table: Tensor | None = None) -> Expr:
         digit = pick(m - q * f(2 * half) >= f(half), 1.0, 0.0)
         up = pick(n < f(1.0), 2.0 ** -(2**b), 2.0 ** (2**b) if b < 7 else 0.0)  # 2^128: only needed below
         p = p * (digit * up + (f(1.0) - digit))  # exact: one of the two terms is 0
-    return p * pick(x > f(88.72283), math.inf, 1.0) * pick(x != x, math.nan, 1.0)
+    return p * pick(x > f(88.72283), math.inf, 1.0) * pick(x != x, math.nan, 1.0) * pick(x < f(EXP_LOW), 0.0, 1.0)
 
 
 # =====================================================================================================
@@ -701,29 +706,44 @@ def row_reduce(rows: tuple[int, ...], length: int, at: Callable[[Index, Expr], E
         return lambda r: whole[tuple(r)]
     while acc > 1 and size_hint(length) < 2 * acc * lanes:
         acc //= 2
+    base = lanes
     lanes *= acc  # several vectors of partials: the schedule splits their axis into vectors (`_schedule_row_template`)
     full = length // lanes
     lo = te.reduce_axis((0, full), name="rlo")
     part = te.compute(rows + (lanes,), lambda *i: reducer(at(i[:nr], lo * lanes + i[nr]), axis=lo),
                       name=f"{name}_lanes", tag="row_partial")  # fmt: skip
-    total = _lane_tree(part, rows, lanes, reducer, name)
-    if length % lanes == 0:
+    # whole vectors past the last step of `acc` vectors (Np = 224 scores = 3 x 64 + 2 x 16): one more vector of
+    # partials, joined where the lane tree is one vector wide, instead of a scalar tail of 32 dependent steps
+    vectors = (length - full * lanes) // base
+    extra = None
+    if vectors:
+        v = te.reduce_axis((0, vectors), name="rv")
+        extra = te.compute(rows + (base,), lambda *i: reducer(at(i[:nr], full * lanes + v * base + i[nr]), axis=v),
+                           name=f"{name}_vectors", tag="row_partial")  # fmt: skip
+    total = _lane_tree(part, rows, lanes, reducer, name, extra)
+    rest = length - full * lanes - vectors * base
+    if rest == 0:
         return lambda r: total[(*r, 0)]
-    t = te.reduce_axis((0, length % lanes), name="rt")
-    tail = te.compute(rows, lambda *r: reducer(at(r, full * lanes + t), axis=t), name=f"{name}_tail",
-                      tag="row_reduce")  # fmt: skip
+    t = te.reduce_axis((0, rest), name="rt")
+    start = full * lanes + vectors * base
+    tail = te.compute(rows, lambda *r: reducer(at(r, start + t), axis=t), name=f"{name}_tail", tag="row_reduce")
     return lambda r: reducer.combine(total[(*r, 0)], tail[tuple(r)])
 
 
-def _lane_tree(part: Tensor, rows: tuple[int, ...], lanes: int, reducer: te.Reducer, name: str) -> Tensor:
+def _lane_tree(part: Tensor, rows: tuple[int, ...], lanes: int, reducer: te.Reducer, name: str,
+               extra: Tensor | None = None) -> Tensor:  # fmt: skip
     """The partial results of each row (its last axis, `lanes` of them, a power of two) combined in halves: each
     step one vector operation on half as many lanes, log2(lanes) dependent steps where a loop over the lanes
-    would take `lanes`."""
+    would take `lanes`. `extra` (partials of the same row, fewer lanes) joins the step of its width."""
     nr, cur, width = len(rows), part, lanes
     while width > 1:
         width //= 2
-        cur = te.compute(rows + (width,), lambda *i, p=cur, w=width: reducer.combine(p[i], p[(*i[:nr], i[nr] + w)]),
-                         name=f"{name}_{width}" if width > 1 else name, tag="row_partial")  # fmt: skip
+
+        def body(*i, p=cur, w=width):
+            r = reducer.combine(p[i], p[(*i[:nr], i[nr] + w)])
+            return reducer.combine(r, extra[i]) if extra is not None and extra.shape[-1] == w else r
+
+        cur = te.compute(rows + (width,), body, name=f"{name}_{width}" if width > 1 else name, tag="row_partial")
     return cur
 
 
