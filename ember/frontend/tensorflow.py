@@ -99,7 +99,7 @@ def to_onnx(model: Any, input_shapes: Mapping[str, tuple] | None = None):
     else:
         fn, specs, outputs = _keras_function(tf, model, input_shapes)
     try:
-        proto, _ = tf2onnx.convert.from_function(fn, input_signature=specs, opset=OPSET)
+        proto = _convert(tf, tf2onnx, fn, specs)
     except Exception as e:
         raise ModelError(f"{source}: tf2onnx could not convert the model: {type(e).__name__}: {first_line(e)}") from e
     _expand_tf_ops(proto)
@@ -109,6 +109,36 @@ def to_onnx(model: Any, input_shapes: Mapping[str, tuple] | None = None):
     if outputs and len(outputs) == len(proto.graph.output):
         _rename_outputs(proto, outputs)
     return proto
+
+
+def _convert(tf, tf2onnx, fn, specs):
+    """The traced function frozen (variables and captured tensors made constants), then converted. tf2onnx's
+    from_function takes every non-resource input of the concrete function for a model input, so a tensor the
+    model captures (Keras' Normalization layer's mean and variance) became an input the caller had to feed."""
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    frozen = convert_variables_to_constants_v2(fn.get_concrete_function(*specs))
+    inputs = [t.name for t in frozen.inputs if t.dtype != tf.resource]
+    proto, _ = tf2onnx.convert.from_graph_def(frozen.graph.as_graph_def(), input_names=inputs,
+                                              output_names=[t.name for t in frozen.outputs], opset=OPSET)
+    _rename(proto, {i: s.name for i, s in zip(inputs, specs)})  # 'pixels:0' -> 'pixels', the spec's name
+    return proto
+
+
+def _rename(proto, renames: dict[str, str]) -> None:
+    """Rename values of the graph (its inputs, outputs, nodes and their subgraphs)."""
+
+    def walk(g) -> None:
+        for v in (*g.input, *g.output):
+            v.name = renames.get(v.name, v.name)
+        for node in g.node:
+            node.output[:] = [renames.get(o, o) for o in node.output]
+            node.input[:] = [renames.get(i, i) for i in node.input]
+            for a in node.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    walk(sub)
+
+    walk(proto.graph)
 
 
 def _expand_tf_ops(proto) -> None:
@@ -148,11 +178,7 @@ def _rename_outputs(proto, names: list[str]) -> None:
     renames = {o.name: n for o, n in zip(proto.graph.output, names) if n not in {i.name for i in proto.graph.input}}
     if len(set(renames.values())) != len(renames):
         return
-    for node in proto.graph.node:
-        node.output[:] = [renames.get(o, o) for o in node.output]
-        node.input[:] = [renames.get(i, i) for i in node.input]
-    for o in proto.graph.output:
-        o.name = renames.get(o.name, o.name)
+    _rename(proto, renames)
 
 
 def from_tensorflow(model: Any, input_shapes: Mapping[str, tuple] | None = None) -> Graph:

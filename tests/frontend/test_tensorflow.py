@@ -55,6 +55,19 @@ def test_keras_models(make):
     check(model, x, ember.compile(model, fallback=False))
 
 
+def test_captured_constants_are_weights_not_inputs():
+    """A Normalization layer's mean and variance are tensors the traced function captures (EfficientNetV2's
+    first layer): they become constants of the model, not inputs the caller must feed."""
+    x0 = keras.Input((6,), batch_size=2)
+    norm = L.Normalization(mean=np.linspace(-1, 1, 6), variance=np.linspace(0.5, 2, 6))
+    model = keras.Model(x0, L.Dense(3)(norm(x0)))
+    from ember.frontend.tensorflow import to_onnx
+
+    assert [i.name for i in to_onnx(model).graph.input] == [x0.name]
+    x = np.random.default_rng(2).uniform(-1, 1, (2, 6)).astype("float32")
+    check(model, x, ember.compile(model, fallback=False))
+
+
 def test_saved_model_directory(tmp_path):
     x0 = keras.Input((8,))
     model = keras.Model(x0, L.Dense(4, activation="sigmoid")(L.Dense(16, activation="relu")(x0)))
