@@ -66,9 +66,13 @@ def _accumulators(nb: int, rows: int) -> int:
 WX_ACCUMULATORS = 28  # zmm registers for the accumulators of a W x X tile (the rest: columns of X, a row of W)
 WX_REGISTERS = 32  # all of them: accumulators, the tile's vectors of X or its broadcasts of W, one more operand
 ROW_WEIGHT = {1: 0.5, 2: 0.9}  # a W x X tile's worth by its rows (measured on ResNet-50's layers; 4 or more: 1)
-# A tile's worth by the vector width its requantizing epilogue is written in (a tile of 28 pixels in vectors of 4:
-# ResNet-50's 1 x 1 convolutions at 14 x 14, 256 -> 1024 channels, 270 GOP/s as 8 x 28 tiles, 347 as 2 x 196)
-EPILOGUE_WEIGHT = {16: 1.0, 8: 0.9, 4: 0.8}
+# A tile's worth where its requantizing epilogue has no vector width (`wx_epilogue_width` 0: scalar). Vectors of 4
+# or 8 cost nothing more since the epilogue narrows to bytes in one instruction (`ember.codegen.c`'s vpmovdb; GCC's
+# narrowing lane by lane had made 8 x 28 tiles of 14 x 14 images slower than 2 x 196): ResNet-50's 1 x 1
+# convolutions at 14 x 14, 1024 -> 256 and 1024 -> 512 channels, 2 x 196 -> 8 x 28 tiles: 23% less time
+SCALAR_EPILOGUE_WEIGHT = 0.7
+WX_L1_BYTES = 32768  # the most bytes of X (channels x pixels) a W x X tile reads per call from the L1 cache
+WX_L2_WEIGHT = 0.85  # a tile's worth where its X is larger (read from L2 by every tile of channels)
 
 
 def wx_registers(mr: int, nv: int, whole_flat: bool = False) -> int:
@@ -108,8 +112,9 @@ def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: in
     masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS, and the whole micro-kernel within
     WX_REGISTERS (`wx_registers`; else the compiler reloads X for every row: a load per vpdpbusd, 7 x 4 tiles
     of 14 x 14 images at 60% of the 8 x 2 tile's speed). Best: the most lanes used, times ROW_WEIGHT (a row of W
-    broadcast per vector of X loaded: one row is slow, two nearly as good as four), times EPILOGUE_WEIGHT where
-    the grid is `flat` (a 1 x 1 convolution: no padding columns), then the most accumulators. Vectors of 16
+    broadcast per vector of X loaded: one row is slow, two nearly as good as four), times SCALAR_EPILOGUE_WEIGHT
+    where the grid is `flat` (a 1 x 1 convolution: no padding columns) and no vector width divides the tile's
+    pixels, then the most accumulators. Vectors of 16
     pixels, or of 8 where `wx_lanes` says (`channels`: the input's, padded to 4)."""
     best, key = (0, 0), (0.0, 0)
     for k in (k for k in range(1, height + 1) if height % k == 0):
@@ -120,8 +125,10 @@ def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: in
             fits = wx_registers(mr, nv, flat and k == height) <= WX_REGISTERS
             if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS and fits:
                 worth = nb / (lanes * nv) * ROW_WEIGHT.get(mr, 1.0)
-                if flat:
-                    worth *= EPILOGUE_WEIGHT.get(wx_epilogue_width(nb, k == height, True), 0.7)
+                if flat and not wx_epilogue_width(nb, k == height, True):
+                    worth *= SCALAR_EPILOGUE_WEIGHT
+                if channels * nb > WX_L1_BYTES:
+                    worth *= WX_L2_WEIGHT
                 score = (worth, mr * nv)
                 if score > key:
                     best, key = (mr, nb), score
