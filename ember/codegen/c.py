@@ -492,6 +492,11 @@ class CCodegen:
             fname, code = INTRINSICS[e.name].c_impl(int(m), int(n), isa_features(self.target), zero)
             args = [self.expr(a) for a in e.args[:6]] + [self.expr(e.args[8])]
             return f"{self.helper(fname, code)}({', '.join(args)})"
+        if e.name == "round" and e.dtype.lanes > 1:
+            op = "roundscale_ps" if e.dtype.lanes == 16 else "round_ps"
+            rounded = self.x86_vector_fn(op, e.args[0], e.dtype, "_MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC")
+            if rounded is not None:
+                return rounded
         text = self.lanewise(e.name, list(e.args), e.dtype)
         return f"{self.half_helper(e.dtype, 'round')}({text})" if e.dtype.is_half else text
 
@@ -519,7 +524,27 @@ class CCodegen:
             narrow = self.narrow_to_bytes(e)
             if narrow is not None:
                 return narrow
+        if isinstance(e.value, Call) and e.value.name == "round" and e.dtype.name == "int32":
+            rounded = self.x86_vector_fn("cvtps_epi32", e.value.args[0], e.dtype, "")
+            if rounded is not None:
+                return rounded
         return f"__builtin_convertvector({self.expr(e.value)}, {self.ctype(e.dtype)})"
+
+    def x86_vector_fn(self, op: str, x: Expr, out: DType, imm: str) -> str | None:
+        """_mm{512,256,}_{op}(x[, imm]) on one float32 register of AVX-512, AVX or SSE (VEX), as `out`; None where
+        x is another type or the target has no such register. Rounding to int32 in one vcvtps2dq (the rounding mode
+        of nearbyintf: the current one, to nearest even) and round in one vrndscaleps, where GCC compiles the
+        lanes' nearbyintf into two 256-bit vroundps, a shuffle and an insert, then a truncating conversion."""
+        dt, flags = x.dtype, self.target.simd_features()
+        need = {16: "avx512f", 8: "avx", 4: "avx"}.get(dt.lanes)
+        if dt.scalar.name != "float32" or need not in flags:
+            return None
+        self.helper("immintrin", "#include <immintrin.h>")
+        pre, reg = {16: ("_mm512", "__m512"), 8: ("_mm256", "__m256"), 4: ("_mm", "__m128")}[dt.lanes]
+        t, r = self.ctype(dt), self.ctype(out)
+        name = f"ember_x86_{op}_{t}"
+        body = f"return ({r}){pre}_{op}(({reg})a{', ' + imm if imm else ''});"
+        return f"{self.helper(name, f'static inline {r} {name}({t} a) {{ {body} }}')}({self.expr(x)})"
 
     def narrow_to_bytes(self, e: Cast) -> str | None:
         """A vector of 32-bit integers to 8 bits (truncated, as C converts), in one vpmovdb on AVX-512 (16 lanes;
