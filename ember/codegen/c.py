@@ -669,26 +669,29 @@ class CCodegen:
     def masked_helper(self, kind: str, dt: DType, pred: Expr, idx_dt: DType | None = None) -> str:
         """The helper of a masked vector access (`kind`: load, store, gather, scatter) of type dt under mask `pred`
         (a vector comparison: an integer vector of -1/0 lanes): only the lanes where it is set are read (the others
-        are zero) or written. Contiguous accesses to one AVX-512 register of 32- or 64-bit elements (or a 256-bit one
-        with avx512vl) are one masked move; otherwise a loop over the lanes."""
+        are zero) or written. Contiguous accesses to one AVX-512 register (or a 256- or 128-bit one with avx512vl) of
+        32- or 64-bit elements, or of 8- or 16-bit ones with avx512bw (an int8 epilogue's last, partial vector of
+        bytes), are one masked move; otherwise a loop over the lanes."""
         t, s, n = self.ctype(dt), dt.c_type, dt.lanes
         bits = mask_bits(pred) or dt.bits
         m = self.mask_type(bits, n)
         flags, width = self.target.simd_features(), dt.bits * n
-        x86 = kind in ("load", "store") and dt.bits in (32, 64) and bits == dt.bits and not dt.is_half
-        x86 = x86 and ((width == 512 and "avx512f" in flags) or (width == 256 and {"avx512f", "avx512vl"} <= flags))
+        need = {"avx512f"} | ({"avx512vl"} if width < 512 else set()) | ({"avx512bw"} if dt.bits < 32 else set())
+        plain = not dt.is_bool and (dt.is_int or dt.bits >= 32) and dt.bits in (8, 16, 32, 64)  # (not half, fp8)
+        x86 = kind in ("load", "store") and plain and bits == dt.bits and width in (128, 256, 512) and need <= flags
         it = self.ctype(idx_dt) if idx_dt is not None else ""
         name = f"ember_v{kind}_masked_{t}" + (f"_{it}" if it else "") + ("" if bits == dt.bits else f"_{m}")
         at = "p[idx[l]]" if it else "p[l]"
         if x86:
             self.helper("immintrin", "#include <immintrin.h>")
-            w, el = ("512" if width == 512 else "256"), ("epi32" if dt.bits == 32 else "epi64")
-            k = f"_mm{w}_test_{el}_mask((__m{w}i)m, (__m{w}i)m)"
+            w, el = ("" if width == 128 else str(width)), f"epi{dt.bits}"
+            reg = f"__m{width}i"
+            k = f"_mm{w}_test_{el}_mask(({reg})m, ({reg})m)"
             if kind == "load":
                 body = f"return ({t})_mm{w}_maskz_loadu_{el}({k}, p);"
                 code = f"static inline {t} {name}(const {s}* p, {m} m) {{ {body} }}"
             else:
-                body = f"_mm{w}_mask_storeu_{el}(p, {k}, (__m{w}i)v);"
+                body = f"_mm{w}_mask_storeu_{el}(p, {k}, ({reg})v);"
                 code = f"static inline void {name}({s}* p, {t} v, {m} m) {{ {body} }}"
         elif kind in ("load", "gather"):
             extra = f", {it} idx" if it else ""

@@ -84,13 +84,15 @@ def wx_registers(mr: int, nv: int, whole_flat: bool = False) -> int:
     return mr * nv + (min(nv + 1, mr + 1) if whole_flat else nv + 1)
 
 
-def wx_epilogue_width(nb: int, whole: bool, flat: bool) -> int:
-    """The vector width `_schedule_wx` writes a tile of nb output pixels in: 16 with a tail partitioned off where
-    the tile's pixels are one range of the accumulator (`flat`: no padding columns, or the whole image) and
-    span two vectors, else the widest of 16, 8, 4 that divides nb (0: none)."""
-    if (flat or whole) and nb >= 32:
-        return 16
-    return next((v for v in (16, 8, 4) if nb % v == 0), 0)
+def wx_epilogue_width(nb: int, whole: bool, flat: bool, lanes: int = 16) -> int:
+    """The vector width `_schedule_wx` writes a tile of nb output pixels in: `lanes` (16 int32), the last vector
+    masked, where the tile's pixels are one range of the accumulator (`flat`: no padding columns, or the whole
+    image) and more than one vector (the accumulator tile then ends at the last vector's end: a tile of 28 pixels
+    takes 32), else the widest of lanes, lanes / 2, lanes / 4 that divides nb (0: none; a partial vector would
+    extend the tile's accumulator into the next row, past the micro-kernel's registers)."""
+    if lanes > 1 and (flat or whole) and nb > lanes:
+        return lanes
+    return next((v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and nb % v == 0), 0)
 
 
 WX_NARROW_BYTES = 32768  # the most bytes of X (channels x pixels) a 256-bit W x X tile reads per call (`wx_lanes`)
@@ -356,15 +358,9 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
     po, pi = O.split(O.fuse(h, w), plan.nb)
     oo, oi = O.split(o, plan.mr)
     O.reorder(b, po, oo, oi, pi)
-    lanes = target.vector_lanes(32)
-    # whole output rows, which 16 does not always divide (56, 28, 98). Where the padded grid is the image (no
-    # padding columns: a tile's pixels are one range of the accumulator) or the tile is the whole image: full
-    # vectors, the rest partitioned off into a tail (vectors of 4 would take four times the instructions).
-    # Else the widest vector that divides them (a partial vector would extend the tile's accumulator into the
-    # next row, past the micro-kernel's registers)
-    flat = acc.shape[2] == out.shape[2] * out.shape[3] or plan.nb == out.shape[2] * out.shape[3]
-    width = lanes if lanes > 1 and flat and plan.nb >= 2 * lanes else next(
-        (v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and plan.nb % v == 0), 0)  # fmt: skip
+    # whole output rows, which 16 does not always divide (56, 28, 98): `wx_epilogue_width`
+    whole = plan.nb == out.shape[2] * out.shape[3]
+    width = wx_epilogue_width(plan.nb, whole, acc.shape[2] == out.shape[2] * out.shape[3], target.vector_lanes(32))
     if width:
         _, pii = O.split(pi, width)
         O.vectorize(pii)
