@@ -96,15 +96,21 @@ def wx_epilogue_width(nb: int, whole: bool, flat: bool, lanes: int = 16) -> int:
 
 
 WX_NARROW_BYTES = 32768  # the most bytes of X (channels x pixels) a 256-bit W x X tile reads per call (`wx_lanes`)
+# Whether `wx_lanes` may take vectors of 8 pixels: they pay only where a 512-bit vpdpbusd costs two 256-bit ones (a
+# CPU that splits them, such as Zen 4); where both take one instruction, vectors of 16 do twice the work per
+# instruction. Since the int8 epilogue narrows in one instruction (`ember.codegen.c`), ResNet-50's 512 -> 2048 at
+# 7 x 7 runs 23% faster as 4 x 49 tiles of 16 lanes than as 2 x 49 of 8 (Xeon, AVX-512 VNNI, 1 thread)
+WX_HALF_VECTORS = False
 
 
 def wx_lanes(nb: int, whole_flat: bool, channels: int = 0) -> int:
-    """The pixels per vector of a W x X tile of nb pixels: 8 (`dot_s8u8_256`) for a whole flat image (a 1 x 1
-    convolution's) of fewer than 64 pixels that vectors of 8 cover with fewer idle lanes than vectors of 16, where
-    its X of `channels` x nb bytes stays in the L1 cache (its tiles have 2 rows of W, not 4: each reads X twice as
-    often), else 16. ResNet-50's 7 x 7 images (7 x 8 against 4 x 16 lanes for 49 pixels): 512 -> 2048 channels 250
-    -> 300 GOP/s, but 2048 -> 512 285 -> 258 (loaded, 1 thread)."""
+    """The pixels per vector of a W x X tile of nb pixels: 8 (`dot_s8u8_256`) where WX_HALF_VECTORS allows, for a
+    whole flat image (a 1 x 1 convolution's) of fewer than 64 pixels that vectors of 8 cover with fewer idle lanes
+    than vectors of 16, where its X of `channels` x nb bytes stays in the L1 cache (its tiles have 2 rows of W, not
+    4: each reads X twice as often), else 16."""
     fits = 0 < channels * nb <= WX_NARROW_BYTES
+    if not WX_HALF_VECTORS:
+        return 16
     return 8 if whole_flat and fits and nb < 64 and -nb % 8 < -nb % 16 else 16
 
 
