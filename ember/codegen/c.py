@@ -651,11 +651,39 @@ class CCodegen:
         stride = idx.stride.value if isinstance(idx, Ramp) and isinstance(idx.stride, Const) else None
         if stride == 2 and dt.lanes >= 4 and not dt.is_bool:
             return f"{self.stride2_load(dt)}(&{buf}[{self.expr(idx.base)}])"
+        table = self.byte_table(e, idx)
+        if table is not None:
+            return table
         it = self.ctype(idx.dtype)
         name = f"ember_gather_{t}_{it}"
         init = _lanes_init(dt.lanes, lambda l: f"p[idx[{l}]]")
         code = f"static inline {t} {name}(const {s}* p, {it} idx) {{\n  return ({t}){init};\n}}"
         return f"{self.helper(name, code)}({buf}, {self.expr(idx)})"
+
+    def byte_table(self, e: Load, idx: Expr) -> str | None:
+        """A gather of 16 bytes from a table of at least 256 at indices that are bytes themselves (an int8 lookup
+        table: GELU, sigmoid of quantized values) as two vpermi2b over the table's four 64-byte registers and a blend
+        on the index's top bit (AVX-512 VBMI), where the generic gather loads lane by lane; None elsewhere."""
+        dt, flags = e.dtype, self.target.simd_features()
+        if not (dt.is_int and dt.bits == 8 and dt.lanes == 16 and isinstance(idx, Cast)):
+            return None
+        src = idx.value.dtype
+        if src.name != "uint8" or not e.buffer.is_static or math.prod(e.buffer.shape) < 256:
+            return None
+        if not {"avx512f", "avx512bw", "avx512vbmi"} <= flags:
+            return None
+        self.helper("immintrin", "#include <immintrin.h>")
+        t, s, it = self.ctype(dt), dt.c_type, self.ctype(src)
+        name = f"ember_table256_{t}"
+        code = (f"static inline {t} {name}(const {s}* p, {it} i) {{\n"
+                "  const __m512i t0 = _mm512_loadu_si512(p), t1 = _mm512_loadu_si512(p + 64);\n"
+                "  const __m512i t2 = _mm512_loadu_si512(p + 128), t3 = _mm512_loadu_si512(p + 192);\n"
+                "  __m128i i128; __builtin_memcpy(&i128, &i, sizeof i128);\n"
+                "  const __m512i x = _mm512_castsi128_si512(i128);\n"
+                "  const __m512i lo = _mm512_permutex2var_epi8(t0, x, t1), hi = _mm512_permutex2var_epi8(t2, x, t3);\n"
+                "  const __m128i r = _mm512_castsi512_si128(_mm512_mask_blend_epi8(_mm512_movepi8_mask(x), lo, hi));\n"
+                f"  {t} v; __builtin_memcpy(&v, &r, sizeof v); return v;\n}}")  # fmt: skip
+        return f"{self.helper(name, code)}({self.name(e.buffer)}, {self.expr(idx.value)})"
 
     def mask(self, pred: Expr) -> str:
         """A vector mask as C: a literal where its lanes are constant (a tile's tail: the compiler folds it into the
