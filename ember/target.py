@@ -76,7 +76,7 @@ ARCHS: dict[str, Arch] = {
     for a in (
         Arch("x86_64", "x86_64-linux-gnu", "x86_64-unknown-linux-gnu", 62, "gcc-x86-64-linux-gnu", "x86-64",
              _X86_CPUS, ("sse4.2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl",
-                         "avx512vnni", "avx512bf16"), "qemu-x86_64"),
+                         "avx512vnni", "avx512bf16", "avx512vbmi"), "qemu-x86_64"),
         Arch("aarch64", "aarch64-linux-gnu", "aarch64-unknown-linux-gnu", 183, "gcc-aarch64-linux-gnu", "generic",
              dict.fromkeys(_AARCH64_CPUS, 128), ("neon", "crypto", "fp16", "dotprod", "i8mm", "bf16", "sve"),
              "qemu-aarch64"),

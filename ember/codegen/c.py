@@ -307,6 +307,8 @@ class CCodegen:
         # at 0.8 GFLOP/s)
         nan = " | (a != a)" if dt.is_float else ""
         x86 = self.x86_minmax(op, dt) if dt.is_float and dt.lanes > 1 else None
+        if dt.is_int and dt.bits == 32 and dt.lanes > 1:
+            x86 = self.x86_int_minmax(op, dt)
         if x86 is not None:
             return f"{x86}({self.expr(a)}, {self.expr(b)})"
         if dt.lanes == 1:
@@ -338,6 +340,22 @@ class CCodegen:
         else:
             body = f"_mm256_blendv_{sfx}({r}, ({reg})a, _mm256_cmp_{sfx}(({reg})a, ({reg})a, _CMP_UNORD_Q))"
         return self.helper(name, f"static inline {t} {name}({t} a, {t} b) {{ return ({t}){body}; }}")
+
+    def x86_int_minmax(self, op: str, dt: DType) -> str | None:
+        """An int32 vector min/max of exactly one AVX-512, AVX2 or SSE register (VEX) in one instruction: GCC
+        compiles `minmax`'s lane loop on 16 lanes as two 256-bit halves, a shuffle and an insert (its preferred
+        vector width on AVX-512 CPUs; the clamp of every int8 epilogue). None where the target has no such
+        register."""
+        flags, bits = self.target.simd_features(), dt.bits * dt.lanes
+        need = {512: "avx512f", 256: "avx2", 128: "avx"}.get(bits)
+        if need not in flags:
+            return None
+        pre, reg = {512: ("_mm512", "__m512i"), 256: ("_mm256", "__m256i"), 128: ("_mm", "__m128i")}[bits]
+        t = self.ctype(dt)
+        self.helper("immintrin", "#include <immintrin.h>")
+        name = f"ember_x86_{op}_{t}"
+        body = f"return ({t}){pre}_{op}_ep{'i' if dt.kind == 'int' else 'u'}32(({reg})a, ({reg})b);"
+        return self.helper(name, f"static inline {t} {name}({t} a, {t} b) {{ {body} }}")
 
     def divmod(self, op: str, a: Expr, b: Expr, dt: DType) -> tuple[str, int]:
         if dt.is_float:
@@ -492,6 +510,11 @@ class CCodegen:
             fname, code = INTRINSICS[e.name].c_impl(int(m), int(n), isa_features(self.target), zero)
             args = [self.expr(a) for a in e.args[:6]] + [self.expr(e.args[8])]
             return f"{self.helper(fname, code)}({', '.join(args)})"
+        if e.name == "round" and e.dtype.lanes > 1:
+            op = "roundscale_ps" if e.dtype.lanes == 16 else "round_ps"
+            rounded = self.x86_vector_fn(op, e.args[0], e.dtype, "_MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC")
+            if rounded is not None:
+                return rounded
         text = self.lanewise(e.name, list(e.args), e.dtype)
         return f"{self.half_helper(e.dtype, 'round')}({text})" if e.dtype.is_half else text
 
@@ -515,7 +538,46 @@ class CCodegen:
         src = e.value.dtype
         if src.is_int and src.bits == 8 and e.dtype.bits == 32 and not e.dtype.is_bool:
             return self.widen_bytes(e)
+        if src.is_int and src.bits == 32 and e.dtype.is_int and e.dtype.bits == 8:
+            narrow = self.narrow_to_bytes(e)
+            if narrow is not None:
+                return narrow
+        if isinstance(e.value, Call) and e.value.name == "round" and e.dtype.name == "int32":
+            rounded = self.x86_vector_fn("cvtps_epi32", e.value.args[0], e.dtype, "")
+            if rounded is not None:
+                return rounded
         return f"__builtin_convertvector({self.expr(e.value)}, {self.ctype(e.dtype)})"
+
+    def x86_vector_fn(self, op: str, x: Expr, out: DType, imm: str) -> str | None:
+        """_mm{512,256,}_{op}(x[, imm]) on one float32 register of AVX-512, AVX or SSE (VEX), as `out`; None where
+        x is another type or the target has no such register. Rounding to int32 in one vcvtps2dq (the rounding mode
+        of nearbyintf: the current one, to nearest even) and round in one vrndscaleps, where GCC compiles the
+        lanes' nearbyintf into two 256-bit vroundps, a shuffle and an insert, then a truncating conversion."""
+        dt, flags = x.dtype, self.target.simd_features()
+        need = {16: "avx512f", 8: "avx", 4: "avx"}.get(dt.lanes)
+        if dt.scalar.name != "float32" or need not in flags:
+            return None
+        self.helper("immintrin", "#include <immintrin.h>")
+        pre, reg = {16: ("_mm512", "__m512"), 8: ("_mm256", "__m256"), 4: ("_mm", "__m128")}[dt.lanes]
+        t, r = self.ctype(dt), self.ctype(out)
+        name = f"ember_x86_{op}_{t}"
+        body = f"return ({r}){pre}_{op}(({reg})a{', ' + imm if imm else ''});"
+        return f"{self.helper(name, f'static inline {r} {name}({t} a) {{ {body} }}')}({self.expr(x)})"
+
+    def narrow_to_bytes(self, e: Cast) -> str | None:
+        """A vector of 32-bit integers to 8 bits (truncated, as C converts), in one vpmovdb on AVX-512 (16 lanes;
+        8 and 4 with avx512vl). GCC 12 compiles __builtin_convertvector's narrowing lane by lane (~50 extracts
+        and inserts for 16 lanes: a requantizing int8 epilogue took 3x the convolution's time). None elsewhere."""
+        lanes, flags = e.dtype.lanes, self.target.simd_features()
+        width = {16: "512", 8: "256", 4: ""}.get(lanes)
+        if width is None or "avx512f" not in flags or (lanes < 16 and "avx512vl" not in flags):
+            return None
+        self.helper("immintrin", "#include <immintrin.h>")
+        t32, t8 = self.ctype(e.value.dtype), self.ctype(e.dtype)
+        reg = f"__m{width or '128'}i"
+        name = f"ember_narrow_{t32}_{t8}"
+        body = f"__m128i r = _mm{width}_cvtepi32_epi8(({reg})a); {t8} v; __builtin_memcpy(&v, &r, sizeof v); return v;"
+        return f"{self.helper(name, f'static inline {t8} {name}({t32} a) {{ {body} }}')}({self.expr(e.value)})"
 
     def widen_bytes(self, e: Cast) -> str:
         """A vector of 8-bit integers to 32 bits (int or float: by way of int32). GCC 12 compiles the one-step
@@ -589,11 +651,39 @@ class CCodegen:
         stride = idx.stride.value if isinstance(idx, Ramp) and isinstance(idx.stride, Const) else None
         if stride == 2 and dt.lanes >= 4 and not dt.is_bool:
             return f"{self.stride2_load(dt)}(&{buf}[{self.expr(idx.base)}])"
+        table = self.byte_table(e, idx)
+        if table is not None:
+            return table
         it = self.ctype(idx.dtype)
         name = f"ember_gather_{t}_{it}"
         init = _lanes_init(dt.lanes, lambda l: f"p[idx[{l}]]")
         code = f"static inline {t} {name}(const {s}* p, {it} idx) {{\n  return ({t}){init};\n}}"
         return f"{self.helper(name, code)}({buf}, {self.expr(idx)})"
+
+    def byte_table(self, e: Load, idx: Expr) -> str | None:
+        """A gather of 16 bytes from a table of at least 256 at indices that are bytes themselves (an int8 lookup
+        table: GELU, sigmoid of quantized values) as two vpermi2b over the table's four 64-byte registers and a blend
+        on the index's top bit (AVX-512 VBMI), where the generic gather loads lane by lane; None elsewhere."""
+        dt, flags = e.dtype, self.target.simd_features()
+        if not (dt.is_int and dt.bits == 8 and dt.lanes == 16 and isinstance(idx, Cast)):
+            return None
+        src = idx.value.dtype
+        if src.name != "uint8" or not e.buffer.is_static or math.prod(e.buffer.shape) < 256:
+            return None
+        if not {"avx512f", "avx512bw", "avx512vbmi"} <= flags:
+            return None
+        self.helper("immintrin", "#include <immintrin.h>")
+        t, s, it = self.ctype(dt), dt.c_type, self.ctype(src)
+        name = f"ember_table256_{t}"
+        code = (f"static inline {t} {name}(const {s}* p, {it} i) {{\n"
+                "  const __m512i t0 = _mm512_loadu_si512(p), t1 = _mm512_loadu_si512(p + 64);\n"
+                "  const __m512i t2 = _mm512_loadu_si512(p + 128), t3 = _mm512_loadu_si512(p + 192);\n"
+                "  __m128i i128; __builtin_memcpy(&i128, &i, sizeof i128);\n"
+                "  const __m512i x = _mm512_castsi128_si512(i128);\n"
+                "  const __m512i lo = _mm512_permutex2var_epi8(t0, x, t1), hi = _mm512_permutex2var_epi8(t2, x, t3);\n"
+                "  const __m128i r = _mm512_castsi512_si128(_mm512_mask_blend_epi8(_mm512_movepi8_mask(x), lo, hi));\n"
+                f"  {t} v; __builtin_memcpy(&v, &r, sizeof v); return v;\n}}")  # fmt: skip
+        return f"{self.helper(name, code)}({self.name(e.buffer)}, {self.expr(idx.value)})"
 
     def mask(self, pred: Expr) -> str:
         """A vector mask as C: a literal where its lanes are constant (a tile's tail: the compiler folds it into the
@@ -607,26 +697,29 @@ class CCodegen:
     def masked_helper(self, kind: str, dt: DType, pred: Expr, idx_dt: DType | None = None) -> str:
         """The helper of a masked vector access (`kind`: load, store, gather, scatter) of type dt under mask `pred`
         (a vector comparison: an integer vector of -1/0 lanes): only the lanes where it is set are read (the others
-        are zero) or written. Contiguous accesses to one AVX-512 register of 32- or 64-bit elements (or a 256-bit one
-        with avx512vl) are one masked move; otherwise a loop over the lanes."""
+        are zero) or written. Contiguous accesses to one AVX-512 register (or a 256- or 128-bit one with avx512vl) of
+        32- or 64-bit elements, or of 8- or 16-bit ones with avx512bw (an int8 epilogue's last, partial vector of
+        bytes), are one masked move; otherwise a loop over the lanes."""
         t, s, n = self.ctype(dt), dt.c_type, dt.lanes
         bits = mask_bits(pred) or dt.bits
         m = self.mask_type(bits, n)
         flags, width = self.target.simd_features(), dt.bits * n
-        x86 = kind in ("load", "store") and dt.bits in (32, 64) and bits == dt.bits and not dt.is_half
-        x86 = x86 and ((width == 512 and "avx512f" in flags) or (width == 256 and {"avx512f", "avx512vl"} <= flags))
+        need = {"avx512f"} | ({"avx512vl"} if width < 512 else set()) | ({"avx512bw"} if dt.bits < 32 else set())
+        plain = not dt.is_bool and (dt.is_int or dt.bits >= 32) and dt.bits in (8, 16, 32, 64)  # (not half, fp8)
+        x86 = kind in ("load", "store") and plain and bits == dt.bits and width in (128, 256, 512) and need <= flags
         it = self.ctype(idx_dt) if idx_dt is not None else ""
         name = f"ember_v{kind}_masked_{t}" + (f"_{it}" if it else "") + ("" if bits == dt.bits else f"_{m}")
         at = "p[idx[l]]" if it else "p[l]"
         if x86:
             self.helper("immintrin", "#include <immintrin.h>")
-            w, el = ("512" if width == 512 else "256"), ("epi32" if dt.bits == 32 else "epi64")
-            k = f"_mm{w}_test_{el}_mask((__m{w}i)m, (__m{w}i)m)"
+            w, el = ("" if width == 128 else str(width)), f"epi{dt.bits}"
+            reg = f"__m{width}i"
+            k = f"_mm{w}_test_{el}_mask(({reg})m, ({reg})m)"
             if kind == "load":
                 body = f"return ({t})_mm{w}_maskz_loadu_{el}({k}, p);"
                 code = f"static inline {t} {name}(const {s}* p, {m} m) {{ {body} }}"
             else:
-                body = f"_mm{w}_mask_storeu_{el}(p, {k}, (__m{w}i)v);"
+                body = f"_mm{w}_mask_storeu_{el}(p, {k}, ({reg})v);"
                 code = f"static inline void {name}({s}* p, {t} v, {m} m) {{ {body} }}"
         elif kind in ("load", "gather"):
             extra = f", {it} idx" if it else ""

@@ -345,11 +345,10 @@ class Lowering:
                 if not (isinstance(n, TensorLoad) and self.sch[n.tensor] is st):
                     continue
                 for d, idx in enumerate(n.indices):
-                    it = self.ana.interval(idx, root_env)
-                    s = reader
-                    while it is not None and s is not target:
-                        s = s.attach_stage  # type: ignore[assignment]
-                        it = self.relax(it, s, pos + 1 if s is target else 0)
+                    it = self.relaxed(self.ana.interval(idx, root_env), reader, target, pos)
+                    through = self.through_leaves(idx, reader, first)
+                    if through is not None and it is not None:
+                        it = self.tighter(it, self.relaxed(through, reader, target, pos))
                     if exact and it is not None and not untight[d]:
                         tight[d] = self.tight_end(idx, clamped_env, reader, target, pos, tight[d])
                         untight[d] = tight[d] is None
@@ -400,6 +399,30 @@ class Lowering:
             lo = E.binop("min", E.binop("max", it[0], 0), self.index(n - ext))  # type: ignore[index]
             out.append((self.ana.simplify(lo), ext))
         return out
+
+    def relaxed(self, it: tuple[Expr, Expr] | None, reader: Stage, target: Stage, pos: int):
+        """An interval over the reader's loops widened over those of the stages between it and the target."""
+        s = reader
+        while it is not None and s is not target:
+            s = s.attach_stage  # type: ignore[assignment]
+            it = self.relax(it, s, pos + 1 if s is target else 0)
+        return it
+
+    def through_leaves(self, idx: Expr, reader: Stage, first: int) -> tuple[Expr, Expr] | None:
+        """The interval of `idx` with the reader's root axes written in its leaf loops, simplified first: an index
+        h * W + w of axes fused and split again is the fused loop's range (a tile of 28 pixels of a 14-wide image
+        read in vectors of 16: 32 pixels), where the root axes' intervals take whole rows (3 rows: 42)."""
+        loops = self.loops[reader]
+        op = reader.op
+        assert isinstance(op, ComputeOp)
+        sub = {iv.var: loops.root_min[iv] + loops.value[iv] for iv in op.axis + op.reduce_axis}
+        flat = self.ana.simplify(substitute(idx, sub))  # type: ignore[arg-type]
+        return self.relax((flat, flat), reader, first)
+
+    def tighter(self, a: tuple[Expr, Expr], b: tuple[Expr, Expr]) -> tuple[Expr, Expr]:
+        """Of two intervals that both hold the index, the one of the fewer elements at most (a where unknown)."""
+        ea, eb = (self.ana.max_over_loops(self.ana.simplify(x[1] - x[0] + 1)) for x in (a, b))
+        return b if ea is not None and eb is not None and eb < ea else a
 
     def tight_end(self, idx: Expr, env: dict[Var, tuple[Expr, Expr]], reader: Stage, target: Stage, pos: int,
                   prev: Expr | None) -> Expr | None:

@@ -66,9 +66,13 @@ def _accumulators(nb: int, rows: int) -> int:
 WX_ACCUMULATORS = 28  # zmm registers for the accumulators of a W x X tile (the rest: columns of X, a row of W)
 WX_REGISTERS = 32  # all of them: accumulators, the tile's vectors of X or its broadcasts of W, one more operand
 ROW_WEIGHT = {1: 0.5, 2: 0.9}  # a W x X tile's worth by its rows (measured on ResNet-50's layers; 4 or more: 1)
-# A tile's worth by the vector width its requantizing epilogue is written in (a tile of 28 pixels in vectors of 4:
-# ResNet-50's 1 x 1 convolutions at 14 x 14, 256 -> 1024 channels, 270 GOP/s as 8 x 28 tiles, 347 as 2 x 196)
-EPILOGUE_WEIGHT = {16: 1.0, 8: 0.9, 4: 0.8}
+# A tile's worth where its requantizing epilogue has no vector width (`wx_epilogue_width` 0: scalar). Vectors of 4
+# or 8 cost nothing more since the epilogue narrows to bytes in one instruction (`ember.codegen.c`'s vpmovdb; GCC's
+# narrowing lane by lane had made 8 x 28 tiles of 14 x 14 images slower than 2 x 196): ResNet-50's 1 x 1
+# convolutions at 14 x 14, 1024 -> 256 and 1024 -> 512 channels, 2 x 196 -> 8 x 28 tiles: 23% less time
+SCALAR_EPILOGUE_WEIGHT = 0.7
+WX_L1_BYTES = 32768  # the most bytes of X (channels x pixels) a W x X tile reads per call from the L1 cache
+WX_L2_WEIGHT = 0.85  # a tile's worth where its X is larger (read from L2 by every tile of channels)
 
 
 def wx_registers(mr: int, nv: int, whole_flat: bool = False) -> int:
@@ -80,25 +84,33 @@ def wx_registers(mr: int, nv: int, whole_flat: bool = False) -> int:
     return mr * nv + (min(nv + 1, mr + 1) if whole_flat else nv + 1)
 
 
-def wx_epilogue_width(nb: int, whole: bool, flat: bool) -> int:
-    """The vector width `_schedule_wx` writes a tile of nb output pixels in: 16 with a tail partitioned off where
-    the tile's pixels are one range of the accumulator (`flat`: no padding columns, or the whole image) and
-    span two vectors, else the widest of 16, 8, 4 that divides nb (0: none)."""
-    if (flat or whole) and nb >= 32:
-        return 16
-    return next((v for v in (16, 8, 4) if nb % v == 0), 0)
+def wx_epilogue_width(nb: int, whole: bool, flat: bool, lanes: int = 16) -> int:
+    """The vector width `_schedule_wx` writes a tile of nb output pixels in: `lanes` (16 int32), the last vector
+    masked, where the tile's pixels are one range of the accumulator (`flat`: no padding columns, or the whole
+    image) and more than one vector (the accumulator tile then ends at the last vector's end: a tile of 28 pixels
+    takes 32), else the widest of lanes, lanes / 2, lanes / 4 that divides nb (0: none; a partial vector would
+    extend the tile's accumulator into the next row, past the micro-kernel's registers)."""
+    if lanes > 1 and (flat or whole) and nb > lanes:
+        return lanes
+    return next((v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and nb % v == 0), 0)
 
 
 WX_NARROW_BYTES = 32768  # the most bytes of X (channels x pixels) a 256-bit W x X tile reads per call (`wx_lanes`)
+# Whether `wx_lanes` may take vectors of 8 pixels: they pay only where a 512-bit vpdpbusd costs two 256-bit ones (a
+# CPU that splits them, such as Zen 4); where both take one instruction, vectors of 16 do twice the work per
+# instruction. Since the int8 epilogue narrows in one instruction (`ember.codegen.c`), ResNet-50's 512 -> 2048 at
+# 7 x 7 runs 23% faster as 4 x 49 tiles of 16 lanes than as 2 x 49 of 8 (Xeon, AVX-512 VNNI, 1 thread)
+WX_HALF_VECTORS = False
 
 
 def wx_lanes(nb: int, whole_flat: bool, channels: int = 0) -> int:
-    """The pixels per vector of a W x X tile of nb pixels: 8 (`dot_s8u8_256`) for a whole flat image (a 1 x 1
-    convolution's) of fewer than 64 pixels that vectors of 8 cover with fewer idle lanes than vectors of 16, where
-    its X of `channels` x nb bytes stays in the L1 cache (its tiles have 2 rows of W, not 4: each reads X twice as
-    often), else 16. ResNet-50's 7 x 7 images (7 x 8 against 4 x 16 lanes for 49 pixels): 512 -> 2048 channels 250
-    -> 300 GOP/s, but 2048 -> 512 285 -> 258 (loaded, 1 thread)."""
+    """The pixels per vector of a W x X tile of nb pixels: 8 (`dot_s8u8_256`) where WX_HALF_VECTORS allows, for a
+    whole flat image (a 1 x 1 convolution's) of fewer than 64 pixels that vectors of 8 cover with fewer idle lanes
+    than vectors of 16, where its X of `channels` x nb bytes stays in the L1 cache (its tiles have 2 rows of W, not
+    4: each reads X twice as often), else 16."""
     fits = 0 < channels * nb <= WX_NARROW_BYTES
+    if not WX_HALF_VECTORS:
+        return 16
     return 8 if whole_flat and fits and nb < 64 and -nb % 8 < -nb % 16 else 16
 
 
@@ -108,8 +120,9 @@ def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: in
     masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS, and the whole micro-kernel within
     WX_REGISTERS (`wx_registers`; else the compiler reloads X for every row: a load per vpdpbusd, 7 x 4 tiles
     of 14 x 14 images at 60% of the 8 x 2 tile's speed). Best: the most lanes used, times ROW_WEIGHT (a row of W
-    broadcast per vector of X loaded: one row is slow, two nearly as good as four), times EPILOGUE_WEIGHT where
-    the grid is `flat` (a 1 x 1 convolution: no padding columns), then the most accumulators. Vectors of 16
+    broadcast per vector of X loaded: one row is slow, two nearly as good as four), times SCALAR_EPILOGUE_WEIGHT
+    where the grid is `flat` (a 1 x 1 convolution: no padding columns) and no vector width divides the tile's
+    pixels, then the most accumulators. Vectors of 16
     pixels, or of 8 where `wx_lanes` says (`channels`: the input's, padded to 4)."""
     best, key = (0, 0), (0.0, 0)
     for k in (k for k in range(1, height + 1) if height % k == 0):
@@ -120,8 +133,10 @@ def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: in
             fits = wx_registers(mr, nv, flat and k == height) <= WX_REGISTERS
             if rows % mr == 0 and mr * nv <= WX_ACCUMULATORS and fits:
                 worth = nb / (lanes * nv) * ROW_WEIGHT.get(mr, 1.0)
-                if flat:
-                    worth *= EPILOGUE_WEIGHT.get(wx_epilogue_width(nb, k == height, True), 0.7)
+                if flat and not wx_epilogue_width(nb, k == height, True):
+                    worth *= SCALAR_EPILOGUE_WEIGHT
+                if channels * nb > WX_L1_BYTES:
+                    worth *= WX_L2_WEIGHT
                 score = (worth, mr * nv)
                 if score > key:
                     best, key = (mr, nb), score
@@ -349,15 +364,9 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
     po, pi = O.split(O.fuse(h, w), plan.nb)
     oo, oi = O.split(o, plan.mr)
     O.reorder(b, po, oo, oi, pi)
-    lanes = target.vector_lanes(32)
-    # whole output rows, which 16 does not always divide (56, 28, 98). Where the padded grid is the image (no
-    # padding columns: a tile's pixels are one range of the accumulator) or the tile is the whole image: full
-    # vectors, the rest partitioned off into a tail (vectors of 4 would take four times the instructions).
-    # Else the widest vector that divides them (a partial vector would extend the tile's accumulator into the
-    # next row, past the micro-kernel's registers)
-    flat = acc.shape[2] == out.shape[2] * out.shape[3] or plan.nb == out.shape[2] * out.shape[3]
-    width = lanes if lanes > 1 and flat and plan.nb >= 2 * lanes else next(
-        (v for v in (lanes, lanes // 2, lanes // 4) if v > 1 and plan.nb % v == 0), 0)  # fmt: skip
+    # whole output rows, which 16 does not always divide (56, 28, 98): `wx_epilogue_width`
+    whole = plan.nb == out.shape[2] * out.shape[3]
+    width = wx_epilogue_width(plan.nb, whole, acc.shape[2] == out.shape[2] * out.shape[3], target.vector_lanes(32))
     if width:
         _, pii = O.split(pi, width)
         O.vectorize(pii)

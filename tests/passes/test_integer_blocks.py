@@ -119,19 +119,32 @@ def test_pointwise_convs_run_as_weights_times_activations(cin, cout, size, strid
 
 @pytest.mark.skipif(not VNNI, reason="W x X packing needs the host's int8 dot-product instructions")
 @pytest.mark.parametrize("cin, mid, size, stride, projection, tiles", [
-    (64, 16, 14, 1, False, ["2x196"]),  # 13 vectors of pixels: the micro-kernel holds the broadcasts, not X
-    (64, 16, 7, 1, False, ["2x49_avx512_vnni_y"]),  # 7 vectors of 8 pixels (256 bits)
-    (32, 16, 14, 2, True, ["2x196", "2x49_avx512_vnni_y"]),  # 14 x 14, then 7 x 7 (the strided projection)
+    (64, 16, 14, 1, False, ["8x32"]),  # 2 rows of 14 pixels (2 vectors) by 8 channels
+    (64, 16, 7, 1, False, ["4x49_avx512_vnni"]),  # the whole image: 4 vectors of 16 pixels
+    (32, 16, 14, 2, True, ["8x32", "4x49_avx512_vnni"]),  # 14 x 14, then 7 x 7 (the strided projection)
 ])  # fmt: skip
 def test_small_images_pointwise_convs_take_the_whole_image(cin, mid, size, stride, projection, tiles):
     """ResNet-50's last stages: a bottleneck at 14 x 14 or 7 x 7 whose 1 x 1 convolutions (the last one with the
-    residual join in its epilogue) run as weights times activations on tiles of the whole image, written in
-    vectors of 16 pixels."""
+    residual join in its epilogue) run as weights times activations, on tiles of 2 image rows by 8 channels at
+    14 x 14 (more rows of W per vector of X than the whole image's 2 x 196; the epilogue in vectors of 16 pixels,
+    the second one masked, so the accumulator tile runs to its end: 8 x 32), of the whole image at 7 x 7."""
     g, m = check(bottleneck(cin, mid, size, stride, projection))
     pointwise = [n for n in g.nodes if n.op == "QConvPacked" and n.attrs["kernel_shape"] == (1, 1)]
     assert pointwise and all(n.inputs[1].shape[2] == 1 for n in pointwise)
     for tile in tiles:
         assert f"{tile}" in m.source and "_avx512_vnni" in m.source
+
+
+@pytest.mark.skipif(not VNNI, reason="W x X packing needs the host's int8 dot-product instructions")
+def test_half_vectors_where_allowed(monkeypatch):
+    """With `WX_HALF_VECTORS` (a CPU that splits 512-bit vpdpbusd), a 7 x 7 image's 1 x 1 convolutions take vectors
+    of 8 pixels (`dot_s8u8_256`: 7 of them for 49 pixels), and still equal onnxruntime's."""
+    from ember.templates import int8 as I8
+
+    monkeypatch.setattr(I8, "WX_HALF_VECTORS", True)
+    monkeypatch.setenv("EMBER_COMPILE_CACHE", "0")  # (the flag is not part of the compiled model's key)
+    _, m = check(bottleneck(64, 16, 7, 1, False))
+    assert "2x49_avx512_vnni_y" in m.source
 
 
 @pytest.mark.skipif(not VNNI, reason="W x X packing needs the host's int8 dot-product instructions")
