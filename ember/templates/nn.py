@@ -714,7 +714,7 @@ def row_reduce(rows: tuple[int, ...], length: int, at: Callable[[Index, Expr], E
                       name=f"{name}_lanes", tag="row_partial")  # fmt: skip
     # whole vectors past the last step of `acc` vectors (Np = 224 scores = 3 x 64 + 2 x 16): one more vector of
     # partials, joined where the lane tree is one vector wide, instead of a scalar tail of 32 dependent steps
-    vectors = (length - full * lanes) // base
+    vectors = (length - full * lanes) // base if isinstance(length, int) else 0  # (a symbolic tail stays scalar)
     extra = None
     if vectors:
         v = te.reduce_axis((0, vectors), name="rv")
