@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from vector_kernels import vectorized
 
 import ember
 from ember import te
@@ -13,13 +14,8 @@ from ember.target import Target
 
 
 def clamp(dt: str, lanes: int, n: int = 64):
-    X = te.placeholder((n,), dt, name="X")
-    Y = te.compute((n,), lambda i: te.minimum(te.maximum(X[i], te.const(5, dt)), te.const(3000000000 if dt ==
-                   "uint32" else 1000, dt) + X[i] % 7), name="Y")  # fmt: skip
-    s = te.create_schedule(Y)
-    _, ji = s[Y].split(Y.op.axis[0], lanes)
-    s[Y].vectorize(ji)
-    return s, [X, Y]
+    top = te.const(3000000000 if dt == "uint32" else 1000, dt)
+    return vectorized((n,), dt, lambda X, i: te.minimum(te.maximum(X[i], te.const(5, dt)), top + X[i] % 7), lanes)
 
 
 @pytest.mark.parametrize("dt", ["int32", "uint32"])

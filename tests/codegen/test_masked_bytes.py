@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from vector_kernels import vectorized
 
 import ember
 from ember import te
@@ -14,12 +15,7 @@ from ember.target import Target
 
 
 def tail(dt: str, rows: int = 5, n: int = 28, lanes: int = 16):
-    X = te.placeholder((rows, n), dt, name="X")
-    Y = te.compute((rows, n), lambda i, j: te.cast(te.cast(X[i, j], "int32") * 3 - 7, dt), name="Y")
-    s = te.create_schedule(Y)
-    _, ji = s[Y].split(Y.op.axis[1], lanes)
-    s[Y].vectorize(ji)
-    return s, [X, Y]
+    return vectorized((rows, n), dt, lambda X, i: te.cast(te.cast(X[i], "int32") * 3 - 7, dt), lanes)
 
 
 @pytest.mark.parametrize("dt", ["uint8", "int8", "int16"])

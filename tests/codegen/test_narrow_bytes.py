@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from vector_kernels import vectorized
 
 import ember
 from ember import te
@@ -13,12 +14,7 @@ from ember.target import Target
 
 
 def narrow(out: str, lanes: int, n: int = 64):
-    X = te.placeholder((n,), "int32", name="X")
-    Y = te.compute((n,), lambda i: te.cast(X[i] * 3 - 7, out), name="Y")
-    s = te.create_schedule(Y)
-    _, ji = s[Y].split(Y.op.axis[0], lanes)
-    s[Y].vectorize(ji)
-    return s, [X, Y]
+    return vectorized((n,), "int32", lambda X, i: te.cast(X[i] * 3 - 7, out), lanes)
 
 
 @pytest.mark.parametrize("out", ["uint8", "int8"])

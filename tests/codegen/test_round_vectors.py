@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from vector_kernels import vectorized
 
 import ember
 from ember import te
@@ -14,15 +15,9 @@ from ember.target import Target
 
 
 def rounding(lanes: int, to_int: bool, n: int = 64):
-    X = te.placeholder((n,), "float32", name="X")
     if to_int:
-        Y = te.compute((n,), lambda i: te.cast(te.round(X[i] * 0.5), "int32") + 3, name="Y")
-    else:
-        Y = te.compute((n,), lambda i: te.round(X[i] * 0.5) + 3.0, name="Y")
-    s = te.create_schedule(Y)
-    _, ji = s[Y].split(Y.op.axis[0], lanes)
-    s[Y].vectorize(ji)
-    return s, [X, Y]
+        return vectorized((n,), "float32", lambda X, i: te.cast(te.round(X[i] * 0.5), "int32") + 3, lanes)
+    return vectorized((n,), "float32", lambda X, i: te.round(X[i] * 0.5) + 3.0, lanes)
 
 
 @pytest.mark.parametrize("to_int", [True, False])

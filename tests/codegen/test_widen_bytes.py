@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from vector_kernels import vectorized
 
 import ember
 from ember import te
@@ -14,12 +15,7 @@ from ember.target import Target
 
 
 def widen(dt: str, out: str, lanes: int, n: int = 64):
-    X = te.placeholder((n,), dt, name="X")
-    Y = te.compute((n,), lambda i: te.cast(te.cast(X[i], "int32"), out) * 3 - 7, name="Y")
-    s = te.create_schedule(Y)
-    _, ji = s[Y].split(Y.op.axis[0], lanes)
-    s[Y].vectorize(ji)
-    return s, [X, Y]
+    return vectorized((n,), dt, lambda X, i: te.cast(te.cast(X[i], "int32"), out) * 3 - 7, lanes)
 
 
 @pytest.mark.parametrize("dt", ["uint8", "int8"])
