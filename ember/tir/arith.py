@@ -495,6 +495,13 @@ class Analyzer:
         forms: a tile clamped back from the end, min(v * 32, (S + 31) // 32 * 32 - 32), stays a multiple of the tile
         (32 * min(v, ...)), so `(that + j) % 32` is j and its panel loads stay contiguous vectors, not gathers."""
         (ta, ca), (tb, cb) = self._lin(a), self._lin(b)
+        common = {t: k for t, k in ta.items() if tb.get(t) == k}
+        if common and len(common) < max(len(ta), len(tb)):
+            # min/max(s + x, s + y) as s + min/max(x, y): a region's end over two readers' tiles from one start s
+            # keeps its extent max(x, y) - not an expression in s, whose bound over every s is the whole axis
+            x = self._from_lin({t: k for t, k in ta.items() if t not in common}, ca, dt)
+            y = self._from_lin({t: k for t, k in tb.items() if t not in common}, cb, dt)
+            return self.simplify(BinOp("add", self._from_lin(common, 0, dt), BinOp(op, x, y, dt), dt))
         g = math.gcd(ca, cb, *ta.values(), *tb.values())
         if g <= 1 or not (ta or tb):
             return BinOp(op, a, b, dt)

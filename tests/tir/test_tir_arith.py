@@ -97,6 +97,10 @@ RULES = [
     ((mn(x * 32, (z + 31) // 32 * 32 - 32) + y) % 32, True, "y"),
     (mx(x * 6 + 4, y * 2), False, "max(x * 3 + 2, y) * 2"),
     (mn(x * 4 + 1, y * 4), False, "min(x * 4 + 1, y * 4)"),
+    # a common start out of both sides: the extent of a union of two tiles from one start is the larger tile
+    (mx(x * 24 + mn(12, z - x * 24) + 11, x * 24 + mn(24, z - x * 24) - 1) - x * 24 + 1, False,
+     "max(min(12, z - x * 24) + 11, min(24, z - x * 24) - 1) + 1"),
+    (mn(x + y + 3, x + z), False, "min(y + 3, z) + x"),
     # a variable bounded to one value is that value (a size with bounds (1, 1), a one-trip loop's variable)
     (one * x + one, True, "x + 1"),
     # selects and casts
