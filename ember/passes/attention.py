@@ -18,6 +18,7 @@ import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
 from ember.target import Target
+from ember.te.tensor import size_hint
 
 MIN_COLUMNS = 8  # scores narrower than this: the unfused kernels are as good
 
@@ -48,7 +49,7 @@ def _mask(node: Node, scores: tuple, producers: dict) -> tuple[Value | None, Val
         shape, made = m.shape, producers.get(s)
         fits = len(shape) <= len(scores) and all(d in (1, t) for d, t in zip(shape[::-1], scores[::-1]))
         by_product = made is not None and made.op in ("MatMul", "Mul", "Div")
-        if by_product and s.shape == scores and _static(m) and m.dtype == "float32" and fits:
+        if by_product and s.shape == scores and m.dtype == "float32" and fits:
             return s, m
     return None, None
 
@@ -92,9 +93,9 @@ def fuse_attention(graph: Graph, target: Target | str | None = None) -> Graph:
             continue
         q, k = first.inputs
         vals = (q, k, v)
-        if not all(_static(x) and x.dtype == "float32" and len(x.shape) == len(q.shape) >= 2 for x in vals):
+        if not all(x.dtype == "float32" and len(x.shape) == len(q.shape) >= 2 for x in vals):
             continue
-        if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2] or k.shape[-1] < MIN_COLUMNS:
+        if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2] or size_hint(k.shape[-1]) < MIN_COLUMNS:
             continue
         inputs = [q, k, v] + ([bias] if bias is not None else [])
         replaced[node] = Node("BlockAttention", inputs, list(node.outputs), {"scale": scale}, node.name)

@@ -27,6 +27,7 @@ from .tensor import (
     maximum,
     min,
     minimum,
+    multiple_of,
     placeholder,
     pow,
     prod_hint,
@@ -44,7 +45,7 @@ from .tensor import (
 )
 
 __all__ = [
-    "prod_hint", "prod_low", "size_hint",
+    "multiple_of", "prod_hint", "prod_low", "size_hint",
     "ComputeOp", "IterVar", "PlaceholderOp", "Reduce", "Reducer", "Schedule", "ScheduleError", "Stage", "Step",
     "Tensor", "TensorLoad", "abs", "all", "any", "cast", "ceil", "comm_reducer", "compute", "const", "cos",
     "create_schedule", "erf", "exp", "floor", "if_then_else", "log", "max", "maximum", "min", "minimum",

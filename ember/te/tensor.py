@@ -427,6 +427,17 @@ def size_hint(x: int | Expr) -> int:
     return builtins.max(1, int(v)) if v is not None else HINT_UNBOUNDED
 
 
+def multiple_of(x: int | Expr, k: int) -> bool:
+    """Whether size x is a multiple of k for every value of its size variables (a symbolic panel width
+    (S + 31) // 32 * 32 is one of 16: its rows are whole vectors)."""
+    if not isinstance(x, Expr):
+        return int(x) % k == 0
+    from ..tir.arith import Analyzer
+
+    r = Analyzer().simplify(E.binop("floormod", x, k))
+    return isinstance(r, E.Const) and int(r.value) == 0
+
+
 def prod_hint(dims: Any) -> int:
     """The product of sizes (`size_hint` for the symbolic ones)."""
     out = 1

@@ -165,7 +165,7 @@ def schedule_attention(attrs: dict, outs: Sequence[Tensor], target: Target) -> t
             if shape[-1] > lanes:  # several vectors of partials: independent chains
                 st.reorder(*st.op.reduce_axis, lo, li)
                 st.unroll(lo)
-        elif tag == "row_buffer" and len(ax) == len(out.shape) and shape[-1] % lanes == 0:
+        elif tag == "row_buffer" and len(ax) == len(out.shape) and te.multiple_of(shape[-1], lanes):
             _, fi = st.split(ax[-1], lanes)
             st.vectorize(fi)
     for st in s.stages:  # prologues fused into the kernel (the heads' reshapes and transposes): read in place

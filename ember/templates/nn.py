@@ -115,7 +115,9 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
         return GemmPlan(mr=max(M, 1), nr=nvec * lanes, packed=False)
     nr = fixed_nr or packed_width(N, dtype, target)
     vecs = max(1, -(-nr // lanes))
-    mr = min(M, (regs - 4) // vecs if regs >= 32 else 6)
+    # the accumulators, a row of B's vectors and a broadcast within the registers less two: 6 x 64 at four vectors
+    # (7 x 64 took all 32 zmm registers and spilled in the loop: 8-12% slower at 64..384 rows)
+    mr = min(M, (regs - 3 - vecs) // vecs if regs >= 32 else 6)
     mr = max(1, min(mr, 12))
     mr = -(-M // -(-M // mr))  # balanced row tiles: 64 rows as 6 x 11, not 5 x 12 and a tile of 4
     # column panels outside: each panel of B is read from memory once and reused by every row tile (A, the
@@ -134,7 +136,7 @@ def packed_width(N: int, dtype: DType | str, target: Target | None = None, rows:
     """Columns per panel of a packed B: two vectors (one when N is narrower than a vector); for a skinny product
     (`rows` < SKINNY_ROWS) `skinny_width`. Symbolic rows that may be skinny at run time (`rows_low` below
     SKINNY_ROWS, `rows` the hint) take the skinny width of SKINNY_ROWS - 1 rows where it is wider: the full
-    tiles are then that many rows of the wide panel (7 x 64 with 32 vector registers, `gemm_plan`), and the size
+    tiles are then rows of the wide panel (6 x 64 with 32 vector registers, `gemm_plan`), and the size
     variants of the tail (1..6 rows) are the skinny plan's tiles, which a 32-wide panel would leave half as many
     independent FMA chains and twice the broadcasts per FMA."""
     target = target or host_target()
@@ -714,15 +716,17 @@ def row_reduce(rows: tuple[int, ...], length: int, at: Callable[[Index, Expr], E
                       name=f"{name}_lanes", tag="row_partial")  # fmt: skip
     # whole vectors past the last step of `acc` vectors (Np = 224 scores = 3 x 64 + 2 x 16): one more vector of
     # partials, joined where the lane tree is one vector wide, instead of a scalar tail of 32 dependent steps
-    vectors = (length - full * lanes) // base if isinstance(length, int) else 0  # (a symbolic tail stays scalar)
+    # (a symbolic length: a loop over the whole vectors where it is made of them, as attention's panel width is;
+    # else a scalar tail)
+    vectors = (length - full * lanes) // base if isinstance(length, int) or te.multiple_of(length, base) else 0
     extra = None
-    if vectors:
+    if not isinstance(vectors, int) or vectors:
         v = te.reduce_axis((0, vectors), name="rv")
         extra = te.compute(rows + (base,), lambda *i: reducer(at(i[:nr], full * lanes + v * base + i[nr]), axis=v),
                            name=f"{name}_vectors", tag="row_partial")  # fmt: skip
     total = _lane_tree(part, rows, lanes, reducer, name, extra)
     rest = length - full * lanes - vectors * base
-    if rest == 0:
+    if not isinstance(vectors, int) or rest == 0:  # (a symbolic count of vectors covers the row)
         return lambda r: total[(*r, 0)]
     t = te.reduce_axis((0, rest), name="rt")
     start = full * lanes + vectors * base

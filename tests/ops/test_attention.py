@@ -142,3 +142,22 @@ def test_head_transposes_fuse_into_attention(target):
     feeds = feeds_for(model, 5)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(compiled.run(feeds)["o"], ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["c -threads=1", "c -threads=2", "llvm -threads=1"])
+def test_symbolic_length_attention(target):
+    """One kernel for every sequence length S (queries and keys alike, a padding mask [1, 1, 1, S]): the score
+    panel's width is a symbolic multiple of the vector, -inf past S; lengths of one row, a partial block, whole
+    blocks and the bound, each against onnxruntime."""
+    model = attention_model((1, 2), "S", "S", 16, 16, "Div", mask=(1, 1, 1, "S"))
+    graph, _ = run_passes(from_onnx(model, symbolic=True, dynamic_bounds={"S": (1, 80)}), disabled=["fuse_ops"], target="c")
+    assert "BlockAttention" in [n.op for n in graph.nodes]
+    compiled = ember.compile(model, target=target, dynamic_bounds={"S": (1, 80)})
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(6)
+    for s in (1, 5, 24, 37, 80):
+        feeds = {"q": rng.standard_normal((1, 2, s, 16)), "k": rng.standard_normal((1, 2, 16, s)),
+                 "v": rng.standard_normal((1, 2, s, 16)), "mask": np.zeros((1, 1, 1, s))}  # fmt: skip
+        feeds["mask"][..., rng.random(s) < 0.3] = np.finfo(np.float32).min
+        feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+        np.testing.assert_allclose(compiled.run(feeds)["o"], sess.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
