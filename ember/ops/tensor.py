@@ -94,9 +94,16 @@ def reshape_compute(x: te.Tensor, shape: tuple[int, ...], name: str = "reshape")
         for j, n in zip(i, out_dims):
             flat = flat * n + j
         idx = []
-        for d, n in enumerate(reversed(in_dims)):
-            last = d == len(in_dims) - 1  # the outermost index is below its dim already: no modulo
-            idx.append(flat if last else flat % n)
+        # dims of 1 take index 0 (no division: [S, N] read as [1, S, N] indexes (0, i), not (i // S, i % S), whose
+        # division by a size variable the tiles' loops cannot drop); the outermost other index is below its dim
+        # already: no modulo
+        outer = min((d for d, n in enumerate(in_dims) if not _is_one(n)), default=-1)
+        for d in reversed(range(len(in_dims))):
+            n = in_dims[d]
+            if _is_one(n):
+                idx.append(te.const(0))
+                continue
+            idx.append(flat if d == outer else flat % n)
             flat = flat // n
         return list(reversed(idx))
 
@@ -107,6 +114,10 @@ def reshape_compute(x: te.Tensor, shape: tuple[int, ...], name: str = "reshape")
         return x[tuple(idx)]
 
     return te.compute(shape, body, name=name)
+
+
+def _is_one(n: int | Expr) -> bool:
+    return _dim_factors(n) == ({}, 1)
 
 
 def _dim_factors(n: int | Expr) -> tuple[dict[str, int], int]:

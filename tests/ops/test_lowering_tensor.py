@@ -404,3 +404,32 @@ def test_two_transposes_fused_with_a_reshape():
     x = np.random.default_rng(0).standard_normal((2, 16, 1, 4, 8)).astype("float32")
     y = ember.compile(model)(x)
     np.testing.assert_array_equal(y, x.transpose(0, 3, 2, 4, 1).reshape(8, 8, 16).transpose(0, 2, 1))
+
+
+@pytest.mark.parametrize("src, dst", [
+    (("S", 128), (1, "S", 128)),          # a unit dim added: (0, i), no division by S
+    ((1, "S", 128), ("S", 128)),          # removed
+    ((1, "S", 2, 64), (1, "S", 128)),     # heads merged after a unit dim
+    (("S", 1, 2, 8), (1, "S", 16)),       # a unit dim between two groups
+])  # fmt: skip
+def test_symbolic_reshape_with_unit_dims(src, dst):
+    """Reshapes that add or drop dims of 1 beside a size variable index those dims by 0: the kernel divides by
+    no size (a division by S in every epilogue load of a GEMM is what they replaced), at each size equal to numpy."""
+    from ember import te
+    from ember.graph.dims import size_var
+    from ember.ops.tensor import reshape_compute
+    from ember.tir.functor import walk as walk_tir
+
+    S = size_var("S", 1, 40)
+    x = te.placeholder(tuple(S if d == "S" else d for d in src), name="x")
+    y = reshape_compute(x, tuple(S if d == "S" else d for d in dst))
+    divides = [n for n in walk_tir(y.op.body) if getattr(n, "op", None) in ("floordiv", "floormod")
+               and any(v is S for v in walk_tir(n.b))]  # fmt: skip
+    assert not divides, f"{src} -> {dst} divides by S: {y.op.body}"
+    mod = ember.build(te.create_schedule(y), [x, y], "c")
+    rng = np.random.default_rng(7)
+    for s in (1, 3, 40):
+        a = rng.standard_normal(tuple(s if d == "S" else d for d in src)).astype(np.float32)
+        out = np.zeros(tuple(s if d == "S" else d for d in dst), np.float32)
+        mod(a, out)
+        np.testing.assert_array_equal(out, a.reshape(out.shape))
