@@ -7,8 +7,9 @@
 BlockAttention computes the scores of a block of query rows, their softmax and their product with V before the
 next block (`ember.templates.attention`), so the [*batch, M, N] score and probability tensors are never written
 to memory: for long sequences (Whisper's 750 or 1500 frames) they are several times the cache. Taken where q, k
-and v are float32 with static shapes and the same batch dims (per-head products as exported by transformers),
-and the scores and probabilities are read by nothing else. CPU targets only (the GPU schedules do not have the
+and v are float32 with the same batch dims (per-head products as exported by transformers), static or symbolic
+(a sequence length S: the kernel's score panel is S rounded up to whole vectors, -inf past S), and the scores and
+probabilities are read by nothing else. CPU targets only (the GPU schedules do not have the
 template). A mask chosen by Where (GPT-2's causal mask) is not taken yet.
 """
 
@@ -21,10 +22,6 @@ from ember.target import Target
 from ember.te.tensor import size_hint
 
 MIN_COLUMNS = 8  # scores narrower than this: the unfused kernels are as good
-
-
-def _static(v: Value) -> bool:
-    return all(isinstance(d, int) for d in v.shape)
 
 
 def _scale(node: Node, s: Value) -> float | None:

@@ -150,7 +150,8 @@ def test_symbolic_length_attention(target):
     panel's width is a symbolic multiple of the vector, -inf past S; lengths of one row, a partial block, whole
     blocks and the bound, each against onnxruntime."""
     model = attention_model((1, 2), "S", "S", 16, 16, "Div", mask=(1, 1, 1, "S"))
-    graph, _ = run_passes(from_onnx(model, symbolic=True, dynamic_bounds={"S": (1, 80)}), disabled=["fuse_ops"], target="c")
+    graph, _ = run_passes(from_onnx(model, symbolic=True, dynamic_bounds={"S": (1, 80)}), disabled=["fuse_ops"],
+                          target="c")  # fmt: skip
     assert "BlockAttention" in [n.op for n in graph.nodes]
     compiled = ember.compile(model, target=target, dynamic_bounds={"S": (1, 80)})
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
