@@ -71,12 +71,17 @@ _ARMHF_FPU = {"generic": "neon", "cortex-a7": "neon-vfpv4", "cortex-a8": "neon",
               "cortex-a15": "neon-vfpv4", "cortex-a17": "neon-vfpv4", "cortex-a53": "neon-fp-armv8",
               "cortex-a72": "neon-fp-armv8"}  # fmt: skip
 
+def _feature_key(name: str) -> str:
+    """A CPU feature's name with LLVM's and /proc/cpuinfo's spellings made one (amx-int8, amx_int8: amxint8)."""
+    return name.replace("_", "").replace("-", "")
+
+
 ARCHS: dict[str, Arch] = {
     a.triple: a
     for a in (
         Arch("x86_64", "x86_64-linux-gnu", "x86_64-unknown-linux-gnu", 62, "gcc-x86-64-linux-gnu", "x86-64",
              _X86_CPUS, ("sse4.2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl",
-                         "avx512vnni", "avx512bf16", "avx512vbmi"), "qemu-x86_64"),
+                         "avx512vnni", "avx512bf16", "avx512vbmi", "amx-tile", "amx-int8", "amx-bf16"), "qemu-x86_64"),
         Arch("aarch64", "aarch64-linux-gnu", "aarch64-unknown-linux-gnu", 183, "gcc-aarch64-linux-gnu", "generic",
              dict.fromkeys(_AARCH64_CPUS, 128), ("neon", "crypto", "fp16", "dotprod", "i8mm", "bf16", "sve"),
              "qemu-aarch64"),
@@ -302,8 +307,8 @@ class Target:
         else:
             bits = arch.cpus.get(self.mcpu, 128)
             have = ({"avx", "avx2", "fma"} if bits >= 256 else set()) | ({"avx512f"} if bits >= 512 else set())
-        for f in self.mattr:
-            have = have | {f[1:]} if f[0] == "+" else have - {f[1:]}
+        for f in self.mattr:  # (-mattr's LLVM names against /proc/cpuinfo's: avx512vnni is avx512_vnni)
+            have = have | {f[1:]} if f[0] == "+" else {h for h in have if _feature_key(h) != _feature_key(f[1:])}
         return frozenset(have)
 
     @property

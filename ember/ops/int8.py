@@ -138,7 +138,7 @@ def _mm_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType, scale: T
     return TensorType((*x.shape[:-1], a["n"]), a["y_dtype"])
 
 
-@op("QMatMulPacked", OUT, infer=_mm_infer, inputs=(4, 4), attrs=COMMON)
+@op("QMatMulPacked", OUT, infer=_mm_infer, inputs=(4, 4), attrs=[*COMMON, Attr("tile_rows", "int", 0)])
 def qmatmul_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """Quantized x [..., M, K] times packed int8 weights [K, n], requantized (see the module doc)."""
     w = I8.unpack_weight(wp, a["n"])[: x.shape[-1]].astype(np.int64)
@@ -364,7 +364,7 @@ def _qmatmul_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor
         return v if kp == k else te.if_then_else(kk < k, v, te.const(0, "uint8"))
 
     A = I8.rows_stage((rows, 1, 1, kp), row, "rows")
-    acc = I8.int8_acc(A, wp, name="qmatmul_acc", cfg=a.get(CONFIG_ATTR), rows=m)
+    acc = I8.int8_acc(A, wp, name="qmatmul_acc", cfg=a.get(CONFIG_ATTR), rows=m, tile_rows=a.get("tile_rows", 0))
     epi = _epilogue(lambda idx: acc[ravel(idx[:-1], (*batch, m)), idx[-1]], bias, scale, a)
     nd = len(batch) + 2
     attrs = {"template": "int8_gemm", "acc": acc, "row_axes": (nd - 2,), "col_axis": nd - 1}

@@ -28,6 +28,8 @@ per-tensor activation parameters that are not constants, non-2-d convolutions.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
@@ -530,7 +532,11 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
         k, co = w.shape
         w_kn = np.zeros((-(-k // 4) * 4, co), np.int8)
         w_kn[:k] = w
-    nb = I8.choose_nb(co, target, _row_block(core, xq, w.shape[3]) if conv else 0)
+    rows = math.prod(xq.shape[:-1]) if not conv and all(isinstance(d, int) for d in xq.shape) else 0
+    nb = I8.choose_nb(co, target, _row_block(core, xq, w.shape[3]) if conv else 0, product_rows=rows)
+    tile_rows = I8.amx_tile_rows(target, xq.shape[-2] if rows else 0, co)  # (the template's rows: one matrix's)
+    if tile_rows:
+        nb = I8.AMX_PANEL
     xzu = xz + (128 if xq.dtype == "int8" else 0)
     folded = _bias_and_scale(b_int, xzu * w_kn.astype(np.int64).sum(axis=0), xs, ws, ys)
     if folded is None:
@@ -551,6 +557,8 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
     consts = [new_constant(graph, f"{core.name}_{what}", data) for what, data in
               (("packed_w", I8.pack_weight(w_kn, nb)), ("bias_q", bias.astype(np.int32)),
                ("requant_scale", scale.astype(np.float32)))]  # fmt: skip
+    if tile_rows:
+        attrs["tile_rows"] = tile_rows
     return Node("QConvPacked" if conv else "QMatMulPacked", [xq, *consts], [out], attrs, core.name)
 
 

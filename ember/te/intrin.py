@@ -112,11 +112,90 @@ VNNI_REGISTERS = 32  # zmm registers: a tile's accumulators, its operand vectors
 
 
 def _dot_u8s8_c(m: int, n: int, features: frozenset[str], zero: bool = False) -> tuple[str, str]:
+    if amx_tiles(features, m, n):
+        return _dot_amx_c(m, n, features, False, zero)
     return _dot_c(m, n, features, False, zero)
 
 
 def _dot_s8u8_c(m: int, n: int, features: frozenset[str], zero: bool = False) -> tuple[str, str]:
+    if amx_tiles(features, m, n):
+        return _dot_amx_c(m, n, features, True, zero)
     return _dot_c(m, n, features, True, zero)
+
+
+AMX_TILES = 8  # tile registers: the C tiles, a tile of A per 16 rows and a tile of B per 16 columns
+AMX_ROWS = 8  # rows per call of the vpdpbusd kernel an AMX tile falls back to
+
+
+def amx_tiles(features: frozenset[str], m: int, n: int) -> bool:
+    """Whether an m x n tile of dot products runs on AMX (Intel's tile registers: `tdpbusd` multiplies a 16 x 64
+    byte tile of A by a 16 x 64 byte tile of B, 16K products an instruction): the CPU has amx_int8, and m and n
+    are whole 16 x 16 tiles that, with their tiles of A and B, fit the 8 tile registers (32 x 32, 16 x 48 ...)."""
+    have = {f.replace("_", "").replace("-", "") for f in features}  # (cpuinfo's and -mattr's spellings)
+    if not {"amxint8", "amxtile", "avx512vnni"} <= have or m % 16 or n % 16:
+        return False
+    return (m // 16) * (n // 16) + m // 16 + n // 16 <= AMX_TILES
+
+
+_AMX_HELPERS = """#ifndef EMBER_AMX
+#define EMBER_AMX
+#include <sys/syscall.h>
+#include <unistd.h>
+/* Linux gives a process AMX's tile data only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+   asked once, -1 unknown, 0 refused (the vpdpbusd kernels then), 1 granted */
+static int ember_amx_state = -1;
+static inline int ember_amx_ready(void) {
+  int s = __atomic_load_n(&ember_amx_state, __ATOMIC_RELAXED);
+  if (s < 0) {
+    s = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    __atomic_store_n(&ember_amx_state, s, __ATOMIC_RELAXED);
+  }
+  return s;
+}
+/* the first `tiles` tile registers as 16 rows x 64 bytes (palette 1); per call: the configuration is per thread */
+static inline void ember_amx_config(int tiles) {
+  struct { uint8_t palette, start; uint8_t reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < tiles; ++t) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+  _tile_loadconfig(&cfg);
+}
+#endif
+"""
+
+
+def _dot_amx_c(m: int, n: int, features: frozenset[str], a_signed: bool, zero: bool) -> tuple[str, str]:
+    """C[m x n] (+)= A . B on AMX tiles (`amx_tiles`): C in 16 x 16 int32 tiles, K in steps of 16 groups of 4 (64
+    bytes of a row of A; B's panel rows are the tile's rows as packed, 4 bytes a column). Where the process may
+    not use AMX, or K is not a multiple of 64 bytes, the vpdpbusd kernel on blocks of AMX_ROWS rows."""
+    mt, nt = m // 16, n // 16
+    tag = "s8u8" if a_signed else "u8s8"
+    name = f"ember_dot_{tag}_{m}x{n}_amx{'_set' if zero else ''}"
+    fb_name, fb_code = _dot_c(AMX_ROWS, n, features, a_signed, zero)
+    dp = "_tile_dpbsud" if a_signed else "_tile_dpbusd"
+    c_tile = [[r * nt + j for j in range(nt)] for r in range(mt)]
+    a_tile = [mt * nt + r for r in range(mt)]
+    b_tile = [mt * nt + mt + j for j in range(nt)]
+    lines = [f"  /* C[{m}x{n}] {'=' if zero else '+='} A[{m}x4k] . B[k][{n}][4] on AMX: {mt} x {nt} tiles of 16 x 16 "
+             f"int32, {mt} of A and {nt} of B per 64 bytes of K */",
+             f"  if (k4 % 16 == 0 && ember_amx_ready()) {{",
+             f"    ember_amx_config({mt * nt + mt + nt});"]  # fmt: skip
+    for r in range(mt):
+        for j in range(nt):
+            addr = f"c + {16 * r} * ldc + {16 * j}"
+            lines.append(f"    _tile_zero({c_tile[r][j]});" if zero else f"    _tile_loadd({c_tile[r][j]}, {addr}, ldc * 4);")
+    lines.append("    for (long p = 0; p < k4; p += 16) {")
+    lines += [f"      _tile_loadd({a_tile[r]}, a + {16 * r} * lda + 4 * p, lda);" for r in range(mt)]
+    lines += [f"      _tile_loadd({b_tile[j]}, b + p * ldb + {64 * j}, ldb);" for j in range(nt)]
+    lines += [f"      {dp}({c_tile[r][j]}, {a_tile[r]}, {b_tile[j]});" for r in range(mt) for j in range(nt)]
+    lines.append("    }")
+    lines += [f"    _tile_stored({c_tile[r][j]}, c + {16 * r} * ldc + {16 * j}, ldc * 4);"
+              for r in range(mt) for j in range(nt)]  # fmt: skip
+    lines += ["    return;", "  }",
+              f"  for (int r = 0; r < {m}; r += {AMX_ROWS}) {fb_name}(c + r * ldc, ldc, a + r * lda, lda, b, ldb, k4);"]
+    head = f"static inline void {name}{_signature(a_signed)} {{\n"
+    return name, "#include <immintrin.h>\n#include <string.h>\n" + _AMX_HELPERS + fb_code + "\n" + head + \
+        "\n".join(lines) + "\n}"
 
 
 def _dot_s8u8_256_c(m: int, n: int, features: frozenset[str], zero: bool = False) -> tuple[str, str]:
@@ -255,7 +334,8 @@ def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool, zero: bool 
                     "#ifndef EMBER_LOAD4\n#define EMBER_LOAD4\n"
                     "static inline int32_t ember_load4(const uint8_t* p) { int32_t v; memcpy(&v, p, 4); return v; }\n"
                     "#endif\n")
-    return name, include + head + body + "}"
+    guard = f"#ifndef {name.upper()}\n#define {name.upper()}\n"  # (the AMX kernels' fallback may define it first)
+    return name, include + guard + head + body + "}\n#endif"
 
 
 def _bf16_decl(m: int, n: int, k2: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -569,5 +649,5 @@ def _zeroes_tile(init: Stmt, call: E.Call) -> bool:
         ana.simplify(base - start).value == 0
 
 
-__all__ = ["ADDRESS", "INTRINSICS", "TENSORIZE", "Intrinsic", "TensorizeError", "address_of", "dot_bf16_isa",
+__all__ = ["ADDRESS", "INTRINSICS", "TENSORIZE", "Intrinsic", "TensorizeError", "address_of", "amx_tiles", "dot_bf16_isa",
            "dot_u8s8_isa", "get_intrinsic", "isa_features", "tensorize_loops"]  # fmt: skip

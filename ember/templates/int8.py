@@ -35,8 +35,8 @@ from ember.te.config import ConfigBase
 from ember.te.tensor import Tensor
 
 # (columns per panel, rows per tile), best first: nb / 16 * mr accumulators stay below 32 zmm registers
-TILES = ((64, 6), (64, 5), (64, 4), (32, 7), (32, 6), (32, 5), (32, 4), (64, 3), (32, 3), (64, 2), (32, 2), (16, 4),
-         (16, 2), (64, 1), (32, 1), (16, 1))  # fmt: skip
+TILES = ((64, 6), (64, 5), (64, 4), (32, 8), (32, 7), (32, 6), (32, 5), (32, 4), (64, 3), (32, 3), (64, 2), (32, 2),
+         (16, 4), (16, 2), (64, 1), (32, 1), (16, 1))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,16 +46,35 @@ class Int8Plan:
     order: str = "ji"  # "ji": column panels outside the row tiles
 
 
-def choose_nb(n: int, target: Target | None = None, rows: int = 0) -> int:
+def choose_nb(n: int, target: Target | None = None, rows: int = 0, product_rows: int = 0) -> int:
     """The panel width for n output columns (the packed weight's layout, fixed at compile time): up to 4 vectors
     of 16 int32 (AVX-512), 16 columns where vectors hold 4 (NEON: 4 x 4 accumulators per row); `rows`, the rows
-    of a tile's block (an output row's pixels), when known: the width whose tile holds the most accumulators."""
+    of a tile's block (an output row's pixels), when known: the width whose tile holds the most accumulators.
+    `product_rows`, a product's rows (a MatMul's M) when known: where 8 divides them, tiles of 8 x 32 rather than
+    4 x 64 (as many accumulators; a panel of B half as wide, 24 KiB at K = 768, stays in the L1 cache while the row
+    tiles pass over it: BERT's int8 GEMMs 470-495 -> 520-535 GOP/s, 1 thread)."""
     if target is not None and target.vector_bits and target.vector_bits < 256:
         return 16
     nb = 16 if n <= 16 else 32 if n <= 32 or n % 64 else 64
+    if nb == 64 and product_rows and product_rows % 8 == 0:
+        return 32
     if rows and nb == 64 and _accumulators(32, rows) > _accumulators(64, rows):
         return 32  # rows of 7 or 14 pixels: 7 rows x 2 vectors per tile, where 64 columns allow 1 or 2 rows
     return nb
+
+
+AMX_PANEL = 32  # columns of a packed panel where products run on AMX: 2 x 2 tiles of 16 x 16 with 32 rows
+
+
+def amx_tile_rows(target: Target | None, rows: int, n: int) -> int:
+    """The tile height of a product of `rows` rows (a MatMul's M) on a target with AMX (`ember.te.intrin.amx_tiles`,
+    panels of AMX_PANEL columns): 32 where 32 divides the rows, else 16; 0 without AMX, for too few rows or
+    columns, or rows no tile height divides."""
+    from ember.te.intrin import amx_tiles, isa_features
+
+    if target is None or rows <= 0 or n < AMX_PANEL or not amx_tiles(isa_features(target), 16, AMX_PANEL):
+        return 0
+    return next((r for r in (32, 16) if rows % r == 0), 0)
 
 
 def _accumulators(nb: int, rows: int) -> int:
@@ -143,9 +162,12 @@ def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: in
     return best
 
 
-def int8_plan(rows: int, nb: int, cfg: ConfigBase | None = None) -> Int8Plan:
-    """The tile for a product whose output rows come in blocks of `rows` (an image's pixels, a matrix's rows)."""
+def int8_plan(rows: int, nb: int, cfg: ConfigBase | None = None, tile_rows: int = 0) -> Int8Plan:
+    """The tile for a product whose output rows come in blocks of `rows` (an image's pixels, a matrix's rows);
+    `tile_rows`, a tile height the graph pass chose for the target (AMX's 16 or 32: `amx_tile_rows`), first."""
     mrs = [mr for b, mr in TILES if b == nb and rows % mr == 0] or [1]
+    if tile_rows and rows % tile_rows == 0:
+        mrs = [tile_rows, *mrs]
     if cfg is None:
         return Int8Plan(mrs[0], nb)
     mr = cfg.define_knob("tile_rows", mrs, default=mrs[0])
@@ -176,14 +198,16 @@ def unpack_weight(wp: np.ndarray, n: int) -> np.ndarray:
     return wp.transpose(1, 3, 0, 2).reshape(k4 * 4, p * nb)[:, :n]
 
 
-def int8_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = None, rows: int = 0) -> Tensor:
+def int8_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = None, rows: int = 0,
+             tile_rows: int = 0) -> Tensor:  # fmt: skip
     """acc[i, j] = sum of int32(A[i, kh, kw, c]) * int32(W[j, (kh, kw, c)]) for A [M, KH, KW, Cp] uint8 and
-    W packed [Np / nb, KH * KW * Cp / 4, nb, 4] int8; `rows` (dividing M) bounds the row tile."""
-    return _packed_acc(a, wp, 4, "int32", "int8_acc", name, cfg, rows, {})
+    W packed [Np / nb, KH * KW * Cp / 4, nb, 4] int8; `rows` (dividing M) bounds the row tile, `tile_rows` is
+    the height chosen for the target (`int8_plan`)."""
+    return _packed_acc(a, wp, 4, "int32", "int8_acc", name, cfg, rows, {}, tile_rows)
 
 
 def _packed_acc(a: Tensor, wp: Tensor, group: int, acc_dtype: str, what: str, name: str, cfg: ConfigBase | None,
-                rows: int, attrs: dict) -> Tensor:  # fmt: skip
+                rows: int, attrs: dict, tile_rows: int = 0) -> Tensor:  # fmt: skip
     """The product of A [M, KH, KW, Cp] and W packed [Np / nb, KH * KW * Cp / group, nb, group] (`group`
     consecutive k of a column together, as the dot-product instruction reads them), accumulated in acc_dtype."""
     m, kh_, kw_, cp = a.shape
@@ -200,7 +224,7 @@ def _packed_acc(a: Tensor, wp: Tensor, group: int, acc_dtype: str, what: str, na
         return te.sum(te.cast(a[i, kh, kw, cg * group + kk], acc_dtype) * te.cast(wp[j // nb, g, j % nb, kk],
                       acc_dtype), axis=[kh, kw, cg, kk])  # fmt: skip
 
-    plan = int8_plan(rows or m, nb, cfg)
+    plan = int8_plan(rows or m, nb, cfg, tile_rows)
     return te.compute((m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan, **attrs})
 
 

@@ -107,6 +107,38 @@ def test_dot_s8u8_implementations(target, isa, mr, nb):
         np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
 
 
+@pytest.mark.parametrize("mr, nb", [(32, 32), (16, 48), (16, 16)])
+@pytest.mark.parametrize("k", [128, 72])
+@pytest.mark.parametrize("signed_rows", [False, True])
+def test_amx_tiles(mr, nb, k, signed_rows):
+    """Tiles of whole 16 x 16 blocks run on AMX's tile registers where the CPU has amx_int8 (`amx_tiles`): the
+    exact product, extremes included, for K a multiple of 64 bytes (tiles) and not (the vpdpbusd kernel, by
+    blocks of 8 rows); the same tile without AMX (-mattr=-amx-int8) calls the vpdpbusd kernel."""
+    if "amx_int8" not in host_cpu_flags():
+        pytest.skip("this CPU has no AMX")
+    m, n = 2 * mr, 2 * nb
+    A, B, C = gemm_s8u8(m, n, k) if signed_rows else gemm(m, n, k, nb)
+    intrin = "dot_s8u8" if signed_rows else "dot_u8s8"
+    tag = "s8u8" if signed_rows else "u8s8"
+    rng = np.random.default_rng(mr + nb + k)
+    lo, hi = (-128, 128) if signed_rows else (0, 256)
+    for target in ("c", "c -mattr=-amx-int8"):
+        s = tensorized(C, mr, nb, intrin, rows_outer=signed_rows)
+        f = ember.build(s, [A, B, C], target=target)
+        assert (f"ember_dot_{tag}_{mr}x{nb}_amx(" in f.source) == (target == "c")
+        for a, b in ((rng.integers(lo, hi, (m, k)), rng.integers(-128 if not signed_rows else 0, 128 if not
+                      signed_rows else 256, (k, n))),
+                     (np.full((m, k), hi - 1), np.full((k, n), -128 if not signed_rows else 255))):  # fmt: skip
+            a, b = a.astype(np.int8 if signed_rows else np.uint8), b.astype(np.uint8 if signed_rows else np.int8)
+            if signed_rows:
+                packed = np.ascontiguousarray(b.reshape(k // 4, 4, n).transpose(0, 2, 1))
+            else:
+                packed = np.ascontiguousarray(b.reshape(k // 4, 4, n // nb, nb).transpose(2, 0, 3, 1))
+            c = np.zeros((m, n), np.int32)
+            f(a, packed, c)
+            np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
+
+
 def test_tensorize_in_the_loop_ir():
     s, t = tiled(8, 32, 16, 4, 32)
     text = str(ember.lower(s, list(t)))
