@@ -48,6 +48,7 @@ COMMON = [Attr("n", "int"), Attr("x_zero", "int", 0), Attr("y_zero", "int", 0), 
           Attr("y_min", "int", -(2**31)), Attr("y_max", "int", 2**31 - 1), Attr("int_clamp", "int", 0)]  # fmt: skip
 CONV = [Attr("kernel_shape", "ints"), Attr("strides", "ints"), Attr("pads", "ints"), Attr("dilations", "ints")]
 S2D = [Attr("s2d", "int", 1)]  # QConvPacked's weights packed for its phase planes (`_wx_view`)
+AMX = [Attr("amx", "int", 0)]  # QConvPacked: the target has AMX (`ember.templates.int8.amx_wx_tile`), set by the pass
 RES = [Attr("res_zero", "int", 0), Attr("res_scale", "float", 0.0)]  # the fused residual's (`res`) parameters
 
 
@@ -106,7 +107,7 @@ def _as_u8(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64) + (128 if x.dtype == np.int8 else 0)
 
 
-@op("QConvPacked", OUT, infer=_conv_infer, inputs=(4, 5), attrs=COMMON + CONV + S2D + RES)
+@op("QConvPacked", OUT, infer=_conv_infer, inputs=(4, 5), attrs=COMMON + CONV + S2D + RES + AMX)
 def qconv_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray, scale: np.ndarray,
                  res: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """Quantized 2-d convolution (group 1) on packed int8 weights, requantized, with a fused residual `res` if
@@ -235,7 +236,7 @@ def _wx_tile(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int]:
     """`ember.templates.int8.wx_tile` of a convolution seen as stride 1 (`_wx_view`), as `int8_acc_wx` picks it."""
     _, oh, wpad = _wx_rows(a, x_shape)
     flat = _phase_grid(a, x_shape) is None and wpad == _conv_geometry(a, x_shape)[0][1]
-    return I8.wx_tile(oh, wpad, a["n"], flat, -(-x_shape[1] // 4) * 4)
+    return I8.wx_tile(oh, wpad, a["n"], flat, -(-x_shape[1] // 4) * 4, bool(a.get("amx", 0)))
 
 
 def _wx_rows(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -322,7 +323,7 @@ def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor, res: 
         fill = phases if real.get("s2d", 1) > 1 else interleave
         X4 = I8.rows_stage((n_, cp // 4, (hp + 1) * wpad, 4), fill, "x4")
         geometry = (*a["kernel_shape"], dh, dw, oh, ow, wpad)
-    acc = I8.int8_acc_wx(wp, X4, geometry, name="qconv_acc", cfg=a.get(CONFIG_ATTR))
+    acc = I8.int8_acc_wx(wp, X4, geometry, name="qconv_acc", cfg=a.get(CONFIG_ATTR), amx=bool(a.get("amx", 0)))
     epi = _epilogue(lambda idx: acc[idx[0], idx[1], idx[2] * wpad + idx[3]], bias, scale, a, res)
     return te.compute((n_, a["n"], oh, ow), lambda *idx: epi(idx, idx[1]), name="qconv",
                       attrs={"template": "int8_gemm", "acc": acc, "wx": True})  # fmt: skip

@@ -39,7 +39,7 @@ from ember.ops.common import spatial_attrs
 from ember.ops.evaluate import run_node
 from ember.ops.int8 import space_to_depth_ok, space_to_depth_weight, wx_columns, wx_conv
 from ember.target import Target
-from ember.te.intrin import dot_bf16_isa, dot_u8s8_isa, isa_features
+from ember.te.intrin import amx_tiles, dot_bf16_isa, dot_u8s8_isa, isa_features
 from ember.templates import int8 as I8
 from ember.templates.winograd import winograd_gain
 
@@ -550,6 +550,8 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
                      dilations=tuple(core.attrs.get("dilations") or (1,) * nd))  # fmt: skip
         if s2d > 1:
             attrs["s2d"] = s2d
+        if amx_tiles(isa_features(target), 16, 16):
+            attrs["amx"] = 1  # W x X tiles on AMX where the image is flat (`ember.templates.int8.amx_wx_tile`)
         static = all(isinstance(d, int) for d in xq.shape)
         wx = static and wx_conv(attrs, tuple(xq.shape))
         if wx and dot_u8s8_isa(isa_features(target), wx_columns(attrs, tuple(xq.shape)), True) != "c":

@@ -152,13 +152,16 @@ static inline int ember_amx_ready(void) {
   }
   return s;
 }
-/* the first `tiles` tile registers as 16 rows x 64 bytes (palette 1); per call: the configuration is per thread */
-static inline void ember_amx_config(int tiles) {
-  struct { uint8_t palette, start; uint8_t reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < tiles; ++t) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
-  _tile_loadconfig(&cfg);
+/* all 8 tile registers as 16 rows x 64 bytes (palette 1), loaded where the thread's configuration is another
+   (another library's, or none yet): reading it back costs less than loading it at every call */
+typedef struct { uint8_t palette, start; uint8_t reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } ember_amx_cfg;
+static inline void ember_amx_config(void) {
+  ember_amx_cfg want, have;
+  memset(&want, 0, sizeof want);
+  want.palette = 1;
+  for (int t = 0; t < 8; ++t) { want.colsb[t] = 64; want.rows[t] = 16; }
+  _tile_storeconfig(&have);
+  if (memcmp(&want, &have, sizeof want) != 0) _tile_loadconfig(&want);
 }
 #endif
 """
@@ -179,7 +182,7 @@ def _dot_amx_c(m: int, n: int, features: frozenset[str], a_signed: bool, zero: b
     lines = [f"  /* C[{m}x{n}] {'=' if zero else '+='} A[{m}x4k] . B[k][{n}][4] on AMX: {mt} x {nt} tiles of 16 x 16 "
              f"int32, {mt} of A and {nt} of B per 64 bytes of K */",
              f"  if (k4 % 16 == 0 && ember_amx_ready()) {{",
-             f"    ember_amx_config({mt * nt + mt + nt});"]  # fmt: skip
+             "    ember_amx_config();"]  # fmt: skip
     for r in range(mt):
         for j in range(nt):
             addr = f"c + {16 * r} * ldc + {16 * j}"

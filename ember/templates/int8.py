@@ -133,7 +133,25 @@ def wx_lanes(nb: int, whole_flat: bool, channels: int = 0) -> int:
     return 8 if whole_flat and fits and nb < 64 and -nb % 8 < -nb % 16 else 16
 
 
-def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: int = 0) -> tuple[int, int]:
+AMX_WX_TILES = ((32, 32), (16, 48), (32, 16), (16, 32), (16, 16))  # (channels, pixels) on AMX, most C tiles first
+
+
+def amx_wx_tile(height: int, width: int, rows: int, flat: bool, channels: int) -> tuple[int, int]:
+    """The (mr channels, nb pixels) tile of a W x X convolution on AMX's tile registers (`ember.te.intrin.
+    amx_tiles`), (0, 0) where none fits: a flat image (a 1 x 1 convolution's, no padding columns), so that a tile
+    is any run of nb pixels, not whole rows (a row of 56 or 28 pixels is no multiple of 16); channels a multiple of
+    64 (a K of whole 64-byte steps a tap)."""
+    if not flat or channels % 64:
+        return 0, 0
+    pixels = height * width
+    fits = [(mr, nb) for mr, nb in AMX_WX_TILES if rows % mr == 0 and pixels >= 2 * nb]
+    # tiles that divide the image first; else the last tile's few pixels run the vpdpbusd kernel (14 x 14: 12 x 16
+    # pixels on AMX, 4 after them)
+    return next((t for t in fits if pixels % t[1] == 0), fits[0] if fits else (0, 0))
+
+
+def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: int = 0,
+            amx: bool = False) -> tuple[int, int]:  # fmt: skip
     """(mr output channels, nb pixels) of a W x X tile (`int8_acc_wx`) for an image of height x width: nb whole
     image rows (the tile's pixels are then one range of the NCHW image), in vectors of 16 pixels (the last one
     masked where 16 does not divide nb), mr x vectors within WX_ACCUMULATORS, and the whole micro-kernel within
@@ -142,7 +160,10 @@ def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: in
     broadcast per vector of X loaded: one row is slow, two nearly as good as four), times SCALAR_EPILOGUE_WEIGHT
     where the grid is `flat` (a 1 x 1 convolution: no padding columns) and no vector width divides the tile's
     pixels, then the most accumulators. Vectors of 16
-    pixels, or of 8 where `wx_lanes` says (`channels`: the input's, padded to 4)."""
+    pixels, or of 8 where `wx_lanes` says (`channels`: the input's, padded to 4). `amx`: the target has AMX, whose
+    tile (`amx_wx_tile`) comes first where one fits."""
+    if amx and amx_wx_tile(height, width, rows, flat, channels)[0]:
+        return amx_wx_tile(height, width, rows, flat, channels)
     best, key = (0, 0), (0.0, 0)
     for k in (k for k in range(1, height + 1) if height % k == 0):
         nb = k * width
@@ -263,7 +284,7 @@ def int8_acc_batched(a: Tensor, wp: Tensor, m: int, name: str = "acc", cfg: Conf
 
 
 def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "acc",
-                cfg: ConfigBase | None = None) -> Tensor:  # fmt: skip
+                cfg: ConfigBase | None = None, amx: bool = False) -> Tensor:  # fmt: skip
     """A stride-1 convolution as weights times activations, on the padded image's pixels:
 
         acc[b, o, q] = sum over (r, s, c4, kk) of int32(Wt[o, (r * KW + s) * Cp / 4 + c4, 0, kk])
@@ -286,7 +307,7 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "
         raise ValueError(f"int8_acc_wx: packed W {wt.shape} (nb = 1) and X4 {x4.shape} do not make a "
                          f"{kh_} x {kw_} convolution to {oh} x {ow} on rows of {wpad}")  # fmt: skip
     flat = st == 1 and wpad == ow
-    mr, rows = wx_tile(oh, wpad, co, flat, 4 * k4)
+    mr, rows = wx_tile(oh, wpad, co, flat, 4 * k4, amx)
     if not rows:
         raise ValueError(f"int8_acc_wx: no tile of whole rows of {wpad} pixels for {co} channels (use int8_acc)")
     r = te.reduce_axis((0, kh_), name="r")
@@ -303,7 +324,8 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "
         w = te.cast(wt[o, (r * kw_ + s) * k4 + c4, 0, kk], "int32")
         return te.sum(w * te.cast(x4[b, c4, q + tap(r, s), kk], "int32"), axis=[r, s, c4, kk])
 
-    plan = Int8Plan(mr, rows // wpad * ow)  # nb: the output pixels of a tile (whole output rows)
+    plan = Int8Plan(mr, rows if flat else rows // wpad * ow)  # nb: the output pixels of a tile (whole output rows,
+    # or on a flat image any run of them: `amx_wx_tile`)
     attrs = {"plan": plan, "planes": (plane, wpad)} if st > 1 else {"plan": plan, "row": wpad}
     if wx_lanes(rows, flat and rows == oh * wpad, 4 * k4) == 8:
         attrs["intrinsic"] = "dot_s8u8_256"
