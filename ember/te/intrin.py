@@ -181,12 +181,13 @@ def _dot_amx_c(m: int, n: int, features: frozenset[str], a_signed: bool, zero: b
     b_tile = [mt * nt + mt + j for j in range(nt)]
     lines = [f"  /* C[{m}x{n}] {'=' if zero else '+='} A[{m}x4k] . B[k][{n}][4] on AMX: {mt} x {nt} tiles of 16 x 16 "
              f"int32, {mt} of A and {nt} of B per 64 bytes of K */",
-             f"  if (k4 % 16 == 0 && ember_amx_ready()) {{",
+             "  if (k4 % 16 == 0 && ember_amx_ready()) {",
              "    ember_amx_config();"]  # fmt: skip
     for r in range(mt):
         for j in range(nt):
             addr = f"c + {16 * r} * ldc + {16 * j}"
-            lines.append(f"    _tile_zero({c_tile[r][j]});" if zero else f"    _tile_loadd({c_tile[r][j]}, {addr}, ldc * 4);")
+            lines.append(f"    _tile_zero({c_tile[r][j]});" if zero else
+                         f"    _tile_loadd({c_tile[r][j]}, {addr}, ldc * 4);")  # fmt: skip
     lines.append("    for (long p = 0; p < k4; p += 16) {")
     lines += [f"      _tile_loadd({a_tile[r]}, a + {16 * r} * lda + 4 * p, lda);" for r in range(mt)]
     lines += [f"      _tile_loadd({b_tile[j]}, b + p * ldb + {64 * j}, ldb);" for j in range(nt)]
@@ -652,5 +653,5 @@ def _zeroes_tile(init: Stmt, call: E.Call) -> bool:
         ana.simplify(base - start).value == 0
 
 
-__all__ = ["ADDRESS", "INTRINSICS", "TENSORIZE", "Intrinsic", "TensorizeError", "address_of", "amx_tiles", "dot_bf16_isa",
-           "dot_u8s8_isa", "get_intrinsic", "isa_features", "tensorize_loops"]  # fmt: skip
+__all__ = ["ADDRESS", "INTRINSICS", "TENSORIZE", "Intrinsic", "TensorizeError", "address_of", "amx_tiles",
+           "dot_bf16_isa", "dot_u8s8_isa", "get_intrinsic", "isa_features", "tensorize_loops"]  # fmt: skip

@@ -32,6 +32,7 @@ import numpy as np
 from ember import te
 from ember.target import Target
 from ember.te.config import ConfigBase
+from ember.te.intrin import amx_tiles, isa_features
 from ember.te.tensor import Tensor
 
 # (columns per panel, rows per tile), best first: nb / 16 * mr accumulators stay below 32 zmm registers
@@ -70,8 +71,6 @@ def amx_tile_rows(target: Target | None, rows: int, n: int) -> int:
     """The tile height of a product of `rows` rows (a MatMul's M) on a target with AMX (`ember.te.intrin.amx_tiles`,
     panels of AMX_PANEL columns): 32 where 32 divides the rows, else 16; 0 without AMX, for too few rows or
     columns, or rows no tile height divides."""
-    from ember.te.intrin import amx_tiles, isa_features
-
     if target is None or rows <= 0 or n < AMX_PANEL or not amx_tiles(isa_features(target), 16, AMX_PANEL):
         return 0
     return next((r for r in (32, 16) if rows % r == 0), 0)
