@@ -474,7 +474,8 @@ def _bmm_infer(a: dict, x: TensorType, y: TensorType) -> TensorType:
     return TensorType((*x.shape[:-1], y.shape[-1]), "float32")
 
 
-@op("QBatchMatMul", OUT, infer=_bmm_infer, inputs=(2, 2), attrs=[Attr("x_zero", "int", 0), Attr("scale", "float")])
+@op("QBatchMatMul", OUT, infer=_bmm_infer, inputs=(2, 2), attrs=[Attr("x_zero", "int", 0), Attr("scale", "float"),
+                                                                  Attr("tile_rows", "int", 0)])  # fmt: skip
 def qbatch_matmul(a: dict, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """The dequantized product of two quantized activations, float32((u(x) - u(x_zero)) @ y) * scale: x
     [..., M, K] uint8 (or int8, shifted to uint8), y [..., K, N] int8 with zero point 0, int32 accumulation,
@@ -491,7 +492,7 @@ def _qbatch_matmul_compute(a: dict, x: Tensor, y: Tensor) -> Tensor:
     signed = x.dtype.name == "int8"
     zu = a["x_zero"] + (128 if signed else 0)
     kp = -(-k // 4) * 4
-    nb = I8.choose_nb(n)
+    nb = I8.AMX_PANEL if a.get("tile_rows", 0) else I8.choose_nb(n)  # (AMX: panels of 32, `amx_tile_rows`)
     groups, bt = math.prod(batch), tuple(batch)  # a flat batch index g is the batch dims' unravel(g, bt)
 
     def row(i, _r, _s, kk):
@@ -504,7 +505,7 @@ def _qbatch_matmul_compute(a: dict, x: Tensor, y: Tensor) -> Tensor:
 
     A = I8.rows_stage((groups * m, 1, 1, kp), row, "rows")
     W = I8.rows_stage((groups, -(-n // nb), kp // 4, nb, 4), panel, "panels")
-    acc = I8.int8_acc_batched(A, W, m, name="qbmm_acc")
+    acc = I8.int8_acc_batched(A, W, m, name="qbmm_acc", tile_rows=a.get("tile_rows", 0))
     kr = te.reduce_axis((0, k), name="k")
     sums = te.compute((groups, n), lambda g, j: te.sum(te.cast(y[(*unravel(g, bt), kr, j)], "int32"), axis=kr),
                       name="y_sums")  # zu * (y's column sums): the x zero point's share, subtracted once

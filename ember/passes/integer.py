@@ -69,7 +69,7 @@ def integer_ops(graph: Graph, target: Target | str | None = None) -> Graph:
     taken |= {producers.get(v) for n in list(taken) if n is not None and n.op == "Relu" for v in n.inputs}
     for node in graph.nodes:  # the rest: float output, for the float ops after it (a residual Add, then Q)
         if node.op in ("Conv", "MatMul", "Gemm") and node not in taken and node not in replaced:
-            new = (_float_out(graph, node, producers, target) or _activation_product(node, producers)
+            new = (_float_out(graph, node, producers, target) or _activation_product(node, producers, target)
                    or _bf16_product(graph, node, producers, target))
             if new is not None:
                 replaced[node] = new
@@ -354,7 +354,7 @@ def _from_core(graph: Graph, core: Node, out: Value, ys: float | None, yz: np.nd
                  target)
 
 
-def _activation_product(core: Node, producers: dict) -> Node | None:
+def _activation_product(core: Node, producers: dict, target: Target) -> Node | None:
     """MatMul(DequantizeLinear(x_q, x_s, x_z), DequantizeLinear(y_q int8, y_s, 0)) of two activations (attention's
     Q x K^T, probabilities x V), per-tensor parameters, the same batch dims: QBatchMatMul, the int32 product
     dequantized by x_s * y_s (float32), for the float ops after it (the softmax scale, the mask)."""
@@ -371,8 +371,11 @@ def _activation_product(core: Node, producers: dict) -> Node | None:
             shapes[1][:-2] or len(shapes[0]) != len(shapes[1]):  # fmt: skip
         return None
     scale = float(np.float32(xs.reshape(())) * np.float32(ys.reshape(())))
-    return Node("QBatchMatMul", [xq, yq], [core.outputs[0]], {"x_zero": int(xz.reshape(())), "scale": scale},
-                core.name)  # fmt: skip
+    attrs = {"x_zero": int(xz.reshape(())), "scale": scale}
+    tile_rows = I8.amx_tile_rows(target, shapes[0][-2], shapes[1][-1]) if -shapes[0][-1] % 64 == 0 else 0
+    if tile_rows:  # (a K of whole 64-byte steps: the tiles' calls run on AMX)
+        attrs["tile_rows"] = tile_rows
+    return Node("QBatchMatMul", [xq, yq], [core.outputs[0]], attrs, core.name)
 
 
 STEM_CHANNELS = 16  # fewer input channels (an image's stem): the float NCHWc convolution beats im2col in bfloat16

@@ -260,7 +260,8 @@ def bf16_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = 
     return _packed_acc(a, wp, 2, "float32", "bf16_acc", name, cfg, rows, {"intrinsic": "dot_bf16"})
 
 
-def int8_acc_batched(a: Tensor, wp: Tensor, m: int, name: str = "acc", cfg: ConfigBase | None = None) -> Tensor:
+def int8_acc_batched(a: Tensor, wp: Tensor, m: int, name: str = "acc", cfg: ConfigBase | None = None,
+                     tile_rows: int = 0) -> Tensor:  # fmt: skip
     """A batch of products whose both operands are activations: acc[g, i, j] = sum of int32(A[g * m + i, 0, 0, c])
     * int32(W[g, j / nb, c / 4, j % nb, c % 4]) for A [G * m, 1, 1, Kp] uint8 (the rows of every product) and W
     [G, Np / nb, Kp / 4, nb, 4] int8, each product's right operand packed at run time (`int8_acc`'s layout)."""
@@ -278,7 +279,7 @@ def int8_acc_batched(a: Tensor, wp: Tensor, m: int, name: str = "acc", cfg: Conf
         return te.sum(te.cast(a[g * m + i, kh, kw, c4 * 4 + kk], "int32") * te.cast(wp[g, j // nb, c4, j % nb, kk],
                       "int32"), axis=[kh, kw, c4, kk])  # fmt: skip
 
-    plan = int8_plan(m, nb, cfg)
+    plan = int8_plan(m, nb, cfg, tile_rows)
     return te.compute((groups, m, npanel * nb), body, name=name, tag="int8_gemm", attrs={"plan": plan})
 
 
