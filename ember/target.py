@@ -71,7 +71,7 @@ _ARMHF_FPU = {"generic": "neon", "cortex-a7": "neon-vfpv4", "cortex-a8": "neon",
               "cortex-a15": "neon-vfpv4", "cortex-a17": "neon-vfpv4", "cortex-a53": "neon-fp-armv8",
               "cortex-a72": "neon-fp-armv8"}  # fmt: skip
 
-def _feature_key(name: str) -> str:
+def feature_key(name: str) -> str:
     """A CPU feature's name with LLVM's and /proc/cpuinfo's spellings made one (amx-int8, amx_int8: amxint8)."""
     return name.replace("_", "").replace("-", "")
 
@@ -308,7 +308,7 @@ class Target:
             bits = arch.cpus.get(self.mcpu, 128)
             have = ({"avx", "avx2", "fma"} if bits >= 256 else set()) | ({"avx512f"} if bits >= 512 else set())
         for f in self.mattr:  # (-mattr's LLVM names against /proc/cpuinfo's: avx512vnni is avx512_vnni)
-            have = have | {f[1:]} if f[0] == "+" else {h for h in have if _feature_key(h) != _feature_key(f[1:])}
+            have = have | {f[1:]} if f[0] == "+" else {h for h in have if feature_key(h) != feature_key(f[1:])}
         return frozenset(have)
 
     @property

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..target import Target
+from ..target import Target, feature_key
 from ..tir import expr as E
 from ..tir.arith import Analyzer
 from ..tir.dtype import int32, int64
@@ -112,14 +112,10 @@ VNNI_REGISTERS = 32  # zmm registers: a tile's accumulators, its operand vectors
 
 
 def _dot_u8s8_c(m: int, n: int, features: frozenset[str], zero: bool = False) -> tuple[str, str]:
-    if amx_tiles(features, m, n):
-        return _dot_amx_c(m, n, features, False, zero)
     return _dot_c(m, n, features, False, zero)
 
 
 def _dot_s8u8_c(m: int, n: int, features: frozenset[str], zero: bool = False) -> tuple[str, str]:
-    if amx_tiles(features, m, n):
-        return _dot_amx_c(m, n, features, True, zero)
     return _dot_c(m, n, features, True, zero)
 
 
@@ -131,7 +127,7 @@ def amx_tiles(features: frozenset[str], m: int, n: int) -> bool:
     """Whether an m x n tile of dot products runs on AMX (Intel's tile registers: `tdpbusd` multiplies a 16 x 64
     byte tile of A by a 16 x 64 byte tile of B, 16K products an instruction): the CPU has amx_int8, and m and n
     are whole 16 x 16 tiles that, with their tiles of A and B, fit the 8 tile registers (32 x 32, 16 x 48 ...)."""
-    have = {f.replace("_", "").replace("-", "") for f in features}  # (cpuinfo's and -mattr's spellings)
+    have = {feature_key(f) for f in features}  # (cpuinfo's and -mattr's spellings)
     if not {"amxint8", "amxtile", "avx512vnni"} <= have or m % 16 or n % 16:
         return False
     return (m // 16) * (n // 16) + m // 16 + n // 16 <= AMX_TILES
@@ -213,7 +209,9 @@ def _dot_c(m: int, n: int, features: frozenset[str], a_signed: bool, zero: bool 
     read: its accumulators start at zero in registers). `bits`: the VNNI vectors' width, 256 (`dot_s8u8_256`: 8
     columns a vector, AVX512VL) where 8 divides n better than 16 (a 7 x 7 image's 49 pixels: 7 vectors of 8,
     87% of the lanes, against 4 of 16, 77%; on a CPU that runs a 512-bit vpdpbusd as two 256-bit halves, such as
-    Zen 4, the same products per cycle)."""
+    Zen 4, the same products per cycle). A 512-bit tile that AMX takes (`amx_tiles`) runs there (`_dot_amx_c`)."""
+    if bits == 512 and amx_tiles(features, m, n):
+        return _dot_amx_c(m, n, features, a_signed, zero)
     isa = dot_u8s8_isa(features, n, a_signed)
     wide = "_y" if isa == "avx512_vnni" and bits == 256 else ""
     name = f"ember_dot_{'s8u8' if a_signed else 'u8s8'}_{m}x{n}_{isa}{wide}{'_set' if zero else ''}"

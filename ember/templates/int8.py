@@ -161,8 +161,9 @@ def wx_tile(height: int, width: int, rows: int, flat: bool = False, channels: in
     pixels, then the most accumulators. Vectors of 16
     pixels, or of 8 where `wx_lanes` says (`channels`: the input's, padded to 4). `amx`: the target has AMX, whose
     tile (`amx_wx_tile`) comes first where one fits."""
-    if amx and amx_wx_tile(height, width, rows, flat, channels)[0]:
-        return amx_wx_tile(height, width, rows, flat, channels)
+    tile = amx_wx_tile(height, width, rows, flat, channels) if amx else (0, 0)
+    if tile[0]:
+        return tile
     best, key = (0, 0), (0.0, 0)
     for k in (k for k in range(1, height + 1) if height % k == 0):
         nb = k * width
