@@ -704,17 +704,20 @@ class CCodegen:
         bits = mask_bits(pred) or dt.bits
         m = self.mask_type(bits, n)
         flags, width = self.target.simd_features(), dt.bits * n
-        need = {"avx512f"} | ({"avx512vl"} if width < 512 else set()) | ({"avx512bw"} if dt.bits < 32 else set())
+        mwidth = bits * n  # the mask's register: as wide as the data's, or wider (bytes stored under int32 lanes)
+        need = {"avx512f"} | ({"avx512vl"} if min(width, mwidth) < 512 else set()) | (
+            {"avx512bw"} if min(dt.bits, bits) < 32 else set())
         plain = not dt.is_bool and (dt.is_int or dt.bits >= 32) and dt.bits in (8, 16, 32, 64)  # (not half, fp8)
-        x86 = kind in ("load", "store") and plain and bits == dt.bits and width in (128, 256, 512) and need <= flags
+        x86 = (kind in ("load", "store") and plain and bits in (8, 16, 32, 64) and width in (128, 256, 512)
+               and mwidth in (128, 256, 512) and need <= flags)
         it = self.ctype(idx_dt) if idx_dt is not None else ""
         name = f"ember_v{kind}_masked_{t}" + (f"_{it}" if it else "") + ("" if bits == dt.bits else f"_{m}")
         at = "p[idx[l]]" if it else "p[l]"
         if x86:
             self.helper("immintrin", "#include <immintrin.h>")
             w, el = ("" if width == 128 else str(width)), f"epi{dt.bits}"
-            reg = f"__m{width}i"
-            k = f"_mm{w}_test_{el}_mask(({reg})m, ({reg})m)"
+            reg, mreg = f"__m{width}i", f"__m{mwidth}i"
+            k = f"_mm{'' if mwidth == 128 else mwidth}_test_epi{bits}_mask(({mreg})m, ({mreg})m)"
             if kind == "load":
                 body = f"return ({t})_mm{w}_maskz_loadu_{el}({k}, p);"
                 code = f"static inline {t} {name}(const {s}* p, {m} m) {{ {body} }}"

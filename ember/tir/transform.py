@@ -262,6 +262,10 @@ class _Partitioner:
             with ana.scope(v, lo, hi - 1):
                 body = _Simplifier(ana).stmt(loop.body)
                 body = self.stmt(body)
+            if loop.kind == ForKind.VECTORIZED and (lo, hi) != (a, b) and not _is_nop(body):
+                # a vector loop whose guards stay on a piece: one masked vector, not a peeled odd-width piece
+                # (a 16-pixel tile's 15 lanes were scalar code where only the first lane's guard was known)
+                return None
             if not _is_nop(body):
                 pieces.append(
                     For(
