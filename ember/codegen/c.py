@@ -507,7 +507,11 @@ class CCodegen:
         if e.name in INTRINSICS:  # a tensorized micro-kernel, specialized on its constant shape
             m, n = (const_value(a) for a in e.args[6:8])
             zero = len(e.args) > 9 and bool(const_value(e.args[9]))  # C = A . B (`intrin._fold_zero_init`)
-            fname, code = INTRINSICS[e.name].c_impl(int(m), int(n), isa_features(self.target), zero)
+            intr = INTRINSICS[e.name]
+            whole = -(-int(n) // intr.whole_columns) * intr.whole_columns if intr.whole_columns else int(n)
+            if whole != n and isinstance(e.args[1], Const) and int(e.args[1].value) >= whole:
+                n = whole  # whole tiles: C's rows hold them (`Intrinsic.whole_columns`)
+            fname, code = intr.c_impl(int(m), int(n), isa_features(self.target), zero)
             args = [self.expr(a) for a in e.args[:6]] + [self.expr(e.args[8])]
             return f"{self.helper(fname, code)}({', '.join(args)})"
         if e.name == "round" and e.dtype.lanes > 1:

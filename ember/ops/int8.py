@@ -219,9 +219,20 @@ def wx_conv(a: dict, x_shape: tuple[int, ...]) -> bool:
     if (sh, sw) != (1, 1) and _phase_grid(a, x_shape) is None:
         return False
     (oh, ow), _ = _conv_geometry(a, x_shape)
-    if a.get("s2d", 1) == 1 and math.prod(a["kernel_shape"]) > 1 and oh * ow < WX_MIN_PIXELS:
+    few = oh * ow < WX_MIN_PIXELS and not _amx_rows(a, x_shape)  # (AMX tiles of whole rows beat im2col there too)
+    if a.get("s2d", 1) == 1 and math.prod(a["kernel_shape"]) > 1 and few:
         return False
     return _wx_tile(a, x_shape)[1] >= 16
+
+
+def _amx_rows(a: dict, x_shape: tuple[int, ...]) -> bool:
+    """Whether a stride-1 convolution on a padded grid runs on AMX tiles of whole rows (`ember.templates.int8.
+    amx_wx_tile`)."""
+    if not a.get("amx") or _phase_grid(a, x_shape) is not None:
+        return False
+    _, oh, wpad = _wx_grid(a, x_shape)
+    return wpad != _conv_geometry(a, x_shape)[0][1] and I8.amx_wx_tile(oh, wpad, a["n"], False,
+                                                                       -(-x_shape[1] // 4) * 4)[0] > 0  # fmt: skip
 
 
 def wx_columns(a: dict, x_shape: tuple[int, ...]) -> int:
@@ -275,10 +286,15 @@ def _phase_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int, int] 
 
 
 def _wx_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
-    """(Hp, OH, Wp) of a stride-1 convolution: the padded image's rows, the output rows, the padded row length."""
-    (oh, _), _ = _conv_geometry(a, x_shape)
+    """(Hp, OH, Wp) of a stride-1 convolution: the padded image's rows, the output rows, the padded row length
+    (on AMX, for a kernel of several taps, widened to whole tiles of 16 pixels: `ember.templates.int8.
+    amx_grid_width`; the extra columns are zeros, their outputs computed and dropped)."""
+    (oh, ow), _ = _conv_geometry(a, x_shape)
     pads = spatial_attrs(a, 2)[1]
-    return x_shape[2] + pads[0] + pads[2], oh, x_shape[3] + pads[1] + pads[3]
+    wpad = x_shape[3] + pads[1] + pads[3]
+    if a.get("amx") and a.get("s2d", 1) == 1 and math.prod(a["kernel_shape"]) > 1 and wpad != ow:
+        wpad = I8.amx_grid_width(wpad, -(-x_shape[1] // 4) * 4)
+    return x_shape[2] + pads[0] + pads[2], oh, wpad
 
 
 def _qconv_wx(a: dict, x: Tensor, wp: Tensor, bias: Tensor, scale: Tensor, res: Tensor | None) -> Tensor:

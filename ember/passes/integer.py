@@ -554,7 +554,7 @@ def _make(graph: Graph, core: Node, xq: Value, xs: float, xz: int, w: np.ndarray
         if s2d > 1:
             attrs["s2d"] = s2d
         if amx_tiles(isa_features(target), 16, 16):
-            attrs["amx"] = 1  # W x X tiles on AMX where the image is flat (`ember.templates.int8.amx_wx_tile`)
+            attrs["amx"] = 1  # W x X tiles on AMX: flat images, padded rows of whole tiles (`I8.amx_wx_tile`)
         static = all(isinstance(d, int) for d in xq.shape)
         wx = static and wx_conv(attrs, tuple(xq.shape))
         if wx and dot_u8s8_isa(isa_features(target), wx_columns(attrs, tuple(xq.shape)), True) != "c":

@@ -21,7 +21,9 @@ vectors do not divide).
 
 `dot_s8u8` is the same product with the signs swapped (A int8, broadcast; B uint8, packed): weights times
 activations (`ember.templates.int8.int8_acc_wx`). On VNNI it takes any column count (the last vector masked);
-AVX2 as above; portable C elsewhere (NEON included).
+AVX2 as above; portable C elsewhere (NEON included). `dot_s8u8_rows` is `dot_s8u8` for callers whose C rows are
+storage-aligned to 16 columns and whose B columns past n are readable (a W x X tile of padded image rows): it
+computes whole tiles of 16 columns, so that AMX takes a tile of two 14-pixel rows (30 columns) as 32.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class Intrinsic:
     doc: str
     decl: Callable[[int, int, int], tuple[Tensor, Tensor, Tensor]]
     c_impl: Callable[..., tuple[str, str]]  # (m, n, isa, zero=False) -> (function name, code); zero: C = A . B
+    # columns computed in multiples of this where C's row stride holds them (0: exactly n): the caller's C rows
+    # are storage-aligned and B's columns past n readable (a padded image's grid), so the call may write and read
+    # whole tiles (AMX's 16 columns) past the n its tile needs
+    whole_columns: int = 0
 
 
 def _dot_decl(a_dtype: str, b_dtype: str) -> Callable[[int, int, int], tuple[Tensor, Tensor, Tensor]]:
@@ -416,6 +422,9 @@ INTRINSICS: dict[str, Intrinsic] = {
                           _dot_decl("int8", "uint8"), _dot_s8u8_c),
     "dot_s8u8_256": Intrinsic("dot_s8u8_256", "dot_s8u8 in vectors of 8 columns (256 bits; 512 without AVX512VL)",
                               _dot_decl("int8", "uint8"), _dot_s8u8_256_c),
+    "dot_s8u8_rows": Intrinsic("dot_s8u8_rows", "dot_s8u8 on whole tiles of 16 columns where C's rows hold them "
+                               "(a W x X tile of padded image rows, storage-aligned)", _dot_decl("int8", "uint8"),
+                               _dot_s8u8_c, whole_columns=16),
     "dot_bf16": Intrinsic("dot_bf16", "C[m, n] += A[m, 2k] (bfloat16) . B[k, n, 2] (bfloat16), float32 accumulation",
                           _bf16_decl, _dot_bf16_c),
 }  # fmt: skip
@@ -446,6 +455,7 @@ def _nest(loop: For) -> tuple[list[For], Store]:
 # name -> (accumulator dtype, the cast around each operand's load, (A dtype, B dtype), values per group)
 OPERANDS = {"dot_u8s8": ("int32", "int32", ("uint8", "int8"), 4), "dot_s8u8": ("int32", "int32", ("int8", "uint8"), 4),
             "dot_s8u8_256": ("int32", "int32", ("int8", "uint8"), 4),
+            "dot_s8u8_rows": ("int32", "int32", ("int8", "uint8"), 4),
             "dot_bf16": ("float32", "float32", ("bfloat16", "bfloat16"), 2)}  # fmt: skip
 
 
@@ -576,6 +586,7 @@ MATCHERS: dict[str, Callable[[For, Analyzer], Stmt]] = {
     "dot_u8s8": _match_dot,
     "dot_s8u8": lambda loop, ana: _match_dot(loop, ana, "dot_s8u8"),
     "dot_s8u8_256": lambda loop, ana: _match_dot(loop, ana, "dot_s8u8_256"),
+    "dot_s8u8_rows": lambda loop, ana: _match_dot(loop, ana, "dot_s8u8_rows"),
     "dot_bf16": lambda loop, ana: _match_dot(loop, ana, "dot_bf16"),
 }
 

@@ -450,6 +450,8 @@ class Lowering:
                 if st.is_placeholder:
                     continue
                 shape = tuple(self.buffer_extent(self.loops[st].extent[iv]) for iv in st.op.axis)  # type: ignore[attr-defined]
+                if st.row_align > 1 and shape and isinstance(shape[-1], int):  # (`Stage.storage_align`)
+                    shape = (*shape[:-1], -(-shape[-1] // st.row_align) * st.row_align)
                 scope = st.scope if st.attach == "at" else "global"
                 self.buffers[st] = Buffer(st.name, shape, st.op.dtype, scope)
         return params

@@ -92,6 +92,7 @@ class Stage:
         self.attach_stage: Stage | None = None
         self.attach_axis: IterVar | None = None
         self.double_buffered = False  # two copies of the buffer: the next iteration's filled during this one
+        self.row_align = 1  # the buffer's last dimension allocated in multiples of this (`storage_align`)
         self.leaf_iter_vars: list[IterVar] = self.root_iter_vars
 
     @property
@@ -192,6 +193,13 @@ class Stage:
         the first iteration's part is filled; in each iteration, the next iteration's part is filled into the
         other copy before this iteration computes from its own (prefetch while computing)."""
         self.sch._apply(Step("double_buffer", self.name))
+
+    def storage_align(self, factor: int) -> None:
+        """Allocate this stage's buffer with its last dimension rounded up to a multiple of `factor` elements
+        (it must be computed at a loop of a consumer): its rows then start `factor`-aligned apart, and a tensorized
+        call may compute a whole row of tiles where the stage needs fewer columns (an AMX tile of 32 columns where a
+        tile of two padded image rows needs 30)."""
+        self.sch._apply(Step("storage_align", self.name, (int(factor),)))
 
     # -- helpers ---------------------------------------------------------------------------
     def _err(self, msg: str) -> ScheduleError:
@@ -467,6 +475,13 @@ class Schedule:
         if st.is_output:
             raise st._err("an output cannot be double-buffered: it is computed at root")
         st.double_buffered = True
+
+    def _do_storage_align(self, st: Stage, factor: int) -> None:
+        if st.is_output or st.is_placeholder:
+            raise st._err("storage_align applies to a stage computed inside a loop, not an input or output")
+        if factor < 1:
+            raise st._err(f"storage_align factor must be positive, got {factor}")
+        st.row_align = factor
 
     def _do_set_scope(self, st: Stage, scope: str) -> None:
         if scope not in SCOPES:

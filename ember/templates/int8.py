@@ -135,13 +135,29 @@ def wx_lanes(nb: int, whole_flat: bool, channels: int = 0) -> int:
 AMX_WX_TILES = ((32, 32), (16, 48), (32, 16), (16, 32), (16, 16))  # (channels, pixels) on AMX, most C tiles first
 
 
+def amx_grid_width(width: int, channels: int) -> int:
+    """The padded row length of a W x X convolution's grid on AMX (`amx_wx_tile`): `width` rounded up to whole
+    tiles of 16 pixels where one to three of them make a row (14 x 14 with its padding: 16; 28 x 28: 30 -> 32;
+    7 x 7: 9 -> 16) and the channels are whole 64-byte steps, else `width` (56 x 56: rows of 64 would need tiles
+    wider than the tile registers hold)."""
+    whole = -(-width // 16) * 16
+    return whole if whole <= 48 and channels % 64 == 0 else width
+
+
 def amx_wx_tile(height: int, width: int, rows: int, flat: bool, channels: int) -> tuple[int, int]:
     """The (mr channels, nb pixels) tile of a W x X convolution on AMX's tile registers (`ember.te.intrin.
-    amx_tiles`), (0, 0) where none fits: a flat image (a 1 x 1 convolution's, no padding columns), so that a tile
-    is any run of nb pixels, not whole rows (a row of 56 or 28 pixels is no multiple of 16); channels a multiple of
-    64 (a K of whole 64-byte steps a tap)."""
-    if not flat or channels % 64:
+    amx_tiles`), (0, 0) where none fits; channels a multiple of 64 (a K of whole 64-byte steps a tap). On a flat
+    image (a 1 x 1 convolution's, no padding columns) a tile is any run of nb pixels; on a padded grid, whole
+    rows whose length is a multiple of 16 (`amx_grid_width`; the columns past the image's are computed and
+    dropped)."""
+    if channels % 64:
         return 0, 0
+    if not flat:
+        if width % 16:
+            return 0, 0
+        whole = [(mr, nb) for mr, nb in AMX_WX_TILES
+                 if rows % mr == 0 and nb % width == 0 and height % (nb // width) == 0]  # fmt: skip
+        return whole[0] if whole else (0, 0)
     pixels = height * width
     fits = [(mr, nb) for mr, nb in AMX_WX_TILES if rows % mr == 0 and pixels >= 2 * nb]
     # tiles that divide the image first; else the last tile's few pixels run the vpdpbusd kernel (14 x 14: 12 x 16
@@ -330,6 +346,9 @@ def int8_acc_wx(wt: Tensor, x4: Tensor, geometry: tuple[int, ...], name: str = "
     attrs = {"plan": plan, "planes": (plane, wpad)} if st > 1 else {"plan": plan, "row": wpad}
     if wx_lanes(rows, flat and rows == oh * wpad, 4 * k4) == 8:
         attrs["intrinsic"] = "dot_s8u8_256"
+    if amx and not flat and st == 1 and (mr, rows) == amx_wx_tile(oh, wpad, co, flat, 4 * k4):
+        # whole padded rows on AMX: the tile's accumulator rows aligned to whole tiles of 16 columns
+        attrs.update(intrinsic="dot_s8u8_rows", grid_rows=rows // wpad)
     return te.compute((x4.shape[0], co, oh * wpad), body, name=name, tag="int8_gemm", attrs=attrs)
 
 
@@ -402,21 +421,36 @@ def schedule_int8(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> s
 
 def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> set[str]:
     """A W x X convolution (`int8_acc_wx`) written as NCHW: pixels fused and cut in panels of nb, whole output
-    rows (outer: the panel of X4, its pixels x all channels, stays in cache while the channel tiles of W pass over
-    it), mr channels by nb pixels accumulated in a local tile by one micro-kernel call per kernel tap, then
-    requantized and stored contiguously."""
+    rows, mr channels by nb pixels accumulated in a local tile by one micro-kernel call per kernel tap, then
+    requantized and stored contiguously. The larger operand is read once: where W has fewer bytes than X4, the
+    pixel panels are outer (a panel of X4, its pixels x all channels, stays in cache while the channel tiles of W
+    pass over it), else the channel tiles (a tile of W stays while the panels pass). Channel tiles outer also
+    give each thread whole output rows: two threads writing pixel panels of one 14 x 14 or 7 x 7 row share its
+    cache lines, and ResNet-50's residual 1 x 1 convolutions took 2.4x longer at 2 threads than at 1."""
     plan: Int8Plan = acc.op.attrs["plan"]
     O = s[out]
     b, o, h, w = O.op.axis
-    po, pi = O.split(O.fuse(h, w), plan.nb)
+    wt, x4 = acc.op.inputs[:2]
+    channels_outer = math.prod(wt.shape) >= math.prod(x4.shape[1:])
     oo, oi = O.split(o, plan.mr)
-    O.reorder(b, po, oo, oi, pi)
-    # whole output rows, which 16 does not always divide (56, 28, 98): `wx_epilogue_width`
-    whole = plan.nb == out.shape[2] * out.shape[3]
-    width = wx_epilogue_width(plan.nb, whole, acc.shape[2] == out.shape[2] * out.shape[3], target.vector_lanes(32))
-    if width:
-        _, pii = O.split(pi, width)
-        O.vectorize(pii)
+    lanes = target.vector_lanes(32)
+    grid_rows = acc.op.attrs.get("grid_rows", 0)
+    if grid_rows:  # AMX on whole padded rows: a tile of grid_rows image rows, each row's pixels in masked vectors
+        po, pi = O.split(h, grid_rows)
+        O.reorder(b, oo, po, oi, pi, w) if channels_outer else O.reorder(b, po, oo, oi, pi, w)
+        if out.shape[3] > lanes:
+            _, w = O.split(w, lanes)
+        O.vectorize(w)
+    else:
+        po, pi = O.split(O.fuse(h, w), plan.nb)
+        O.reorder(b, oo, po, oi, pi) if channels_outer else O.reorder(b, po, oo, oi, pi)
+        # whole output rows, which 16 does not always divide (56, 28, 98): `wx_epilogue_width`
+        whole = plan.nb == out.shape[2] * out.shape[3]
+        width = wx_epilogue_width(plan.nb, whole, acc.shape[2] == out.shape[2] * out.shape[3], lanes)
+        if width:
+            _, pii = O.split(pi, width)
+            O.vectorize(pii)
+    tile = po if channels_outer else oo  # the loop of one tile
     accl = s.cache_write(acc, "local")
     s[acc].compute_inline()
     L = s[accl]
@@ -424,11 +458,13 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
     r, s_, c4, kk = L.op.reduce_axis
     L.reorder(r, s_, c4, lb, lo, lp, kk)  # one micro-kernel call per kernel tap
     L.tensorize(c4, acc.op.attrs.get("intrinsic", "dot_s8u8"))
+    if grid_rows:
+        L.storage_align(16)  # the tile's last row ends short of its 16-column tile (`dot_s8u8_rows`)
     big = target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16
     if big:  # the threads share the pixel panels and the channel tiles: a 7 x 7 or 14 x 14 image is one panel
-        oo = O.fuse(b, po, oo)
-        O.parallel(oo)
-    L.compute_at(O, oo)
+        tile = O.fuse(b, oo, po) if channels_outer else O.fuse(b, po, oo)
+        O.parallel(tile)
+    L.compute_at(O, tile)
     done = {O.name, L.name}
     for t in acc.op.inputs:
         st = s[t]

@@ -25,13 +25,14 @@ from ember.ops.int8 import WX_MIN_PIXELS
 from ember.passes import run_passes
 from ember.quantization import quantize_model
 from ember.quantization.ptq import random_samples
-from ember.target import Target
+from ember.target import Target, host_cpu_flags
 from ember.te.intrin import dot_u8s8_isa, isa_features
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime runs the quantized models as the reference")
 onnx = pytest.importorskip("onnx")
 
 VNNI = dot_u8s8_isa(isa_features(Target.parse("c")), 64) != "c"
+AMX = "amx_int8" in host_cpu_flags()
 
 
 def bottleneck(cin: int, mid: int, size: int, stride: int = 1, projection: bool = False) -> onnx.ModelProto:
@@ -107,6 +108,24 @@ def test_small_images_run_on_im2col(cin, cout, size, k, stride):
     conv = [n for n in g.nodes if n.op == "QConvPacked"][-1]
     out = conv.outputs[0].shape
     assert out[2] * out[3] < WX_MIN_PIXELS and conv.inputs[1].shape[2] > 1 and "im2col" in m.source
+
+
+@pytest.mark.skipif(not AMX, reason="this CPU has no AMX")
+@pytest.mark.parametrize("cin, cout, size", [(64, 64, 14), (64, 32, 7), (64, 48, 28)])
+def test_small_images_run_on_amx_rows(cin, cout, size):
+    """On AMX, a stride-1 3 x 3 convolution whose padded rows round up to whole tiles of 16 pixels (14 x 14: 16;
+    7 x 7: 9 -> 16; 28 x 28: 30 -> 32) runs as weights times activations on AMX tiles of whole rows, not on
+    im2col; its values are onnxruntime's and bit-equal to the same model's without AMX (-mattr=-amx-int8)."""
+    model = conv_block(cin, cout, size, 3, 1)
+    g, m = check(model)
+    conv = [n for n in g.nodes if n.op == "QConvPacked"][-1]
+    assert conv.inputs[1].shape[2] == 1  # W x X packing
+    assert "im2col" not in m.source and "_amx(" in m.source and "ember_dot_s8u8_" in m.source
+    q = quantize_model(model, random_samples(model, 2, seed=1), report_samples=0).model
+    plain = ember.compile(q, target="c -threads=2 -mattr=-amx-int8")
+    assert "_amx(" not in plain.source
+    for feeds in random_samples(model, 2, seed=60):
+        np.testing.assert_array_equal(np.asarray(m(*feeds.values())), np.asarray(plain(*feeds.values())))
 
 
 @pytest.mark.skipif(not VNNI, reason="W x X packing needs the host's int8 dot-product instructions")

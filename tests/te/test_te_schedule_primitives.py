@@ -357,6 +357,24 @@ def test_pragmas_reach_the_c_code(check_build, rng):
     assert "// pragma my_note=yes" in f.source
 
 
+def test_storage_align_pads_the_rows_of_a_computed_at_buffer(check_build, rng):
+    """A stage computed at a loop with `storage_align(16)`: its buffer's rows are allocated 16 apart where the
+    tile needs 14 columns; the values are unchanged, and the step replays from JSON."""
+    A = te.placeholder((6, 14), "float32", name="A")
+    B = te.compute((6, 14), lambda i, j: A[i, j] * 2.0, name="B")
+    C = te.compute((6, 14), lambda i, j: B[i, j] + 1.0, name="C")
+    s = te.create_schedule(C)
+    io, _ = s[C].split(C.op.axis[0], 3)
+    s[B].compute_at(s[C], io)
+    s[B].storage_align(16)
+    f = check_build(s, [A, C], lambda a: a * 2.0 + 1.0, rng)
+    assert "B[48]" in f.source  # 3 rows of 16, not 3 x 14
+    again = te.Schedule.load(C, s.to_json())
+    assert again[B].row_align == 16
+    with pytest.raises(te.ScheduleError, match="storage_align"):
+        s[C].storage_align(16)
+
+
 def test_bind_is_recorded_in_the_ir_and_the_c_target_refuses_it():
     A, B = elementwise()
     s = te.create_schedule(B)
