@@ -57,7 +57,7 @@ def _mm_infer(a: dict, x: TensorType, wp: TensorType, bias: TensorType | None = 
     return TensorType((*x.shape[:-1], a["n"]), "float32")
 
 
-@op("BF16MatMulPacked", OUT, infer=_mm_infer, inputs=(2, 3), attrs=[Attr("n", "int")])
+@op("BF16MatMulPacked", OUT, infer=_mm_infer, inputs=(2, 3), attrs=[Attr("n", "int"), Attr("tile_rows", "int", 0)])
 def bf16_matmul_packed(a: dict, x: np.ndarray, wp: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """x [..., M, K] rounded to bfloat16 times the packed bfloat16 weights [K, n] (+ bias), float32 (module doc)."""
     w = I8.unpack_weight(wp, a["n"])[: x.shape[-1]].astype(np.float64)
@@ -114,7 +114,7 @@ def _bf16_matmul_compute(a: dict, x: Tensor, wp: Tensor, bias: Tensor | None = N
         return v if kp == k else te.if_then_else(kk < k, v, te.const(0, "bfloat16"))
 
     A = I8.rows_stage((math.prod(batch) * m, 1, 1, kp), row, "rows_bf16")
-    acc = I8.bf16_acc(A, wp, name="bf16_acc", cfg=a.get(CONFIG_ATTR), rows=m)
+    acc = I8.bf16_acc(A, wp, name="bf16_acc", cfg=a.get(CONFIG_ATTR), rows=m, tile_rows=a.get("tile_rows", 0))
     epi = _epilogue(lambda idx: acc[ravel(idx[:-1], (*batch, m)), idx[-1]], bias)
     nd = len(batch) + 2
     attrs = {"template": "int8_gemm", "acc": acc, "row_axes": (nd - 2,), "col_axis": nd - 1}

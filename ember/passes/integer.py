@@ -447,6 +447,9 @@ def _bf16_product(graph: Graph, core: Node, producers: dict, target: Target) -> 
     nb = I8.choose_nb(co, target, _row_block(core, x, w.shape[3]) if core.op == "Conv" else 0)
     if dot_bf16_isa(isa_features(target), nb) != "avx512_bf16":
         return None
+    tile_rows = 0 if core.op == "Conv" else I8.amx_tile_rows(target, x.shape[-2], co, "bf16")
+    if tile_rows:  # AMX's tiles: panels of 32 columns, tiles of 32 or 16 rows (as an int8 MatMul's)
+        nb = I8.AMX_PANEL
     inputs = [x, new_constant(graph, f"{core.name}_packed_bf16", I8.pack_pairs(w_kn, nb))]
     if b is not None:
         inputs.append(new_constant(graph, f"{core.name}_bias", b.reshape(-1).astype(np.float32)))
@@ -456,6 +459,8 @@ def _bf16_product(graph: Graph, core: Node, producers: dict, target: Target) -> 
                      pads=tuple(core.attrs.get("pads") or (0, 0, 0, 0)),
                      dilations=tuple(core.attrs.get("dilations") or (1, 1)))  # fmt: skip
         return Node("BF16ConvPacked", inputs, list(core.outputs), attrs, core.name)
+    if tile_rows:
+        attrs["tile_rows"] = tile_rows
     return Node("BF16MatMulPacked", inputs, list(core.outputs), attrs, core.name)
 
 

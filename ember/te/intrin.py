@@ -129,12 +129,14 @@ AMX_TILES = 8  # tile registers: the C tiles, a tile of A per 16 rows and a tile
 AMX_ROWS = 8  # rows per call of the vpdpbusd kernel an AMX tile falls back to
 
 
-def amx_tiles(features: frozenset[str], m: int, n: int) -> bool:
+def amx_tiles(features: frozenset[str], m: int, n: int, kind: str = "int8") -> bool:
     """Whether an m x n tile of dot products runs on AMX (Intel's tile registers: `tdpbusd` multiplies a 16 x 64
     byte tile of A by a 16 x 64 byte tile of B, 16K products an instruction): the CPU has amx_int8, and m and n
-    are whole 16 x 16 tiles that, with their tiles of A and B, fit the 8 tile registers (32 x 32, 16 x 48 ...)."""
+    are whole 16 x 16 tiles that, with their tiles of A and B, fit the 8 tile registers (32 x 32, 16 x 48 ...).
+    `kind` "bf16": the same tiles of bfloat16 pairs on amx_bf16 (`tdpbf16ps`), float32 accumulators."""
     have = {feature_key(f) for f in features}  # (cpuinfo's and -mattr's spellings)
-    if not {"amxint8", "amxtile", "avx512vnni"} <= have or m % 16 or n % 16:
+    need = {"amxbf16", "amxtile", "avx512bf16"} if kind == "bf16" else {"amxint8", "amxtile", "avx512vnni"}
+    if not need <= have or m % 16 or n % 16:
         return False
     return (m // 16) * (n // 16) + m // 16 + n // 16 <= AMX_TILES
 
@@ -367,10 +369,47 @@ def dot_bf16_isa(features: frozenset[str], n: int) -> str:
     return "avx512_bf16" if n % 16 == 0 and ("avx512_bf16" in features or "avx512bf16" in features) else "c"
 
 
-def _dot_bf16_c(m: int, n: int, features: frozenset[str], zero: bool = False) -> tuple[str, str]:
-    """C[m x n] += A[m x 2k] . B[k][n][2] in float32 from bfloat16 pairs: `_mm512_dpbf16_ps` (each lane adds
-    a0 * b0 + a1 * b1 of one column's pair; products exact, sums rounded to float32, denormals flushed), or the
-    same sums in portable C (bf16 -> float32 is a 16-bit shift). `zero`: C = A . B (the tile is not read)."""
+def _dot_bf16_amx_c(m: int, n: int, features: frozenset[str], zero: bool) -> tuple[str, str]:
+    """C[m x n] (+)= A . B in float32 from bfloat16 pairs on AMX tiles (`amx_tiles(..., "bf16")`: `tdpbf16ps`
+    multiplies 16 rows x 32 bfloat16 of A by 16 pairs x 16 columns of B, B's packed panel rows as they are).
+    Where the process may not use AMX, or K is not a multiple of 32, the vdpbf16ps kernel on blocks of AMX_ROWS
+    rows. Products are exact and sums float32 either way; the order of the sums differs (not bit-equal)."""
+    mt, nt = m // 16, n // 16
+    name = f"ember_dot_bf16_{m}x{n}_amx{'_set' if zero else ''}"
+    fb_name, fb_code = _dot_bf16_c(AMX_ROWS, n, features, zero, amx=False)
+    c_tile = [[r * nt + j for j in range(nt)] for r in range(mt)]
+    a_tile = [mt * nt + r for r in range(mt)]
+    b_tile = [mt * nt + mt + j for j in range(nt)]
+    lines = [f"  /* C[{m}x{n}] {'=' if zero else '+='} A[{m}x2k] . B[k][{n}][2] on AMX: {mt} x {nt} tiles of 16 x 16 "
+             f"float32, {mt} of A and {nt} of B per 32 bfloat16 of K */",
+             "  if (k2 % 16 == 0 && ember_amx_ready()) {",
+             "    ember_amx_config();"]  # fmt: skip
+    for r in range(mt):
+        for j in range(nt):
+            lines.append(f"    _tile_zero({c_tile[r][j]});" if zero else
+                         f"    _tile_loadd({c_tile[r][j]}, c + {16 * r} * ldc + {16 * j}, ldc * 4);")  # fmt: skip
+    lines.append("    for (long p = 0; p < k2; p += 16) {")
+    lines += [f"      _tile_loadd({a_tile[r]}, a + {16 * r} * lda + 2 * p, lda * 2);" for r in range(mt)]
+    lines += [f"      _tile_loadd({b_tile[j]}, b + p * ldb + {32 * j}, ldb * 2);" for j in range(nt)]
+    lines += [f"      _tile_dpbf16ps({c_tile[r][j]}, {a_tile[r]}, {b_tile[j]});" for r in range(mt) for j in range(nt)]
+    lines.append("    }")
+    lines += [f"    _tile_stored({c_tile[r][j]}, c + {16 * r} * ldc + {16 * j}, ldc * 4);"
+              for r in range(mt) for j in range(nt)]  # fmt: skip
+    lines += ["    return;", "  }",
+              f"  for (int r = 0; r < {m}; r += {AMX_ROWS}) {fb_name}(c + r * ldc, ldc, a + r * lda, lda, b, ldb, k2);"]
+    head = f"static inline void {name}(float* c, long ldc, const uint16_t* a, long lda, const uint16_t* b, long ldb, " \
+           "long k2) {\n"  # fmt: skip
+    return name, "#include <immintrin.h>\n#include <string.h>\n" + _AMX_HELPERS + fb_code + "\n" + head + \
+        "\n".join(lines) + "\n}"
+
+
+def _dot_bf16_c(m: int, n: int, features: frozenset[str], zero: bool = False, amx: bool = True) -> tuple[str, str]:
+    """C[m x n] += A[m x 2k] . B[k][n][2] in float32 from bfloat16 pairs: on AMX tiles where they fit
+    (`_dot_bf16_amx_c`), else `_mm512_dpbf16_ps` (each lane adds a0 * b0 + a1 * b1 of one column's pair;
+    products exact, sums rounded to float32, denormals flushed), or the same sums in portable C (bf16 -> float32
+    is a 16-bit shift). `zero`: C = A . B (the tile is not read)."""
+    if amx and amx_tiles(features, m, n, "bf16"):
+        return _dot_bf16_amx_c(m, n, features, zero)
     isa = dot_bf16_isa(features, n)
     name = f"ember_dot_bf16_{m}x{n}_{isa}{'_set' if zero else ''}"
     head = f"static inline void {name}(float* c, long ldc, const uint16_t* a, long lda, const uint16_t* b, long ldb, " \
@@ -412,7 +451,8 @@ def _dot_bf16_c(m: int, n: int, features: frozenset[str], zero: bool = False) ->
             "    }\n"
         )
         include = ""
-    return name, include + head + body + "}"
+    guard = f"#ifndef {name.upper()}\n#define {name.upper()}\n"  # (the AMX kernels' fallback may define it first)
+    return name, include + guard + head + body + "}\n#endif"
 
 
 INTRINSICS: dict[str, Intrinsic] = {

@@ -67,11 +67,11 @@ def choose_nb(n: int, target: Target | None = None, rows: int = 0, product_rows:
 AMX_PANEL = 32  # columns of a packed panel where products run on AMX: 2 x 2 tiles of 16 x 16 with 32 rows
 
 
-def amx_tile_rows(target: Target | None, rows: int, n: int) -> int:
+def amx_tile_rows(target: Target | None, rows: int, n: int, kind: str = "int8") -> int:
     """The tile height of a product of `rows` rows (a MatMul's M) on a target with AMX (`ember.te.intrin.amx_tiles`,
-    panels of AMX_PANEL columns): 32 where 32 divides the rows, else 16; 0 without AMX, for too few rows or
-    columns, or rows no tile height divides."""
-    if target is None or rows <= 0 or n < AMX_PANEL or not amx_tiles(isa_features(target), 16, AMX_PANEL):
+    panels of AMX_PANEL columns; `kind` "bf16": amx_bf16's tiles): 32 where 32 divides the rows, else 16; 0
+    without AMX, for too few rows or columns, or rows no tile height divides."""
+    if target is None or rows <= 0 or n < AMX_PANEL or not amx_tiles(isa_features(target), 16, AMX_PANEL, kind):
         return 0
     return next((r for r in (32, 16) if rows % r == 0), 0)
 
@@ -270,11 +270,12 @@ def pack_pairs(w_kn: np.ndarray, nb: int) -> np.ndarray:
     return _pack_panels(w_kn, nb, 2, w_kn.dtype, "pack_pairs")
 
 
-def bf16_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = None, rows: int = 0) -> Tensor:
+def bf16_acc(a: Tensor, wp: Tensor, name: str = "acc", cfg: ConfigBase | None = None, rows: int = 0,
+             tile_rows: int = 0) -> Tensor:  # fmt: skip
     """`int8_acc` in bfloat16: acc[i, j] (float32) = sum of float32(A[i, kh, kw, c]) * float32(W[j, (kh, kw, c)])
     for A [M, KH, KW, Cp] and W packed [Np / nb, KH * KW * Cp / 2, nb, 2] bfloat16 (`pack_pairs`), on the
-    `dot_bf16` intrinsic (the same tiles and schedule: `schedule_int8`)."""
-    return _packed_acc(a, wp, 2, "float32", "bf16_acc", name, cfg, rows, {"intrinsic": "dot_bf16"})
+    `dot_bf16` intrinsic (the same tiles and schedule: `schedule_int8`; `tile_rows` AMX's, as `int8_acc`)."""
+    return _packed_acc(a, wp, 2, "float32", "bf16_acc", name, cfg, rows, {"intrinsic": "dot_bf16"}, tile_rows)
 
 
 def int8_acc_batched(a: Tensor, wp: Tensor, m: int, name: str = "acc", cfg: ConfigBase | None = None,

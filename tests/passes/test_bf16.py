@@ -61,14 +61,19 @@ def within(y: np.ndarray, exact: np.ndarray, magnitude: np.ndarray, k: int) -> N
 
 @needs_bf16
 @pytest.mark.parametrize("target", ["c -threads=1", "c -threads=2"])
-@pytest.mark.parametrize("m, k, n", [(12, 40, 48), (5, 37, 20)])
+@pytest.mark.parametrize("m, k, n", [(12, 40, 48), (5, 37, 20), (32, 96, 64), (48, 40, 32)])
 def test_matmul_in_bf16_matches_numpy(target, m, k, n):
+    """(32, 96, 64) and (48, 40, 32): whole AMX tiles of rows and columns (K a multiple of 32, and not: the
+    vdpbf16ps kernel inside the AMX call) where the CPU has amx_bf16."""
     rng = np.random.default_rng(k)
     w, b = rng.normal(size=(k, n)), rng.normal(size=n)
     model = bf16_layer("MatMul", (2, m, k), w, b, (2, m, n))
     assert "BF16MatMulPacked" in ops_after_passes(model)
     x = rng.normal(size=(2, m, k)).astype(np.float32)
-    y = ember.compile(model, target=target)(x)
+    compiled = ember.compile(model, target=target)
+    amx = "amx_bf16" in host_cpu_flags() and m % 16 == 0 and n >= 32
+    assert ("_amx" in compiled.source) == amx
+    y = compiled(x)
     wr = rounded(w)
     within(y, rounded(x) @ wr + b.astype(np.float32), np.abs(rounded(x)) @ np.abs(wr) + np.abs(b), k)
 

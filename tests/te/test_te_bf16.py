@@ -83,3 +83,19 @@ def test_tensorize_bf16_in_the_loop_ir():
     A, B, C = gemm(8, 32, 16, 32)
     text = str(ember.lower(tensorized(C, 4, 32), [A, B, C]))
     assert "dot_bf16(address_of(C[" in text
+
+
+@pytest.mark.parametrize("mr, nb", [(32, 32), (16, 48), (16, 16)])
+@pytest.mark.parametrize("k", [128, 72])
+def test_amx_bf16_tiles(mr, nb, k):
+    """Tiles of whole 16 x 16 blocks run on AMX's tile registers (`tdpbf16ps`) where the CPU has amx_bf16: within
+    the float32 rounding of the sums, for K a multiple of 32 (tiles) and not (the vdpbf16ps kernel, by blocks of 8
+    rows); the same tile without AMX (-mattr=-amx-bf16) calls the vdpbf16ps kernel."""
+    if "amx_bf16" not in host_cpu_flags():
+        pytest.skip("this CPU has no AMX")
+    m, n = 2 * mr, 2 * nb
+    A, B, C = gemm(m, n, k, nb)
+    for target in ("c", "c -mattr=-amx-bf16"):
+        f = ember.build(tensorized(C, mr, nb), [A, B, C], target=target)
+        assert (f"ember_dot_bf16_{mr}x{nb}_amx(" in f.source) == (target == "c")
+        check(f, m, n, k, nb, seed=mr + nb + k)
