@@ -514,6 +514,8 @@ class CCodegen:
             fname, code = intr.c_impl(int(m), int(n), isa_features(self.target), zero)
             args = [self.expr(a) for a in e.args[:6]] + [self.expr(e.args[8])]
             return f"{self.helper(fname, code)}({', '.join(args)})"
+        if e.name in ("round_bf16", "round_f16"):  # float32 rounded to a 16-bit float (`vectorize._half_round_trips`)
+            return self.half_round(e)
         if e.name == "round" and e.dtype.lanes > 1:
             op = "roundscale_ps" if e.dtype.lanes == 16 else "round_ps"
             rounded = self.x86_vector_fn(op, e.args[0], e.dtype, "_MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC")
@@ -521,6 +523,31 @@ class CCodegen:
                 return rounded
         text = self.lanewise(e.name, list(e.args), e.dtype)
         return f"{self.half_helper(e.dtype, 'round')}({text})" if e.dtype.is_half else text
+
+    def half_round(self, e: Call) -> str:
+        """float32 lanes rounded to bfloat16 (to nearest even, NaN kept quiet: `ember_f32_to_bf16`'s rule) in
+        integer operations on the whole vector; float16 lane by lane (its rounding has subnormals and overflow)."""
+        half = DType("bfloat16" if e.name == "round_bf16" else "float16")
+        x = self.expr(e.args[0])
+        if e.dtype.lanes == 1:
+            return f"{self.half_helper(half, 'round')}({x})"
+        t, n = self.ctype(e.dtype), e.dtype.lanes
+        if half.name == "float16":
+            one = self.half_helper(half, "round")
+            name = f"ember_round_f16_{t}"
+            code = (f"static inline {t} {name}({t} f) {{\n  {t} y;\n"
+                    f"  for (int l = 0; l < {n}; ++l) y[l] = {one}(f[l]);\n  return y;\n}}")  # fmt: skip
+            return f"{self.helper(name, code)}({x})"
+        u = self.ctype(DType("uint32", n))
+        name = f"ember_round_bf16_{t}"
+        code = (f"static inline {t} {name}({t} f) {{\n"
+                f"  {u} x; __builtin_memcpy(&x, &f, sizeof x);\n"
+                f"  {u} r = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;\n"
+                f"  {u} q = (x | 0x400000u) & 0xffff0000u;  /* a NaN stays a (quiet) NaN */\n"
+                f"  {u} nan = ({u})((x & 0x7fffffffu) > 0x7f800000u);\n"
+                f"  r = (r & ~nan) | (q & nan);\n"
+                f"  {t} y; __builtin_memcpy(&y, &r, sizeof y); return y;\n}}")  # fmt: skip
+        return f"{self.helper(name, code)}({x})"
 
     def half_helper(self, dt: DType, what: str) -> str:
         """ember_{f16,bf16}_{to_f32, from_f32, round}: 16-bit float storage converted in software (RNE)."""

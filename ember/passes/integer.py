@@ -383,6 +383,11 @@ STEM_CHANNELS = 16  # fewer input channels (an image's stem): the float NCHWc co
 # channels that gather costs more than the blocked float32 kernel saves (MobileNetV2 at 1 thread: 33.2 ms in bf16
 # with every convolution converted, 9.5 ms from 64 channels, 7.6 ms from 128; float32 6.5 ms; ResNet-50 unchanged)
 BF16_MIN_CHANNELS = 128
+# Whether bfloat16 convolutions become BF16ConvPacked (im2col, then vdpbf16ps) at all: off, because the float32
+# NCHWc kernels on the rounded operands were faster on every model measured (Xeon with avx512_bf16 and AMX, whole
+# models with all other convolutions float: ResNet-50 76.8 -> 56.3 ms, ResNet-18 25.2 -> 23.0, 1 thread; an EPYC
+# measured ResNet-50 no faster either). The rounding stays in the float kernels' epilogues, vectorized.
+BF16_CONVS = False
 
 
 def _bf16_activation(v: Value, producers: dict) -> Value | None:
@@ -425,7 +430,8 @@ def _bf16_product(graph: Graph, core: Node, producers: dict, target: Target) -> 
         if w.ndim != 4 or len(x.shape) != 4 or core.attrs.get("group", 1) != 1:
             return None
         co, c, kh, kw = w.shape
-        if min(c, co) < BF16_MIN_CHANNELS or _winograd_wins(core, x, co, tuple(core.outputs[0].shape)):
+        small = min(c, co) < BF16_MIN_CHANNELS
+        if not BF16_CONVS or small or _winograd_wins(core, x, co, tuple(core.outputs[0].shape)):
             return None  # the float layout pass's kernels are faster for these
         cp = -(-c // 2) * 2
         wpad = np.zeros((co, cp, kh, kw), w.dtype)

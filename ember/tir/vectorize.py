@@ -318,6 +318,7 @@ def vectorize_loop(loop: For) -> Stmt:
         from .functor import substitute
 
         return substitute(loop.body, {loop.var: loop.min})  # type: ignore[return-value]
+    loop = _half_round_trips(loop)
     half = [n for n in walk(loop.body) if isinstance(n, Expr) and n.dtype.is_half]
     if half or any(isinstance(n, Load | Store) and n.buffer.dtype.is_half for n in walk(loop.body)):
         return _fallback(loop, "16-bit floats are converted element by element")
@@ -334,6 +335,26 @@ def vectorize_loop(loop: For) -> Stmt:
         return _Vectorizer(loop.var, loop.min, lanes).stmt(loop.body)
     except CannotVectorize as e:
         return _fallback(loop, str(e))
+
+
+HALF_ROUND = {"bfloat16": "round_bf16", "float16": "round_f16"}  # Call names: float32 rounded to a 16-bit float
+
+
+def _half_round_trips(loop: For) -> For:
+    """float32(half(x)) of a float32 x (an activation rounded to bfloat16 between two float32 kernels, as
+    `ember.quantize(precision="bf16")` writes it) as Call("round_bf16" | "round_f16", x): a float32 operation
+    the vector code does in registers (C: integer bit operations on the lanes), where the 16-bit value itself
+    would send the loop to scalar code."""
+
+    def post(e):
+        if (isinstance(e, Cast) and e.dtype.name == "float32" and isinstance(e.value, Cast)
+                and e.value.dtype.name in HALF_ROUND and e.value.value.dtype.name == "float32"):  # fmt: skip
+            return Call(HALF_ROUND[e.value.dtype.name], (e.value.value,), e.dtype)
+        return None
+
+    body = transform(loop.body, post)
+    return loop if body is loop.body else For(loop.var, loop.min, loop.extent, loop.kind, body, loop.thread_tag,
+                                              loop.annotations)  # fmt: skip
 
 
 def _lane_guard(loop: For, lanes: int) -> Stmt:

@@ -83,3 +83,30 @@ def test_float16_model_accumulates_in_float32_like_numpy():
         for dx in range(3):
             ref += np.einsum("nchw,oc->nohw", pad[:, :, dy : dy + 9, dx : dx + 9], k[:, :, dy, dx].astype(np.float32))
     np.testing.assert_allclose(c.astype(np.float32), ref.astype(np.float16).astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("dt,npdt", [("bfloat16", ml_dtypes.bfloat16), ("float16", np.float16)])
+def test_rounding_through_a_16_bit_float_stays_vectorized(dt, npdt):
+    """float32(half(x)) of float32 values (an activation rounded to bfloat16 between float32 kernels, as
+    quantize(precision="bf16") writes it) keeps its loop vectorized: bfloat16 in integer operations on the vector
+    (to nearest even, NaN kept a NaN), float16 lane by lane; the values ml_dtypes'/numpy's, ties, infinities,
+    NaN, subnormals and the float16 overflow included."""
+    n = 100
+    X = te.placeholder((n,), "float32", name="X")
+    Y = te.compute((n,), lambda i: te.cast(te.cast(X[i], dt), "float32") * 2.0, name="Y")
+    s = te.create_schedule(Y)
+    _, xi = s[Y].split(Y.op.axis[0], 16)
+    s[Y].vectorize(xi)
+    f = ember.build(s, [X, Y])
+    assert f"ember_round_{'bf16' if dt == 'bfloat16' else 'f16'}_float32x16(" in f.source
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(n) * 1e3).astype(np.float32)
+    ties = np.array([0x3F808000, 0x3F818000, 0x477FF000, 0x00008000], np.uint32).view(np.float32)  # bf16 ties
+    x[: ties.size] = ties
+    x[10:16] = [np.inf, -np.inf, np.nan, 1e-40, 7e4, -0.0]
+    y = np.zeros(n, np.float32)
+    f(x, y)
+    with np.errstate(over="ignore"):
+        want = x.astype(npdt).astype(np.float32) * np.float32(2.0)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    np.testing.assert_array_equal(y[~np.isnan(y)], want[~np.isnan(want)])

@@ -95,6 +95,7 @@ def test_gemm_trans_b_in_bf16_matches_numpy():
                                                          (16, 16, 6, 3, 1, 1)])  # fmt: skip
 def test_conv_in_bf16_matches_torch(c, co, size, k, stride, pad, monkeypatch):
     torch = pytest.importorskip("torch", reason="the reference convolution")
+    monkeypatch.setattr(integer, "BF16_CONVS", True)  # (off by default: the float kernels are faster)
     monkeypatch.setattr(integer, "BF16_MIN_CHANNELS", 16)  # small layers, to test the kernel quickly
     rng = np.random.default_rng(c * co)
     w, b = rng.normal(size=(co, c, k, k)) / np.sqrt(c * k * k), rng.normal(size=co)
