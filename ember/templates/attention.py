@@ -169,8 +169,8 @@ def schedule_attention(attrs: dict, outs: Sequence[Tensor], target: Target) -> t
             _, fi = st.split(ax[-1], lanes)
             st.vectorize(fi)
     for st in s.stages:  # prologues fused into the kernel (the heads' reshapes and transposes): read in place
-        op = st.op
-        if st.attach == "root" and not st.is_placeholder and not st.is_output and not op.tag \
+        op = st.op  # (a transpose's tag is for its standalone tiles: here it is read in place like a reshape)
+        if st.attach == "root" and not st.is_placeholder and not st.is_output and op.tag in ("", "transpose") \
                 and not isinstance(op.body, Reduce) and not op.attrs.get("materialize"):  # fmt: skip
             st.compute_inline()
     if target.num_cores > 1:

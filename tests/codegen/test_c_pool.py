@@ -3,6 +3,7 @@ with chunks that do not divide the loop, beside a busy process, from several hos
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -193,3 +194,36 @@ def test_more_threads_than_cores_beside_a_busy_core_do_not_hang():
         spinner.wait()
     assert not worker.is_alive(), "parallel regions with more threads than cores did not finish within 60 s"
     assert not errors, errors[0]
+
+
+PINNED = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+from test_c_pool import rows_kernel
+f = rows_kernel()
+f.set_num_threads(2)
+f(np.ones((203, 37), np.float32), np.ones((37, 8), np.float32), np.empty((203, 8), np.float32))
+allowed = sorted(os.sched_getaffinity(0))
+for _ in range(100):  # the worker pins itself when it starts: wait for it
+    single = sorted(next(iter(a)) for a in (os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task"))
+                    if len(a) == 1)
+    if single or len(os.listdir("/proc/self/task")) > 1 and os.environ["EMBER_POOL_PIN"] == "0":
+        break
+    time.sleep(0.05)
+print(json.dumps([allowed[1], single]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning spreads workers over the CPUs Linux lets the process use (2 or more)")
+@pytest.mark.parametrize("pin", ["1", "0"])
+def test_workers_keep_to_their_own_cpu(pin):
+    """A worker keeps to the k-th CPU the process may use (the first is the caller's): woken after a pause, an
+    unpinned worker is placed on the caller's CPU and shares it until the load balancer moves one of them.
+    EMBER_POOL_PIN=0 leaves the workers unpinned."""
+    env = {**os.environ, "EMBER_POOL_PIN": pin, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", PINNED, os.path.dirname(__file__)], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout  # fmt: skip
+    second, single = json.loads(out.strip().splitlines()[-1])
+    assert single == ([second] if pin == "1" else [])
