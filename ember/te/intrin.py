@@ -105,7 +105,8 @@ def _signature(a_signed: bool) -> str:
 def dot_u8s8_isa(features: frozenset[str], n: int, a_signed: bool = False) -> str:
     """The implementation used for n columns on a target with these features (`isa_features`): avx512_vnni,
     avx2, neon_dotprod (u8 x s8 only), or c. `a_signed`: the s8 x u8 form (`dot_s8u8`)."""
-    if (n % 16 == 0 or a_signed) and ("avx512_vnni" in features or "avx512vnni" in features):
+    have = {feature_key(f) for f in features}  # (cpuinfo's and -mattr's spellings)
+    if (n % 16 == 0 or a_signed) and "avx512vnni" in have:
         return "avx512_vnni"  # dot_s8u8: any n, the last vector masked
     if n % 8 == 0 and "avx2" in features:
         return "avx2"
@@ -366,7 +367,7 @@ def _f32(v):
 
 def dot_bf16_isa(features: frozenset[str], n: int) -> str:
     """The implementation of `dot_bf16` for n columns: avx512_bf16 (vdpbf16ps, 16 columns a vector), or c."""
-    return "avx512_bf16" if n % 16 == 0 and ("avx512_bf16" in features or "avx512bf16" in features) else "c"
+    return "avx512_bf16" if n % 16 == 0 and "avx512bf16" in {feature_key(f) for f in features} else "c"
 
 
 def _dot_bf16_amx_c(m: int, n: int, features: frozenset[str], zero: bool) -> tuple[str, str]:
