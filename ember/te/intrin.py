@@ -172,39 +172,48 @@ static inline void ember_amx_config(void) {
 """
 
 
-def _dot_amx_c(m: int, n: int, features: frozenset[str], a_signed: bool, zero: bool) -> tuple[str, str]:
-    """C[m x n] (+)= A . B on AMX tiles (`amx_tiles`): C in 16 x 16 int32 tiles, K in steps of 16 groups of 4 (64
-    bytes of a row of A; B's panel rows are the tile's rows as packed, 4 bytes a column). Where the process may
-    not use AMX, or K is not a multiple of 64 bytes, the vpdpbusd kernel on blocks of AMX_ROWS rows."""
+def _amx_kernel_c(name: str, signature: str, m: int, n: int, zero: bool, k: str, group: int, esize: int, dp: str,
+                  fallback: tuple[str, str], what: str) -> tuple[str, str]:  # fmt: skip
+    """The C of an AMX tile kernel C[m x n] (+)= A . B (`amx_tiles`): C in 16 x 16 tiles of 32-bit accumulators, K in
+    steps of 16 groups of `group` elements of `esize` bytes (64 bytes of a row of A; B's panel rows are the tile's
+    rows as packed), the product instruction `dp`. Where the process may not use AMX, or `k` (the groups of K) is
+    not a multiple of 16, the `fallback` kernel (name, code) on blocks of AMX_ROWS rows."""
     mt, nt = m // 16, n // 16
-    tag = "s8u8" if a_signed else "u8s8"
-    name = f"ember_dot_{tag}_{m}x{n}_amx{'_set' if zero else ''}"
-    fb_name, fb_code = _dot_c(AMX_ROWS, n, features, a_signed, zero)
-    dp = "_tile_dpbsud" if a_signed else "_tile_dpbusd"
+    fb_name, fb_code = fallback
     c_tile = [[r * nt + j for j in range(nt)] for r in range(mt)]
     a_tile = [mt * nt + r for r in range(mt)]
     b_tile = [mt * nt + mt + j for j in range(nt)]
-    lines = [f"  /* C[{m}x{n}] {'=' if zero else '+='} A[{m}x4k] . B[k][{n}][4] on AMX: {mt} x {nt} tiles of 16 x 16 "
-             f"int32, {mt} of A and {nt} of B per 64 bytes of K */",
-             "  if (k4 % 16 == 0 && ember_amx_ready()) {",
+    stride = "" if esize == 1 else f" * {esize}"
+    lines = [f"  /* C[{m}x{n}] {'=' if zero else '+='} A . B on AMX: {mt} x {nt} tiles of 16 x 16 {what}, {mt} of A "
+             f"and {nt} of B per 64 bytes of K */",
+             f"  if ({k} % 16 == 0 && ember_amx_ready()) {{",
              "    ember_amx_config();"]  # fmt: skip
     for r in range(mt):
         for j in range(nt):
-            addr = f"c + {16 * r} * ldc + {16 * j}"
             lines.append(f"    _tile_zero({c_tile[r][j]});" if zero else
-                         f"    _tile_loadd({c_tile[r][j]}, {addr}, ldc * 4);")  # fmt: skip
-    lines.append("    for (long p = 0; p < k4; p += 16) {")
-    lines += [f"      _tile_loadd({a_tile[r]}, a + {16 * r} * lda + 4 * p, lda);" for r in range(mt)]
-    lines += [f"      _tile_loadd({b_tile[j]}, b + p * ldb + {64 * j}, ldb);" for j in range(nt)]
+                         f"    _tile_loadd({c_tile[r][j]}, c + {16 * r} * ldc + {16 * j}, ldc * 4);")  # fmt: skip
+    lines.append(f"    for (long p = 0; p < {k}; p += 16) {{")
+    lines += [f"      _tile_loadd({a_tile[r]}, a + {16 * r} * lda + {group} * p, lda{stride});" for r in range(mt)]
+    lines += [f"      _tile_loadd({b_tile[j]}, b + p * ldb + {16 * group * j}, ldb{stride});" for j in range(nt)]
     lines += [f"      {dp}({c_tile[r][j]}, {a_tile[r]}, {b_tile[j]});" for r in range(mt) for j in range(nt)]
     lines.append("    }")
     lines += [f"    _tile_stored({c_tile[r][j]}, c + {16 * r} * ldc + {16 * j}, ldc * 4);"
               for r in range(mt) for j in range(nt)]  # fmt: skip
-    lines += ["    return;", "  }",
-              f"  for (int r = 0; r < {m}; r += {AMX_ROWS}) {fb_name}(c + r * ldc, ldc, a + r * lda, lda, b, ldb, k4);"]
-    head = f"static inline void {name}{_signature(a_signed)} {{\n"
+    fb = f"{fb_name}(c + r * ldc, ldc, a + r * lda, lda, b, ldb, {k});"
+    lines += ["    return;", "  }", f"  for (int r = 0; r < {m}; r += {AMX_ROWS}) {fb}"]
+    head = f"static inline void {name}{signature} {{\n"
     return name, "#include <immintrin.h>\n#include <string.h>\n" + _AMX_HELPERS + fb_code + "\n" + head + \
         "\n".join(lines) + "\n}"
+
+
+def _dot_amx_c(m: int, n: int, features: frozenset[str], a_signed: bool, zero: bool) -> tuple[str, str]:
+    """C[m x n] (+)= A . B on AMX tiles (`amx_tiles`): `tdpbusd` (`tdpbsud` for A signed), int32 accumulators, K in
+    groups of 4 bytes; where AMX is refused or K is no multiple of 64 bytes, the vpdpbusd kernel (`_amx_kernel_c`)."""
+    tag = "s8u8" if a_signed else "u8s8"
+    name = f"ember_dot_{tag}_{m}x{n}_amx{'_set' if zero else ''}"
+    dp = "_tile_dpbsud" if a_signed else "_tile_dpbusd"
+    return _amx_kernel_c(name, _signature(a_signed), m, n, zero, "k4", 4, 1, dp,
+                         _dot_c(AMX_ROWS, n, features, a_signed, zero), "int32")  # fmt: skip
 
 
 def _dot_s8u8_256_c(m: int, n: int, features: frozenset[str], zero: bool = False) -> tuple[str, str]:
@@ -375,33 +384,10 @@ def _dot_bf16_amx_c(m: int, n: int, features: frozenset[str], zero: bool) -> tup
     multiplies 16 rows x 32 bfloat16 of A by 16 pairs x 16 columns of B, B's packed panel rows as they are).
     Where the process may not use AMX, or K is not a multiple of 32, the vdpbf16ps kernel on blocks of AMX_ROWS
     rows. Products are exact and sums float32 either way; the order of the sums differs (not bit-equal)."""
-    mt, nt = m // 16, n // 16
     name = f"ember_dot_bf16_{m}x{n}_amx{'_set' if zero else ''}"
-    fb_name, fb_code = _dot_bf16_c(AMX_ROWS, n, features, zero, amx=False)
-    c_tile = [[r * nt + j for j in range(nt)] for r in range(mt)]
-    a_tile = [mt * nt + r for r in range(mt)]
-    b_tile = [mt * nt + mt + j for j in range(nt)]
-    lines = [f"  /* C[{m}x{n}] {'=' if zero else '+='} A[{m}x2k] . B[k][{n}][2] on AMX: {mt} x {nt} tiles of 16 x 16 "
-             f"float32, {mt} of A and {nt} of B per 32 bfloat16 of K */",
-             "  if (k2 % 16 == 0 && ember_amx_ready()) {",
-             "    ember_amx_config();"]  # fmt: skip
-    for r in range(mt):
-        for j in range(nt):
-            lines.append(f"    _tile_zero({c_tile[r][j]});" if zero else
-                         f"    _tile_loadd({c_tile[r][j]}, c + {16 * r} * ldc + {16 * j}, ldc * 4);")  # fmt: skip
-    lines.append("    for (long p = 0; p < k2; p += 16) {")
-    lines += [f"      _tile_loadd({a_tile[r]}, a + {16 * r} * lda + 2 * p, lda * 2);" for r in range(mt)]
-    lines += [f"      _tile_loadd({b_tile[j]}, b + p * ldb + {32 * j}, ldb * 2);" for j in range(nt)]
-    lines += [f"      _tile_dpbf16ps({c_tile[r][j]}, {a_tile[r]}, {b_tile[j]});" for r in range(mt) for j in range(nt)]
-    lines.append("    }")
-    lines += [f"    _tile_stored({c_tile[r][j]}, c + {16 * r} * ldc + {16 * j}, ldc * 4);"
-              for r in range(mt) for j in range(nt)]  # fmt: skip
-    lines += ["    return;", "  }",
-              f"  for (int r = 0; r < {m}; r += {AMX_ROWS}) {fb_name}(c + r * ldc, ldc, a + r * lda, lda, b, ldb, k2);"]
-    head = f"static inline void {name}(float* c, long ldc, const uint16_t* a, long lda, const uint16_t* b, long ldb, " \
-           "long k2) {\n"  # fmt: skip
-    return name, "#include <immintrin.h>\n#include <string.h>\n" + _AMX_HELPERS + fb_code + "\n" + head + \
-        "\n".join(lines) + "\n}"
+    signature = "(float* c, long ldc, const uint16_t* a, long lda, const uint16_t* b, long ldb, long k2)"
+    return _amx_kernel_c(name, signature, m, n, zero, "k2", 2, 2, "_tile_dpbf16ps",
+                         _dot_bf16_c(AMX_ROWS, n, features, zero, amx=False), "float32")  # fmt: skip
 
 
 def _dot_bf16_c(m: int, n: int, features: frozenset[str], zero: bool = False, amx: bool = True) -> tuple[str, str]:
