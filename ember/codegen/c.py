@@ -37,7 +37,7 @@ from ..tir.stmt import (
     Store,
     size_params,
 )  # fmt: skip
-from ..tir.vectorize import lane_mask, mask_bits
+from ..tir.vectorize import HALF_ROUND, lane_mask, mask_bits
 from .c_pool import POOL_DECL, POOL_SOURCE
 from .narrow import c_function
 from .vmath import EXP2_TABLE, c_vector_exp, exp2_table_values, vector_exp, wants_arithmetic_exp
@@ -514,7 +514,7 @@ class CCodegen:
             fname, code = intr.c_impl(int(m), int(n), isa_features(self.target), zero)
             args = [self.expr(a) for a in e.args[:6]] + [self.expr(e.args[8])]
             return f"{self.helper(fname, code)}({', '.join(args)})"
-        if e.name in ("round_bf16", "round_f16"):  # float32 rounded to a 16-bit float (`vectorize._half_round_trips`)
+        if e.name in HALF_ROUND.values():  # float32 rounded to a 16-bit float (`vectorize._half_round_trips`)
             return self.half_round(e)
         if e.name == "round" and e.dtype.lanes > 1:
             op = "roundscale_ps" if e.dtype.lanes == 16 else "round_ps"
@@ -527,7 +527,7 @@ class CCodegen:
     def half_round(self, e: Call) -> str:
         """float32 lanes rounded to bfloat16 (to nearest even, NaN kept quiet: `ember_f32_to_bf16`'s rule) in
         integer operations on the whole vector; float16 lane by lane (its rounding has subnormals and overflow)."""
-        half = DType("bfloat16" if e.name == "round_bf16" else "float16")
+        half = DType(next(h for h, name in HALF_ROUND.items() if name == e.name))
         x = self.expr(e.args[0])
         if e.dtype.lanes == 1:
             return f"{self.half_helper(half, 'round')}({x})"

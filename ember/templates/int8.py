@@ -432,26 +432,27 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
     O = s[out]
     b, o, h, w = O.op.axis
     wt, x4 = acc.op.inputs[:2]
-    channels_outer = math.prod(wt.shape) >= math.prod(x4.shape[1:])
     oo, oi = O.split(o, plan.mr)
     lanes = target.vector_lanes(32)
     grid_rows = acc.op.attrs.get("grid_rows", 0)
     if grid_rows:  # AMX on whole padded rows: a tile of grid_rows image rows, each row's pixels in masked vectors
         po, pi = O.split(h, grid_rows)
-        O.reorder(b, oo, po, oi, pi, w) if channels_outer else O.reorder(b, po, oo, oi, pi, w)
+    else:
+        po, pi = O.split(O.fuse(h, w), plan.nb)
+    outer = (oo, po) if math.prod(wt.shape) >= math.prod(x4.shape[1:]) else (po, oo)  # the channel tiles outer?
+    O.reorder(b, *outer, oi, pi, *([w] if grid_rows else []))
+    if grid_rows:
         if out.shape[3] > lanes:
             _, w = O.split(w, lanes)
         O.vectorize(w)
     else:
-        po, pi = O.split(O.fuse(h, w), plan.nb)
-        O.reorder(b, oo, po, oi, pi) if channels_outer else O.reorder(b, po, oo, oi, pi)
         # whole output rows, which 16 does not always divide (56, 28, 98): `wx_epilogue_width`
         whole = plan.nb == out.shape[2] * out.shape[3]
         width = wx_epilogue_width(plan.nb, whole, acc.shape[2] == out.shape[2] * out.shape[3], lanes)
         if width:
             _, pii = O.split(pi, width)
             O.vectorize(pii)
-    tile = po if channels_outer else oo  # the loop of one tile
+    tile = outer[1]  # the loop of one tile
     accl = s.cache_write(acc, "local")
     s[acc].compute_inline()
     L = s[accl]
@@ -463,7 +464,7 @@ def _schedule_wx(s: te.Schedule, out: Tensor, acc: Tensor, target: Target) -> se
         L.storage_align(16)  # the tile's last row ends short of its 16-column tile (`dot_s8u8_rows`)
     big = target.num_cores > 1 and math.prod(acc.shape) * acc.op.reduce_axis[2].dom[1] >= 1 << 16
     if big:  # the threads share the pixel panels and the channel tiles: a 7 x 7 or 14 x 14 image is one panel
-        tile = O.fuse(b, oo, po) if channels_outer else O.fuse(b, po, oo)
+        tile = O.fuse(b, *outer)
         O.parallel(tile)
     L.compute_at(O, tile)
     done = {O.name, L.name}
