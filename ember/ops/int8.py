@@ -231,8 +231,8 @@ def _amx_rows(a: dict, x_shape: tuple[int, ...]) -> bool:
     if not a.get("amx") or _phase_grid(a, x_shape) is not None:
         return False
     _, oh, wpad = _wx_grid(a, x_shape)
-    return wpad != _conv_geometry(a, x_shape)[0][1] and I8.amx_wx_tile(oh, wpad, a["n"], False,
-                                                                       -(-x_shape[1] // 4) * 4)[0] > 0  # fmt: skip
+    (_, ow), cp = _conv_geometry(a, x_shape)
+    return wpad != ow and I8.amx_wx_tile(oh, wpad, a["n"], False, cp)[0] > 0
 
 
 def wx_columns(a: dict, x_shape: tuple[int, ...]) -> int:
@@ -289,11 +289,11 @@ def _wx_grid(a: dict, x_shape: tuple[int, ...]) -> tuple[int, int, int]:
     """(Hp, OH, Wp) of a stride-1 convolution: the padded image's rows, the output rows, the padded row length
     (on AMX, for a kernel of several taps, widened to whole tiles of 16 pixels: `ember.templates.int8.
     amx_grid_width`; the extra columns are zeros, their outputs computed and dropped)."""
-    (oh, ow), _ = _conv_geometry(a, x_shape)
+    (oh, ow), cp = _conv_geometry(a, x_shape)
     pads = spatial_attrs(a, 2)[1]
     wpad = x_shape[3] + pads[1] + pads[3]
     if a.get("amx") and a.get("s2d", 1) == 1 and math.prod(a["kernel_shape"]) > 1 and wpad != ow:
-        wpad = I8.amx_grid_width(wpad, -(-x_shape[1] // 4) * 4)
+        wpad = I8.amx_grid_width(wpad, cp)
     return x_shape[2] + pads[0] + pads[2], oh, wpad
 
 
