@@ -621,7 +621,8 @@ MATCHERS: dict[str, Callable[[For, Analyzer], Stmt]] = {
 def tensorize_loops(func: PrimFunc) -> PrimFunc:
     """Replace each loop marked by a tensorize step by its intrinsic's call (accesses as flat offsets); a call
     right after the loops that zero exactly its tile computes C = A . B instead (`_fold_zero_init`)."""
-    if not any(isinstance(n, For) and any(k == TENSORIZE for k, _ in n.annotations) for n in walk(func.body)):
+    if not any(isinstance(n, For) and any(k == TENSORIZE for k, _ in n.annotations)
+               for n in walk(func.body, unique=True)):
         return func
 
     def post(n):

@@ -341,10 +341,12 @@ class Lowering:
             first = pos + 1 if reader is target else 0
             root_env = self.root_intervals(reader, first)
             clamped_env = self.root_intervals(reader, first, clamp=True) if exact else {}
-            for n in walk(self.bodies[reader]):
-                if not (isinstance(n, TensorLoad) and self.sch[n.tensor] is st):
-                    continue
-                for d, idx in enumerate(n.indices):
+            # each distinct index tuple once: an inlined stage read several times repeats its loads (a softmax's
+            # inlined row max read 128 times over was 8192 loads of 64 distinct tuples)
+            reads = dict.fromkeys(tuple(n.indices) for n in walk(self.bodies[reader], unique=True)
+                                  if isinstance(n, TensorLoad) and self.sch[n.tensor] is st)  # fmt: skip
+            for indices in reads:
+                for d, idx in enumerate(indices):
                     it = self.relaxed(self.ana.interval(idx, root_env), reader, target, pos)
                     through = self.through_leaves(idx, reader, first)
                     if through is not None and it is not None:

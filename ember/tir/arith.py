@@ -267,16 +267,10 @@ class Analyzer:
             for lo, hi in ranges:
                 count *= hi - lo + 1  # type: ignore[operator]
             if count <= limit:
-                import itertools
-
-                best = None
-                for combo in itertools.product(*[range(lo, hi + 1) for lo, hi in ranges]):  # type: ignore[operator]
-                    val = eval_int(e, dict(zip(vs, combo)))
-                    if val is None:
-                        break
-                    best = val if best is None else max(best, val)
-                else:
-                    return best
+                axes = np.ix_(*[np.arange(lo, hi + 1, dtype=np.int64) for lo, hi in ranges])  # type: ignore[operator]
+                got = eval_grid(e, dict(zip(vs, axes)))
+                if got is not None and not got[1].any():
+                    return int(np.max(got[0]))
         return self.bounds(e)[1]
 
     # -- linear forms ----------------------------------------------------------------------
@@ -714,6 +708,48 @@ _EVAL_OPS = {
     "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
     "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "and": lambda a, b: a and b, "or": lambda a, b: a or b,
 }  # fmt: skip
+
+
+_GRID_OPS = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "floordiv": np.floor_divide, "floormod": np.mod,
+    "min": np.minimum, "max": np.maximum, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+    "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal, "and": np.logical_and, "or": np.logical_or,
+}  # fmt: skip
+
+
+def eval_grid(e: Expr, env: dict[Var, np.ndarray], memo: dict | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """`eval_int` at every point of a grid at once: the variables are integer arrays that broadcast together
+    (`np.ix_`). Gives (values, undefined): undefined marks the points where `eval_int` gives None (a division
+    by zero on the branch a Select takes there); None where some node cannot be evaluated anywhere."""
+    memo = {} if memo is None else memo
+    if id(e) in memo:
+        return memo[id(e)]
+    out: tuple[np.ndarray, np.ndarray] | None = None
+    if isinstance(e, Const) and not e.dtype.is_float:
+        out = np.asarray(int(e.value), np.int64), np.asarray(False)
+    elif isinstance(e, Var):
+        out = None if e not in env else (env[e], np.asarray(False))
+    elif isinstance(e, BinOp) and e.a.dtype.lanes == 1 and not e.a.dtype.is_float and e.op in _GRID_OPS:
+        a, b = eval_grid(e.a, env, memo), eval_grid(e.b, env, memo)
+        if a is not None and b is not None:
+            bad = a[1] | b[1]
+            rhs = b[0]
+            if e.op in ("floordiv", "floormod"):
+                bad = bad | (rhs == 0)
+                rhs = np.where(rhs == 0, 1, rhs)
+            out = _GRID_OPS[e.op](a[0], rhs).astype(np.int64), bad
+    elif isinstance(e, Select):
+        c, t, f = (eval_grid(x, env, memo) for x in (e.cond, e.t, e.f))
+        if c is not None and t is not None and f is not None:
+            pick = c[0].astype(bool)
+            out = np.where(pick, t[0], f[0]), c[1] | np.where(pick, t[1], f[1])
+    elif isinstance(e, Not):
+        a = eval_grid(e.a, env, memo)
+        out = None if a is None else (np.logical_not(a[0]).astype(np.int64), a[1])
+    elif isinstance(e, Cast) and not e.dtype.is_float and not e.value.dtype.is_float:
+        out = eval_grid(e.value, env, memo)
+    memo[id(e)] = out
+    return out
 
 
 def eval_int(e: Expr, env: dict[Var, int]) -> int | None:

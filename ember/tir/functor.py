@@ -71,11 +71,17 @@ def children(node: Node) -> Iterator[Node]:
                     stack.extend(reversed(x))
 
 
-def walk(node: Node) -> Iterator[Node]:
-    """All nodes under (and including) node, pre-order."""
+def walk(node: Node, unique: bool = False) -> Iterator[Node]:
+    """All nodes under (and including) node, pre-order. `unique`: a node object shared in the tree (a DAG: an
+    inlined stage read several times) is visited once, for searches that need not count its uses."""
     stack = [node]
+    seen: set[int] = set()
     while stack:
         n = stack.pop()
+        if unique:
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
         yield n
         stack.extend(reversed(list(children(n))))
 

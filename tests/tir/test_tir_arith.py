@@ -182,3 +182,44 @@ def test_simplify_preserves_values(expr, ranges, data):
     for _ in range(8):
         env = {v: data.draw(st.integers(*bounds[v]), label=v.name) for v in VARS}
         assert eval_int(simple, env) == eval_int(expr, env), f"{expr} -> {simple} at {env}"
+
+
+def _exprs_dividing_by_anything() -> st.SearchStrategy:
+    """Like _exprs, but a divisor is any expression: it can be 0 at some points (eval_int gives None there)."""
+    leaf = st.one_of(st.sampled_from(VARS), st.integers(-4, 4).map(const))
+
+    def grow(sub):
+        return st.one_of(
+            st.tuples(st.sampled_from(["add", "sub", "mul", "min", "max", "floordiv", "floormod"]), sub, sub)
+            .map(lambda t: binop(*t)),
+            st.tuples(sub, sub, sub, sub).map(lambda t: Select(binop("lt", t[0], t[1]), t[2], t[3])),
+        )
+
+    return st.recursive(leaf, grow, max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_exprs_dividing_by_anything(), st.lists(st.tuples(st.integers(-5, 5), st.integers(0, 4)), min_size=3,
+                                               max_size=3))  # fmt: skip
+def test_grid_evaluation_agrees_with_eval_int_at_every_point(expr, ranges):
+    """eval_grid (numpy over the whole grid) gives eval_int's value at every point, and marks exactly the points
+    where eval_int gives None; max_over_loops is the grid's maximum where it is defined everywhere."""
+    import itertools
+
+    import numpy as np
+
+    from ember.tir.arith import Analyzer, eval_grid
+
+    bounds = {v: (lo, lo + n) for v, (lo, n) in zip(VARS, ranges)}
+    grid = np.ix_(*[np.arange(lo, hi + 1) for lo, hi in bounds.values()])
+    values, undefined = eval_grid(expr, dict(zip(VARS, grid)))
+    points = list(itertools.product(*[range(lo, hi + 1) for lo, hi in bounds.values()]))
+    want = [eval_int(expr, dict(zip(VARS, p))) for p in points]
+    for p, w in zip(points, want):
+        at = tuple(i - lo for i, (lo, _) in zip(p, bounds.values()))
+        got_undefined = bool(np.broadcast_to(undefined, [len(a.ravel()) for a in grid])[at])
+        assert got_undefined == (w is None), f"{expr} at {p}"
+        if w is not None:
+            assert int(np.broadcast_to(values, [len(a.ravel()) for a in grid])[at]) == int(w), f"{expr} at {p}"
+    if all(w is not None for w in want):
+        assert Analyzer(bounds).max_over_loops(expr) == max(int(w) for w in want)

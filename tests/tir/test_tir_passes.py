@@ -377,3 +377,14 @@ def test_unroll_of_a_scheduled_reduction_in_the_ir():
             Y[i] = Y[i] + X[i * 3 + 1]
             Y[i] = Y[i] + X[i * 3 + 2]
     """)
+
+
+def test_walk_unique_visits_a_shared_node_once():
+    """An expression read twice at every level (an inlined stage read by an inlined stage...) is a DAG of 41 nodes
+    and a tree of 2^41 - 1: walk(unique=True) visits the 41, so searches over inlined bodies stay linear."""
+    e = Var("x")
+    for _ in range(40):
+        e = e + e
+    nodes = list(walk(e, unique=True))
+    assert len(nodes) == 41 and nodes[0] is e
+    assert sum(1 for _ in zip(range(1000), walk(e))) == 1000  # the plain walk still visits every use
