@@ -2,7 +2,9 @@
 
 A *sketch* is the structure of a schedule, decided by rules over the stages of a kernel (as Ansor does):
 
-- every elementwise/injective stage that is not an output is inlined into its readers;
+- every elementwise/injective stage that is not an output is inlined into its readers, unless the copies of
+  it that one reader would hold grow past MAX_INLINE_NODES (a softmax's lane tree of maxima: each halving
+  step reads its input four times, so six steps inlined are 4^6 loads and a C file of tens of megabytes);
 - a reduction with data reuse (an input not indexed by every output axis: matmul, conv, depthwise conv) gets
   multi-level tiling: on CPUs "SSRSRS" (spatial loops in four levels, reduction loops in two), on GPUs
   "SSSRRSRS" (block, thread and register levels of the spatial loops; the reduction split twice inside the
@@ -61,6 +63,7 @@ MAX_UNROLL = 64  # iterations one unrolled nest may expand to
 RFACTOR_MIN = 32  # shortest reduction that rfactor splits
 MAX_REG_UNROLL = 256  # statements one unrolled register tile (with its reduction steps) may expand to
 MAX_WINDOW = 64  # longest reduction (taps) that the window rule treats as a sliding window
+MAX_INLINE_NODES = 512  # largest expression (tree nodes) that inlining a stage may copy into one reader
 
 
 @dataclass(frozen=True)
@@ -238,9 +241,13 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
     layouts = _layout_stages(s) if sketch.register else []
     pads = _pad_stages(s) if sketch.window else []
     optional = layouts + pads + ([] if sketch.gpu else _shared_stages(s))
+    sizes: dict[Stage, int] = {}
+    uses = _uses(s)
     for st in s.stages:
         first = [False, True] if st in pads else [True, False]  # window: a padded copy per channel tile first
-        if inlinable(st) and (st not in optional or d.pick(f"{st.name}.inline", first)):
+        if not inlinable(st) or _inlined_size(s, st, sizes) * uses.get(st, 1) > MAX_INLINE_NODES:
+            continue
+        if st not in optional or d.pick(f"{st.name}.inline", first):
             st.compute_inline()
     if sketch.register:
         _apply_register(s, d, target, [st for st in layouts if st.attach != "inline"])
@@ -251,6 +258,32 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
     else:
         _apply_cpu(sketch, s, d, target)
     return s, d.taken
+
+
+def _inlined_size(s: Schedule, st: Stage, sizes: dict[Stage, int]) -> int:
+    """The nodes of st's body once the stages already inlined into it are (each use a copy: what the kernel's
+    expression tree holds); recorded in `sizes`. A lane tree's halving steps read their input four times each
+    (max(a, b) is a < b ? b : a): inlined, six steps of them make one expression of 4^6 loads."""
+    total = 0
+    for n in walk(st.op.body):
+        inner = s[n.tensor] if isinstance(n, TensorLoad) else None
+        total += sizes.get(inner, 1) if inner is not None and inner.attach == "inline" else 1
+    sizes[st] = total
+    return total
+
+
+def _uses(s: Schedule) -> dict[Stage, int]:
+    """The most reads of each stage in one reader's body (a copy of it each, once it is inlined)."""
+    out: dict[Stage, int] = {}
+    for r in s.stages:
+        if isinstance(r.op, ComputeOp):
+            count: dict[Stage, int] = {}
+            for n in walk(r.op.body):
+                if isinstance(n, TensorLoad):
+                    count[s[n.tensor]] = count.get(s[n.tensor], 0) + 1
+            for st, k in count.items():
+                out[st] = max(out.get(st, 0), k)
+    return out
 
 
 def _roots(s: Schedule) -> list[Stage]:

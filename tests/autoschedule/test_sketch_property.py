@@ -333,3 +333,24 @@ def test_window_rule_candidates(kernel, target):
         ember.build(sch, args, target=target)(*xs, *ys)
         for y, r in zip(ys, ref):
             np.testing.assert_allclose(y, r, rtol=1e-4, atol=1e-4)
+
+
+def test_lane_trees_are_not_inlined_into_exponential_expressions():
+    """A softmax's row max is combined in a lane tree whose steps read their input four times each (max(a, b) is
+    a < b ? b : a); inlined all the way, 64 lanes made statements of 4^6 loads and C files of 40 MB that took
+    gcc minutes. With the inlining bound, no statement of any candidate reads more than 64 elements of the tree
+    (and a few more of the row)."""
+    from ember.build import lower
+    from ember.tir.expr import Load
+    from ember.tir.functor import walk
+    from ember.tir.stmt import Store
+
+    task = AutoTask.from_op("Softmax", [(4, 197)], {"axis": -1}, target="c -threads=1")
+    outs, args = task.computes()
+    rng, target = random.Random(0), Target.parse(task.target)
+    for _ in range(12):
+        sch, _ = S.apply(rng.choice(task.sketches()), outs, target, None, rng)
+        func = lower(sch, args, "k")
+        worst = max(sum(isinstance(n, Load) for n in walk(st.value)) for st in walk(func.body) if isinstance(st, Store))
+        assert worst <= 80, f"a statement reads {worst} elements"
+
