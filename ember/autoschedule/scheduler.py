@@ -133,7 +133,7 @@ def confirm(st: TaskState, measurer: Measurer, tlog: TuningLog | None, rounds: i
     print(f"confirm {task.name[:48]:<48} default {_us(d)}  best {_us(b)}  ({d / b:.2f}x, medians of {rounds}: "
           f"{'kept' if b < d else 'the default wins'})", file=out, flush=True)  # fmt: skip
     search.default_cost = d
-    search.measured[best[0].key] = (best[0], medians[1])
+    search.measured[best[0].key] = search.confirmed = (best[0], medians[1])
 
 
 def _us(cost: float | None) -> str:

@@ -83,6 +83,7 @@ class EvolutionarySearch:
     history: list[float] = field(default_factory=list)  # cost of each measurement (inf: an error), in order
     default_cost: float | None = None
     errors: int = 0
+    confirmed: tuple[Candidate, MeasureResult] | None = None  # the best, measured again in turns with the default
 
     def __post_init__(self):
         self.rng = random.Random(self.seed)
@@ -214,10 +215,15 @@ class EvolutionarySearch:
     # -- results -----------------------------------------------------------------------------
     @property
     def best_cost(self) -> float:
-        return min([self.default_cost or float("inf")] + [r.cost for _, r in self.measured.values()])
+        best = self.best
+        return min(self.default_cost or float("inf"), best[1].cost if best is not None else float("inf"))
 
     @property
     def best(self) -> tuple[Candidate, MeasureResult] | None:
+        """The fastest candidate: the confirmed one once `confirm` has measured it again (the others' single
+        measurements, taken at other moments of the machine's load, are not compared with its median)."""
+        if self.confirmed is not None:
+            return self.confirmed
         ok = [x for x in self.measured.values() if x[1].ok]
         return min(ok, key=lambda x: x[1].cost) if ok else None
 
