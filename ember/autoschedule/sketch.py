@@ -261,9 +261,9 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
 
 
 def _inlined_size(s: Schedule, st: Stage, sizes: dict[Stage, int]) -> int:
-    """The nodes of st's body once the stages already inlined into it are (each use a copy: what the kernel's
-    expression tree holds); recorded in `sizes`. A lane tree's halving steps read their input four times each
-    (max(a, b) is a < b ? b : a): inlined, six steps of them make one expression of 4^6 loads."""
+    """The nodes of st's body with the stages already inlined into it expanded, one copy per use (what the
+    kernel's expression tree will hold); recorded in `sizes`. A lane tree's halving steps read their input four
+    times each (max(a, b) is a < b ? b : a): inlined, six steps of them make one expression of 4^6 loads."""
     total = 0
     for n in walk(st.op.body):
         inner = s[n.tensor] if isinstance(n, TensorLoad) else None
