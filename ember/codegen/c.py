@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..target import Target
-from ..te.intrin import ADDRESS, INTRINSICS, isa_features
+from ..te.intrin import ADDRESS, INTRINSICS, PREFETCH, isa_features
 from ..tir.arith import Analyzer
 from ..tir.dtype import DType, int64
 from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var, const_value
@@ -504,6 +504,8 @@ class CCodegen:
         if e.name == ADDRESS:  # an intrinsic's operand: &buf[offset]
             (ld,) = e.args
             return f"&{self.name(ld.buffer)}[{self.expr(ld.indices[0])}]"
+        if e.name == PREFETCH:
+            return self.prefetch(e.args[0])
         if e.name in INTRINSICS:  # a tensorized micro-kernel, specialized on its constant shape
             m, n = (const_value(a) for a in e.args[6:8])
             zero = len(e.args) > 9 and bool(const_value(e.args[9]))  # C = A . B (`intrin._fold_zero_init`)
@@ -523,6 +525,11 @@ class CCodegen:
                 return rounded
         text = self.lanewise(e.name, list(e.args), e.dtype)
         return f"{self.half_helper(e.dtype, 'round')}({text})" if e.dtype.is_half else text
+
+    def prefetch(self, ld: Load) -> str:
+        """A software prefetch of ld's cache line for reading, into L2 (locality 2: x86 prefetcht1, AArch64
+        prfm pldl2keep); GPU code generators drop it."""
+        return f"__builtin_prefetch(&{self.name(ld.buffer)}[{self.expr(ld.indices[0])}], 0, 2)"
 
     def half_round(self, e: Call) -> str:
         """float32 lanes rounded to bfloat16 (to nearest even, NaN kept quiet: `ember_f32_to_bf16`'s rule) in

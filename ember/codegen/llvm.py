@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..target import Target
+from ..te.intrin import PREFETCH
 from ..tir.arith import Analyzer
 from ..tir.dtype import DType, int64
 from ..tir.expr import BinOp, Broadcast, Call, Cast, Const, Expr, Load, Not, Ramp, Select, Var
@@ -393,6 +394,11 @@ class LLVMCodegen:
 
             fn = llvm_function(self.module, CONVERSIONS[name])
             return self.lanewise([self.expr(e.args[0])], dt.lanes, lambda x: self.b.call(fn, [x]))
+        if name == PREFETCH:  # llvm.prefetch(ptr, read, locality 2 (L2), data cache)
+            (ld,) = e.args
+            fn = self.declare("llvm.prefetch.p0", ir.VoidType(), [self.ptr, self.i32, self.i32, self.i32])
+            ptr = self.address(ld.buffer, self.expr(ld.indices[0]))
+            return self.b.call(fn, [ptr, ir.Constant(self.i32, 0), ir.Constant(self.i32, 2), ir.Constant(self.i32, 1)])
         if wants_arithmetic_exp(name, dt):  # llvm.exp on a vector runs expf once per lane
             x = e.args[0] if e.args[0].dtype.lanes > 1 else Broadcast(e.args[0], dt.lanes)
             return self.expr(vector_exp(x))

@@ -35,6 +35,9 @@ class GPUCodegen(CCodegen):
             return f"((int){self.thread_exprs[e.name[4:]]})"
         return super().call(e)
 
+    def prefetch(self, ld) -> str:
+        return "0"  # no prefetch on GPU targets: `(void)(0);`
+
     def stmt(self, s: Stmt) -> None:
         bounds = self._thread_bounds(s.value) if isinstance(s, LetStmt) else None
         if bounds is None:

@@ -42,6 +42,7 @@ from .tensor import sum as te_sum
 
 TENSORIZE = "tensorize"  # the pragma key a tensorize step puts on its loop
 ADDRESS = "address_of"  # Call(ADDRESS, (Load,)): the address of a buffer element (an intrinsic's operand)
+PREFETCH = "prefetch"  # Evaluate(Call(PREFETCH, (Load,))): bring that element's cache line into L2 (`Stage.prefetch`)
 
 
 class TensorizeError(ValueError):
@@ -690,5 +691,5 @@ def _zeroes_tile(init: Stmt, call: E.Call) -> bool:
         ana.simplify(base - start).value == 0
 
 
-__all__ = ["ADDRESS", "INTRINSICS", "TENSORIZE", "Intrinsic", "TensorizeError", "address_of", "amx_tiles",
+__all__ = ["ADDRESS", "PREFETCH", "INTRINSICS", "TENSORIZE", "Intrinsic", "TensorizeError", "address_of", "amx_tiles",
            "dot_bf16_isa", "dot_u8s8_isa", "get_intrinsic", "isa_features", "tensorize_loops"]  # fmt: skip

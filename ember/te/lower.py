@@ -20,9 +20,9 @@ from ..tir.arith import Analyzer
 from ..tir.dtype import int32, int64
 from ..tir.expr import Expr, Var, const
 from ..tir.functor import substitute, transform, walk
-from ..tir.stmt import Allocate, Buffer, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, seq
-from .intrin import tensorize_loops
-from .schedule import Fuse, Schedule, ScheduleError, Split, Stage
+from ..tir.stmt import Allocate, Buffer, Evaluate, For, ForKind, IfThenElse, PrimFunc, Stmt, Store, seq
+from .intrin import PREFETCH, tensorize_loops
+from .schedule import Fuse, Prefetch, Schedule, ScheduleError, Split, Stage
 from .tensor import ComputeOp, IterVar, PlaceholderOp, Reduce, Tensor, TensorLoad
 
 
@@ -503,6 +503,9 @@ class Lowering:
         stmt = inner
         for pos in reversed(range(len(leaves))):
             iv = leaves[pos]
+            fetch = [self.prefetch(st, p, pos) for p in st.prefetches if self.leaf_of(st, p.axis) is iv]
+            if fetch:
+                stmt = seq(*fetch, stmt)
             if any(p.double_buffered for p in self.attached.get((st, iv), ())):
                 stmt = self.double_buffered_loop(st, iv, stmt)
             else:
@@ -513,6 +516,82 @@ class Lowering:
         if not leaves and isinstance(body, Reduce):
             stmt = seq(self.init_nest(st, body, 0), stmt)
         return stmt
+
+    def prefetch(self, st: Stage, p: Prefetch, pos: int) -> Stmt:
+        """The prefetch statements of `p` in one iteration of loop `pos` of st (`Stage.prefetch`): the box of
+        elements st reads of the tensor inside that iteration, moved along its dimension and clamped to it, as
+        cache lines (runs of whole inner dimensions are contiguous); with a spread loop, its iteration's share."""
+        src = p.tensor
+        if src.attach != "root" and not src.is_placeholder:
+            raise ScheduleError(f"stage '{st.name}': prefetch of '{src.name}' needs a tensor computed at root")
+        if st.iter_attrs.get(st.leaf_iter_vars[pos], None) and st.iter_attrs[st.leaf_iter_vars[pos]].kind in (
+                ForKind.VECTORIZED, ForKind.THREAD_BINDING):  # fmt: skip
+            raise ScheduleError(f"stage '{st.name}': cannot prefetch in a vectorized or thread-bound loop")
+        op = st.op
+        assert isinstance(op, ComputeOp)
+        L = self.loops[st]
+        env = {iv.var: L.root_min[iv] + L.value[iv] for iv in op.axis + op.reduce_axis}
+        shape = src.op.shape
+        if any(isinstance(n, Expr) for n in shape):
+            return seq()  # a symbolic shape: no constant box (prefetching is an optimization only)
+        box: list[tuple[Expr, Expr] | None] = [None] * len(shape)
+        for n in walk(self.bodies[st], unique=True):
+            if isinstance(n, TensorLoad) and self.sch[n.tensor] is src:
+                for d, i in enumerate(n.indices):
+                    e = self.ana.simplify(self.expr(i, env))
+                    it = self.relax((e, e), st, pos + 1)
+                    if it is None:
+                        return seq()
+                    box[d] = it if box[d] is None else self.ana.union(box[d], it)  # type: ignore[arg-type]
+        if any(b is None for b in box):
+            return seq()
+        ext = [self.ana.max_over_loops(self.ana.simplify(b[1] - b[0] + 1)) for b in box]  # type: ignore[index]
+        if any(x is None for x in ext):
+            return seq()
+        ext = [max(1, min(int(x), n)) for x, n in zip(ext, shape)]  # type: ignore[arg-type]
+        lo = []
+        for d, (b, x, n) in enumerate(zip(box, ext, shape)):
+            start = b[0] + p.offset if d == p.dim else b[0]  # type: ignore[index]
+            lo.append(self.ana.simplify(E.binop("max", E.binop("min", start, self.index(n - x)), 0)))
+        d0 = len(shape) - 1  # the contiguous run: the last partial dimension and the whole ones inside it
+        while d0 > 0 and ext[d0] == shape[d0]:
+            d0 -= 1
+        strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+        per_line = max(1, 512 // max(1, src.op.dtype.bits))  # elements of a 64-byte line
+        run = ext[d0] * strides[d0]
+        lines = -(-run // per_line)
+        rows = math.prod(ext[:d0])
+        total = rows * lines
+        if total > 256:
+            raise ScheduleError(f"stage '{st.name}': prefetch of '{src.name}' takes {total} cache lines per iteration "
+                                f"of '{st.leaf_iter_vars[pos].name}'; prefetch in an inner loop")  # fmt: skip
+        buf = self.buffers[src]
+        last = const(total - 1, self.index_dtype)
+
+        def fetch(t: Expr) -> Stmt:
+            row, off = t // lines, (t % lines) * per_line
+            idx = []
+            for d in range(len(shape)):
+                if d < d0:
+                    inner = math.prod(ext[d + 1 : d0])
+                    idx.append(lo[d] + (row // inner) % ext[d])
+                elif d == d0:
+                    idx.append(lo[d] + off // strides[d])
+                else:
+                    idx.append((off // strides[d]) % shape[d])
+            load = E.Load(buf, tuple(self.ana.simplify(i) for i in idx))
+            return Evaluate(E.Call(PREFETCH, (load,), int32))
+
+        if p.spread is None:
+            return seq(*[fetch(const(t, self.index_dtype)) for t in range(total)])
+        sp, siv = p.spread
+        if sp is not st and not (sp in self.loops and self.inside(st, sp, 0)):
+            raise ScheduleError(f"stage '{st.name}': its prefetch spread loop is in '{sp.name}', which it is not "
+                                "computed in")  # fmt: skip
+        z, n = self.loops[sp].value[siv], self.loops[sp].extent[siv]
+        if isinstance(n, Expr):
+            return seq()
+        return seq(*[fetch(E.binop("min", z + k * n, last)) for k in range(-(-total // n))])
 
     def loop(self, st: Stage, iv: IterVar, v: Var, body: Stmt) -> Stmt:
         attr = st.iter_attrs.get(iv)

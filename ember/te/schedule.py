@@ -70,6 +70,20 @@ class Fuse:
 
 
 @dataclass
+class Prefetch:
+    """A software prefetch (`Stage.prefetch`): at the start of each iteration of `axis`, the cache lines of
+    what the stage reads of `tensor` in that iteration, moved by `offset` along the tensor's dimension `dim`
+    (clamped to the tensor); with `spread` (a loop enclosing `axis`, of this stage or of one it is computed at),
+    its iterations share the lines: iteration z takes lines z, z + n, ... of n = the spread loop's extent."""
+
+    tensor: Stage
+    axis: IterVar
+    dim: int
+    offset: int
+    spread: tuple[Stage, IterVar] | None = None
+
+
+@dataclass
 class IterAttr:
     kind: ForKind = ForKind.SERIAL
     thread_tag: str | None = None
@@ -93,6 +107,7 @@ class Stage:
         self.attach_axis: IterVar | None = None
         self.double_buffered = False  # two copies of the buffer: the next iteration's filled during this one
         self.row_align = 1  # the buffer's last dimension allocated in multiples of this (`storage_align`)
+        self.prefetches: list[Prefetch] = []  # software prefetches issued in its loops (`prefetch`)
         self.leaf_iter_vars: list[IterVar] = self.root_iter_vars
 
     @property
@@ -194,6 +209,18 @@ class Stage:
         other copy before this iteration computes from its own (prefetch while computing)."""
         self.sch._apply(Step("double_buffer", self.name))
 
+    def prefetch(self, tensor: Tensor | Stage | str, axis: IterVar | str, dim: int = 0, offset: int = 1,
+                 spread: tuple[Stage | Tensor | str, IterVar | str] | None = None) -> None:  # fmt: skip
+        """Prefetch (into the L2 cache, on CPUs) what a later iteration will read of `tensor`: at the start of each
+        iteration of loop `axis`, the cache lines of the elements this stage reads of `tensor` in that iteration,
+        moved by `offset` along the tensor's dimension `dim` (the next panel of a packed matrix while this one is
+        computed). `spread=(stage, loop)`: a loop enclosing `axis` whose iterations divide those lines among
+        themselves (iteration z prefetches lines z, z + n, ...), one or a few per iteration instead of all in
+        each. Computes nothing: every schedule with prefetches computes what it computes without them; targets
+        without prefetch instructions (GPUs) drop them."""
+        where = (self.sch[spread[0]].name, _name(spread[1])) if spread is not None else None
+        self.sch._apply(Step("prefetch", self.name, (self.sch[tensor].name, _name(axis), int(dim), int(offset), where)))
+
     def storage_align(self, factor: int) -> None:
         """Allocate this stage's buffer with its last dimension rounded up to a multiple of `factor` elements
         (it must be computed at a loop of a consumer): its rows then start `factor`-aligned apart, and a tensorized
@@ -252,6 +279,15 @@ class Stage:
                     out.add(p)
                     todo.append(p)
         return out
+
+
+def _encloses(outer: Stage, st: Stage) -> bool:
+    """Whether `st` is computed (directly or through other stages) at a loop of `outer`."""
+    while st.attach == "at" and st.attach_stage is not None:
+        st = st.attach_stage
+        if st is outer:
+            return True
+    return False
 
 
 def _name(x: IterVar | str) -> str:
@@ -475,6 +511,24 @@ class Schedule:
         if st.is_output:
             raise st._err("an output cannot be double-buffered: it is computed at root")
         st.double_buffered = True
+
+    def _do_prefetch(self, st: Stage, tensor: str, axis: str, dim: int, offset: int, spread=None) -> None:
+        src = self[tensor]
+        if src not in st._producers() or not any(self[t] is src for t in st.op.inputs):
+            raise st._err(f"prefetch of '{tensor}': this stage does not read it")
+        if not 0 <= dim < len(src.op.shape):
+            raise st._err(f"prefetch of '{tensor}': dim {dim} out of range for its {len(src.op.shape)} dimensions")
+        iv = st._leaf(axis, "prefetch")
+        where = None
+        if spread is not None:
+            sp = self[spread[0]]
+            ivs = [v for v in sp.all_iter_vars if v.name == spread[1]]
+            if not ivs:
+                raise sp._err(f"prefetch spread: no loop '{spread[1]}'")
+            if sp is not st and not _encloses(sp, st):
+                raise st._err(f"prefetch spread: '{sp.name}' is not a stage this one is computed in")
+            where = (sp, ivs[0])
+        st.prefetches.append(Prefetch(src, iv, dim, offset, where))
 
     def _do_storage_align(self, st: Stage, factor: int) -> None:
         if st.is_output or st.is_placeholder:
