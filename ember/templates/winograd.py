@@ -124,10 +124,15 @@ def tiles_of(out: tuple[int, int], m: int = M) -> tuple[int, int]:
 # weights costs WEIGHT_BYTE_COST multiply-adds: inside a model the other layers have evicted them from L2, so each
 # call streams them, also when they would fit (a standalone sweep, with the weights staying in L2, hid that:
 # GoogLeNet's 32/48 -> 128-channel 7x7 layers, 0.9 MB of F(4x4) weights for 4 tiles, ran 2x slower than direct
-# there, though estimated 2.1x faster with only the weights beyond L2 counted).
+# there, though estimated 2.1x faster with only the weights beyond L2 counted). The byte's cost is the direct
+# template's multiply-add rate over the rate weights stream at inside a model: about 85 GMAC/s (1 thread, AVX-512) over
+# 16-30 GB/s (memory to L3 on the Xeon this was measured on: `ember.runtime.roofline`), 3-5 multiply-adds a byte.
+# At 1 (the first calibration, on another host) ResNet-18/34's 512-channel 7x7 layers took F(4x4): 38 MB of weights
+# for 4 tiles, 2.8 ms a layer streaming them at 13.6 GB/s where the direct template takes 1.4 ms; at 4, ResNet-18
+# 1.07x, ResNet-34 1.15x, GoogLeNet 1.08x, SqueezeNet 1.0 1.05x faster whole (1 thread, in turns).
 L2_BYTES = 1 << 20  # half of a 2 MiB L2: the fused product's threshold (`fused_plan`)
 WINOGRAD_RATE = 1.1
-WEIGHT_BYTE_COST = 1.0
+WEIGHT_BYTE_COST = 4.0
 # The fused product (`fused_plan`): the a*a products of a block of output channel vectors and tile rows are computed
 # into a buffer that the output transform then reads while it is in cache, instead of all products of the layer
 # going through memory (at 16..64 input channels the products are short and their outputs, K/C times the size of
