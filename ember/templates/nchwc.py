@@ -34,7 +34,17 @@ from ember import te
 from ember.target import Target
 from ember.te.config import ConfigBase
 from ember.te.tensor import Tensor, size_hint
-from ember.templates.nn import SCHEDULES, Window, host_target, lanes_of, pad_input, vector_regs, work, zero
+from ember.templates.nn import (
+    SCHEDULES,
+    Window,
+    host_target,
+    lanes_of,
+    pad_input,
+    prefetch_blocks,
+    vector_regs,
+    work,
+    zero,
+)
 from ember.tir.dtype import DType
 from ember.tir.expr import Expr
 
@@ -180,7 +190,7 @@ def conv_nchwc_acc(x: Tensor, w: Tensor, pads: Sequence[int], win: Window, depth
         xv = xp[n, xcb, oh * sh + rkh * dh, ow * sw + rkw * dw, xc]
         return te.sum(xv * w[k, rcb, rkh, rkw, rc, v], axis=[rcb, rkh, rkw, rc])
 
-    acc = te.compute((N, KB, OH, OW, kb), body, name=name, tag="conv_nchwc", attrs={"plan": plan})
+    acc = te.compute((N, KB, OH, OW, kb), body, name=name, tag="conv_nchwc", attrs={"plan": plan, "weight": w})
     return acc, lambda *i: acc[i]
 
 
@@ -315,6 +325,11 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     L.unroll(lkb)
     _vector_axis(L, lk, block, sub)
     L.compute_at(O, po)
+    w = acc.op.attrs.get("weight")
+    if w is not None and w.shape[0] > plan.kbt and prefetch_blocks(w, 0, target):
+        # the next output-channel blocks' weights into L2 while these are computed, a line per input channel: the
+        # first row tile of a block read them from memory (ResNet's 512-channel 7x7 layers: 2 row tiles per block)
+        L.prefetch(w, red[-1], dim=0, offset=plan.kbt)
     if chunks:
         O.parallel(O.fuse(n, kbo, oho))
     return {O.name, L.name}

@@ -302,7 +302,7 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
     L.compute_at(O, outer[-1])
     panels = acc.op.attrs.get("panels")
     if plan.packed and plan.order == "ji" and ia is not None and ja is not None and panels is not None \
-            and prefetch_panels(panels, target):  # fmt: skip
+            and prefetch_blocks(panels, len(panels.shape) - 3, target):  # fmt: skip
         # the next panel of B into L2 while this one is computed: each row tile prefetches its share of the lines
         # the reduction step reads (a panel read from L3 or memory by the first row tile stalled it: 12-25%)
         L.prefetch(panels, ko, dim=len(panels.shape) - 3, offset=1, spread=(O, io))
@@ -314,15 +314,17 @@ def _schedule_gemm(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> 
     return done
 
 
-PREFETCH_MIN_BYTES = 1 << 18  # a packed B this large prefetches its next panel (smaller ones stay in cache)
+PREFETCH_MIN_BYTES = 1 << 18  # a constant operand this large prefetches its next block (smaller ones stay in cache)
 
 
-def prefetch_panels(panels: Tensor, target: Target) -> bool:
-    """Whether the GEMM prefetches B's next panel: CPU targets, several panels, B of PREFETCH_MIN_BYTES or more."""
-    shape = panels.shape
-    if target.kind not in ("c", "llvm") or any(isinstance(n, Expr) for n in shape) or shape[-3] < 2:
+def prefetch_blocks(t: Tensor, dim: int, target: Target) -> bool:
+    """Whether a kernel prefetches the next block of operand t along `dim` (B's panels of a GEMM, a convolution's
+    output-channel blocks of weights) while it computes this one: CPU targets, several blocks, t of
+    PREFETCH_MIN_BYTES or more (read from L3 or memory inside a model, where the first use of each block stalled)."""
+    shape = t.shape
+    if target.kind not in ("c", "llvm") or any(isinstance(n, Expr) for n in shape) or shape[dim] < 2:
         return False
-    return prod_hint(shape) * as_dtype(panels.dtype).bits // 8 >= PREFETCH_MIN_BYTES
+    return prod_hint(shape) * as_dtype(t.dtype).bits // 8 >= PREFETCH_MIN_BYTES
 
 
 def _schedule_pack(s: te.Schedule, t: Tensor, inner_dims: int, target: Target) -> str:

@@ -1,8 +1,8 @@
 """Stage.prefetch: software prefetches of what a later iteration reads. They compute nothing, so the checks are of
 where they point: the generated C is rebuilt with a recorder in place of `__builtin_prefetch`, and the addresses it
 saw must be exactly the cache lines of the next panel (with a spread loop: each line once per panel, shared among
-the row tiles), never outside the tensor. Results are checked against numpy on C and LLVM, and the GEMM template
-prefetches the next panel of a large packed B."""
+the row tiles), never outside the tensor. Results are checked against numpy on C and LLVM; the GEMM template
+prefetches the next panel of a large packed B, the blocked convolution the next block of large weights."""
 
 from __future__ import annotations
 
@@ -164,3 +164,24 @@ def _matmul_model(shape, w):
     g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm", [x], [y],
                           [numpy_helper.from_array(w, "w")])  # fmt: skip
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_conv_template_prefetches_the_next_blocks_weights(tmp_path):
+    """A 3x3 convolution of 256 channels at 7x7 (2.4 MB of weights, two row tiles per block of output channels)
+    prefetches the next block's weights; its output matches onnxruntime."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((256, 256, 3, 3)) * 0.05).astype("float32")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256, 7, 7])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256, 7, 7])
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    g = helper.make_graph([node], "conv", [x], [y], [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m = ember.compile(model, target="c -threads=1")
+    src = (m.save(tmp_path / "conv") / "model.c").read_text()
+    assert "__builtin_prefetch(&in1[" in src
+    feed = rng.standard_normal((1, 256, 7, 7)).astype("float32")
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": feed})[0]
+    np.testing.assert_allclose(m(feed), ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
