@@ -326,7 +326,8 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     _vector_axis(L, lk, block, sub)
     L.compute_at(O, po)
     w = acc.op.attrs.get("weight")
-    if w is not None and w.shape[0] > plan.kbt and prefetch_blocks(w, 0, target):
+    uses = -(-size_hint(out.shape[2]) // plan.oht) * -(-size_hint(out.shape[3]) // plan.owt)  # spatial tiles
+    if w is not None and w.shape[0] > plan.kbt and prefetch_blocks(w, 0, target, uses, plan.kbt):
         # the next output-channel blocks' weights into L2 while these are computed, a line per input channel: the
         # first row tile of a block read them from memory (ResNet's 512-channel 7x7 layers: 2 row tiles per block)
         L.prefetch(w, red[-1], dim=0, offset=plan.kbt)
