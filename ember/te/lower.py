@@ -524,8 +524,8 @@ class Lowering:
         src = p.tensor
         if src.attach != "root" and not src.is_placeholder:
             raise ScheduleError(f"stage '{st.name}': prefetch of '{src.name}' needs a tensor computed at root")
-        if st.iter_attrs.get(st.leaf_iter_vars[pos], None) and st.iter_attrs[st.leaf_iter_vars[pos]].kind in (
-                ForKind.VECTORIZED, ForKind.THREAD_BINDING):  # fmt: skip
+        attr = st.iter_attrs.get(st.leaf_iter_vars[pos])
+        if attr is not None and attr.kind in (ForKind.VECTORIZED, ForKind.THREAD_BINDING):
             raise ScheduleError(f"stage '{st.name}': cannot prefetch in a vectorized or thread-bound loop")
         op = st.op
         assert isinstance(op, ComputeOp)

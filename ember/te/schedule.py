@@ -514,7 +514,7 @@ class Schedule:
 
     def _do_prefetch(self, st: Stage, tensor: str, axis: str, dim: int, offset: int, spread=None) -> None:
         src = self[tensor]
-        if src not in st._producers() or not any(self[t] is src for t in st.op.inputs):
+        if not any(self[t] is src for t in st.op.inputs):
             raise st._err(f"prefetch of '{tensor}': this stage does not read it")
         if not 0 <= dim < len(src.op.shape):
             raise st._err(f"prefetch of '{tensor}': dim {dim} out of range for its {len(src.op.shape)} dimensions")

@@ -324,9 +324,9 @@ def prefetch_blocks(t: Tensor, dim: int, target: Target, uses: int, step: int = 
     output-channel blocks of weights) while it computes this one, each block read `uses` times (its row tiles):
     on CPU targets, for t of PREFETCH_MIN_BYTES or more (inside a model it comes from L3 or memory, and the first
     use of each block stalled on it), blocks (`step` of them along dim) of at most PREFETCH_MAX_BLOCK, used twice
-    or more. A block read once
-    (a skinny product's panel) is a stream that the hardware prefetcher follows; prefetching a whole block ahead of
-    it evicted what it was reading (AlexNet's fully connected layers, 2.4 MB panels: 21.7 -> 30.0 ms)."""
+    or more. A block read once (a skinny product's panel) is a stream that the hardware prefetcher follows;
+    prefetching a whole block ahead of it evicted what it was reading (AlexNet's fully connected layers, 2.4 MB
+    panels: 21.7 -> 30.0 ms)."""
     shape = t.shape
     if target.kind not in ("c", "llvm") or any(isinstance(n, Expr) for n in shape) or shape[dim] < 2 or uses < 2:
         return False
