@@ -31,6 +31,7 @@ from ember.tir.dtype import dtype as as_dtype
 
 ROW_MAX = te.comm_reducer(lambda a, b: te.if_then_else(a < b, b, a), te.max.identity, "att_row_max")
 BLOCK_ROWS = 24  # query rows per block: two register tiles of 12 rows; scores + exps of 24 x 768 floats: 144 KiB
+BLOCK_BYTES = 24 * 768 * 4 * 2  # ... the cache the scores and exps of a block may take: short rows take more rows
 
 
 def attention_te(q: Tensor, k: Tensor, v: Tensor, scale: float = 1.0, bias: Tensor | None = None,
@@ -88,15 +89,15 @@ def attention_te(q: Tensor, k: Tensor, v: Tensor, scale: float = 1.0, bias: Tens
                       attrs={"template": "attention", "acc": oacc, "scores": sc, "scores_acc": sacc})  # fmt: skip
 
 
-def _tile(s: te.Schedule, out: te.Stage, acc: Tensor, rows, cols, target: Target):
+def _tile(s: te.Schedule, out: te.Stage, acc: Tensor, rows, cols, target: Target, tail: str = "guard"):
     """The GEMM template's register tile of `acc` (cache_write local) under `out`'s loops `rows` x `cols` (already
     restricted to a block): row tiles of mr, column panels of nr outside them, the accumulators' vectors unrolled.
-    Returns the loop the tile is computed at."""
+    `tail`: how the row split treats a last partial tile (`Stage.split`). Returns the loop the tile is computed at."""
     plan = acc.op.attrs["plan"]
     lanes = T.lanes_of(acc.dtype, target)
     accl = s.cache_write(acc, "local")
     s[acc].compute_inline()
-    io, ii = out.split(rows, plan.mr)
+    io, ii = out.split(rows, plan.mr, tail=tail)
     jo, ji = out.split(cols, plan.nr)
     out.reorder(jo, io, ii, ji)
     jio, jii = out.split(ji, lanes)
@@ -124,10 +125,14 @@ def _tile(s: te.Schedule, out: te.Stage, acc: Tensor, rows, cols, target: Target
     return io
 
 
-def block_rows(mr_scores: int, mr_out: int) -> int:
+def block_rows(mr_scores: int, mr_out: int, M: int | None = None, Np: int | None = None) -> int:
     """Query rows per block: about BLOCK_ROWS, a whole number of both products' row tiles (each block's last tile
     is otherwise a partial one computed whole: Swin's 49 rows in tiles of 10 took blocks of 24 as 3 x 10, and 1.8x
-    the score rows), or of the output's tiles where the two tile heights have no common multiple near it."""
+    the score rows), or of the output's tiles where the two tile heights have no common multiple near it. All M
+    rows (static) where their scores and exps (padded rows of Np) fit BLOCK_BYTES: a window's 49 x 64 scores are
+    one block (no partial block, no rows computed twice; the batch loop gives the parallel work)."""
+    if M is not None and Np is not None and M * Np * 4 * 2 <= BLOCK_BYTES:
+        return M
     both = math.lcm(mr_scores, mr_out)
     step = both if both <= 2 * BLOCK_ROWS else mr_out
     return step * max(1, round(BLOCK_ROWS / step))
@@ -142,15 +147,21 @@ def schedule_attention(attrs: dict, outs: Sequence[Tensor], target: Target) -> t
     lanes = T.lanes_of(out.dtype, target)
     O = s[out]
     *b, i, j = O.op.axis
-    rows = min(block_rows(a["scores_acc"].op.attrs["plan"].mr, a["acc"].op.attrs["plan"].mr),
-               te.size_hint(out.shape[-2]))  # fmt: skip
-    io, ii = O.split(i, rows)
+    M, Np = out.shape[-2], a["scores"].shape[-1]
+    static = isinstance(M, int) and isinstance(Np, int)
+    rows = min(block_rows(a["scores_acc"].op.attrs["plan"].mr, a["acc"].op.attrs["plan"].mr,
+                          M if static else None, Np if static else None), te.size_hint(M))  # fmt: skip
+    # static rows: partial blocks and tiles are shifted back to end at the last row (`tail="shift"`), so that every
+    # register tile is whole: a guarded tile indexed its accumulators by the shift and kept them in memory (the
+    # output product of Swin's 49-row windows ran at 10-16% of the roofline)
+    tail = "shift" if static else "guard"
+    io, ii = O.split(i, rows, tail=tail if M % rows else "guard")
     O.reorder(*b, io, ii, j)
-    _tile(s, O, a["acc"], ii, j, target)
+    _tile(s, O, a["acc"], ii, j, target, tail)
     S = s[a["scores"]]
     S.compute_at(O, io)
     *_, si, sj = S.op.axis
-    _tile(s, S, a["scores_acc"], si, sj, target)
+    _tile(s, S, a["scores_acc"], si, sj, target, tail)
     for st in s.stages:
         tag = st.op.tag if not st.is_placeholder else None
         if tag not in ("row_partial", "row_reduce", "row_buffer") or st.attach == "inline":
