@@ -85,6 +85,9 @@ def _best_block(n: int, cap: int) -> int:
 # =====================================================================================================
 # GEMM: acc[*batch, i, j] = sum_k a(batch, i, k) * b(batch_b, k, j)
 # =====================================================================================================
+GEMM_ROWS_OUTSIDE_BYTES = 1 << 20  # a B at most this large (half an L2 here) is read whole by every row tile
+
+
 @dataclass(frozen=True)
 class GemmPlan:
     mr: int  # rows of the register tile
@@ -95,8 +98,8 @@ class GemmPlan:
     unroll: tuple[str, str] = ("unroll", "unroll")  # register tile rows, column vectors: "unroll" or "none"
 
 
-def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None,
-              cfg: ConfigBase | None = None, fixed_nr: int | None = None) -> GemmPlan:  # fmt: skip
+def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None, cfg: ConfigBase | None = None,
+              fixed_nr: int | None = None, static_rows: bool = True) -> GemmPlan:  # fmt: skip
     """Tile sizes: an mr x nr accumulator tile that fits the register file. B is packed into
     panels when enough rows reuse each panel; for few rows (M < 8) the panel copy would cost as
     much as the product, and B is read in place with wider rows of the tile.
@@ -104,7 +107,8 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     With a tuning config `cfg` (`ember.te.config`), the packed plan's choices are its knobs
     (tile_m, tile_n, tile_k, order, pack_b, unroll_tile); the values computed here are their defaults
     (the fallback). `fixed_nr`: B comes packed already (a constant packed at compile time, panels of
-    that width): the panel width and packing are no longer choices."""
+    that width): the panel width and packing are no longer choices. `static_rows`: M is a constant (not a symbolic
+    size at its hint), which the row-outside order needs."""
     target = target or host_target()
     lanes = lanes_of(dtype, target)
     regs = vector_regs(target)
@@ -122,8 +126,17 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     mr = -(-M // -(-M // mr))  # balanced row tiles: 64 rows as 6 x 11, not 5 x 12 and a tile of 4
     # column panels outside: each panel of B is read from memory once and reused by every row tile (A, the
     # activations, is the smaller operand in inference and stays in cache); rows outside re-read all of B per
-    # row tile, from DRAM once a model's weights outgrow the L3 (BERT-4: 39.4 -> 35.2 ms, T5 encoder -7%)
-    dflt = GemmPlan(mr=mr, nr=nr, packed=True, order="ji")
+    # row tile, from DRAM once a model's weights outgrow the L3 (BERT-4: 39.4 -> 35.2 ms, T5 encoder -7%).
+    # Where the activations outweigh a B that stays in the L2, rows go outside: each thread then writes whole rows
+    # of C, the rows the next product reads on that thread (the pool gives each thread the same share of every
+    # loop); with panels outside the threads wrote columns of every row, read by the other core next (Swin and
+    # ConvNeXt at 2 threads: 1.08x, 3136 x 96 x 96 products in a chain 2.77 -> 1.75 ms). Where they do not (a
+    # sequence of 128 against a 256..512-wide layer's weights), each thread reading all of B cost more than that:
+    # ELECTRA-small, CLIP text, LLaMA, T5 5-7% slower at 2 threads.
+    # (Symbolic rows keep panels outside: their partial row tile, guarded, would keep its accumulators in memory.)
+    rows_outside = (static_rows and K * N * as_dtype(dtype).itemsize <= GEMM_ROWS_OUTSIDE_BYTES
+                    and M * (K + N) >= 2 * K * N)  # fmt: skip
+    dflt = GemmPlan(mr=mr, nr=nr, packed=True, order="ij" if rows_outside else "ji")
     if fixed_nr is not None and M < SKINNY_ROWS:
         dflt = skinny_plan(M, fixed_nr, target)  # B packed for a skinny product (`ember.passes.pack`)
     if cfg is None:
@@ -218,7 +231,8 @@ def gemm_acc(
     b_at, with no packing stage in the kernel."""
     dt = as_dtype(dtype)
     plan = gemm_plan(size_hint(M), size_hint(N), size_hint(K), dt, cfg=cfg,  # symbolic sizes: tiles at their hint
-                     fixed_nr=packed_b.shape[-1] if packed_b is not None else None)  # fmt: skip
+                     fixed_nr=packed_b.shape[-1] if packed_b is not None else None,
+                     static_rows=not isinstance(M, Expr))  # fmt: skip
     k = te.reduce_axis((0, K), name="k")
     nb = len(batch)
     if plan.packed:

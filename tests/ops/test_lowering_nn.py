@@ -499,6 +499,10 @@ def test_gemm_plans() -> None:
     assert T.gemm_plan(128, 768, 768, as_dtype("float32")).packed
     few_rows = T.gemm_plan(1, 768, 768, as_dtype("float32"))
     assert not few_rows.packed and few_rows.mr == 1 and few_rows.nr % lanes == 0
+    # a B that fits the L2 is read whole by every row tile (rows outside: each thread writes whole rows of C, the
+    # ones the next product reads on that thread); a larger one streams panel by panel (panels outside)
+    assert T.gemm_plan(3136, 96, 96, as_dtype("float32")).order == "ij"
+    assert T.gemm_plan(128, 3072, 768, as_dtype("float32")).order == "ji"
     x, y = te.placeholder((100, 24), "float32"), te.placeholder((24, 10), "float32")
     out = matmul_te(x, y)
     assert (out.op.attrs["i_axis"], out.op.attrs["j_axis"]) == (1, 0)  # transposed: vectors along the rows
