@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from ember import te
 from ember.target import Target
 from ember.te.config import ConfigBase
-from ember.te.tensor import Tensor, size_hint
+from ember.te.tensor import Tensor, prod_hint, size_hint
 from ember.templates.nn import (
     SCHEDULES,
     Window,
@@ -46,6 +46,7 @@ from ember.templates.nn import (
     zero,
 )
 from ember.tir.dtype import DType
+from ember.tir.dtype import dtype as as_dtype
 from ember.tir.expr import Expr
 
 
@@ -190,7 +191,8 @@ def conv_nchwc_acc(x: Tensor, w: Tensor, pads: Sequence[int], win: Window, depth
         xv = xp[n, xcb, oh * sh + rkh * dh, ow * sw + rkw * dw, xc]
         return te.sum(xv * w[k, rcb, rkh, rkw, rc, v], axis=[rcb, rkh, rkw, rc])
 
-    acc = te.compute((N, KB, OH, OW, kb), body, name=name, tag="conv_nchwc", attrs={"plan": plan, "weight": w})
+    acc = te.compute((N, KB, OH, OW, kb), body, name=name, tag="conv_nchwc",
+                     attrs={"plan": plan, "weight": w, "input": x})  # fmt: skip
     return acc, lambda *i: acc[i]
 
 
@@ -231,7 +233,7 @@ def window_nchwc_acc(
         v = xp[n, c, oh * sh + rkh * dh, ow * sw + rkw * dw, k]
         return reducer(term(v, c, rkh, rkw, k) if term else v, axis=[rkh, rkw])
 
-    acc = te.compute((N, CB, OH, OW, cb), body, name=name, tag="window_nchwc", attrs={"plan": plan})
+    acc = te.compute((N, CB, OH, OW, cb), body, name=name, tag="window_nchwc", attrs={"plan": plan, "input": x})
     return acc, lambda *i: acc[i]
 
 
@@ -300,11 +302,15 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     kbo, kbi = O.split(kb, plan.kbt)
     tiles = size_hint(out.shape[0]) * (out.shape[1] // plan.kbt)  # (a symbolic batch: at its hint)
     rows = -(-size_hint(out.shape[2]) // plan.oht)
-    chunks = _row_chunks(tiles, rows, target) if _parallel_ok(out, tiles * rows, target) else 0
+    rows_out = _rows_outside(acc, out, rows, target)
+    if rows_out:
+        chunks = _row_chunks(1, rows, target) if _parallel_ok(out, rows, target) else 0
+    else:
+        chunks = _row_chunks(tiles, rows, target) if _parallel_ok(out, tiles * rows, target) else 0
     ro, ri = O.split(oh, plan.oht)
     oho, ohi = O.split(ro, nparts=max(chunks, 1))
     po, pi = O.split(ow, plan.owt)
-    O.reorder(n, kbo, oho, ohi, po, ri, pi, kbi, k)
+    O.reorder(n, *((oho, kbo) if rows_out else (kbo, oho)), ohi, po, ri, pi, kbi, k)
     O.unroll(ri)
     O.unroll(kbi)
     O.unroll(pi)
@@ -332,8 +338,26 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
         # first row tile of a block read them from memory (ResNet's 512-channel 7x7 layers: 2 row tiles per block)
         L.prefetch(w, red[-1], dim=0, offset=plan.kbt)
     if chunks:
-        O.parallel(O.fuse(n, kbo, oho))
+        O.parallel(O.fuse(n, *((oho, kbo) if rows_out else (kbo, oho))))
     return {O.name, L.name}
+
+
+ROWS_OUTSIDE_BYTES = 1 << 20  # weights at most this large (half an L2 here) are read whole by every chunk of rows
+
+
+def _rows_outside(acc: Tensor, out: Tensor, rows: int, target: Target) -> bool:
+    """Whether the parallel loop takes chunks of rows outside the channel tiles: where the activations (input and
+    output) outweigh weights that stay in the L2, and the rows give each thread two chunks. Each thread then writes
+    all channels of its rows, the rows the next kernel reads on that core (the pool gives each thread the same
+    share of every loop; a 3 x 3 convolution reads a row beyond them); with channel tiles outside, each thread
+    wrote half the channels of every row and the next layer read the other half across cores."""
+    x = acc.op.attrs.get("input")
+    if target.num_cores <= 1 or x is None or rows < 2 * target.num_cores:
+        return False
+    w = acc.op.attrs.get("weight")
+    item = as_dtype(out.dtype).bits // 8
+    wbytes = prod_hint(w.shape) * as_dtype(w.dtype).bits // 8 if w is not None else 0
+    return wbytes <= ROWS_OUTSIDE_BYTES and (prod_hint(x.shape) + prod_hint(out.shape)) * item >= 2 * wbytes
 
 
 def _schedule_global_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:

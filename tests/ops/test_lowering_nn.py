@@ -11,6 +11,7 @@ references: the absolute tolerance scales with the output's magnitude (1e-5 of i
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass, field
 
@@ -515,6 +516,25 @@ def test_conv_plans() -> None:
     assert dense.kind == "conv_oc" and dense.block % lanes == 0 and 56 % dense.width == 0
     assert T.conv_plan(32, 1, 112, 1, dt).kind == "conv_ow"  # depthwise
     assert T.conv_plan(3, 3, 10, 2, dt).kind == "conv_ow"
+
+
+@pytest.mark.parametrize("c, hw, rows_outside", [(16, 29, True), (256, 7, False)])
+def test_blocked_conv_parallel_loop_order(monkeypatch, c: int, hw: int, rows_outside: bool) -> None:
+    """At 2 threads the blocked convolution's parallel loop takes chunks of rows outside its channel tiles where
+    the activations outweigh the weights (each thread then writes all channels of its rows, which the next layer
+    reads on the same core), channel tiles outside where the weights do (256 channels at 7 x 7); onnxruntime's
+    result either way (29 rows: chunks of uneven height)."""
+    from ember import zoo
+
+    monkeypatch.setattr("ember.passes.layout.WINOGRAD_MIN_GAIN", float("inf"))  # the direct template
+    b = zoo.Builder(0)
+    model = b.model({"x": (1, c, hw, hw)}, b.conv_bn_relu(b.conv_bn_relu("x", c, c), c, c))
+    compiled = ember.compile(model, target="c -threads=2", fallback=False)
+    fused = re.findall(r"for \(int32_t (\w+_fused) = \(int32_t\)ember_begin", compiled.source)
+    assert fused and all(("i2_outer_outer_fused_i1" in f) == rows_outside for f in fused), fused
+    feeds = zoo.random_feeds(model, 1)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(list(compiled.run(feeds).values())[0], expected[0], rtol=RTOL, atol=1e-5)
 
 
 @pytest.mark.parametrize("table", [False, True])
