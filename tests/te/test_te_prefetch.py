@@ -26,6 +26,7 @@ static inline void ember_test_prefetch(const void* p, int rw, int locality) {
   if (ember_test_n < (1 << 20)) ember_test_seen[ember_test_n++] = (const char*)p;
 }
 int64_t ember_test_count(void) { return ember_test_n; }
+void ember_test_reset(void) { ember_test_n = 0; }
 const char* ember_test_at(int64_t i) { return ember_test_seen[i]; }
 """
 
@@ -65,6 +66,7 @@ def recorded(s, args, arrays) -> list[int]:
     lib.ember_test_count.restype = ctypes.c_int64
     lib.ember_test_at.restype = ctypes.c_void_p
     lib.default_function.restype = ctypes.c_int32
+    lib.ember_test_reset()  # the same source is the same library: dlopen hands back the one loaded, counts and all
     assert lib.default_function(*[ctypes.c_void_p(a.ctypes.data) for a in arrays]) == 0
     return [lib.ember_test_at(ctypes.c_int64(n)) for n in range(lib.ember_test_count())]
 
