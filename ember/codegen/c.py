@@ -1175,9 +1175,11 @@ THREADS_API = POOL_SOURCE
 
 def _stores(s: Stmt, ana: Analyzer) -> int:
     """About how many stores one run of `s` does (loops at their constant extent or bound, else 16 iterations;
-    a conditional at its larger branch): the work of a parallel loop's iteration."""
+    a conditional at its larger branch): the work of a parallel loop's iteration. A vector store or load at lanes
+    that are not contiguous (a gather, a scatter: one access per lane) counts its lanes: an attention kernel's
+    packing of K, a transpose by 32-lane gathers, counted as one store per vector, ran serially."""
     if isinstance(s, Store):
-        return 1
+        return 1 + sum(_lane_by_lane(n) for n in walk(s) if isinstance(n, Load | Store))
     if isinstance(s, Seq):
         return sum(_stores(x, ana) for x in s.stmts)
     if isinstance(s, For):
@@ -1190,6 +1192,15 @@ def _stores(s: Stmt, ana: Analyzer) -> int:
     if isinstance(s, Evaluate) and isinstance(s.value, Call) and s.value.name in INTRINSICS:
         return _intrinsic_work(s.value)
     return 1 if isinstance(s, Evaluate) else 0
+
+
+def _lane_by_lane(access: Load | Store) -> int:
+    """The lanes of a vector access that runs one lane at a time (indices not a unit-stride ramp), else 0."""
+    (idx,) = access.indices if len(access.indices) == 1 else (None,)
+    if idx is None or idx.dtype.lanes == 1:
+        return 0
+    unit = isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value in (1, 2)
+    return 0 if unit else idx.dtype.lanes
 
 
 def _intrinsic_work(call: Call) -> int:

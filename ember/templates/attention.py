@@ -179,9 +179,11 @@ def schedule_attention(attrs: dict, outs: Sequence[Tensor], target: Target) -> t
         elif tag == "row_buffer" and len(ax) == len(out.shape) and te.multiple_of(shape[-1], lanes):
             _, fi = st.split(ax[-1], lanes)
             st.vectorize(fi)
-    for st in s.stages:  # prologues fused into the kernel (the heads' reshapes and transposes): read in place
-        op = st.op  # (a transpose's tag is for its standalone tiles: here it is read in place like a reshape)
-        if st.attach == "root" and not st.is_placeholder and not st.is_output and op.tag in ("", "transpose") \
+    for st in s.stages:  # prologues fused into the kernel (the heads' reshapes and transposes, the gathers that
+        op = st.op  # take q, k, v out of a stacked qkv): read in place; left at root they were serial copies
+        # (a transpose's tag is for its standalone tiles: here it is read in place like a reshape)
+        if st.attach == "root" and not st.is_placeholder and not st.is_output \
+                and op.tag in ("", "transpose", "gather") \
                 and not isinstance(op.body, Reduce) and not op.attrs.get("materialize"):  # fmt: skip
             st.compute_inline()
     if target.num_cores > 1:

@@ -170,3 +170,28 @@ def test_symbolic_length_attention(target):
         feeds["mask"][..., rng.random(s) < 0.3] = np.finfo(np.float32).min
         feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
         np.testing.assert_allclose(compiled.run(feeds)["o"], sess.run(None, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_stacked_qkv_gathers_read_in_place():
+    """q, k, v taken out of one stacked tensor [3, windows, heads, 49, 32] by Gather (torchvision's Swin): the
+    gathers are read in place inside the attention kernel, not copied serially into buffers first; the packing of
+    k (a transpose by vector gathers, few stores but a load per lane) runs on the threads; onnxruntime's result."""
+    f = TensorProto.FLOAT
+    shape = [3, 4, 3, 49, 32]
+    nodes = [helper.make_node("Gather", ["qkv", f"i{j}"], [n], axis=0) for j, n in enumerate("qkv")]
+    nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["o"])]  # fmt: skip
+    inits = [numpy_helper.from_array(np.array(j, np.int64), f"i{j}") for j in range(3)]
+    graph = helper.make_graph(nodes, "qkv", [helper.make_tensor_value_info("qkv", f, shape)],
+                              [helper.make_tensor_value_info("o", f, shape[1:])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    compiled = ember.compile(model, target="c -threads=2")
+    assert "BlockAttention" in ops_after_passes(model)
+    assert not re.search(r"// gather\w*: float32\[", compiled.source)
+    lines = compiled.source.splitlines()
+    pack = next(i for i, line in enumerate(lines) if "store" in line and "(&attention_s_packed_b[" in line)
+    assert not any("runs serially" in line for line in lines[pack - 3 : pack])
+    feeds = {"qkv": np.random.default_rng(3).standard_normal(shape).astype(np.float32)}
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(compiled.run(feeds)["o"], ref, rtol=1e-4, atol=1e-5)
