@@ -2,6 +2,8 @@
 
     s = MatMul(q, k); s = Mul(s, c) or Div(s, c)   (c a constant scalar, optional)
     s = Add(s, mask)                               (mask broadcast to the scores, optional: BERT's padding mask)
+    s = Reshape(Add(Reshape(s), c))                (a constant added through views of the scores, optional:
+                                                    Swin's shifted-window mask; folded into the mask)
     p = Softmax(s, axis=-1); o = MatMul(p, v)      ->  o = BlockAttention(q, k, v[, mask]) {scale}
 
 BlockAttention computes the scores of a block of query rows, their softmax and their product with V before the
@@ -18,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember.graph.ir import Graph, Node, Value
+from ember.passes.util import new_constant
 from ember.target import Target
 from ember.te.tensor import size_hint
 
@@ -51,6 +54,32 @@ def _mask(node: Node, scores: tuple, producers: dict) -> tuple[Value | None, Val
     return None, None
 
 
+def _reshaped_mask(r2: Node, scores: Value, producers: dict, only_reader) -> tuple[Value, np.ndarray, list] | None:
+    """Reshape -> Add(constant) -> Reshape back, the scores' producer chain of Swin's shifted windows (the scores
+    viewed as [batch / windows, windows, heads, N, N] to add a mask per window): (the scores before the views, the
+    constant as a mask of their shape, the three nodes), else None. The views keep the elements' order, so adding
+    the constant broadcast to the viewed shape and viewed back is the same sum."""
+    if r2.op != "Reshape":
+        return None
+    y = r2.inputs[0]
+    add = producers.get(y)
+    if add is None or add.op != "Add" or len(add.inputs) != 2 or not only_reader(y, r2):
+        return None
+    x, c = add.inputs if add.inputs[1].is_constant else add.inputs[::-1]
+    r1 = producers.get(x)
+    if x.is_constant or not c.is_constant or r1 is None or r1.op != "Reshape" or not only_reader(x, add):
+        return None
+    raw = r1.inputs[0]
+    shapes = (raw.shape, x.shape, y.shape, scores.shape)
+    if any(not isinstance(d, int) for sh in shapes for d in sh) or raw.shape != scores.shape or x.shape != y.shape:
+        return None
+    try:
+        mask = np.broadcast_to(c.data, x.shape)
+    except ValueError:
+        return None
+    return raw, mask.reshape(raw.shape).astype(np.float32), [r1, add, r2]
+
+
 def fuse_attention(graph: Graph, target: Target | str | None = None) -> Graph:
     """Rewrite each MatMul -> [scale] -> Softmax -> MatMul chain of the module doc into one BlockAttention node."""
     target = Target.parse(target or "c")
@@ -75,11 +104,18 @@ def fuse_attention(graph: Graph, target: Target | str | None = None) -> Graph:
         if sm.attrs.get("axis", -1) not in (-1, len(s.shape) - 1):
             continue
         first, scale, chain, bias = producers.get(s), 1.0, [sm], None
-        if first is not None and first.op == "Add" and only_reader(s, sm):
-            raw, bias = _mask(first, s.shape, producers)
-            if raw is None:
+        viewed = _reshaped_mask(first, s, producers, only_reader) if first is not None and only_reader(s, sm) else None
+        if viewed is not None:  # a constant added through views of the scores (Swin's shifted windows)
+            s, extra, views = viewed
+            chain, first = [*views, sm], producers.get(s)
+            bias = new_constant(graph, "attention_mask", extra)
+        if first is not None and first.op == "Add" and only_reader(s, chain[0]):
+            raw, mask = _mask(first, s.shape, producers)
+            if raw is None or (viewed is not None and not mask.is_constant):
                 continue
-            chain, s, first = [first, sm], raw, producers.get(raw)
+            if viewed is not None:  # both constant: one mask of the scores' shape
+                mask = new_constant(graph, "attention_mask", np.broadcast_to(mask.data, s.shape) + viewed[1])
+            chain, s, first, bias = [first, *chain], raw, producers.get(raw), mask
         if first is not None and first.op in ("Mul", "Div") and only_reader(s, chain[0]):
             raw = first.inputs[0] if first.inputs[1].is_constant else first.inputs[1]
             factor = _scale(first, raw)

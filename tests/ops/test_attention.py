@@ -195,3 +195,33 @@ def test_stacked_qkv_gathers_read_in_place():
     feeds = {"qkv": np.random.default_rng(3).standard_normal(shape).astype(np.float32)}
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(compiled.run(feeds)["o"], ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_shifted_window_mask_through_views(with_bias):
+    """Swin's shifted windows: the scores [windows, heads, 49, 49] (+ a relative position bias) viewed as
+    [1, windows, heads, 49, 49] to add a mask per window, viewed back, then the softmax: one BlockAttention whose
+    mask is the constants combined; onnxruntime's result."""
+    f, w, h, n, d = TensorProto.FLOAT, 4, 3, 49, 32
+    rng = np.random.default_rng(4)
+    ins = [helper.make_tensor_value_info("q", f, [w, h, n, d]), helper.make_tensor_value_info("k", f, [w, h, d, n]),
+           helper.make_tensor_value_info("v", f, [w, h, n, d])]  # fmt: skip
+    mask = np.where(rng.random((1, w, 1, n, n)) < 0.3, -100.0, 0.0).astype(np.float32)
+    inits = [numpy_helper.from_array(rng.standard_normal((1, h, n, n)).astype(np.float32), "bias"),
+             numpy_helper.from_array(mask, "mask"), numpy_helper.from_array(np.array([1, w, h, n, n], np.int64), "v5"),
+             numpy_helper.from_array(np.array([w, h, n, n], np.int64), "v4")]  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["s"])]
+    if with_bias:
+        nodes.append(helper.make_node("Add", ["s", "bias"], ["sb"]))
+    nodes += [helper.make_node("Reshape", ["sb" if with_bias else "s", "v5"], ["s5"]),
+              helper.make_node("Add", ["s5", "mask"], ["m5"]), helper.make_node("Reshape", ["m5", "v4"], ["m4"]),
+              helper.make_node("Softmax", ["m4"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["o"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "shifted", ins, [helper.make_tensor_value_info("o", f, [w, h, n, d])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ops = ops_after_passes(model)
+    assert "BlockAttention" in ops and "Softmax" not in ops and "Reshape" not in ops
+    compiled = ember.compile(model, target="c -threads=2")
+    feeds = feeds_for(model, 7)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(compiled.run(feeds)["o"], ref, rtol=1e-4, atol=1e-5)
