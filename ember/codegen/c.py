@@ -1196,9 +1196,9 @@ def _stores(s: Stmt, ana: Analyzer) -> int:
 
 def _lane_by_lane(access: Load | Store) -> int:
     """The lanes of a vector access that runs one lane at a time (indices not a unit-stride ramp), else 0."""
-    (idx,) = access.indices if len(access.indices) == 1 else (None,)
-    if idx is None or idx.dtype.lanes == 1:
+    if len(access.indices) != 1 or access.indices[0].dtype.lanes == 1:
         return 0
+    idx = access.indices[0]
     unit = isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value in (1, 2)
     return 0 if unit else idx.dtype.lanes
 

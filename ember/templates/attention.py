@@ -155,7 +155,7 @@ def schedule_attention(attrs: dict, outs: Sequence[Tensor], target: Target) -> t
     # register tile is whole: a guarded tile indexed its accumulators by the shift and kept them in memory (the
     # output product of Swin's 49-row windows ran at 10-16% of the roofline)
     tail = "shift" if static else "guard"
-    io, ii = O.split(i, rows, tail=tail if static and M % rows else "guard")
+    io, ii = O.split(i, rows, tail="shift" if static and M % rows else "guard")
     O.reorder(*b, io, ii, j)
     _tile(s, O, a["acc"], ii, j, target, tail)
     S = s[a["scores"]]

@@ -41,6 +41,7 @@ from ember.templates.nn import (
     lanes_of,
     pad_input,
     prefetch_blocks,
+    rows_outside,
     vector_regs,
     work,
     zero,
@@ -333,7 +334,7 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     L.compute_at(O, po)
     w = acc.op.attrs.get("weight")
     positions = size_hint(out.shape[2]) * size_hint(out.shape[3])
-    uses = -(-size_hint(out.shape[2]) // plan.oht) * -(-size_hint(out.shape[3]) // plan.owt)  # spatial tiles
+    uses = rows * -(-size_hint(out.shape[3]) // plan.owt)  # spatial tiles
     # a block that one tile reads (a whole small map) still prefetches where each weight vector feeds enough FMAs
     # (PREFETCH_POSITIONS: ResNet-50's 5 x 5 maps, 1 thread 1.05x), not where the stream outruns them (Inception's
     # 3 x 3 maps, 9 FMAs a line: 0.83 -> 0.96 ms with it; the hardware prefetcher keeps up there)
@@ -348,22 +349,18 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
 
 
 PREFETCH_POSITIONS = 16  # output positions of a map from which a block of weights read once is prefetched
-ROWS_OUTSIDE_BYTES = 1 << 20  # weights at most this large (half an L2 here) are read whole by every chunk of rows
 
 
 def _rows_outside(acc: Tensor, out: Tensor, rows: int, target: Target) -> bool:
-    """Whether the parallel loop takes chunks of rows outside the channel tiles: where the activations (input and
-    output) outweigh weights that stay in the L2, and the rows give each thread two chunks. Each thread then writes
-    all channels of its rows, the rows the next kernel reads on that core (the pool gives each thread the same
-    share of every loop; a 3 x 3 convolution reads a row beyond them); with channel tiles outside, each thread
-    wrote half the channels of every row and the next layer read the other half across cores."""
+    """Whether the parallel loop takes chunks of rows outside the channel tiles (`rows_outside`: the input and
+    output outweigh the weights), where the rows give each thread two chunks (a 3 x 3 convolution reads a row
+    beyond its own)."""
     x = acc.op.attrs.get("input")
     if target.num_cores <= 1 or x is None or rows < 2 * target.num_cores:
         return False
     w = acc.op.attrs.get("weight")
-    item = as_dtype(out.dtype).bits // 8
     wbytes = prod_hint(w.shape) * as_dtype(w.dtype).bits // 8 if w is not None else 0
-    return wbytes <= ROWS_OUTSIDE_BYTES and (prod_hint(x.shape) + prod_hint(out.shape)) * item >= 2 * wbytes
+    return rows_outside((prod_hint(x.shape) + prod_hint(out.shape)) * as_dtype(out.dtype).bits // 8, wbytes)
 
 
 def _schedule_global_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) -> set[str]:

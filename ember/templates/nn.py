@@ -85,7 +85,15 @@ def _best_block(n: int, cap: int) -> int:
 # =====================================================================================================
 # GEMM: acc[*batch, i, j] = sum_k a(batch, i, k) * b(batch_b, k, j)
 # =====================================================================================================
-GEMM_ROWS_OUTSIDE_BYTES = 1 << 20  # a B at most this large (half an L2 here) is read whole by every row tile
+ROWS_OUTSIDE_BYTES = 1 << 20  # weights at most this large (half an L2 here) may be read whole by every row chunk
+
+
+def rows_outside(activation_bytes: int, weight_bytes: int) -> bool:
+    """Whether a parallel kernel takes its rows outside its column/channel tiles (GEMM, blocked convolution): where
+    the activations it reads and writes outweigh, twice over, weights that stay in the L2. Each thread then writes
+    whole rows, the rows the next kernel reads on that core (the pool gives each thread the same share of every
+    loop); the other way, each thread wrote part of every row and the next kernel read the rest across cores."""
+    return weight_bytes <= ROWS_OUTSIDE_BYTES and activation_bytes >= 2 * weight_bytes
 
 
 @dataclass(frozen=True)
@@ -134,9 +142,9 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     # sequence of 128 against a 256..512-wide layer's weights), each thread reading all of B cost more than that:
     # ELECTRA-small, CLIP text, LLaMA, T5 5-7% slower at 2 threads.
     # (Symbolic rows keep panels outside: their partial row tile, guarded, would keep its accumulators in memory.)
-    rows_outside = (static_rows and K * N * as_dtype(dtype).itemsize <= GEMM_ROWS_OUTSIDE_BYTES
-                    and M * (K + N) >= 2 * K * N)  # fmt: skip
-    dflt = GemmPlan(mr=mr, nr=nr, packed=True, order="ij" if rows_outside else "ji")
+    item = as_dtype(dtype).itemsize
+    rows_out = static_rows and rows_outside(M * (K + N) * item, K * N * item)
+    dflt = GemmPlan(mr=mr, nr=nr, packed=True, order="ij" if rows_out else "ji")
     if fixed_nr is not None and M < SKINNY_ROWS:
         dflt = skinny_plan(M, fixed_nr, target)  # B packed for a skinny product (`ember.passes.pack`)
     if cfg is None:
