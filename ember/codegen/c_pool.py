@@ -31,13 +31,16 @@ that has not started:
   chunk. And with two always-runnable threads beside a busy one, the scheduler leaves the caller on the shared core
   about half the time (serial code and its chunks at half speed); a worker that sleeps carries little load, and the
   caller stays on the free core.
-- Worker k keeps to the k-th CPU the process may use (`ember_pool_pin`; the first is left to the caller;
+- Worker k keeps to the k-th CPU the process may use once the caller's current CPU is set aside (`ember_pool_place`;
   EMBER_POOL_PIN=0 leaves them unpinned). Woken after a pause, an unpinned worker is placed on its waker's CPU
   (Linux's wake affinity) and polls there beside the caller until the load balancer moves one of them,
   milliseconds later: in onnxruntime/OpenVINO turns with 50 ms pauses (bench/zoo.py), MobileNetV2 at 2 threads
   took 5.0 ms, more than at 1 thread, and 3.5 ms pinned. Beside a busy core (bench/contention.py, busy/quiet
   median at 2 threads) pinning also helped: EfficientNet-B0 1.65 -> 1.27, BERT-4 1.72 -> 1.54, ResNet-18 1.36 ->
   1.30 (the caller keeps the free core; the pinned worker's chunks are taken by the caller when it is late).
+  The caller, the application's thread, is never pinned: each region reads its CPU (`sched_getcpu`) and moves a
+  worker that is kept to it (with fixed CPUs, a caller the scheduler had put on the worker's CPU shared it for the
+  rest of the run: MobileNetV3-small at 2 threads 2.1-2.3 ms, slower than at 1 thread; 1.3-1.6 with the move).
 - Workers are created on the first region that needs them (at most EMBER_POOL_MAX - 1) and kept; a worker that
   cannot be created is not waited for (its share runs on the others). One region at a time: a caller that finds
   the pool taken (another host thread's region) runs its loop serially. A forked child starts with no workers.
@@ -139,30 +142,69 @@ static int64_t ember_pool_take(int32_t home, void (*fn)(void*, int64_t, int64_t)
   return taken;
 }
 
-// Worker k keeps to one CPU of those the process may use, the k-th (the first is left to the caller): woken after a
-// pause, an unpinned worker is placed on its waker's CPU (Linux's wake affinity) and shares it with the caller,
-// polling, until the load balancer moves one of them, milliseconds later (MobileNetV2 at 2 threads, calls after
-// 50 ms idle: 5.9 ms, slower than 1 thread's 5.3; pinned 3.x). EMBER_POOL_PIN=0 leaves the workers unpinned.
-static void ember_pool_pin(int32_t k) {
-#if defined(__linux__) && defined(SYS_sched_getaffinity) && defined(SYS_sched_setaffinity)
-  const char* env = getenv("EMBER_POOL_PIN");
-  if (env != NULL && atoi(env) == 0) return;
-  enum { WORDS = 16, BITS = 8 * sizeof(unsigned long) };  // masks of up to 1024 CPUs
-  unsigned long mask[WORDS] = {0}, one[WORDS] = {0};
-  long got = syscall(SYS_sched_getaffinity, 0, sizeof mask, mask);  // the bytes of the mask the kernel filled
-  if (got <= 0) return;
-  int32_t n = 0, cpu = -1;
-  for (int32_t c = 0; c < (int32_t)(got * 8) && c < WORDS * BITS; c++)
-    if ((mask[c / BITS] >> (c % BITS)) & 1ul) n++;
-  if (n < 2) return;  // one CPU allowed: nothing to spread over
-  for (int32_t c = 0, i = 0; c < (int32_t)(got * 8) && c < WORDS * BITS; c++)
-    if (((mask[c / BITS] >> (c % BITS)) & 1ul) && i++ == k % n) cpu = c;
-  one[cpu / BITS] = 1ul << (cpu % BITS);
-  syscall(SYS_sched_setaffinity, 0, sizeof one, one);
-#else
-  (void)k;
-#endif
+// Worker k keeps to one CPU of those the process may use, the k-th of them once the caller's own CPU is set aside:
+// woken after a pause, an unpinned worker is placed on its waker's CPU (Linux's wake affinity) and shares it with
+// the caller, polling, until the load balancer moves one of them, milliseconds later (MobileNetV2 at 2 threads,
+// calls after 50 ms idle: 5.9 ms, slower than 1 thread's 5.3; pinned 3.x). The caller is not pinned (it is the
+// application's thread): where the scheduler moves it onto a worker's CPU, the next region moves the workers
+// (`ember_pool_place`; MobileNetV3-small at 2 threads, caller on the worker's CPU: 2.3 ms, 0.9 beside it).
+// EMBER_POOL_PIN=0 leaves the workers unpinned.
+#if defined(__linux__) && defined(SYS_sched_getaffinity) && defined(SYS_sched_setaffinity) && defined(SYS_gettid)
+#define EMBER_POOL_CAN_PIN 1
+enum { EMBER_POOL_MASK_WORDS = 16, EMBER_POOL_MASK_BITS = 8 * sizeof(unsigned long) };  // masks of up to 1024 CPUs
+static int32_t ember_pool_cpus[EMBER_POOL_MASK_WORDS * EMBER_POOL_MASK_BITS];  // the CPUs the process may use
+static int32_t ember_pool_ncpus = -1;          // how many (-1: not read yet; 0: pinning is off)
+static int32_t ember_pool_caller_cpu = -2;     // the caller's CPU when the workers were last placed
+static int32_t ember_pool_placed;              // workers 1..this were placed then
+int sched_getcpu(void);                        // glibc and musl (declared by <sched.h> under _GNU_SOURCE only)
+static _Atomic int32_t ember_pool_cpu_of[EMBER_POOL_MAX];  // per worker: the CPU it is to keep to (-1: any)
+static _Atomic int64_t ember_pool_tid[EMBER_POOL_MAX];     // per worker: its thread id, once it runs
+
+static void ember_pool_set_cpu(int64_t tid, int32_t cpu) {
+  unsigned long one[EMBER_POOL_MASK_WORDS] = {0};
+  one[cpu / EMBER_POOL_MASK_BITS] = 1ul << (cpu % EMBER_POOL_MASK_BITS);
+  syscall(SYS_sched_setaffinity, (pid_t)tid, sizeof one, one);
 }
+
+// Under ember_pool_busy: the CPUs the process may use (read once), and worker k's CPU: the k-th of them when the
+// caller's is set aside; a worker whose CPU changed is moved now.
+static void ember_pool_place(void) {
+  if (ember_pool_ncpus < 0) {
+    const char* env = getenv("EMBER_POOL_PIN");
+    unsigned long mask[EMBER_POOL_MASK_WORDS] = {0};
+    long got = env != NULL && atoi(env) == 0 ? 0 : syscall(SYS_sched_getaffinity, 0, sizeof mask, mask);
+    int32_t n = 0;
+    for (int32_t c = 0; got > 0 && c < (int32_t)(got * 8) && c < EMBER_POOL_MASK_WORDS * EMBER_POOL_MASK_BITS; c++)
+      if ((mask[c / EMBER_POOL_MASK_BITS] >> (c % EMBER_POOL_MASK_BITS)) & 1ul) ember_pool_cpus[n++] = c;
+    ember_pool_ncpus = n >= 2 ? n : 0;  // one CPU allowed: nothing to spread over
+    for (int32_t k = 0; k < EMBER_POOL_MAX; k++) atomic_store(&ember_pool_cpu_of[k], -1);
+  }
+  if (ember_pool_ncpus == 0) return;
+  int32_t caller = sched_getcpu(), at = 0;
+  if (caller == ember_pool_caller_cpu && ember_pool_placed == ember_pool_workers) return;
+  ember_pool_caller_cpu = caller;
+  ember_pool_placed = ember_pool_workers;
+  while (at < ember_pool_ncpus && ember_pool_cpus[at] != caller) at++;  // at == ncpus: not one of ours
+  int32_t others = at < ember_pool_ncpus ? ember_pool_ncpus - 1 : ember_pool_ncpus;
+  for (int32_t k = 1; k <= ember_pool_workers; k++) {
+    int32_t i = (k - 1) % others;
+    int32_t cpu = ember_pool_cpus[i < at ? i : i + 1];  // the i-th CPU after the caller's is set aside
+    if (atomic_exchange(&ember_pool_cpu_of[k], cpu) == cpu) continue;
+    int64_t tid = atomic_load(&ember_pool_tid[k]);
+    if (tid != 0) ember_pool_set_cpu(tid, cpu);  // not running yet: it reads its CPU when it starts
+  }
+}
+
+static void ember_pool_pin(int32_t k) {  // a new worker: its thread id, then its CPU (again if the caller moved it)
+  atomic_store(&ember_pool_tid[k], (int64_t)syscall(SYS_gettid));
+  for (int32_t cpu = atomic_load(&ember_pool_cpu_of[k]), was = -1; cpu >= 0 && cpu != was;
+       was = cpu, cpu = atomic_load(&ember_pool_cpu_of[k]))
+    ember_pool_set_cpu(atomic_load(&ember_pool_tid[k]), cpu);
+}
+#else
+static void ember_pool_place(void) {}
+static void ember_pool_pin(int32_t k) { (void)k; }
+#endif
 
 static void* ember_pool_worker(void* arg) {
   int32_t k = (int32_t)(intptr_t)arg;
@@ -200,6 +242,10 @@ static void ember_pool_after_fork(void) {  // the child has none of the parent's
   ember_pool_mu = mu;
   ember_pool_wake = ember_pool_idle = cv;
   ember_pool_workers = 0;
+#ifdef EMBER_POOL_CAN_PIN
+  ember_pool_placed = 0;
+  for (int32_t k = 0; k < EMBER_POOL_MAX; k++) atomic_store(&ember_pool_tid[k], 0);
+#endif
   atomic_store(&ember_pool_active, 0);
   atomic_store(&ember_pool_sleepers, 0);
   atomic_store(&ember_pool_waiting, 0);
@@ -243,6 +289,7 @@ void ember_parallel_for(void (*fn)(void*, int64_t, int64_t), void* closure, int6
   }
   nt = nt < EMBER_POOL_MAX ? nt : EMBER_POOL_MAX;
   ember_pool_start(nt - 1);
+  ember_pool_place();
   ember_pool_fn = fn;
   ember_pool_closure = closure;
   ember_pool_chunk = chunk;

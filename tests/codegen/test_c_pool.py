@@ -197,21 +197,29 @@ def test_more_threads_than_cores_beside_a_busy_core_do_not_hang():
 
 
 PINNED = """
-import json, os, sys, time
+import json, os, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np
 from test_c_pool import rows_kernel
 f = rows_kernel()
 f.set_num_threads(2)
-f(np.ones((203, 37), np.float32), np.ones((37, 8), np.float32), np.empty((203, 8), np.float32))
-allowed = sorted(os.sched_getaffinity(0))
-for _ in range(100):  # the worker pins itself when it starts: wait for it
-    single = sorted(next(iter(a)) for a in (os.sched_getaffinity(int(t)) for t in os.listdir("/proc/self/task"))
-                    if len(a) == 1)
-    if single or len(os.listdir("/proc/self/task")) > 1 and os.environ["EMBER_POOL_PIN"] == "0":
-        break
-    time.sleep(0.05)
-print(json.dumps([allowed[1], single]))
+args = np.ones((203, 37), np.float32), np.ones((37, 8), np.float32), np.empty((203, 8), np.float32)
+me = threading.get_native_id()
+
+def workers_cpus():  # the CPUs of the threads other than this one that keep to a single CPU
+    for _ in range(100):  # a worker pins itself when it starts: wait for it
+        tasks = [int(t) for t in os.listdir("/proc/self/task") if int(t) != me]
+        single = sorted(next(iter(a)) for a in map(os.sched_getaffinity, tasks) if len(a) == 1)
+        if single or tasks and os.environ["EMBER_POOL_PIN"] == "0":
+            return single
+        time.sleep(0.05)
+    return []
+
+f(*args)
+first = workers_cpus()
+os.sched_setaffinity(0, {first[0] if first else min(os.sched_getaffinity(0))})  # the caller onto the worker's CPU
+f(*args)
+print(json.dumps([first, workers_cpus()]))
 """
 
 
@@ -219,11 +227,14 @@ print(json.dumps([allowed[1], single]))
                     reason="pinning spreads workers over the CPUs Linux lets the process use (2 or more)")
 @pytest.mark.parametrize("pin", ["1", "0"])
 def test_workers_keep_to_their_own_cpu(pin):
-    """A worker keeps to the k-th CPU the process may use (the first is the caller's): woken after a pause, an
-    unpinned worker is placed on the caller's CPU and shares it until the load balancer moves one of them.
-    EMBER_POOL_PIN=0 leaves the workers unpinned."""
+    """A worker keeps to a CPU of its own, not the caller's: woken after a pause, an unpinned worker is placed on the
+    caller's CPU and shares it until the load balancer moves one of them. The caller is not pinned: moved onto the
+    worker's CPU, the next region moves the worker. EMBER_POOL_PIN=0 leaves the workers unpinned."""
     env = {**os.environ, "EMBER_POOL_PIN": pin, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", PINNED, os.path.dirname(__file__)], env=env, capture_output=True,
                          text=True, timeout=300, check=True).stdout  # fmt: skip
-    second, single = json.loads(out.strip().splitlines()[-1])
-    assert single == ([second] if pin == "1" else [])
+    first, then = json.loads(out.strip().splitlines()[-1])
+    if pin == "0":
+        assert first == then == []
+    else:
+        assert len(first) == len(then) == 1 and first[0] != then[0], (first, then)
