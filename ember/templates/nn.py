@@ -96,6 +96,29 @@ def rows_outside(activation_bytes: int, weight_bytes: int) -> bool:
     return weight_bytes <= ROWS_OUTSIDE_BYTES and activation_bytes >= 2 * weight_bytes
 
 
+# An L1 data cache indexes its sets with the address bits inside a 4 KiB page, so lines 4 KiB apart share a set (8
+# ways on Zen 4 and most x86/ARM cores). A register tile's rows of A walk K in step, one line each: where A's row
+# stride is a multiple of 4 KiB (K = 1024, 2048, 3072 floats: the down-projection of a transformer's FFN) all of them
+# share one set and evict each other before the next 16 k's use their line (128 x 3072 x 768 with 12-row tiles: 97
+# GFLOP/s; 6 rows: 107; K = 1024: 102 -> 111, K = 768 unchanged at 113).
+ALIAS_PERIOD = 4096
+ALIAS_ROWS = 6  # rows of a tile allowed in one set (two of the 8 ways left to B's panel and C)
+
+
+def alias_free_rows(mr: int, row_bytes: int) -> int:
+    """The most rows, at most mr, of a tile whose A rows (row_bytes apart) put at most ALIAS_ROWS lines in one L1
+    set at each step of the reduction."""
+    while mr > ALIAS_ROWS:
+        sets: dict[int, int] = {}
+        for i in range(mr):
+            line = i * row_bytes % ALIAS_PERIOD // 64
+            sets[line] = sets.get(line, 0) + 1
+        if max(sets.values()) <= ALIAS_ROWS:
+            break
+        mr -= 1
+    return mr
+
+
 @dataclass(frozen=True)
 class GemmPlan:
     mr: int  # rows of the register tile
@@ -131,6 +154,8 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     # (7 x 64 took all 32 zmm registers and spilled in the loop: 8-12% slower at 64..384 rows)
     mr = min(M, (regs - 3 - vecs) // vecs if regs >= 32 else 6)
     mr = max(1, min(mr, 12))
+    item = as_dtype(dtype).itemsize
+    mr = alias_free_rows(mr, K * item)
     mr = -(-M // -(-M // mr))  # balanced row tiles: 64 rows as 6 x 11, not 5 x 12 and a tile of 4
     # column panels outside: each panel of B is read from memory once and reused by every row tile (A, the
     # activations, is the smaller operand in inference and stays in cache); rows outside re-read all of B per
@@ -142,7 +167,6 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     # sequence of 128 against a 256..512-wide layer's weights), each thread reading all of B cost more than that:
     # ELECTRA-small, CLIP text, LLaMA, T5 5-7% slower at 2 threads.
     # (Symbolic rows keep panels outside: their partial row tile, guarded, would keep its accumulators in memory.)
-    item = as_dtype(dtype).itemsize
     rows_out = static_rows and rows_outside(M * (K + N) * item, K * N * item)
     dflt = GemmPlan(mr=mr, nr=nr, packed=True, order="ij" if rows_out else "ji")
     if fixed_nr is not None and M < SKINNY_ROWS:

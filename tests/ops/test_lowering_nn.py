@@ -509,6 +509,34 @@ def test_gemm_plans() -> None:
     assert (out.op.attrs["i_axis"], out.op.attrs["j_axis"]) == (1, 0)  # transposed: vectors along the rows
 
 
+def test_gemm_tile_rows_avoid_l1_set_aliasing() -> None:
+    """A's rows 4 KiB apart (or a multiple) share one L1 set: the register tile takes at most ALIAS_ROWS of them;
+    rows at other strides spread over the sets and keep the full tile."""
+    f32 = as_dtype("float32")
+    assert T.alias_free_rows(12, 3072 * 4) == T.ALIAS_ROWS  # 12 KiB apart: every row in one set
+    assert T.alias_free_rows(12, 2048 * 4) == T.ALIAS_ROWS
+    assert T.alias_free_rows(12, 1536 * 4) == 12  # 6 KiB: two sets, six rows each
+    assert T.alias_free_rows(12, 768 * 4) == 12 and T.alias_free_rows(12, 1020 * 4) == 12
+    assert T.gemm_plan(128, 768, 3072, f32, fixed_nr=32).mr <= T.ALIAS_ROWS
+    assert T.gemm_plan(128, 768, 768, f32, fixed_nr=32).mr > T.ALIAS_ROWS
+
+
+@pytest.mark.parametrize("m", [13, 64])
+def test_matmul_with_aliasing_rows_matches_numpy(m: int) -> None:
+    """A product with K = 1024 (tile rows capped; 13 rows: a partial last tile) against numpy, the weight a
+    constant (packed at compile time, as in a model)."""
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, 1024)).astype("float32")
+    b = rng.standard_normal((1024, 40)).astype("float32")
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, 40])],
+                          [numpy_helper.from_array(b, "b")])  # fmt: skip
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    got = ember.compile(model, target="c").run({"a": a})["y"]
+    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-3)  # float32 sums of 1024 products of N(0,1)
+
+
 def test_conv_plans() -> None:
     dt = as_dtype("float32")
     lanes = T.lanes_of(dt, T.host_target())
