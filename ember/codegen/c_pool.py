@@ -217,6 +217,7 @@ static void ember_pool_rescue(void) {
   if (ember_pool_ncpus <= 0) return;
   int32_t free_cpus[EMBER_POOL_MAX], nfree = 0;
   free_cpus[nfree++] = sched_getcpu();
+  if (free_cpus[0] < 0 || free_cpus[0] >= EMBER_POOL_MASK_WORDS * EMBER_POOL_MASK_BITS) return;
   for (int32_t k = 1; k <= ember_pool_workers; k++) {
     int32_t cpu = atomic_load(&ember_pool_cpu_of[k]);
     if (!atomic_load(&ember_pool_inside[k]) && cpu >= 0 && cpu != free_cpus[0]) free_cpus[nfree++] = cpu;
