@@ -225,3 +225,47 @@ def test_shifted_window_mask_through_views(with_bias):
     feeds = feeds_for(model, 7)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(compiled.run(feeds)["o"], ref, rtol=1e-4, atol=1e-5)
+
+
+def rotary_model(s: int, heads: int, d: int):
+    """LLaMA's attention: q and k [1, heads, s, d] rotated by position (x cos + rotate_half(x) sin, rotate_half by
+    Slice, Neg and Concat), the scores scaled, softmax, times v."""
+    f, h = TensorProto.FLOAT, d // 2
+    pos = np.arange(s)[:, None] / 10000 ** (np.arange(h) / h)[None, :]
+    angles = np.concatenate([pos, pos], axis=1).astype(np.float32)
+    inits = [numpy_helper.from_array(np.cos(angles), "cos"), numpy_helper.from_array(np.sin(angles), "sin"),
+             numpy_helper.from_array(np.array(d**-0.5, np.float32), "scale")]  # fmt: skip
+    for name, v in (("lo", [0]), ("mid", [h]), ("hi", [d]), ("last", [-1])):
+        inits.append(numpy_helper.from_array(np.array(v, np.int64), name))
+    nodes = []
+    for x in ("q", "k"):
+        nodes += [helper.make_node("Slice", [x, "lo", "mid", "last"], [f"{x}1"]),
+                  helper.make_node("Slice", [x, "mid", "hi", "last"], [f"{x}2"]),
+                  helper.make_node("Neg", [f"{x}2"], [f"{x}2n"]),
+                  helper.make_node("Concat", [f"{x}2n", f"{x}1"], [f"{x}rot"], axis=-1),
+                  helper.make_node("Mul", [x, "cos"], [f"{x}c"]),
+                  helper.make_node("Mul", [f"{x}rot", "sin"], [f"{x}s"]),
+                  helper.make_node("Add", [f"{x}c", f"{x}s"], [f"{x}r"])]  # fmt: skip
+    nodes += [helper.make_node("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["qr", "kt"], ["s0"]), helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+              helper.make_node("Softmax", ["s1"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o"])]
+    ins = [helper.make_tensor_value_info(n, f, [1, heads, s, d]) for n in ("q", "k", "v")]
+    graph = helper.make_graph(nodes, "rotary", ins, [helper.make_tensor_value_info("o", f, [1, heads, s, d])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rotary_query_computed_once_in_vectors(threads):
+    """The rotary embedding fuses into the attention kernel: k's is read in place by the packing, q's is computed
+    once into a buffer, in vectors (read in place, every register tile redid it for each column panel of the
+    scores), and the slices and concatenations are no copies of their own; onnxruntime's result."""
+    model = rotary_model(40, 3, 32)
+    compiled = ember.compile(model, target=f"c -threads={threads}")
+    assert "BlockAttention" in ops_after_passes(model)
+    src = compiled.source
+    assert not re.search(r"// (slice|concat|expand)\w*: float32\[", src)
+    query = re.search(r"// (add\w*): float32\[1, 3, 40, 32\], global", src)  # the rotated q, materialized
+    assert query and re.search(rf"ember_vstore_float32x\d+\(&{query.group(1)}\[", src)
+    feeds = feeds_for(model, 8)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(compiled.run(feeds)["o"], ref, rtol=1e-4, atol=1e-5)
