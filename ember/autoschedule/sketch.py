@@ -78,6 +78,7 @@ class Sketch:
     shared: bool = False  # GPU: the reuse reduction's operands cached in shared memory per block
     register: bool = False  # CPU: the reuse reduction as a register tile (vectorized columns, unrolled reduction)
     window: bool = False  # CPU: window reductions (pooling, depthwise) in local tiles of their outputs
+    separable: bool = False  # window: each window reduction split by `separate` (row sums, then columns)
 
 
 @dataclass
@@ -192,7 +193,21 @@ def sketches(outs: Sequence[Tensor], target: Target) -> list[Sketch]:
     reductions = [st for st in stages if is_reduce(st)]
     if reductions and all(is_window(st) for st in reductions):
         out.append(Sketch("window", window=True))
+        if any(_separate(te.create_schedule(list(outs)), st.name) for st in reductions):
+            out.append(Sketch("window.sep", window=True, separable=True))
     return out
+
+
+def _separate(s: Schedule, name: str) -> Stage | None:
+    """Split window reduction `name` of s by its last tap (`Schedule.separate`); the partial stage, or None
+    where its window is not separable (one tap, a weighted window: a depthwise convolution's)."""
+    st = s[name]
+    if len(st.op.reduce_axis) < 2:
+        return None
+    try:
+        return s[s.separate(st.op.output(), st.op.reduce_axis[-1].name)]
+    except ScheduleError:
+        return None
 
 
 def _reduce_extent(st: Stage) -> int:
@@ -238,6 +253,9 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
     choice); returns it with the decisions taken (all of them: `apply` with those gives the same steps)."""
     d = Decider(dict(decisions or {}), rng, lanes=0 if sketch.gpu else lanes_of("float32", target))
     s = te.create_schedule(list(outs))
+    if sketch.separable:
+        for st in [st for st in s.stages if is_window(st)]:
+            _separate(s, st.name)
     layouts = _layout_stages(s) if sketch.register else []
     pads = _pad_stages(s) if sketch.window else []
     optional = layouts + pads + ([] if sketch.gpu else _shared_stages(s))
@@ -583,7 +601,7 @@ def _apply_window(s: Schedule, d: Decider, target: Target, pads: list[Stage]) ->
     at the output's width loop: the window's taps outside, the tile's channels and rows unrolled inside, its width
     in vectors. A materialized padded input is computed at root or at the output's channel-tile loop."""
     readers = _readers(s)
-    tiles: dict[Stage, IterVar] = {}  # each output's outermost (lead and channel tile) loop
+    tiles: dict[Stage, tuple[IterVar, IterVar]] = {}  # each output's outermost (lead and channel tile) and row loop
     locals_: dict[Stage, Stage] = {}  # each window reduction's local tile -> the output that holds it
     for O in [st for st in _roots(s) if st.is_output]:
         if O.attach != "root":
@@ -601,22 +619,31 @@ def _apply_window(s: Schedule, d: Decider, target: Target, pads: list[Stage]) ->
         if R is not None:
             locals_[R] = O
     readers = _readers(s)
+    seps = [st for st in _roots(s) if st.name.endswith(".sep") and st.attach == "root"]
+    for P in seps:  # a separated window's partial sums: per row tile, per channel tile, or at root
+        users = [r for r in readers.get(P, []) if r in locals_]
+        O = locals_[users[0]] if users and users == readers.get(P) else None
+        where = d.pick(f"{P.name}.at", ["rows", "tile", "root"] if O is not None else ["root"])
+        if where != "root" and O is not None:
+            P.compute_at(O, tiles[O][where == "rows"])
+            locals_[P] = O
+        _partial_rows(P, d, target)
     for P in pads:
         users = [r for r in readers.get(P, []) if r in locals_]
         where = (["tile"] if len(users) == 1 and users == readers.get(P) else []) + ["root"]  # first: the rule's
         O = locals_[users[0]] if users else None
         if d.pick(f"{P.name}.at", where) == "tile" and O is not None:
-            P.compute_at(O, tiles[O])
+            P.compute_at(O, tiles[O][0])
         _vector_rows(P, d, target)
     for st in _roots(s):  # anything left (a window reduction read by several stages): at root, tiled plainly
-        if st.attach == "root" and st not in tiles and st not in pads:
+        if st.attach == "root" and st not in tiles and st not in pads and st not in seps:
             _tile_root(st, d, target.threads or 1, Sketch("rows"))
 
 
-def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterVar:
+def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> tuple[IterVar, IterVar]:
     """Tile output O over its last three axes (channels, rows, width: each a decision, the accumulators within
     the vector registers), R (a window reduction, or None) accumulated in a local tile at the width loop; returns
-    O's outer loop (its lead axes and channel tiles fused)."""
+    O's outer loop (its lead axes and channel tiles fused) and its row-tile loop."""
     lanes = min(lanes_of(st.op.output().dtype, target) for st in (R or O, O))  # int64 indices: 8-lane vectors
     *lead, h, w = O.op.axis
     c = lead.pop() if lead else None
@@ -653,7 +680,7 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
     if len(outer) > 2 and d.pick(f"{O.name}.parallel", [True, False] if (target.threads or 1) > 1 else [False]):
         O.parallel(top)
     if R is None:
-        return top
+        return top, ho
     R.compute_at(O, wo)
     *rlead, rh, rw = R.op.axis
     taps = list(R.op.reduce_axis)
@@ -670,7 +697,24 @@ def _window_tile(O: Stage, R: Stage | None, d: Decider, target: Target) -> IterV
         R.unroll(rlead[-1])
     if d.pick(f"{R.name}.unroll_window", [False, True]):
         _unroll(R, taps, {iv: iv.dom[1] for iv in taps}, MAX_UNROLL)  # type: ignore[misc]
-    return top
+    return top, ho
+
+
+def _partial_rows(P: Stage, d: Decider, target: Target) -> None:
+    """A separated window's partial stage (`<name>.sep`: a row of tap sums per input row): its last axis in
+    vectors, its taps unrolled outside them."""
+    *lead, last = P.op.axis
+    taps = list(P.op.reduce_axis)
+    lanes = lanes_of(P.op.output().dtype, target)
+    if last.dom[1] > lanes:  # type: ignore[index]
+        lo, li = P.split(last, lanes)
+        P.reorder(*lead, lo, *taps, li)
+        _vectorize(P, li)
+    else:
+        P.reorder(*lead, *taps, last)
+        if d.vectorize(f"{P.name}.vectorize", last.dom[1]):  # type: ignore[arg-type]
+            P.vectorize(last)
+    _unroll(P, taps, {iv: iv.dom[1] for iv in taps}, MAX_UNROLL)  # type: ignore[misc]
 
 
 def _vectorize(st: Stage, iv: IterVar) -> None:

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tir.expr import Const
+from ..tir.arith import Analyzer
+from ..tir.expr import Const, Var, same
 from ..tir.functor import substitute, transform, walk
 from ..tir.stmt import ForKind
 from .tensor import ComputeOp, IterVar, Operation, PlaceholderOp, Reduce, Tensor, TensorLoad, const
@@ -361,6 +362,18 @@ class Schedule:
         st = self._apply(Step("rfactor", self[tensor].name, (_name(axis), factor)))
         return st.op.output()
 
+    def separate(self, tensor: Tensor, axes: IterVar | str | Sequence[IterVar | str]) -> Tensor:
+        """Split a window reduction in two: a new stage `<name>.sep` reduces over `axes` only (a pooling window's
+        columns), once for every input position of the other taps (every input row), and `tensor` reduces the
+        other taps over those partial results. Each partial result then serves every window that covers it: a 3x3
+        sum at stride 1 costs 3 + 3 additions per output instead of 9, and at stride 2 the outer reduction reads
+        whole vectors. The body must read one tensor at one index (under elementwise functions: a cast, a power),
+        and each index that uses another tap must be affine in those taps and in one output axis that nothing
+        else reads. Returns the partial tensor."""
+        names = tuple(_name(a) for a in (axes if isinstance(axes, list | tuple) else [axes]))
+        st = self._apply(Step("separate", self[tensor].name, (names,)))
+        return st.op.output()
+
     # -- steps -------------------------------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps([s.to_json() for s in self.steps])
@@ -616,6 +629,77 @@ class Schedule:
         st.iter_attrs = {}
         self._by_op[id(new_op)] = st  # readers keep reading the old op's tensor: it maps to this stage too
         return rf
+
+    def _do_separate(self, st: Stage, names: tuple[str, ...]) -> Stage:
+        op = st.op
+        if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce):
+            raise st._err("separate needs a reduction")
+        if st.relations or any(a.kind is not ForKind.SERIAL or a.pragmas for a in st.iter_attrs.values()):
+            raise st._err("separate must come before other primitives on this stage (it replaces its loops)")
+        body = op.body
+        known = [iv.name for iv in op.reduce_axis]
+        if not names or any(n not in known for n in names):
+            raise st._err(f"separate: axes {list(names)} must be some of the reduction axes [{', '.join(known)}]")
+        inner = [iv for iv in op.reduce_axis if iv.name in names]
+        outer = [iv for iv in op.reduce_axis if iv.name not in names]
+        if not outer:
+            raise st._err("separate: leave at least one reduction axis to the outer reduction")
+        if not (isinstance(body.condition, Const) and body.condition.value):
+            raise st._err("separate: the reduction has a condition (`where`); its taps are not independent")
+        loads = [n for n in walk(body.source) if isinstance(n, TensorLoad)]
+        if not loads or any(n.tensor.op is not loads[0].tensor.op or not same(n.indices, loads[0].indices)
+                            for n in loads):  # fmt: skip
+            raise st._err("separate: the reduction must read one tensor at one index")
+        load = loads[0]
+        data = {iv.var: iv for iv in op.axis}
+        outer_vars, inner_vars = {iv.var for iv in outer}, {iv.var for iv in inner}
+        doms = {iv.var: iv.dom for iv in [*op.axis, *op.reduce_axis]}
+        merged: dict[Var, tuple[int, int, int]] = {}  # output axis -> (index position, lowest, highest index)
+        for j, idx in enumerate(load.indices):
+            used = {v for v in walk(idx) if isinstance(v, Var)}
+            if not used & outer_vars:
+                continue
+            if used & inner_vars:
+                raise st._err(f"separate: index {j} ({idx}) mixes the separated taps with the others")
+            terms, c = Analyzer().lin(idx)
+            axes_in = [v for v in terms if v in data]
+            if any(not isinstance(v, Var) or v not in doms for v in terms) or len(axes_in) != 1:
+                raise st._err(f"separate: index {j} ({idx}) is not one output axis plus taps (affine)")
+            lo = hi = c
+            for v, k in terms.items():
+                a, n = doms[v]  # type: ignore[misc]
+                lo, hi = lo + min(k * a, k * (a + n - 1)), hi + max(k * a, k * (a + n - 1))
+            merged[axes_in[0]] = (j, lo, hi)
+        if not merged:
+            raise st._err("separate: no index reads the other taps; nothing to share")
+        for v in merged:
+            uses = sum(v in {u for u in walk(i) if isinstance(u, Var)} for i in load.indices)
+            outside = transform(body.source, lambda n: const(0, n.dtype) if isinstance(n, TensorLoad) else None)
+            if uses > 1 or any(u is v for u in walk(outside)):
+                raise st._err(f"separate: output axis '{data[v].name}' is read by more than one index")
+        # the partial stage: the merged output axes become the input positions they read
+        sep_axis = [IterVar(iv.name, (0, merged[iv.var][2] - merged[iv.var][1] + 1) if iv.var in merged else iv.dom,
+                            "data") for iv in op.axis]  # fmt: skip
+        to_sep = {a.var: b.var for a, b in zip(op.axis, sep_axis) if a.var not in merged}
+        at = {merged[a.var][0]: b.var + merged[a.var][1] for a, b in zip(op.axis, sep_axis) if a.var in merged}
+        new_idx = tuple(at[j] if j in at else substitute(i, to_sep) for j, i in enumerate(load.indices))
+        src = transform(body.source, lambda n: TensorLoad(n.tensor, new_idx) if isinstance(n, TensorLoad) else None)
+        sep_op = ComputeOp(f"{st.name}.sep", sep_axis, Reduce(body.reducer, substitute(src, to_sep), tuple(inner),
+                                                              const(True)), op.tag, {})  # fmt: skip
+        idx = self.stages.index(st)
+        sep = self._add_stage(sep_op, after=self.stages[idx - 1] if idx else None)
+        # the outer reduction: over the other taps, of the partial results at the positions they read
+        axis = [IterVar(iv.name, iv.dom, "data") for iv in op.axis]
+        sub = {a.var: b.var for a, b in zip(op.axis, axis)}
+        read = tuple(substitute(load.indices[merged[a.var][0]] - merged[a.var][1], sub) if a.var in merged else b.var
+                     for a, b in zip(op.axis, axis))  # fmt: skip
+        new_op = ComputeOp(op.name, axis, Reduce(body.reducer, sep_op.output()[read], tuple(outer), const(True)),
+                           op.tag, op.attrs)  # fmt: skip
+        st.op = new_op
+        st.leaf_iter_vars = st.root_iter_vars
+        st.iter_attrs = {}
+        self._by_op[id(new_op)] = st  # readers keep reading the old op's tensor: it maps to this stage too
+        return sep
 
     def _add_stage(self, op: ComputeOp, after: Stage | None) -> Stage:
         if any(s.name == op.name for s in self.stages):

@@ -98,6 +98,14 @@ def test_window_sketch_any_annotation(kernel, target, data):
     _check(kernel, target, data, "window")
 
 
+@pytest.mark.parametrize("kernel", ["avgpool", "avgpool_wide", "maxpool"])
+@pytest.mark.parametrize("target", ["c", "llvm"])
+@settings(PROPERTY, max_examples=max(1, EXAMPLES // 2))
+@given(data=st.data())
+def test_separated_window_sketch_any_annotation(kernel, target, data):
+    _check(kernel, target, data, "window.sep")
+
+
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
 @PROPERTY
 @given(data=st.data())
@@ -128,9 +136,12 @@ def test_sketches_follow_the_rules():
     assert [s.name for s in S.sketches([S_], Target.parse("c"))] == ["rows", "rows.rfactor"]
     assert [s.name for s in S.sketches([row_sum(20)[1]], Target.parse("c"))] == ["rows"]  # short: no rfactor
     # window reductions (a few taps at position x stride + tap): the window sketch, on CPUs only
-    assert names(KERNELS["avgpool"]("c")) == ["rows", "window"]
-    assert names(KERNELS["maxpool"]("llvm")) == ["rows", "window"]
+    # ... and where a window's taps are independent (pooling, not a depthwise convolution's weighted window) the
+    # window separated into row sums and a column pass (`Schedule.separate`)
+    assert names(KERNELS["avgpool"]("c")) == ["rows", "window", "window.sep"]
+    assert names(KERNELS["maxpool"]("llvm")) == ["rows", "window", "window.sep"]
     assert "window" in names(KERNELS["depthwise"]("c")) and "window" not in names(KERNELS["depthwise"]("opencl"))
+    assert "window.sep" not in names(KERNELS["depthwise"]("c"))
 
 
 @pytest.mark.parametrize("target", ["c", "llvm"])
