@@ -16,6 +16,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,14 @@ from .ops import get_op
 from .ops.common import SizeBoundError
 from .ops.te_lib import NotLowerable
 from .passes import run_passes
+from .passes.layout import active_algorithm_choices, algorithm_choices
 from .runtime import compile_cache
 from .runtime.executor import build_c_model
 from .runtime.load import load as runtime_load
 from .runtime.model import Model
 from .runtime.plan import Plan, assign_offsets
 from .target import Target
-from .te.config import load_tuned
+from .te.config import algorithms, load_tuned
 
 __all__ = ["BACKENDS", "Limits", "LoweredModel", "LoweringUnsupported", "NotLowerable", "WorkLimitError",
            "build_model", "compile", "import_model", "load", "lower_model", "reference_fallback"]  # fmt: skip
@@ -115,7 +117,8 @@ def compile(  # noqa: A001
     options = {"input_shapes": input_shapes, "fallback": fallback, "opt_level": opt_level,
                "disabled_passes": sorted(disabled_passes), "limits": [limits.max_elements, limits.max_iterations],
                "symbolic": symbolic, "dynamic_bounds": sorted((dynamic_bounds or {}).items())}  # fmt: skip
-    key = None if dynamic_shapes else compile_key(model, target, options, tuning_log)
+    # (within `algorithm_choices`, the passes must run: they take the context's choices, or record what they met)
+    key = None if dynamic_shapes or active_algorithm_choices() else compile_key(model, target, options, tuning_log)
     if key is not None and (cached := compile_cache.lookup(key, load)) is not None:
         cached.update_summary(compile_seconds=time.perf_counter() - t0, compile_cache="hit", lower_seconds=0.0,
                               build_seconds=0.0)  # fmt: skip
@@ -274,10 +277,12 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
     nodes = len(graph.nodes)
     t_import = time.perf_counter()
     graph = graph.copy()
-    graph, pass_report = run_passes(graph, opt_level=opt_level, disabled=disabled_passes, target=target)
+    tuned = load_tuned(tuning_log, str(target)) if tuning_log else {}
+    chosen = algorithms(tuned)  # measured implementations (`ember tune --auto`), else the caller's context's
+    with algorithm_choices(chosen) if chosen else nullcontext():
+        graph, pass_report = run_passes(graph, opt_level=opt_level, disabled=disabled_passes, target=target)
     check_tensor_sizes(graph, limits)
     t_passes = time.perf_counter()
-    tuned = load_tuned(tuning_log, str(target)) if tuning_log else {}
     gl = GraphLowering(graph, target, allow_fallback=fallback, tuned=tuned, limits=limits)
     gl.run()
     plan = gl.plan()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 
 
 def run_auto(args: argparse.Namespace) -> int:
@@ -17,7 +18,12 @@ def run_auto(args: argparse.Namespace) -> int:
     from .task import extract_auto_tasks
 
     t0 = time.perf_counter()
-    tasks = read_tasks(args, extract_auto_tasks)
+    chosen = None
+    if args.algorithms:
+        chosen = choose_algorithms(args)
+        if chosen is None:
+            return 1
+    tasks = read_tasks(args, partial(extract_auto_tasks, algorithms=chosen))
     if tasks is None:
         return 1
     budget = args.trials * len(tasks)
@@ -33,7 +39,7 @@ def run_auto(args: argparse.Namespace) -> int:
             from ember.tune.task import extract_tasks
 
             shapes = dict(parse_shape(x) for x in args.input_shape) or None
-            templated = extract_tasks(args.model, args.target, input_shapes=shapes)
+            templated = extract_tasks(args.model, args.target, input_shapes=shapes, algorithms=chosen)
             tune_tasks(templated, args.tuner, args.template_trials, args.log, measurer=m, seed=args.seed,
                        batch_size=args.batch_size)  # fmt: skip
         result = tune_auto(tasks, budget, m, args.log, batch_size=args.batch_size, seed=args.seed,
@@ -49,3 +55,31 @@ def run_auto(args: argparse.Namespace) -> int:
             print("plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
     print(f"apply: ember.compile(model, tuning_log={args.log!r})  or  ember bench MODEL --tuning-log {args.log}")
     return 0
+
+
+def choose_algorithms(args: argparse.Namespace) -> dict[str, str] | None:
+    """Each stride-1 3x3 convolution's algorithm measured (`ember.autoschedule.algorithms`), the choices logged
+    and printed; None, the error printed, where the model cannot be read."""
+    from ember.frontend.onnx import ModelError
+    from ember.frontend.show import parse_shape
+    from ember.target import Target
+
+    from .algorithms import algorithms_table, measure_algorithms
+
+    if not Target.parse(args.target).runs_here:
+        print(f"convolution algorithms: the compiler's estimate (target '{args.target}' does not run here)")
+        return {}
+    shapes = dict(parse_shape(x) for x in args.input_shape) or None
+    t0 = time.perf_counter()
+    try:
+        results = measure_algorithms(args.model, args.target, shapes, args.log)
+    except (ModelError, FileNotFoundError, ValueError, NotImplementedError) as e:
+        print(f"ember tune: {e}", file=sys.stderr)
+        return None
+    if results:
+        resumed = sum(r.resumed for r in results)
+        print(f"convolution algorithms, measured ({time.perf_counter() - t0:.0f} s"
+              + (f"; {resumed} from the log" if resumed else "") + "):")  # fmt: skip
+        print(algorithms_table(results))
+        print()
+    return {r.key: r.chosen for r in results}

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ember.graph.ir import Graph, Node
+from ember.graph.ir import Node
 from ember.kernels import VIEW_OPS, LoweringUnsupported, anchor_member, group_key, kernel_te, workload_key
 from ember.ops import get_op
 from ember.target import Target
 from ember.te.config import ConfigEntity
-from ember.tune.task import Task, op_node, portable_node
+from ember.tune.task import Task, op_node, passed_graph, portable_node
 
 from . import sketch as S
 
@@ -104,19 +104,11 @@ class AutoTask(Task):
 
 
 def extract_auto_tasks(model: Any, target: str | Target = "c", input_shapes: dict | None = None,
-                       opt_level: int = 3) -> list[AutoTask]:  # fmt: skip
+                       opt_level: int = 3, algorithms: dict | None = None) -> list[AutoTask]:  # fmt: skip
     """One AutoTask per distinct kernel of a model (every kernel, templated or not), with its weight (kernels
-    that share it); largest arithmetic first."""
-    from ember.passes import run_passes
-
+    that share it); largest arithmetic first. `algorithms`: measured convolution implementations."""
     target = Target.parse(target)
-    if isinstance(model, Graph):
-        graph = model.copy()
-    else:
-        from ember.frontend.onnx import from_onnx
-
-        graph = from_onnx(model, input_shapes=input_shapes)
-    graph, _ = run_passes(graph, opt_level=opt_level, target=target)
+    graph = passed_graph(model, target, input_shapes, opt_level, algorithms=algorithms)
     tasks: dict[str, AutoTask] = {}
     for node in graph.nodes:
         if node.op in VIEW_OPS or (node.op != "Fused" and get_op(node.op).compute is None):

@@ -13,7 +13,9 @@ largest power of two >= 4 below them that divides C (`block_of`; None: it stays 
   `LayoutTransform(OIHW -> OIHW{cb}i{kb}o)`, which `fold_constant` evaluates at compile time (the
   pass after this one). A stride-1 3x3 one with constant weights becomes `ConvWinogradNCHWc` instead
   where `winograd_gain` (`ember.templates.winograd`) is at least `WINOGRAD_MIN_GAIN`, at the output tile
-  `winograd_tile` picks (F(4x4, 3x3), or F(2x2, 3x3) on small maps), its weights transformed here.
+  `winograd_tile` picks (F(4x4, 3x3), or F(2x2, 3x3) on small maps), its weights transformed here. That
+  estimate can be overridden per convolution by a measured choice (`algorithm_choices`: what `ember tune --auto`
+  measured and logged, which `ember.compile(..., tuning_log=...)` hands to this pass).
   Its input is taken blocked: as its producer made it, else through a
   LayoutTransform, or for a channel count without a block (an RGB image) as [N, C, H, W, 1], a free
   reshape of NCHW. A 1-d convolution runs as a 2-d one of height 1 (reshapes are free);
@@ -47,6 +49,10 @@ where a reader needs it, and a transform that undoes another is cancelled.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -78,6 +84,47 @@ MAX_GROUP_MERGE = 2  # a grouped convolution merges at most this many groups int
 MAX_CHANNEL_PAD = 0.25  # a convolution pads its output channels to whole vectors when that adds at most this share
 PAD_SAFE = {"Relu", "LeakyRelu", "Clip", "HardSwish"}  # channelwise ops that run on padded values as they are
 PAD_FINITE = {"Sigmoid", "HardSigmoid", "Tanh"}  # ... whose padding becomes other finite values
+CONV_ALGORITHMS = ("direct", "winograd2", "winograd4")  # a stride-1 3x3 convolution's implementations
+
+
+@dataclass
+class AlgorithmChoices:
+    """Implementations chosen per convolution by measurement rather than by the estimate (`fixed`: key ->
+    one of CONV_ALGORITHMS), and the convolutions with a choice that the pass met (`seen`: key -> the estimate's
+    choice), for a tuner to measure."""
+
+    fixed: dict[str, str] = field(default_factory=dict)
+    seen: dict[str, str] = field(default_factory=dict)
+
+
+_CHOICES: ContextVar[AlgorithmChoices | None] = ContextVar("ember_algorithm_choices", default=None)
+
+
+@contextmanager
+def algorithm_choices(choices: AlgorithmChoices | dict[str, str] | None) -> Iterator[AlgorithmChoices]:
+    """Within this context, ConvertLayout takes each convolution's implementation from `choices` where it
+    names one (a dict: key -> algorithm, as `conv_algorithm_key` names the convolution) and records the
+    convolutions it met in `choices.seen`."""
+    c = choices if isinstance(choices, AlgorithmChoices) else AlgorithmChoices(dict(choices or {}))
+    bad = {k: v for k, v in c.fixed.items() if v not in CONV_ALGORITHMS}
+    if bad:
+        raise ValueError(f"unknown convolution algorithm(s) {bad}; the algorithms: {', '.join(CONV_ALGORITHMS)}")
+    token = _CHOICES.set(c)
+    try:
+        yield c
+    finally:
+        _CHOICES.reset(token)
+
+
+def active_algorithm_choices() -> AlgorithmChoices | None:
+    """The choices of the innermost `algorithm_choices` context, if any."""
+    return _CHOICES.get()
+
+
+def conv_algorithm_key(x: TensorType, k: int, pads: tuple[int, ...]) -> str:
+    """The name of a stride-1 3x3 convolution's workload for `algorithm_choices`: its input type, output
+    channels and pads (one image: a batch runs image by image)."""
+    return f"conv3x3:{x.dtype}:{'x'.join(str(d) for d in x.shape[1:])}:k{k}:pads{','.join(map(str, pads))}"
 PAD_BINARY = {"Add", "Sub", "Mul"}  # ... with operands padded alike (a squeeze-excitation scale, a residual)
 
 
@@ -468,8 +515,15 @@ class _Converter:
             return False
         n, c, k, out = y.shape[0], x.shape[1], y.shape[1], tuple(y.shape[2:])
         m = WINOGRAD_TILE or winograd_tile(1, c, k, out)  # per image: a symbolic batch runs image by image
-        if winograd_gain(1, c, k, out, m) < WINOGRAD_MIN_GAIN:
+        choice = f"winograd{m}" if winograd_gain(1, c, k, out, m) >= WINOGRAD_MIN_GAIN else "direct"
+        chosen = _CHOICES.get()
+        if chosen is not None:
+            key = conv_algorithm_key(x.type, k, tuple(pads))
+            chosen.seen.setdefault(key, choice)
+            choice = chosen.fixed.get(key, choice)
+        if choice == "direct":
             return False
+        m = int(choice.removeprefix("winograd"))
         u = winograd_weight(relayout(w.data, "OIHW", f"OIHW{cb}i{kb}o"), m)
         uv = Value(self.fresh(f"{w.name}_winograd"), w.type.with_shape(u.shape), u)
         b = node.inputs[2] if len(node.inputs) > 2 else None

@@ -458,6 +458,17 @@ def load_tuned(path: str | Path, target: str) -> dict[str, Tuned]:
     return out
 
 
+ALGORITHM = "algorithm"  # the template of a measured implementation choice's records
+ALGORITHM_PREFIX = "algo:"  # ... and the prefix of their workloads (then the convolution's key)
+
+
+def algorithms(tuned: dict[str, Tuned]) -> dict[str, str]:
+    """The implementation chosen per convolution in `load_tuned`'s records (the fastest measured): key -> algorithm,
+    for `ember.passes.layout.algorithm_choices`."""
+    return {w[len(ALGORITHM_PREFIX):]: str(t.config.values.get(ALGORITHM)) for w, t in tuned.items()
+            if w.startswith(ALGORITHM_PREFIX) and t.config.template == ALGORITHM}  # fmt: skip
+
+
 def load_best(path: str | Path, target: str) -> dict[str, ConfigEntity]:
     """The config of `load_tuned`'s best record per workload."""
     return {w: t.config for w, t in load_tuned(path, target).items()}

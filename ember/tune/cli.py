@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--template-trials", type=int, default=0, metavar="N",
                    help="with --auto: also tune the templated workloads N trials each (the log keeps the faster)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S", help="with --auto: stop after S seconds")
+    p.add_argument("--no-algorithms", dest="algorithms", action="store_false",
+                   help="with --auto: keep the compiler's estimate of each 3x3 convolution's algorithm (direct or "
+                   "Winograd) instead of measuring them first")
     p.add_argument("--confirm", type=int, default=3, metavar="N",
                    help="with --auto: measure each kernel's best against its default N more times, in turns, and "
                    "keep the faster by their medians (0: off)")

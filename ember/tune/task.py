@@ -179,21 +179,33 @@ def _node_reference(node: Node, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(env[v]) for v in results]
 
 
-def extract_tasks(model: Any, target: str | Target = "c", input_shapes: dict | None = None, opt_level: int = 3,
-                  disabled_passes: Sequence[str] = ()) -> list[Task]:  # fmt: skip
-    """One Task per distinct tunable workload of a model (ONNX path / ModelProto / ember Graph),
-    from the graph the compiler lowers (after its passes), with its weight (kernels that use it).
-    Tasks are ordered by their share of the model's arithmetic, largest first."""
+def passed_graph(model: Any, target: Target, input_shapes: dict | None = None, opt_level: int = 3,
+                 disabled_passes: Sequence[str] = (), algorithms: Any = None, passes: Sequence | None = None,
+                 ) -> Graph:  # fmt: skip
+    """The graph the compiler lowers for `model` (ONNX path / ModelProto / ember Graph): after its passes, each
+    convolution's implementation taken from `algorithms` where it names one (`ember.passes.layout.algorithm_choices`:
+    a dict, or an `AlgorithmChoices` that also collects the convolutions met); `passes`: these instead of all."""
     from ember.passes import run_passes
+    from ember.passes.layout import algorithm_choices
 
-    target = Target.parse(target)
     if isinstance(model, Graph):
         graph = model.copy()
     else:
         from ember.frontend.onnx import from_onnx
 
         graph = from_onnx(model, input_shapes=input_shapes)
-    graph, _ = run_passes(graph, opt_level=opt_level, disabled=disabled_passes, target=target)
+    with algorithm_choices(algorithms):
+        return run_passes(graph, opt_level=opt_level, disabled=disabled_passes, target=target, passes=passes)[0]
+
+
+def extract_tasks(model: Any, target: str | Target = "c", input_shapes: dict | None = None, opt_level: int = 3,
+                  disabled_passes: Sequence[str] = (), algorithms: dict | None = None) -> list[Task]:  # fmt: skip
+    """One Task per distinct tunable workload of a model (ONNX path / ModelProto / ember Graph),
+    from the graph the compiler lowers (after its passes; `algorithms`: measured convolution implementations),
+    with its weight (kernels that use it). Tasks are ordered by their share of the model's arithmetic, largest
+    first."""
+    target = Target.parse(target)
+    graph = passed_graph(model, target, input_shapes, opt_level, disabled_passes, algorithms)
     tasks: dict[str, Task] = {}
     for node in graph.nodes:
         if node.op in VIEW_OPS or (node.op != "Fused" and get_op(node.op).compute is None):
