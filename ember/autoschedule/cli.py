@@ -11,7 +11,7 @@ from functools import partial
 
 def run_auto(args: argparse.Namespace) -> int:
     from ember.frontend.show import parse_shape
-    from ember.tune.cli import read_tasks
+    from ember.tune.cli import choose_algorithms, read_tasks
     from ember.tune.measure import Measurer
 
     from .scheduler import plot_progress, summary_table, tune_auto
@@ -56,30 +56,3 @@ def run_auto(args: argparse.Namespace) -> int:
     print(f"apply: ember.compile(model, tuning_log={args.log!r})  or  ember bench MODEL --tuning-log {args.log}")
     return 0
 
-
-def choose_algorithms(args: argparse.Namespace) -> dict[str, str] | None:
-    """Each stride-1 3x3 convolution's algorithm measured (`ember.autoschedule.algorithms`), the choices logged
-    and printed; None, the error printed, where the model cannot be read."""
-    from ember.frontend.onnx import ModelError
-    from ember.frontend.show import parse_shape
-    from ember.target import Target
-
-    from .algorithms import algorithms_table, measure_algorithms
-
-    if not Target.parse(args.target).runs_here:
-        print(f"convolution algorithms: the compiler's estimate (target '{args.target}' does not run here)")
-        return {}
-    shapes = dict(parse_shape(x) for x in args.input_shape) or None
-    t0 = time.perf_counter()
-    try:
-        results = measure_algorithms(args.model, args.target, shapes, args.log)
-    except (ModelError, FileNotFoundError, ValueError, NotImplementedError) as e:
-        print(f"ember tune: {e}", file=sys.stderr)
-        return None
-    if results:
-        resumed = sum(r.resumed for r in results)
-        print(f"convolution algorithms, measured ({time.perf_counter() - t0:.0f} s"
-              + (f"; {resumed} from the log" if resumed else "") + "):")  # fmt: skip
-        print(algorithms_table(results))
-        print()
-    return {r.key: r.chosen for r in results}

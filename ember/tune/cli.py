@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 
@@ -30,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --auto: also tune the templated workloads N trials each (the log keeps the faster)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S", help="with --auto: stop after S seconds")
     p.add_argument("--no-algorithms", dest="algorithms", action="store_false",
-                   help="with --auto: keep the compiler's estimate of each 3x3 convolution's algorithm (direct or "
+                   help="keep the compiler's estimate of each 3x3 convolution's algorithm (direct or "
                    "Winograd) instead of measuring them first")
     p.add_argument("--confirm", type=int, default=3, metavar="N",
                    help="with --auto: measure each kernel's best against its default N more times, in turns, and "
@@ -62,6 +63,33 @@ def read_tasks(args: argparse.Namespace, extract: Callable[..., list]) -> list |
     return tasks if args.max_tasks is None else tasks[: args.max_tasks]
 
 
+def choose_algorithms(args: argparse.Namespace) -> dict[str, str] | None:
+    """Each stride-1 3x3 convolution's algorithm measured (`ember.tune.algorithms`), the choices logged
+    and printed; None, the error printed, where the model cannot be read."""
+    from ember.frontend.onnx import ModelError
+    from ember.frontend.show import parse_shape
+    from ember.target import Target
+    from ember.tune.algorithms import algorithms_table, measure_algorithms
+
+    if not Target.parse(args.target).runs_here:
+        print(f"convolution algorithms: the compiler's estimate (target '{args.target}' does not run here)")
+        return {}
+    shapes = dict(parse_shape(x) for x in args.input_shape) or None
+    t0 = time.perf_counter()
+    try:
+        results = measure_algorithms(args.model, args.target, shapes, args.log)
+    except (ModelError, FileNotFoundError, ValueError, NotImplementedError) as e:
+        print(f"ember tune: {e}", file=sys.stderr)
+        return None
+    if results:
+        resumed = sum(r.resumed for r in results)
+        print(f"convolution algorithms, measured ({time.perf_counter() - t0:.0f} s"
+              + (f"; {resumed} from the log" if resumed else "") + "):")  # fmt: skip
+        print(algorithms_table(results))
+        print()
+    return {r.key: r.chosen for r in results}
+
+
 def run_tune(args: argparse.Namespace, measurer: Any = None) -> int:
     """Tune as `args` say, measuring with `measurer` (a Measurer or another implementation: a remote one) or, by
     default, a local Measurer."""
@@ -70,7 +98,12 @@ def run_tune(args: argparse.Namespace, measurer: Any = None) -> int:
     from ember.tune.task import extract_tasks
 
     t0 = time.perf_counter()
-    tasks = read_tasks(args, extract_tasks)
+    chosen = None
+    if args.algorithms and measurer is None:  # (measured here: not with a remote device pool)
+        chosen = choose_algorithms(args)
+        if chosen is None:
+            return 1
+    tasks = read_tasks(args, partial(extract_tasks, algorithms=chosen))
     if tasks is None:
         return 1
     print(f"ember tune: {args.model}: {len(tasks)} tunable workload(s), target '{args.target}', tuner {args.tuner}, "

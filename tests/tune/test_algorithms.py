@@ -13,10 +13,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ember
-from ember.autoschedule.algorithms import algorithms_table, conv_workloads, measure_algorithms
 from ember.passes.layout import CONV_ALGORITHMS, AlgorithmChoices, algorithm_choices
 from ember.target import Target
 from ember.te.config import algorithms, load_tuned
+from ember.tune.algorithms import algorithms_table, conv_workloads, measure_algorithms
 
 ort = pytest.importorskip("onnxruntime", reason="the oracle for each algorithm's result")
 KERNEL_OP = {"direct": "ConvNCHWc", "winograd2": "ConvWinogradNCHWc", "winograd4": "ConvWinogradNCHWc"}

@@ -10,8 +10,8 @@ compiled once per algorithm and its convolution kernels timed in turns (`rounds`
 each, the median). The fastest is logged (one record per convolution, workload "algo:<key>", template
 "algorithm", marked confirmed) unless the compiler's own choice is within `margin` of it: the log then says the
 compiler's choice, so that noise does not move a layer. `ember.compile(..., tuning_log=...)` hands the logged
-choices to the layout pass (`ember.te.config.algorithms`); `ember tune --auto` runs this before it extracts the
-kernels to search, so that it tunes the kernels the model will run.
+choices to the layout pass (`ember.te.config.algorithms`); `ember tune` (templates, and `--auto`) runs this before
+it extracts the kernels to search, so that it tunes the kernels the model will run.
 """
 
 from __future__ import annotations
