@@ -82,3 +82,21 @@ def test_measured_choice_is_logged_resumed_and_compiled(tmp_path):
         f.write(json.dumps(rec) + "\n")
     m = ember.compile(model, target="c", tuning_log=log)
     assert conv_ops(m) == {KERNEL_OP[other]}
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-algorithms"]])
+def test_tune_cli_measures_algorithms_first(tmp_path, capsys, flag):
+    from ember.cli import main
+
+    path, log = str(tmp_path / "conv.onnx"), str(tmp_path / "tune.jsonl")
+    onnx.save(conv_model(), path)
+    assert main(["tune", path, "--trials", "1", "--batch-size", "1", "--target", "c", "--log", log, *flag]) == 0
+    out = capsys.readouterr().out
+    recs = [json.loads(line) for line in Path(log).read_text().splitlines()]
+    algo = [r for r in recs if r["template"] == "algorithm"]
+    if flag:
+        assert "convolution algorithms" not in out and not algo
+    else:
+        assert "convolution algorithms, measured" in out and "conv3x3:float32:16x24x24:k16" in out, out
+        assert len(algo) == 1 and algo[0]["config"]["knobs"]["algorithm"] in CONV_ALGORITHMS
+    assert "tunable workload(s)" in out  # then the kernels (as the chosen algorithm makes them) were extracted
