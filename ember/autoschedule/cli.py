@@ -33,7 +33,7 @@ def run_auto(args: argparse.Namespace) -> int:
         print(f"  [{i + 1}] x{t.weight:<3} {t.flops / 1e6:9.1f} MFLOP  {', '.join(t.space.sketches):<28} {t.name}")
     if not tasks:
         return 0
-    with Measurer(run_timeout=args.run_timeout) as m:
+    with Measurer(run_timeout=args.run_timeout, flush_cache=args.cache_flush) as m:
         if args.template_trials:
             from ember.tune.driver import tune_tasks
             from ember.tune.task import extract_tasks

@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--template-trials", type=int, default=0, metavar="N",
                    help="with --auto: also tune the templated workloads N trials each (the log keeps the faster)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S", help="with --auto: stop after S seconds")
+    p.add_argument("--no-cache-flush", dest="cache_flush", action="store_false",
+                   help="time candidates on warm caches (default: each timed call of a CPU kernel after the caches "
+                   "were flushed, as it runs in the model: its weights come from memory)")
     p.add_argument("--no-algorithms", dest="algorithms", action="store_false",
                    help="keep the compiler's estimate of each 3x3 convolution's algorithm (direct or "
                    "Winograd) instead of measuring them first")
@@ -113,7 +116,8 @@ def run_tune(args: argparse.Namespace, measurer: Any = None) -> int:
               f"{t.flops / 1e6:9.1f} MFLOP  {t.name}")  # fmt: skip
     if not tasks:
         return 0
-    with nullcontext(measurer) if measurer is not None else Measurer(run_timeout=args.run_timeout) as m:
+    local = Measurer(run_timeout=args.run_timeout, flush_cache=args.cache_flush) if measurer is None else None
+    with nullcontext(measurer) if local is None else local as m:
         results = tune_tasks(tasks, args.tuner, args.trials, args.log, measurer=m, seed=args.seed,
                              batch_size=args.batch_size)  # fmt: skip
     print()

@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from ember.te.config import ConfigEntity
+from ember.tune.runner import cache_flush_bytes
 
 ERROR_KINDS = ("compile", "build_timeout", "runtime", "crash", "timeout", "wrong")
 
@@ -262,12 +263,15 @@ class Measurer:
     """Builds candidates in a process pool and runs them one by one in a runner process.
 
     `cache` (a dict, optional) remembers results by (workload, target, config): a candidate seen
-    before is not built or run again (benches share it between tuners)."""
+    before is not built or run again (benches share it between tuners). `flush_cache`: each timed call of a CPU
+    kernel runs after twice the last-level cache's bytes were written elsewhere (`runner.cold_runs`), as the kernel
+    runs in a whole model: its weights come from memory."""
 
     def __init__(self, n_parallel: int | None = None, build_timeout: float = 120.0, run_timeout: float = 20.0,
                  repeat: int = 5, min_time: float = 0.02, warmup: float = 0.05, check: bool = True,
-                 rtol: float = 1e-3, cache: dict | None = None, seed: int = 0):  # fmt: skip
+                 rtol: float = 1e-3, cache: dict | None = None, seed: int = 0, flush_cache: bool = False):  # fmt: skip
         self.n_parallel = n_parallel or os.cpu_count() or 1
+        self.flush = cache_flush_bytes() if flush_cache else 0  # each timed call of a CPU kernel on cold caches
         self.build_timeout = build_timeout
         self.run_timeout = run_timeout
         self.repeat, self.min_time, self.warmup = repeat, min_time, warmup
@@ -413,7 +417,7 @@ class Measurer:
         gpu = {"gpu": built["gpu"], "task": built["task"], "knobs": built["knobs"]} if built.get("gpu") else {}
         return {**gpu, "lib": built.get("lib"), "symbol": built["symbol"], "specs": built["specs"], "inputs": inputs,
                 "ref": ref, "save": save, "rtol": self.rtol, "repeat": self.repeat if save is None else 0,
-                "min_time": self.min_time, "warmup": self.warmup}  # fmt: skip
+                "min_time": self.min_time, "warmup": self.warmup, "flush": self.flush}  # fmt: skip
 
     def _run(self, task: Any, cfg: ConfigEntity, built: dict) -> MeasureResult:
         if "error" in built:

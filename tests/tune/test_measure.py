@@ -129,3 +129,26 @@ def test_resume_retries_dead_workers_and_timeouts_only(tmp_path):
     by_tile = {r["config"]["knobs"]["tile"]: r for r in recs}
     assert by_tile[1]["error"] is None and by_tile[2]["error"] is None and by_tile[32]["error"] is None
     assert by_tile[4]["error"]["kind"] == "crash" and "build worker died" in by_tile[4]["error"]["detail"]
+
+
+def test_cold_cache_measurement_times_single_calls_after_a_flush():
+    """flush_cache: every timed run is one call after the caches were flushed (at least 5 runs); a wrong
+    candidate is still caught first."""
+    from ember.tune.runner import cache_flush_bytes, cold_runs
+
+    assert cache_flush_bytes() >= 2 << 20
+    task = Task.from_template("planted", planted, reference_fn=reference)
+    cfgs = [task.space.entity({"mode": "ok"}), task.space.entity({"mode": "wrong"})]
+    with Measurer(n_parallel=1, run_timeout=10.0, repeat=2, min_time=0.001, warmup=0.0, flush_cache=True) as m:
+        ok, wrong = m.measure(task, cfgs)
+    assert m.flush == cache_flush_bytes()
+    assert ok.ok and len(ok.costs) == 5 and all(c > 0 for c in ok.costs)
+    assert wrong.error == "wrong"
+    calls, cache = [], {}
+
+    class Fn:
+        def call_unchecked(self, arrays):
+            calls.append(float(cache["scratch"][0]))  # the flush wrote the scratch buffer before each call
+
+    runs = cold_runs(Fn(), [], 6, 1 << 20, cache)
+    assert len(runs) == 6 and cache["scratch"].nbytes == 1 << 20 and calls == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
