@@ -264,8 +264,8 @@ class Measurer:
 
     `cache` (a dict, optional) remembers results by (workload, target, config): a candidate seen
     before is not built or run again (benches share it between tuners). `flush_cache`: each timed call of a CPU
-    kernel runs after twice the last-level cache's bytes were written elsewhere (`runner.cold_runs`), as the kernel
-    runs in a whole model: its weights come from memory."""
+    kernel runs after twice the last-level cache's bytes were written elsewhere and its first argument read
+    (`runner.cold_runs`), as the kernel runs in a whole model: its weights come from memory, its input from cache."""
 
     def __init__(self, n_parallel: int | None = None, build_timeout: float = 120.0, run_timeout: float = 20.0,
                  repeat: int = 5, min_time: float = 0.02, warmup: float = 0.05, check: bool = True,
