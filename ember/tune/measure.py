@@ -282,6 +282,7 @@ class Measurer:
         self._tmp = tempfile.TemporaryDirectory(prefix="ember-tune-")
         self._data: dict[str, tuple[str, str | None]] = {}
         self._death = ""  # how the last build worker that died ended: " (exit status 3)", " (SIGSEGV)"
+        self._workers: list = []  # the build pool's processes when candidates were last submitted
         self.build = build_candidate  # (task, knobs) -> built candidate or error: what the pool's workers run
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -306,7 +307,10 @@ class Measurer:
         pool, self._pool = self._pool, None
         if pool is None:
             return
-        procs = list((getattr(pool, "_processes", None) or {}).values())
+        # (the pool's own table, which its manager thread may already have emptied after a death, and the workers
+        # seen when candidates were last submitted: the dead one's exit status names the death)
+        procs = list({id(p): p for p in [*self._workers, *(getattr(pool, "_processes", None) or {}).values()]}.values())
+        self._workers = []
         exited = [p for p in procs if mp.connection.wait([p.sentinel], timeout=0)]  # ended, maybe not yet reaped
         for p in exited:
             p.join(timeout=2)
@@ -368,6 +372,7 @@ class Measurer:
             self._stop_pool()
             pool = self._pool_()
             futs = [pool.submit(self.build, task, dict(c.values)) for c in configs]
+        self._workers = list((getattr(pool, "_processes", None) or {}).values())
         done, _ = cf.wait(futs, timeout=self.build_timeout)
         out: list[dict | None] = []
         restart = False
