@@ -576,28 +576,22 @@ class Schedule:
         op = st.op
         if not isinstance(op, ComputeOp):
             raise st._err("cache_write needs a computed tensor")
-        if st.relations or any(a.kind is not ForKind.SERIAL or a.pragmas for a in st.iter_attrs.values()):
-            raise st._err("cache_write must come before other primitives on this stage (it replaces its loops)")
+        self._unscheduled(st, "cache_write")
         if st.attach == "inline":
             raise st._err("cannot cache_write an inlined stage")
         cache_op = ComputeOp(f"{st.name}.{scope}", op.axis, op.body, op.tag, op.attrs)
-        idx = self.stages.index(st)
-        cache = self._add_stage(cache_op, after=self.stages[idx - 1] if idx else None)
+        cache = self._add_before(cache_op, st)
         cache.scope = scope
         axis = [IterVar(iv.name, iv.dom, "data") for iv in op.axis]
         new_op = ComputeOp(op.name, axis, cache_op.output()[tuple(iv.var for iv in axis)], op.tag, op.attrs)
-        st.op = new_op
-        st.leaf_iter_vars = st.root_iter_vars
-        st.iter_attrs = {}
-        self._by_op[id(new_op)] = st
+        self._replace_op(st, new_op)
         return cache
 
     def _do_rfactor(self, st: Stage, axis_name: str, factor: int) -> Stage:
         op = st.op
         if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce):
             raise st._err("rfactor needs a reduction")
-        if st.relations or any(a.kind is not ForKind.SERIAL or a.pragmas for a in st.iter_attrs.values()):
-            raise st._err("rfactor must come before other primitives on this stage (it replaces its loops)")
+        self._unscheduled(st, "rfactor")
         k = next((iv for iv in op.reduce_axis if iv.name == axis_name), None)
         if k is None:
             names = ", ".join(iv.name for iv in op.reduce_axis)
@@ -618,24 +612,19 @@ class Schedule:
         rf_sub = {**sub, **{a.var: b.var for a, b in zip(op.axis, rf_axis)}}
         rf_body = Reduce(body.reducer, substitute(body.source, rf_sub), tuple(axes), substitute(cond, rf_sub))
         rf_op = ComputeOp(f"{st.name}.rf", rf_axis, rf_body, op.tag, {})
-        idx = self.stages.index(st)
-        rf = self._add_stage(rf_op, after=self.stages[idx - 1] if idx else None)
+        rf = self._add_before(rf_op, st)
         kk = IterVar(f"{axis_name}.v", (0, factor), "reduce")
         axis = [IterVar(iv.name, iv.dom, "data") for iv in op.axis]
         red = Reduce(body.reducer, rf_op.output()[tuple(iv.var for iv in axis) + (kk.var,)], (kk,), const(True))
         new_op = ComputeOp(op.name, axis, red, op.tag, op.attrs)
-        st.op = new_op
-        st.leaf_iter_vars = st.root_iter_vars
-        st.iter_attrs = {}
-        self._by_op[id(new_op)] = st  # readers keep reading the old op's tensor: it maps to this stage too
+        self._replace_op(st, new_op)
         return rf
 
     def _do_separate(self, st: Stage, names: tuple[str, ...]) -> Stage:
         op = st.op
         if not isinstance(op, ComputeOp) or not isinstance(op.body, Reduce):
             raise st._err("separate needs a reduction")
-        if st.relations or any(a.kind is not ForKind.SERIAL or a.pragmas for a in st.iter_attrs.values()):
-            raise st._err("separate must come before other primitives on this stage (it replaces its loops)")
+        self._unscheduled(st, "separate")
         body = op.body
         known = [iv.name for iv in op.reduce_axis]
         if not names or any(n not in known for n in names):
@@ -655,8 +644,8 @@ class Schedule:
         outer_vars, inner_vars = {iv.var for iv in outer}, {iv.var for iv in inner}
         doms = {iv.var: iv.dom for iv in [*op.axis, *op.reduce_axis]}
         merged: dict[Var, tuple[int, int, int]] = {}  # output axis -> (index position, lowest, highest index)
-        for j, idx in enumerate(load.indices):
-            used = {v for v in walk(idx) if isinstance(v, Var)}
+        index_vars = [{v for v in walk(idx) if isinstance(v, Var)} for idx in load.indices]
+        for j, (idx, used) in enumerate(zip(load.indices, index_vars)):
             if not used & outer_vars:
                 continue
             if used & inner_vars:
@@ -672,10 +661,9 @@ class Schedule:
             merged[axes_in[0]] = (j, lo, hi)
         if not merged:
             raise st._err("separate: no index reads the other taps; nothing to share")
+        outside = transform(body.source, lambda n: const(0, n.dtype) if isinstance(n, TensorLoad) else None)
         for v in merged:
-            uses = sum(v in {u for u in walk(i) if isinstance(u, Var)} for i in load.indices)
-            outside = transform(body.source, lambda n: const(0, n.dtype) if isinstance(n, TensorLoad) else None)
-            if uses > 1 or any(u is v for u in walk(outside)):
+            if sum(v in used for used in index_vars) > 1 or any(u is v for u in walk(outside)):
                 raise st._err(f"separate: output axis '{data[v].name}' is read by more than one index")
         # the partial stage: the merged output axes become the input positions they read
         sep_axis = [IterVar(iv.name, (0, merged[iv.var][2] - merged[iv.var][1] + 1) if iv.var in merged else iv.dom,
@@ -686,8 +674,7 @@ class Schedule:
         src = transform(body.source, lambda n: TensorLoad(n.tensor, new_idx) if isinstance(n, TensorLoad) else None)
         sep_op = ComputeOp(f"{st.name}.sep", sep_axis, Reduce(body.reducer, substitute(src, to_sep), tuple(inner),
                                                               const(True)), op.tag, {})  # fmt: skip
-        idx = self.stages.index(st)
-        sep = self._add_stage(sep_op, after=self.stages[idx - 1] if idx else None)
+        sep = self._add_before(sep_op, st)
         # the outer reduction: over the other taps, of the partial results at the positions they read
         axis = [IterVar(iv.name, iv.dom, "data") for iv in op.axis]
         sub = {a.var: b.var for a, b in zip(op.axis, axis)}
@@ -695,11 +682,27 @@ class Schedule:
                      for a, b in zip(op.axis, axis))  # fmt: skip
         new_op = ComputeOp(op.name, axis, Reduce(body.reducer, sep_op.output()[read], tuple(outer), const(True)),
                            op.tag, op.attrs)  # fmt: skip
+        self._replace_op(st, new_op)
+        return sep
+
+    @staticmethod
+    def _unscheduled(st: Stage, what: str) -> None:
+        """For primitives that replace a stage's loops: none may have been split, fused or annotated yet."""
+        if st.relations or any(a.kind is not ForKind.SERIAL or a.pragmas for a in st.iter_attrs.values()):
+            raise st._err(f"{what} must come before other primitives on this stage (it replaces its loops)")
+
+    def _add_before(self, op: ComputeOp, st: Stage) -> Stage:
+        """A new stage for `op`, right before st in the stage order (st's producer of it)."""
+        idx = self.stages.index(st)
+        return self._add_stage(op, after=self.stages[idx - 1] if idx else None)
+
+    def _replace_op(self, st: Stage, new_op: ComputeOp) -> None:
+        """st computes `new_op` from now on, with fresh loops; readers keep reading the old op's tensor, which maps
+        to this stage too."""
         st.op = new_op
         st.leaf_iter_vars = st.root_iter_vars
         st.iter_attrs = {}
-        self._by_op[id(new_op)] = st  # readers keep reading the old op's tensor: it maps to this stage too
-        return sep
+        self._by_op[id(new_op)] = st
 
     def _add_stage(self, op: ComputeOp, after: Stage | None) -> Stage:
         if any(s.name == op.name for s in self.stages):
