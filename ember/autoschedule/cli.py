@@ -55,4 +55,3 @@ def run_auto(args: argparse.Namespace) -> int:
             print("plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
     print(f"apply: ember.compile(model, tuning_log={args.log!r})  or  ember bench MODEL --tuning-log {args.log}")
     return 0
-

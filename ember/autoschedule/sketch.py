@@ -253,9 +253,8 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
     choice); returns it with the decisions taken (all of them: `apply` with those gives the same steps)."""
     d = Decider(dict(decisions or {}), rng, lanes=0 if sketch.gpu else lanes_of("float32", target))
     s = te.create_schedule(list(outs))
-    if sketch.separable:
-        for st in [st for st in s.stages if is_window(st)]:
-            _separate(s, st.name)
+    windows = [st for st in s.stages if is_window(st)] if sketch.separable else []
+    seps = [sep for sep in (_separate(s, st.name) for st in windows) if sep is not None]
     layouts = _layout_stages(s) if sketch.register else []
     pads = _pad_stages(s) if sketch.window else []
     optional = layouts + pads + ([] if sketch.gpu else _shared_stages(s))
@@ -272,7 +271,7 @@ def apply(sketch: Sketch, outs: Sequence[Tensor], target: Target, decisions: dic
     elif sketch.gpu:
         _apply_gpu(sketch, s, d)
     elif sketch.window:
-        _apply_window(s, d, target, [st for st in pads if st.attach != "inline"])
+        _apply_window(s, d, target, [st for st in pads if st.attach != "inline"], seps)
     else:
         _apply_cpu(sketch, s, d, target)
     return s, d.taken
@@ -595,11 +594,12 @@ def _pad_stages(s: Schedule) -> list[Stage]:
     return out
 
 
-def _apply_window(s: Schedule, d: Decider, target: Target, pads: list[Stage]) -> None:
+def _apply_window(s: Schedule, d: Decider, target: Target, pads: list[Stage], seps: list[Stage]) -> None:
     """Each output tiled over (lead axes, channel block, rows, width); the window reduction that it alone reads
     (same shape: the pooling divide, a bias) or that it is (through a write cache) is accumulated in a local tile
     at the output's width loop: the window's taps outside, the tile's channels and rows unrolled inside, its width
-    in vectors. A materialized padded input is computed at root or at the output's channel-tile loop."""
+    in vectors. A materialized padded input is computed at root or at the output's channel-tile loop; a separated
+    window's partial stage (`seps`) at root or at the output's channel-tile or row-tile loop."""
     readers = _readers(s)
     tiles: dict[Stage, tuple[IterVar, IterVar]] = {}  # each output's outermost (lead and channel tile) and row loop
     locals_: dict[Stage, Stage] = {}  # each window reduction's local tile -> the output that holds it
@@ -619,7 +619,6 @@ def _apply_window(s: Schedule, d: Decider, target: Target, pads: list[Stage]) ->
         if R is not None:
             locals_[R] = O
     readers = _readers(s)
-    seps = [st for st in _roots(s) if st.name.endswith(".sep") and st.attach == "root"]
     for P in seps:  # a separated window's partial sums: per row tile, per channel tile, or at root
         users = [r for r in readers.get(P, []) if r in locals_]
         O = locals_[users[0]] if users and users == readers.get(P) else None

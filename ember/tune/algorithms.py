@@ -50,12 +50,12 @@ class AlgorithmResult:
 def conv_workloads(model: Any, target: Target, input_shapes: dict | None = None) -> dict[str, tuple[str, Node, int]]:
     """The convolutions of `model` with a choice of algorithm: key -> (the compiler's choice, one such
     convolution node as ConvertLayout meets it, how many share the key)."""
-    seen = AlgorithmChoices()
-    passed_graph(model, target, input_shapes, algorithms=seen)
-    if not seen.seen:
-        return {}
     layout = next(i for i, p in enumerate(PASSES) if p.name == "convert_layout")
     before = passed_graph(model, target, input_shapes, passes=PASSES[:layout])
+    seen = AlgorithmChoices()
+    passed_graph(before, target, passes=PASSES[layout : layout + 1], algorithms=seen)  # (on a copy)
+    if not seen.seen:
+        return {}
     out: dict[str, tuple[str, Node, int]] = {}
     for node in before.nodes:
         if node.op != "Conv" or len(node.inputs[0].shape) != 4:
