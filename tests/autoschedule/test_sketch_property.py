@@ -106,6 +106,34 @@ def test_separated_window_sketch_any_annotation(kernel, target, data):
     _check(kernel, target, data, "window.sep")
 
 
+@pytest.mark.parametrize("kernel", ["avgpool_wide", "maxpool"])
+def test_separated_window_either_tap(kernel):
+    """The separated tap is a decision: column sums (the first tap) or row sums; both compute the reference, and
+    the partial stage reduces the chosen tap only."""
+    task = WINDOW_KERNELS[kernel]("c")
+    outs, args = task.computes()
+    sk = next(s for s in task.sketches() if s.name == "window.sep")
+    _, first = S.apply(sk, outs, Target.parse("c"))
+    keys = [k for k in first if k.endswith(".separate")]
+    assert keys
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(a.shape).astype(a.dtype.name) for a in args[: len(args) - len(outs)]]
+    ref = task.reference(xs)
+    stages = te.create_schedule(list(outs))
+    taps = {k: [iv.name for iv in stages[k.removesuffix(".separate")].op.reduce_axis] for k in keys}
+    assert all(first[k] == taps[k][0] for k in keys)
+    for i in range(2):
+        outs, args = task.computes()
+        sch, _ = S.apply(sk, outs, Target.parse("c"), {k: taps[k][i] for k in keys})
+        seps = [st for st in sch.stages if st.name.endswith(".sep")]
+        assert len(seps) == len(keys) and all([iv.name for iv in p.op.reduce_axis] == [taps[k][i]]
+                                              for p, k in zip(seps, keys)), sch  # fmt: skip
+        ys = [np.zeros(o.shape, o.dtype.name) for o in outs]
+        ember.build(sch, args, target="c")(*xs, *ys)
+        for y, r in zip(ys, ref):
+            np.testing.assert_allclose(y, r, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
 @PROPERTY
 @given(data=st.data())
@@ -137,7 +165,7 @@ def test_sketches_follow_the_rules():
     assert [s.name for s in S.sketches([row_sum(20)[1]], Target.parse("c"))] == ["rows"]  # short: no rfactor
     # window reductions (a few taps at position x stride + tap): the window sketch, on CPUs only
     # ... and where a window's taps are independent (pooling, not a depthwise convolution's weighted window) the
-    # window separated into row sums and a column pass (`Schedule.separate`)
+    # window separated into column (or row) sums and a pass over them (`Schedule.separate`)
     assert names(KERNELS["avgpool"]("c")) == ["rows", "window", "window.sep"]
     assert names(KERNELS["maxpool"]("llvm")) == ["rows", "window", "window.sep"]
     assert "window" in names(KERNELS["depthwise"]("c")) and "window" not in names(KERNELS["depthwise"]("opencl"))
