@@ -77,10 +77,7 @@ def worker(system: str, case: str, blocks: int, seconds: float) -> list[float]:
         sch, args = task.instantiate(None)
         f = ember.build(sch, args, target="c -threads=1")
         y = np.zeros(want.shape, np.float32)
-        fn, arrays = f.functions[f.entry], (x, y)
-
-        def call() -> None:
-            fn.call_unchecked(arrays)
+        call = f.functions[f.entry].bind((x, y))
     call()
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
     n = 1

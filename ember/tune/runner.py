@@ -90,9 +90,10 @@ def run_one(msg: dict, cache: dict) -> dict:
         return {"costs": [0.0]}
     warmup = msg["warmup"] if cache.get("warm") else max(msg["warmup"], 0.3)  # a fresh process: clocks, pages
     cache["warm"] = True
+    call = fn.bind(arrays) if isinstance(fn, Function) else lambda: fn.call_unchecked(arrays)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < warmup:
-        fn.call_unchecked(arrays)
+        call()
     if msg.get("flush") and not msg.get("gpu"):
         return {"costs": cold_runs(fn, arrays, msg["repeat"], msg["flush"], cache)}
     r = fn.benchmark(*arrays, repeat=msg["repeat"], min_time=msg["min_time"], warmup=1)
@@ -127,13 +128,14 @@ def cold_runs(fn, arrays: list, repeat: int, flush: int, cache: dict) -> list[fl
     if scratch is None or scratch.nbytes != flush:
         scratch = cache["scratch"] = np.zeros(flush // 4, np.float32)
     first = arrays[0] if arrays and isinstance(arrays[0], np.ndarray) else None
+    call = fn.bind(arrays) if hasattr(fn, "bind") else lambda: fn.call_unchecked(arrays)
     runs = []
     for _ in range(max(repeat, 5)):
         scratch += 1.0
         if first is not None:
             first.sum()  # back into the cache
         t0 = time.perf_counter()
-        fn.call_unchecked(arrays)
+        call()
         runs.append(time.perf_counter() - t0)
     return runs
 
