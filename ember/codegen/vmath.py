@@ -2,9 +2,10 @@
 
 A kernel's compute says `exp`; the renderer decides how a vector of them is computed: on C targets a float32
 vector exp is an inline helper in vector arithmetic (`c_vector_exp`: range reduction, a polynomial, 2^n built
-from its exponent bits; no call, no table, about 1 ulp), the native exp on GPUs, and on LLVM the arithmetic
-float32 exp of `ember.templates.nn.exp`, whose 2^n factors come from a constant table (`EXP2_TABLE`, a gather),
-so that it vectorizes where the C library's expf runs once per lane.
+from its exponent bits, on AVX-512 with 2^(j/16) from a 16-entry table in a register; no call, about 1 ulp),
+the native exp on GPUs, and on LLVM the arithmetic float32 exp of `ember.templates.nn.exp`, whose 2^n factors
+come from a constant table (`EXP2_TABLE`, a gather), so that it vectorizes where the C library's expf runs once
+per lane.
 
 `vector_exp(x)` gives that arithmetic as a tir expression over the vector `x`; the renderer emits it like
 any other expression and defines `EXP2_TABLE` once per module as constant data (`exp2_table_values`).
@@ -96,10 +97,14 @@ def c_vector_exp(name: str, t: str, it: str, lanes: int = 0) -> str:
     when some lanes were subnormal), and every masked score of a softmax (-inf, -1e4, or a padded column) is such
     a lane; its 0 is exact where the subnormal was the rounding of something that small.
 
-    With AVX-512 (16 lanes, compiled with __AVX512F__) the clamps are max/min instructions (their NaN operand
-    second: it passes), n is rounded by vrndscaleps and 2^n applied by vscalefps (exact scaling, infinite
-    results rounded once), zeroing the lanes below EXP_LOW in the same instruction: about half the
-    instructions."""
+    With AVX-512 (16 lanes, compiled with __AVX512F__) the reduction is finer: x = (16 k + j) ln2/16 + r with
+    |r| <= ln2/32, e^x = 2^k * 2^(j/16) * e^r; 2^(j/16) is one of 16 constants held in a register, picked
+    per lane by vpermps (j is the low 4 bits of n = 16 k + j), e^r - 1 = r q(r) with q of degree 2, and the
+    product T + T (r q) is one rounding (`avx512_exp`): 11 vector instructions instead of 17, 9.6 cycles a
+    vector of 16 instead of 11.8 here (Zen 4), at most 0.97 ulp from exp over [-87, 88] (the degree-7
+    path: 1.00). The upper clamp is vminps (its NaN operand second: it passes), n is rounded by vrndscaleps,
+    and 2^k applied by vscalefps (exact scaling, infinite results rounded once), zeroing the lanes below
+    EXP_LOW in the same instruction (so no lower clamp: those lanes' garbage is discarded)."""
     c1, c2 = 0.693359375, -2.12194440e-4
     poly = f"{EXP_POLY[0]:.10e}f"
     for c in EXP_POLY[1:]:
@@ -107,19 +112,38 @@ def c_vector_exp(name: str, t: str, it: str, lanes: int = 0) -> str:
     portable = _c_vector_exp_portable(name, t, it, c1, c2, poly)
     if lanes != 16:
         return portable
-    avx512 = "\n".join([
-        f"static inline {t} {name}({t} x) {{",
-        f"  const __m512 v = _mm512_min_ps(_mm512_set1_ps(88.8f), _mm512_max_ps(_mm512_set1_ps({EXP_LOW}f),"
-        " (__m512)x));",
-        f"  const __mmask16 normal = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps({EXP_LOW}f), _CMP_NLT_UQ);",
-        f"  const {t} n = ({t})_mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),",
-        "                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);",
-        f"  const {t} r = (({t})v - n * {c1!r}f) - n * {c2!r}f;",
-        f"  const {t} p = (({poly}) * (r * r) + r) + 1.0f;",
-        f"  return ({t})_mm512_maskz_scalef_ps(normal, (__m512)p, (__m512)n);",
-        "}",
-    ])
+    avx512 = avx512_exp(name, t)
     return f"#if defined(__AVX512F__)\n#include <immintrin.h>\n{avx512}\n#else\n{portable}\n#endif"
+
+
+# e^x = 2^k 2^(j/16) e^r: ln2/16 = EXP16_C1 + EXP16_C2 (C1 exact in 12 bits: n C1 is exact for |n| < 2^12), and
+# e^r - 1 = r (Q0 + Q1 r + Q2 r^2) on |r| <= ln2/32 (a least-squares fit at 4000 Chebyshev nodes, weighted by
+# 1/e^r: relative error 1.1e-9 before rounding)
+EXP16_C1, EXP16_C2 = 0.0433197021484375, 1.9966364561696537e-06
+EXP16_Q = (1.000000002866329, 0.5000195488232507, 0.16666177930053508)
+
+
+def avx512_exp(name: str, t: str) -> str:
+    """The AVX-512 body of `c_vector_exp` (see there): a 16-entry table of 2^(j/16) in a register."""
+    table = ", ".join(f"{float(np.float32(2.0 ** (j / 16))).hex()}f" for j in range(16))
+    q0, q1, q2 = (f"{c!r}f" for c in EXP16_Q)
+    return "\n".join([
+        f"static inline {t} {name}({t} x) {{",
+        f"  const __m512 pow2_16ths = (__m512)(__v16sf){{{table}}};  /* 2^(j/16), j = 0..15 */",
+        "  const __m512 v = _mm512_min_ps(_mm512_set1_ps(88.8f), (__m512)x);",
+        f"  const __mmask16 normal = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps({EXP_LOW}f), _CMP_NLT_UQ);",
+        "  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(23.083120654223414f)),  /* 16/ln2 */",
+        "                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);",
+        f"  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps({EXP16_C1!r}f), v);",
+        f"  r = _mm512_fnmadd_ps(n, _mm512_set1_ps({EXP16_C2!r}f), r);",
+        f"  const __m512 q = _mm512_mul_ps(_mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps({q2}), r,"
+        f" _mm512_set1_ps({q1})), r, _mm512_set1_ps({q0})), r);",
+        "  const __m512i nj = _mm512_cvtps_epi32(n);",
+        "  const __m512 pj = _mm512_permutexvar_ps(nj, pow2_16ths);  /* by the low 4 bits: j */",
+        "  const __m512 k = _mm512_cvtepi32_ps(_mm512_srai_epi32(nj, 4));",
+        f"  return ({t})_mm512_maskz_scalef_ps(normal, _mm512_fmadd_ps(pj, q, pj), k);",
+        "}",
+    ])  # fmt: skip
 
 
 def _c_vector_exp_portable(name: str, t: str, it: str, c1: float, c2: float, poly: str) -> str:

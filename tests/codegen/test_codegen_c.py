@@ -330,7 +330,7 @@ def test_parallel_regions_do_not_lose_stores():
 
 @pytest.mark.parametrize("lanes", [4, 8, 16])
 def test_inline_vector_exp_matches_numpy(lanes):
-    """exp of float32 vectors is the inline helper (no libmvec call, no table): within 2 ulp of exp in float64
+    """exp of float32 vectors is the inline helper (no libmvec call, no table in memory): within 2 ulp of exp in float64
     over the normal range, results below FLT_MIN flushed to 0 (a subnormal result costs a microcode assist),
     exp(-inf) = 0, exp(x > ln FLT_MAX) = inf, NaN stays NaN, and the masked scores of a softmax (-1e4) are 0."""
     n = 4096
