@@ -401,3 +401,40 @@ def test_parallel_loop_with_little_work_runs_serially():
     y = np.empty_like(x)
     f(x, y)
     np.testing.assert_array_equal(y, x * np.float32(2))
+
+
+@pytest.mark.parametrize("form", ["x < y ? y : x", "x < y ? x : y", "x > y ? x : y", "x > y ? y : x"])
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_select_of_a_comparison_is_one_min_or_max(form, lanes):
+    """A float vector select choosing one operand of its own comparison (the softmax's row max) is one
+    vmaxps/vminps on x86 (operands ordered so that a false comparison, equal or NaN, gives the select's false
+    arm), exactly numpy's np.where of the same comparison: NaN, signed zeros and equal values included."""
+    from ember.target import Target
+
+    n = 64
+    X = te.placeholder((n,), "float32", name="X")
+    Y = te.placeholder((n,), "float32", name="Y")
+    pick = {
+        "x < y ? y : x": lambda x, y: te.if_then_else(x < y, y, x),
+        "x < y ? x : y": lambda x, y: te.if_then_else(x < y, x, y),
+        "x > y ? x : y": lambda x, y: te.if_then_else(x > y, x, y),
+        "x > y ? y : x": lambda x, y: te.if_then_else(x > y, y, x),
+    }[form]
+    C = te.compute((n,), lambda i: pick(X[i], Y[i]), name="C")
+    s = te.create_schedule(C)
+    s[C].vectorize(s[C].split(C.op.axis[0], lanes)[1])
+    f = ember.build(s, [X, Y, C], target="c")
+    flags = Target.parse("c").simd_features()
+    if (lanes == 16 and "avx512f" in flags) or (lanes == 8 and "avx" in flags):
+        w = "512" if lanes == 16 else "256"
+        assert f"_mm{w}_max_ps" in f.source or f"_mm{w}_min_ps" in f.source
+    rng = np.random.default_rng(lanes)
+    x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    x[:6], y[:6] = [np.nan, 1.0, np.nan, 0.0, -0.0, 2.0], [1.0, np.nan, np.nan, -0.0, 0.0, 2.0]
+    y[10:20] = x[10:20]
+    c = np.zeros(n, np.float32)
+    f(x, y, c)
+    cmp = x < y if "<" in form else x > y
+    want = np.where(cmp, y, x) if form.endswith("y : x") else np.where(cmp, x, y)
+    np.testing.assert_array_equal(c, want)
+    assert np.array_equal(np.signbit(c), np.signbit(want))
