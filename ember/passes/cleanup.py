@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import numpy as np
@@ -77,7 +78,10 @@ def eliminate_common_subexpr(graph: Graph) -> Graph:
 
 
 def dead_code_elimination(graph: Graph) -> Graph:
-    """Keep only nodes that (transitively) produce graph outputs."""
+    """Keep only nodes that (transitively) produce graph outputs, and drop the unused optional outputs at the end
+    of an ONNX operator's outputs (a LayerNormalization's mean and inverse deviation, a MaxPool's indices, a
+    Dropout's mask): an operator computes what it is asked for, and those cost more than the result itself (the
+    layer norm over 128 x 768: 0.099 ms with its three outputs, 0.026 with one)."""
     producers = graph.producers()
     live: set[Node] = set()
     stack = [producers[v] for v in graph.outputs if v in producers]
@@ -88,4 +92,25 @@ def dead_code_elimination(graph: Graph) -> Graph:
         live.add(node)
         stack.extend(producers[v] for v in node_reads(node) if v in producers)
     graph.nodes = [n for n in graph.nodes if n in live]
+    used = {id(v) for n in graph.nodes for v in node_reads(n)} | {id(v) for v in graph.outputs}
+    for node in graph.nodes:
+        required = _required_outputs(node.op)
+        while len(node.outputs) > required and id(node.outputs[-1]) not in used:
+            node.outputs.pop()
     return graph
+
+
+@functools.cache
+def _required_outputs(op: str) -> int:
+    """How many leading outputs of ONNX operator `op` are not optional (all of them for an operator with variadic
+    outputs, whose count means something, and for one that onnx does not define, such as Ember's own)."""
+    from onnx import defs
+
+    try:
+        outputs = defs.get_schema(op).outputs
+    except defs.SchemaError:
+        return 1 << 30
+    option = defs.OpSchema.FormalParameterOption
+    if any(p.option == option.Variadic for p in outputs):  # a Split's outputs: their count is the split
+        return 1 << 30
+    return next((i for i, p in enumerate(outputs) if p.option == option.Optional), len(outputs))

@@ -174,6 +174,30 @@ def test_cse_and_dce():
     check_same_function(model, g)
 
 
+def test_dead_code_elimination_drops_unused_optional_outputs():
+    """A LayerNormalization's unused mean and inverse deviation and a MaxPool's unused indices are dropped (each
+    then lowers to its one-output kernel); a Split's unused last output is kept (the count of a Split's outputs
+    is its split); the function is onnxruntime's."""
+    from onnx import helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 4, 4])
+    g = onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal(4).astype(np.float32), "g")
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["p", "idx"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Split", ["p"], ["s0", "s1", "s2"], axis=1, num_outputs=3),
+        helper.make_node("Concat", ["s0", "s1"], ["c"], axis=1),
+        helper.make_node("LayerNormalization", ["c", "g"], ["y", "mean", "inv"], axis=-1),
+    ]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [g]), opset_imports=[helper.make_opsetid("", 18)])
+    graph = dead_code_elimination(from_onnx(model))
+    outs = {n.op: len(n.outputs) for n in graph.nodes}
+    assert outs == {"MaxPool": 1, "Split": 3, "Concat": 1, "LayerNormalization": 1}
+    check_same_function(model, graph)
+    feeds = zoo.random_feeds(model, 2)
+    np.testing.assert_allclose(ember.compile(model).run(feeds)["y"], ort_run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
 def test_fold_constant_evaluates_constant_subgraphs():
     g = from_onnx(zoo.mlp())
     w = next(v for v in g.constants() if v.shape == (64, 48))
