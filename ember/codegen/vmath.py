@@ -3,9 +3,10 @@
 A kernel's compute says `exp`; the renderer decides how a vector of them is computed: on C targets a float32
 vector exp is an inline helper in vector arithmetic (`c_vector_exp`: range reduction, a polynomial, 2^n built
 from its exponent bits, on AVX-512 with 2^(j/16) from a 16-entry table in a register; no call, about 1 ulp),
-the native exp on GPUs, and on LLVM the arithmetic float32 exp of `ember.templates.nn.exp`, whose 2^n factors
-come from a constant table (`EXP2_TABLE`, a gather), so that it vectorizes where the C library's expf runs once
-per lane.
+the native exp on GPUs, and on LLVM the same portable arithmetic built in LLVM IR (`LLVMCodegen.vector_exp`),
+so that it vectorizes where the C library's expf runs once per lane. The arithmetic float32 exp of
+`ember.templates.nn.exp`, whose 2^n factors come from a constant table (`EXP2_TABLE`, a gather), remains for
+renderers without either.
 
 `vector_exp(x)` gives that arithmetic as a tir expression over the vector `x`; the renderer emits it like
 any other expression and defines `EXP2_TABLE` once per module as constant data (`exp2_table_values`).
