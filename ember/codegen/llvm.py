@@ -62,7 +62,7 @@ from ..tir.stmt import (
 from . import llvm_pool
 from .c import STACK_LIMIT, CodegenError, c_symbol, const_offset, register_slots
 from .toolchain import cache_dir, link_object, touch
-from .vmath import EXP2_TABLE, EXP_POLY, exp2_table_values, wants_arithmetic_exp
+from .vmath import EXP2_TABLE, EXP16_C1, EXP16_C2, EXP16_Q, EXP_POLY, exp2_table_values, wants_arithmetic_exp
 
 try:  # llvmlite is the optional extra `ember[llvm]`
     import llvmlite.binding as llvm
@@ -404,6 +404,8 @@ class LLVMCodegen:
             instr.flags.append("contract")
             return instr
 
+        if lanes == 16 and "avx512f" in self.target.simd_features():
+            return self.avx512_exp(x, c, fl)
         below, above = B.fcmp_ordered("<", x, c(EXP_LOW)), B.fcmp_ordered(">", x, c(88.8))
         x = B.select(above, c(88.8), B.select(below, c(EXP_LOW), x))
         shifter = c(12582912.0)  # 1.5 * 2^23: adding it rounds to an integer
@@ -423,6 +425,28 @@ class LLVMCodegen:
 
         y = fl(B.fmul(fl(B.fmul(p, pow2(k1))), pow2(k2)))
         return B.select(below, c(0.0), y)
+
+    def avx512_exp(self, x, c, fl):
+        """The AVX-512 exp of `ember.codegen.vmath.avx512_exp` (2^(j/16) from 16 constants in a register by
+        vpermps, e^r - 1 = r q(r), 2^k by vscalefps zeroing the lanes below EXP_LOW) in LLVM IR, through the
+        x86 intrinsics LLVM has for those two instructions."""
+        B = self.b
+        vf, vi = ir.VectorType(ir.FloatType(), 16), ir.VectorType(self.i32, 16)
+        table = ir.Constant(vf, [float(np.float32(2.0 ** (j / 16))) for j in range(16)])
+        v = B.select(B.fcmp_ordered(">", x, c(88.8)), c(88.8), x)  # NaN passes
+        normal = B.fcmp_unordered(">=", x, c(EXP_LOW))
+        n = B.call(self.intrinsic("llvm.rint", vf), [fl(B.fmul(v, c(16 / np.log(2))))])
+        r = fl(B.fsub(fl(B.fsub(v, fl(B.fmul(n, c(EXP16_C1))))), fl(B.fmul(n, c(EXP16_C2)))))
+        q0, q1, q2 = EXP16_Q
+        q = fl(B.fmul(fl(B.fadd(fl(B.fmul(fl(B.fadd(fl(B.fmul(c(q2), r)), c(q1))), r)), c(q0))), r))
+        nj = B.fptosi(n, vi)
+        perm = self.declare("llvm.x86.avx512.permvar.sf.512", vf, [vf, vi])
+        pj = B.call(perm, [table, nj])
+        k = B.sitofp(B.ashr(nj, ir.Constant(vi, [4] * 16)), vf)
+        scalef = self.declare("llvm.x86.avx512.mask.scalef.ps.512", vf, [vf, vf, vf, ir.IntType(16), self.i32])
+        mask = B.bitcast(normal, ir.IntType(16))
+        return B.call(scalef, [fl(B.fadd(fl(B.fmul(pj, q)), pj)), k, ir.Constant(vf, [0.0] * 16), mask,
+                               ir.Constant(self.i32, 4)])  # 4: the current rounding mode
 
     def call(self, e: Call):
         dt, name = e.dtype, e.name
