@@ -62,7 +62,7 @@ from ..tir.stmt import (
 from . import llvm_pool
 from .c import STACK_LIMIT, CodegenError, c_symbol, const_offset, register_slots
 from .toolchain import cache_dir, link_object, touch
-from .vmath import EXP2_TABLE, EXP16_C1, EXP16_C2, EXP16_Q, EXP_POLY, exp2_table_values, wants_arithmetic_exp
+from .vmath import EXP16_C1, EXP16_C2, EXP16_Q, EXP_C1, EXP_C2, EXP_POLY, wants_arithmetic_exp
 
 try:  # llvmlite is the optional extra `ember[llvm]`
     import llvmlite.binding as llvm
@@ -411,7 +411,7 @@ class LLVMCodegen:
         shifter = c(12582912.0)  # 1.5 * 2^23: adding it rounds to an integer
         t = fl(B.fadd(fl(B.fmul(x, c(1.44269504088896341))), shifter))
         n = fl(B.fsub(t, shifter))
-        r = fl(B.fsub(fl(B.fsub(x, fl(B.fmul(n, c(0.693359375))))), fl(B.fmul(n, c(-2.12194440e-4)))))
+        r = fl(B.fsub(fl(B.fsub(x, fl(B.fmul(n, c(EXP_C1))))), fl(B.fmul(n, c(EXP_C2)))))
         p = c(EXP_POLY[0])
         for k in EXP_POLY[1:]:
             p = fl(B.fadd(fl(B.fmul(p, r)), c(k)))
@@ -570,21 +570,7 @@ class LLVMCodegen:
         return fn
 
     # -- memory ------------------------------------------------------------------------------
-    def constant_table(self, buf: Buffer, values) -> Any:
-        """A module-level constant array holding `values` (float32), named as `buf`; defined once per module."""
-        name = c_symbol(buf.name)
-        if name in self.module.globals:
-            return self.module.globals[name]
-        ty = ir.ArrayType(ir.FloatType(), len(values))
-        table = ir.GlobalVariable(self.module, ty, name)
-        table.global_constant = True
-        table.linkage = "internal"
-        table.initializer = ir.Constant(ty, [float(v) for v in values])
-        return table
-
     def address(self, buf: Buffer, idx):
-        if buf is EXP2_TABLE and buf not in self.st.bufs:
-            self.st.bufs[buf] = self.constant_table(buf, exp2_table_values())
         if buf not in self.st.bufs:
             raise CodegenError(f"LLVM codegen: buffer '{buf.name}' used outside its allocation")
         return self.b.gep(self.st.bufs[buf], [idx], source_etype=mtype(buf.dtype))

@@ -80,6 +80,7 @@ def _lift(e: Expr, var: Var, value: Expr, lanes: int, memo: dict[int, Expr]) -> 
 
 # Cephes' expf: x = n ln2 + r, |r| <= ln2/2 (Cody-Waite: ln2 = C1 + C2, C1 exact in 9 bits), then
 # e^r = 1 + r + r^2 P(r) with P of degree 5 (about 1 ulp on that interval)
+EXP_C1, EXP_C2 = 0.693359375, -2.12194440e-4
 EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
 
 
@@ -106,7 +107,7 @@ def c_vector_exp(name: str, t: str, it: str, lanes: int = 0) -> str:
     path: 1.00). The upper clamp is vminps (its NaN operand second: it passes), n is rounded by vrndscaleps,
     and 2^k applied by vscalefps (exact scaling, infinite results rounded once), zeroing the lanes below
     EXP_LOW in the same instruction (so no lower clamp: those lanes' garbage is discarded)."""
-    c1, c2 = 0.693359375, -2.12194440e-4
+    c1, c2 = EXP_C1, EXP_C2
     poly = f"{EXP_POLY[0]:.10e}f"
     for c in EXP_POLY[1:]:
         poly = f"({poly}) * r + {c:.10e}f"

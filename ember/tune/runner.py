@@ -12,6 +12,7 @@ import ctypes
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -54,6 +55,9 @@ class _GPUFunction:
     def call_unchecked(self, arrays: list) -> None:
         self.module(*arrays)
 
+    def bind(self, arrays: list) -> Callable[[], None]:
+        return lambda: self.module(*arrays)
+
     def benchmark(self, *arrays: np.ndarray, repeat: int, min_time: float, warmup: int = 1) -> dict:
         return self.module.benchmark(*arrays, repeat=repeat, min_time=min_time)
 
@@ -90,12 +94,12 @@ def run_one(msg: dict, cache: dict) -> dict:
         return {"costs": [0.0]}
     warmup = msg["warmup"] if cache.get("warm") else max(msg["warmup"], 0.3)  # a fresh process: clocks, pages
     cache["warm"] = True
-    call = fn.bind(arrays) if isinstance(fn, Function) else lambda: fn.call_unchecked(arrays)
+    call = fn.bind(arrays)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < warmup:
         call()
     if msg.get("flush") and not msg.get("gpu"):
-        return {"costs": cold_runs(fn, arrays, msg["repeat"], msg["flush"], cache)}
+        return {"costs": cold_runs(call, arrays, msg["repeat"], msg["flush"], cache)}
     r = fn.benchmark(*arrays, repeat=msg["repeat"], min_time=msg["min_time"], warmup=1)
     return {"costs": r["runs"]}
 
@@ -118,17 +122,16 @@ def cache_flush_bytes() -> int:
     return 2 * max(sizes) if sizes and max(sizes) >= 1 << 20 else 64 << 20
 
 
-def cold_runs(fn, arrays: list, repeat: int, flush: int, cache: dict) -> list[float]:
-    """Seconds of `repeat` single calls, each after `flush` bytes of another buffer were written and the first
-    argument read again: the kernel's weights and other operands come from memory and its input (the activation,
-    which the kernel before it wrote) from cache, as in a whole model (a schedule measured on warm caches can rank
-    above one that is slower in the model: a BERT GEMM 3% ahead warm and 7% behind cold). TVM's measurers flush
-    alike (`enable_cpu_cache_flush`: every argument but the first)."""
+def cold_runs(call: Callable[[], None], arrays: list, repeat: int, flush: int, cache: dict) -> list[float]:
+    """Seconds of `repeat` single calls of `call` (the kernel bound to `arrays`), each after `flush` bytes of
+    another buffer were written and the first argument read again: the kernel's weights and other operands come
+    from memory and its input (the activation, which the kernel before it wrote) from cache, as in a whole model
+    (a schedule measured on warm caches can rank above one that is slower in the model: a BERT GEMM 3% ahead warm
+    and 7% behind cold). TVM's measurers flush alike (`enable_cpu_cache_flush`: every argument but the first)."""
     scratch = cache.get("scratch")
     if scratch is None or scratch.nbytes != flush:
         scratch = cache["scratch"] = np.zeros(flush // 4, np.float32)
     first = arrays[0] if arrays and isinstance(arrays[0], np.ndarray) else None
-    call = fn.bind(arrays) if hasattr(fn, "bind") else lambda: fn.call_unchecked(arrays)
     runs = []
     for _ in range(max(repeat, 5)):
         scratch += 1.0

@@ -146,9 +146,8 @@ def test_cold_cache_measurement_times_single_calls_after_a_flush():
     assert wrong.error == "wrong"
     calls, cache = [], {}
 
-    class Fn:
-        def call_unchecked(self, arrays):
-            calls.append(float(cache["scratch"][0]))  # the flush wrote the scratch buffer before each call
+    def call():
+        calls.append(float(cache["scratch"][0]))  # the flush wrote the scratch buffer before each call
 
-    runs = cold_runs(Fn(), [], 6, 1 << 20, cache)
+    runs = cold_runs(call, [], 6, 1 << 20, cache)
     assert len(runs) == 6 and cache["scratch"].nbytes == 1 << 20 and calls == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
