@@ -335,14 +335,19 @@ def _squeeze(c: Ctx) -> Value:
     return c.add("Squeeze", [c.v(0)], {"axes": axes}) if axes else c.add("Identity", [c.v(0)])
 
 
+def _slice_range(size: int, start: Any, end: Any) -> tuple[int, int]:
+    """A torch slice's start and end clamped into [0, size], negatives counted from the end."""
+    start = 0 if start is None else max(0, min(size, start + size if start < 0 else start))
+    end = size if end is None or end >= INT64_MAX else max(0, min(size, end + size if end < 0 else end))
+    return start, end
+
+
 @converter("slice")
 def _slice(c: Ctx) -> Value:
     shape = c.in_shape()
     dim = _norm_axis(c.arg(1, "dim", 0), len(shape))
-    start, end, step = c.arg(2, "start"), c.arg(3, "end"), c.arg(4, "step", 1)
-    size = shape[dim]
-    start = 0 if start is None else max(0, min(size, start + size if start < 0 else start))
-    end = size if end is None or end >= INT64_MAX else max(0, min(size, end + size if end < 0 else end))
+    start, end = _slice_range(shape[dim], c.arg(2, "start"), c.arg(3, "end"))
+    step = c.arg(4, "step", 1)
     return c.add("Slice", [c.v(0)], {"starts": (start,), "ends": (end,), "axes": (dim,), "steps": (step,)})
 
 
@@ -397,6 +402,41 @@ def _flip(c: Ctx) -> Value:
                                      "axes": axes, "steps": (-1,) * len(axes)})  # fmt: skip
 
 
+@converter("slice_scatter", "select_scatter")
+def _slice_scatter(c: Ctx) -> Value:
+    """x with x[..., start:end:step, ...] (along dim) replaced by src: what in-place slice assignment
+    (`x[:, 1:] = y`, `x[:, 0] = y`) becomes after functionalization. A step of 1 concatenates the parts of x
+    around src; other steps scatter src's elements to their positions."""
+    shape, out_dtype = c.in_shape(), c.out_dtype
+    dim = _norm_axis(c.arg(2, "dim", 0), len(shape))
+    src = c.v(1, out_dtype)
+    if c.node.target.overloadpacket.__name__ == "select_scatter":
+        index = c.arg(3, "index")
+        index += shape[dim] if index < 0 else 0
+        start, end, step = index, index + 1, 1
+        src = c.imp.add1("Unsqueeze", [src], {"axes": (dim,)}, f"{c.name}_src")
+    else:
+        (start, end), step = _slice_range(shape[dim], c.arg(3, "start"), c.arg(4, "end")), c.arg(5, "step", 1)
+    x = c.v(0, out_dtype)
+    if step == 1:
+        parts = [src]
+        for lo, hi, where in ((0, start, 0), (end, shape[dim], len(parts) + 1)):
+            if hi > lo:
+                parts.insert(where, c.imp.add1("Slice", [x], {"starts": (lo,), "ends": (hi,), "axes": (dim,)},
+                                               f"{c.name}_keep{lo}"))  # fmt: skip
+        return c.add("Concat", parts, {"axis": dim}) if len(parts) > 1 else c.add("Identity", parts)
+    positions = np.arange(start, end, step, dtype=np.int64).reshape([-1 if d == dim else 1 for d in range(len(shape))])
+    idx = c.imp.add1("Expand", [c.const(positions, "int64")], {"shape": src.shape}, f"{c.name}_idx")
+    return c.add("ScatterElements", [x, idx, src], {"axis": dim})
+
+
+@converter("copy")
+def _copy(c: Ctx) -> Value:
+    """copy(self, src): src broadcast to self's shape, in self's dtype (what `self.copy_(src)` functionalizes to)."""
+    src = c.v(1, c.out_dtype)
+    return c.add("Expand", [src], {"shape": c.out_shape}) if src.shape != c.out_shape else c.add("Identity", [src])
+
+
 @converter("index_select")
 def _index_select(c: Ctx) -> Value:
     return c.add("Gather", [c.v(0), c.v(2, "int64")], {"axis": _norm_axis(c.arg(1, "dim"), len(c.in_shape()))})
@@ -431,22 +471,9 @@ def _gather(c: Ctx) -> Value:
     return c.add("GatherElements", [c.v(0), c.v(2, "int64")], {"axis": _norm_axis(c.arg(1), len(c.in_shape()))})
 
 
-@converter("index")
-def _index(c: Ctx) -> Value:
-    """x[i0, i1, ...] with index tensors: one index (at any dim) is a Gather; several leading ones, broadcast
-    together, a GatherND."""
-    x, indices = c.v(0), list(c.node.args[1])
-    while indices and indices[-1] is None:
-        indices.pop()
-    present = [i for i, t in enumerate(indices) if t is not None]
-    if len(present) == 1:
-        (d,) = present
-        return c.add("Gather", [x, c.imp.value(indices[d], "int64")], {"axis": d})
-    if present != list(range(len(indices))):
-        raise ModelError(f"{c.imp.name}: {c.node.name} at {module_path(c.node)}: advanced indexing with index "
-                         "tensors after a ':' is not supported (index tensors must lead)")  # fmt: skip
-    if any(c.imp.value(t).dtype == "bool" for t in indices):
-        raise ModelError(f"{c.imp.name}: {c.node.name}: boolean mask indexing has a data-dependent shape")
+def _index_tuples(c: Ctx, indices: list) -> tuple[Value, tuple]:
+    """The index tensors broadcast together and stacked on a last axis (GatherND's and ScatterND's indices),
+    and their broadcast shape."""
     shape = tuple(np.broadcast_shapes(*[c.imp.value(t).shape for t in indices]))
     parts = []
     for k, t in enumerate(indices):
@@ -454,8 +481,92 @@ def _index(c: Ctx) -> Value:
         if v.shape != shape:
             v = c.imp.add1("Expand", [v], {"shape": shape}, f"{c.name}_i{k}")
         parts.append(c.imp.add1("Unsqueeze", [v], {"axes": (len(shape),)}, f"{c.name}_u{k}"))
-    stacked = c.imp.add1("Concat", parts, {"axis": len(shape)}, f"{c.name}_idx")
-    return c.add("GatherND", [x, stacked])
+    return (c.imp.add1("Concat", parts, {"axis": len(shape)}, f"{c.name}_idx") if len(parts) > 1 else parts[0]), shape
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    return [perm.index(i) for i in range(len(perm))]
+
+
+class _Advanced:
+    """x[..., i, ..., j, ...] with index tensors at any dims (None: a whole dim). Computed on x transposed so that
+    the indexed dims lead (`front`): the index tuples pick rows of it (GatherND, ScatterND), a result of shape
+    index shape + the other dims. torch puts the index shape where the indexed dims were if they are adjacent,
+    else first: `back` permutes the result into that order."""
+
+    def __init__(self, c: Ctx, what: str):
+        self.c, x = c, c.v(0)
+        indices = list(c.node.args[1])
+        self.present = [i for i, t in enumerate(indices) if t is not None]
+        if any(c.imp.value(indices[i]).dtype == "bool" for i in self.present):
+            raise ModelError(f"{c.imp.name}: {c.node.name} at {module_path(c.node)}: {what} by a boolean mask has a "
+                             "data-dependent shape")  # fmt: skip
+        self.others = [d for d in range(len(x.shape)) if d not in self.present]
+        self.front = self.present + self.others
+        self.stacked, self.index_shape = _index_tuples(c, [indices[i] for i in self.present])
+        s, p = len(self.index_shape), self.present
+        lead = p[0] if p == list(range(p[0], p[-1] + 1)) else 0
+        self.back = [s + i for i in range(lead)] + list(range(s)) + [s + i for i in range(lead, len(self.others))]
+        self.rows_shape = self.index_shape + tuple(x.shape[d] for d in self.others)  # GatherND's result
+
+    def transpose(self, v: Value, perm: list[int], tag: str) -> Value:
+        if perm == sorted(perm):
+            return v
+        return self.c.imp.add1("Transpose", [v], {"perm": tuple(perm)}, f"{self.c.name}_{tag}")
+
+    def gather(self) -> Value:
+        c = self.c
+        rows = c.imp.add1("GatherND", [self.transpose(c.v(0), self.front, "front"), self.stacked], name=f"{c.name}_g")
+        return c.add("Identity", [self.transpose(rows, self.back, "back")])
+
+    def scatter(self, values: Value, accumulate: bool) -> Value:
+        c = self.c
+        result_shape = tuple(self.rows_shape[i] for i in self.back)  # torch's layout, which values broadcast to
+        if values.shape != result_shape:
+            values = c.imp.add1("Expand", [values], {"shape": result_shape}, f"{c.name}_upd")
+        updates = self.transpose(values, _inverse(self.back), "upd_rows")
+        x = self.transpose(c.v(0, c.out_dtype), self.front, "front")
+        y = c.imp.add1("ScatterND", [x, self.stacked, updates], {"reduction": "add"} if accumulate else {},
+                       f"{c.name}_s")  # fmt: skip
+        return c.add("Identity", [self.transpose(y, _inverse(self.front), "back")])
+
+
+@converter("index")
+def _index(c: Ctx) -> Value:
+    """x[i0, i1, ...] with index tensors: one index is a Gather on its dim, several a GatherND (`_Advanced`)."""
+    indices = list(c.node.args[1])
+    present = [i for i, t in enumerate(indices) if t is not None]
+    if len(present) == 1 and c.imp.value(indices[present[0]]).dtype != "bool":
+        (d,) = present
+        return c.add("Gather", [c.v(0), c.imp.value(indices[d], "int64")], {"axis": d})
+    return _Advanced(c, "indexing").gather()
+
+
+@converter("index_put")
+def _index_put(c: Ctx) -> Value:
+    """x[i0, i1, ...] = values (`+=` with accumulate): a ScatterND (`_Advanced`). A boolean mask over some dims
+    (`x[x < 0] = 0`) with values that do not depend on how many elements it picks is a Where."""
+    indices, accumulate = list(c.node.args[1]), bool(c.arg(3, "accumulate", False))
+    present = [i for i, t in enumerate(indices) if t is not None]
+    values, x = c.v(2, c.out_dtype), c.v(0, c.out_dtype)
+    if len(present) == 1 and c.imp.value(indices[present[0]]).dtype == "bool":
+        (d,) = present
+        mask = c.imp.value(indices[d])
+        rest = len(x.shape) - d - len(mask.shape)  # dims after the masked ones, which values broadcast along
+        vshape = values.shape
+        if len(vshape) > rest + 1 or (len(vshape) == rest + 1 and vshape[0] != 1):
+            raise ModelError(f"{c.imp.name}: {c.node.name} at {module_path(c.node)}: assignment through a boolean "
+                             f"mask of values shaped {vshape}: their count depends on the mask")  # fmt: skip
+        if len(vshape) == rest + 1:
+            values = c.imp.add1("Squeeze", [values], {"axes": (0,)}, f"{c.name}_v")
+        if rest:
+            mask = c.imp.add1("Unsqueeze", [mask], {"axes": tuple(range(len(mask.shape), len(mask.shape) + rest))},
+                              f"{c.name}_m")  # fmt: skip
+        if accumulate:
+            zero = c.const(0, c.out_dtype)
+            return c.add("Add", [x, c.imp.add1("Where", [mask, values, zero], name=f"{c.name}_w")])
+        return c.add("Where", [mask, values, x])
+    return _Advanced(c, "index assignment").scatter(values, accumulate)
 
 
 # -- reductions --------------------------------------------------------------------------------------------
@@ -479,6 +590,27 @@ def _reduce(op: str) -> Converter:
 for _name, _op in [("mean", "ReduceMean"), ("sum", "ReduceSum"), ("amax", "ReduceMax"), ("amin", "ReduceMin"),
                    ("any", "ReduceMax"), ("all", "ReduceMin"), ("prod", "ReduceProd")]:  # fmt: skip
     converter(_name)(_reduce(_op))
+
+
+@converter("linalg_vector_norm")
+def _vector_norm(c: Ctx) -> Value:
+    """torch.linalg.vector_norm (weight norm, F.normalize): 2 and 1 are ReduceL2/ReduceL1, inf and -inf the
+    largest and smallest |x|, 0 the count of nonzeros, any other p (sum |x|^p)^(1/p)."""
+    p, dtype = float(c.arg(1, "ord", 2)), c.out_dtype
+    x = c.v(0, dtype)
+    attrs = {"axes": _axes(c, 2), "keepdims": int(bool(c.arg(3, "keepdim", False)))}
+    if p in (1.0, 2.0):
+        return c.add("ReduceL2" if p == 2 else "ReduceL1", [x], attrs)
+    if p == 0:
+        nonzero = c.imp.add1("Not", [c.imp.add1("Equal", [x, c.const(0, dtype)], name=f"{c.name}_zero")],
+                             name=f"{c.name}_nz")  # fmt: skip
+        return c.add("ReduceSum", [c.imp.add1("Cast", [nonzero], {"to": dtype}, f"{c.name}_count")], attrs)
+    mag = c.imp.add1("Abs", [x], name=f"{c.name}_abs")
+    if np.isinf(p):
+        return c.add("ReduceMax" if p > 0 else "ReduceMin", [mag], attrs)
+    powered = c.imp.add1("Pow", [mag, c.const(p, dtype)], name=f"{c.name}_pow")
+    total = c.imp.add1("ReduceSum", [powered], attrs, f"{c.name}_sum")
+    return c.add("Pow", [total, c.const(1.0 / p, dtype)])
 
 
 @converter("var")

@@ -196,6 +196,49 @@ def test_resampling_and_selection():
         assert_close(ours, ref)
 
 
+class Assignments(nn.Module):
+    """In-place assignments, which functionalize to slice_scatter, select_scatter, index_put and copy, and
+    vector norms (weight norm's parametrization, F.normalize)."""
+
+    def __init__(self):
+        super().__init__()
+        self.wn = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3, padding=1), dim=2)
+
+    def forward(self, x, rows):
+        y = x.clone()
+        y[:, 1:3] = x[:, :2] * 2  # step 1: concatenation around the slice
+        y[..., ::3] = -x[..., 1::3]  # step 3: a scatter
+        y[:, 0] = x.sum(1)
+        y = torch.select_scatter(y, x[:, :, 0] + 1, 2, -1)
+        z = torch.zeros(5, x.shape[2])
+        z[rows] = x[0, :3]  # index_put
+        z[rows[:1]] += 1.0  # index_put with accumulate
+        buf = torch.empty(2, x.shape[1], x.shape[2])
+        buf.copy_(x[:1])  # copy with broadcasting
+        r4, r2 = rows % 4, rows % 2
+        picks = x[:, r4[:2, None], rows[None, :]]  # index tensors after a ':', adjacent: in place
+        apart = x[r2[:2], :, rows[1:]]  # separated by a ':': their shape first
+        w = x.clone()
+        w[:, r4[1:], 1] = x[0, :2, :2].T  # index_put after a ':'
+        w[w < -1] = 0.5  # through a boolean mask
+        w[:, x[0, :, 0] > 0] = x[1, 0]  # a mask over a middle dim
+        norms = [torch.linalg.vector_norm(x, p, dim=(1, 2)) for p in (2, 1, 3.5, float("inf"), float("-inf"), 0)]
+        return y, z, buf, picks, apart, w, self.wn(x), nn.functional.normalize(x, dim=-1), torch.stack(norms, -1)
+
+
+def test_in_place_assignments_and_norms():
+    torch.manual_seed(5)
+    module = Assignments().eval()
+    x = torch.randn(2, 4, 8)
+    x[0, 0, :2] = 0  # zeros for the 0-norm's count
+    rows = torch.tensor([4, 0, 2])
+    m = ember.compile(module, (x, rows))
+    with torch.no_grad():
+        refs = module(x, rows)
+    for ours, ref in zip(m(x.numpy(), rows.numpy()), refs, strict=True):
+        assert_close(ours, ref)
+
+
 class Unsupported(nn.Module):
     def __init__(self):
         super().__init__()
