@@ -185,7 +185,11 @@ def _runtime_resize(a: dict, shape: tuple[int, ...], roi: np.ndarray | None, sca
 # Per resized axis, small tables of (input index, weight) per output index and tap are computed
 # first (the same float64 arithmetic as the reference, in the same order, so nearest-neighbour
 # rounding ties fall the same way); the output sums its taps' products over the resized axes.
-MAX_TAPS = 256  # taps per output element (product over the resized axes) beyond which it runs by reference
+# Where that product is large (cubic over three axes or more, antialiased downsampling), the axes are resized one
+# after another instead: each pass but the last a sum over its own taps, in float64, and the output the last
+# axis's taps over it.
+MAX_TAPS = 256  # taps per output element along one axis beyond which it runs by reference
+FUSED_TAPS = 16  # taps per output element (product over the resized axes) up to which the axes resize in one stage
 
 
 def _f64(v: float | Expr) -> Expr:
@@ -327,6 +331,20 @@ def _runtime_axes(a: dict, x: te.Tensor, roi_in: te.Tensor | None, scales: te.Te
     return [_Axis(ax, x.shape[ax], a["sizes"][ax], ratio[k], a, (roi[ax], roi[ax + rank])) for k, ax in enumerate(axes)]
 
 
+def _resize_pass(src: te.Tensor, ra: _Axis, index: te.Tensor, weight: te.Tensor) -> te.Tensor:
+    """`src` resized along one axis, in float64: a sum over the axis's taps (a reduction, so that a fused
+    consumer does not inline it: its taps would multiply with the next axis's)."""
+    shape = tuple(ra.n_out if d == ra.ax else n for d, n in enumerate(src.shape))
+
+    def body(*o):
+        k = te.reduce_axis((0, ra.taps), name=f"k{ra.ax}")
+        idx = tuple(index[o[ra.ax], k.var] if d == ra.ax else o[d] for d in range(len(o)))
+        v = src[idx] if src.dtype == "float64" else te.cast(src[idx], "float64")
+        return te.sum(weight[o[ra.ax], k.var] * v, axis=k)
+
+    return te.compute(shape, body, name=f"resize_ax{ra.ax}_pass")
+
+
 @lowering("Resize", schedule=schedule_tables("resize"))
 def _resize_te(a: dict, x: te.Tensor, roi_in: te.Tensor | None = None, scales: te.Tensor | None = None,
                sizes: te.Tensor | None = None) -> te.Tensor:  # fmt: skip
@@ -343,12 +361,17 @@ def _resize_te(a: dict, x: te.Tensor, roi_in: te.Tensor | None = None, scales: t
         axes.append(_Axis(ax, n_in, n_out, scale, a, (roi[ax], roi[ax + rank])))
     if scales is not None or sizes is not None:
         axes = _runtime_axes(a, x, roi_in, scales, sizes)
-    if math.prod(ra.taps for ra in axes) > MAX_TAPS:
-        raise NotLowerable(f"more than {MAX_TAPS} interpolation taps per output element")
+    if any(ra.taps > MAX_TAPS for ra in axes):
+        raise NotLowerable(f"more than {MAX_TAPS} interpolation taps per output element along one axis")
     if isinstance(numel(shape), int) and not numel(shape) or not axes:
         value = (lambda *i: x[i]) if numel(shape) else (lambda *i: keep(te.const(0, x.dtype), x))
         return te.compute(shape, value, name="resize", tag="resize")
     tables = [ra.tables() for ra in axes]
+    src, summed = x, axes  # what the output stage reads, and the axes whose taps it sums
+    if a["mode"] != "nearest" and math.prod(ra.taps for ra in axes) > FUSED_TAPS:
+        for ra, (index, weight) in zip(axes[:-1], tables[:-1]):
+            src = _resize_pass(src, ra, index, weight)
+        summed = axes[-1:]
     dt = x.dtype
     if dt.is_int:
         info = np.iinfo(dt.name)
@@ -370,12 +393,13 @@ def _resize_te(a: dict, x: te.Tensor, roi_in: te.Tensor | None = None, scales: t
                 return v
             return te.if_then_else(te.any(*outside), finish(extrapolate), v)
         terms = []
-        for combo in itertools.product(*[range(ra.taps) for ra in axes]):
+        for combo in itertools.product(*[range(ra.taps) for ra in summed]):
             idx, w = list(o), None
-            for ra, (index, weight), k in zip(axes, tables, combo):
+            for ra, (index, weight), k in zip(summed, tables[len(axes) - len(summed):], combo):
                 idx[ra.ax] = index[o[ra.ax], k]
                 w = weight[o[ra.ax], k] if w is None else w * weight[o[ra.ax], k]
-            terms.append(w * te.cast(x[tuple(idx)], "float64"))
+            v = src[tuple(idx)]
+            terms.append(w * (v if src is not x else te.cast(v, "float64")))
         while len(terms) > 1:  # pairwise: a shallow expression even for many antialiasing taps
             terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
         total = terms[0]
