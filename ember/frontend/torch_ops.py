@@ -6,6 +6,7 @@ for ops with several results. `ember.frontend.torch` is the entry point and the 
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -430,6 +431,32 @@ def _slice_scatter(c: Ctx) -> Value:
     return c.add("ScatterElements", [x, idx, src], {"axis": dim})
 
 
+@converter("as_strided")
+def _as_strided(c: Ctx) -> Value:
+    """A view of x's storage by explicit sizes and strides. Ember's tensors have no storage of their own, so the
+    view is mapped back through x's own strides (export records them): each element it reads is an element of x,
+    gathered from x flattened. A view that reads storage x does not cover is an error."""
+    x, src = c.v(0), c.node.args[0].meta["val"]
+    size, stride, offset = c.arg(1, "size"), c.arg(2, "stride"), c.arg(3, "storage_offset")
+    offset = src.storage_offset() if offset is None else offset
+    positions = src.storage_offset() + sum(
+        np.arange(n).reshape([-1 if d == k else 1 for d in range(len(x.shape))]) * s
+        for k, (n, s) in enumerate(zip(x.shape, src.stride())))  # fmt: skip
+    owner = {int(p): i for i, p in enumerate(np.broadcast_to(positions, x.shape).ravel())}
+    wanted = offset + sum(np.arange(n).reshape([-1 if d == k else 1 for d in range(len(size))]) * s
+                          for k, (n, s) in enumerate(zip(size, stride)))  # fmt: skip
+    wanted = np.broadcast_to(wanted, tuple(size))
+    missing = [int(p) for p in wanted.ravel() if int(p) not in owner]
+    if missing:
+        raise ModelError(f"{c.imp.name}: {c.node.name} at {module_path(c.node)}: as_strided{tuple(size), tuple(stride)}"
+                         f" reads storage position {missing[0]}, outside its input's view")  # fmt: skip
+    if list(size) == list(x.shape) and all(owner[int(p)] == i for i, p in enumerate(wanted.ravel())):
+        return c.add("Identity", [x])
+    flat = c.imp.add1("Reshape", [x], {"shape": (len(owner),)}, f"{c.name}_flat")
+    index = np.vectorize(owner.__getitem__, otypes=[np.int64])(wanted) if wanted.size else wanted.astype(np.int64)
+    return c.add("Gather", [flat, c.const(index, "int64")], {"axis": 0})
+
+
 @converter("copy")
 def _copy(c: Ctx) -> Value:
     """copy(self, src): src broadcast to self's shape, in self's dtype (what `self.copy_(src)` functionalizes to)."""
@@ -664,7 +691,7 @@ def _argmax(c: Ctx) -> Value:
     dim, keep = c.arg(1, "dim"), int(bool(c.arg(2, "keepdim", False)))
     x = c.v(0)
     if dim is None:
-        x = c.imp.add1("Reshape", [x], {"shape": (-1,)}, f"{c.name}_flat")
+        x = c.imp.add1("Reshape", [x], {"shape": (math.prod(x.shape),)}, f"{c.name}_flat")
         dim = 0
     return c.add(op, [x], {"axis": _norm_axis(dim, len(x.shape)), "keepdims": keep})
 

@@ -197,8 +197,8 @@ def test_resampling_and_selection():
 
 
 class Assignments(nn.Module):
-    """In-place assignments, which functionalize to slice_scatter, select_scatter, index_put and copy, and
-    vector norms (weight norm's parametrization, F.normalize)."""
+    """In-place assignments, which functionalize to slice_scatter, select_scatter, index_put and copy, advanced
+    indexing at any dims, as_strided views, and vector norms (weight norm's parametrization, F.normalize)."""
 
     def __init__(self):
         super().__init__()
@@ -222,8 +222,13 @@ class Assignments(nn.Module):
         w[:, r4[1:], 1] = x[0, :2, :2].T  # index_put after a ':'
         w[w < -1] = 0.5  # through a boolean mask
         w[:, x[0, :, 0] > 0] = x[1, 0]  # a mask over a middle dim
+        strided = torch.as_strided(x, (2, 3, 4), (32, 8, 3), 1)  # overlapping windows of the storage
+        strided_t = x.transpose(1, 2).as_strided((8, 2), (1, 8), 2)  # a view of a view: x's storage, not the view's
         norms = [torch.linalg.vector_norm(x, p, dim=(1, 2)) for p in (2, 1, 3.5, float("inf"), float("-inf"), 0)]
-        return y, z, buf, picks, apart, w, self.wn(x), nn.functional.normalize(x, dim=-1), torch.stack(norms, -1)
+        flat_arg = torch.argmax(x) + torch.argmin(x[0])  # over all elements
+        return (y, z, buf, picks, apart, w, strided, strided_t, flat_arg, self.wn(x),
+                nn.functional.normalize(x, dim=-1),
+                torch.stack(norms, -1))
 
 
 def test_in_place_assignments_and_norms():
