@@ -111,6 +111,9 @@ def to_onnx(model: Any, input_shapes: Mapping[str, tuple] | None = None):
     return proto
 
 
+_NO_INLINE = ("_XlaMustCompile", "_noinline")  # function attributes that keep grappler from inlining a call
+
+
 def _convert(tf, tf2onnx, fn, specs):
     """The traced function frozen (variables and captured tensors made constants), then converted. tf2onnx's
     from_function takes every non-resource input of the concrete function for a model input, so a tensor the
@@ -119,7 +122,12 @@ def _convert(tf, tf2onnx, fn, specs):
 
     frozen = convert_variables_to_constants_v2(fn.get_concrete_function(*specs))
     inputs = [t.name for t in frozen.inputs if t.dtype != tf.resource]
-    proto, _ = tf2onnx.convert.from_graph_def(frozen.graph.as_graph_def(), input_names=inputs,
+    graph_def = frozen.graph.as_graph_def()
+    for holder in (*graph_def.library.function, *graph_def.node):  # functions marked for XLA (Keras 3's grouped
+        for key in _NO_INLINE:  # conv) are never inlined, and tf2onnx cannot convert a call: let grappler inline them
+            if key in holder.attr:
+                del holder.attr[key]
+    proto, _ = tf2onnx.convert.from_graph_def(graph_def, input_names=inputs,
                                               output_names=[t.name for t in frozen.outputs], opset=OPSET)
     _rename(proto, {i: s.name for i, s in zip(inputs, specs)})  # 'pixels:0' -> 'pixels', the spec's name
     return proto

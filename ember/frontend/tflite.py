@@ -19,6 +19,7 @@ Graph inputs and outputs keep their TFLite names, dtypes and (NHWC) shapes.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,6 +99,11 @@ class TFLiteImporter:
     def shape(self, i: int) -> tuple[int, ...]:
         t = self.tensor(i)
         return tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+
+    def signature(self, i: int) -> tuple[int, ...]:
+        """The tensor's shape with -1 for the dims the converter left dynamic (its `shape` holds placeholders)."""
+        t = self.tensor(i)
+        return tuple(int(d) for d in t.ShapeSignatureAsNumpy()) if t.ShapeSignatureLength() else self.shape(i)
 
     def dtype(self, i: int) -> str:
         code = self.tensor(i).Type()
@@ -204,9 +210,11 @@ class TFLiteImporter:
                                               self.imp.constant("zp", zp[0].astype(dt))], {"output_dtype": dt})
         elif v.dtype != self.dtype(i):
             v = self.emit1("Cast", [v], {"to": self.dtype(i)})
-        want = self.shape(i)
+        want, sig = self.shape(i), self.signature(i)
         got = tuple(v.shape[j] for j in TO_NHWC) if nchw and len(v.shape) == 4 else v.shape
-        if want and got != want and np.prod(got) == np.prod(want) and not nchw:
+        if -1 in sig and len(sig) == len(got) and all(s in (-1, g) for s, g in zip(sig, got)):
+            pass  # dims the converter left dynamic (and recorded as placeholders): the shape Ember computed stands
+        elif want and got != want and np.prod(got) == np.prod(want) and not nchw:
             v = self.emit1("Reshape", [v], {"shape": want})
         elif want and got != want:
             raise ModelError(f"{self.source}: tensor {self.name(i)!r}: Ember computed shape {list(got)}, the "
@@ -304,7 +312,8 @@ OPTIONS = {
     "MAX_POOL_2D": "Pool2DOptions", "FULLY_CONNECTED": "FullyConnectedOptions", "SOFTMAX": "SoftmaxOptions",
     "CONCATENATION": "ConcatenationOptions", "ADD": "AddOptions", "SUB": "SubOptions", "MUL": "MulOptions",
     "DIV": "DivOptions", "MEAN": "ReducerOptions", "SUM": "ReducerOptions", "REDUCE_MAX": "ReducerOptions",
-    "REDUCE_MIN": "ReducerOptions", "BATCH_MATMUL": "BatchMatMulOptions", "GATHER": "GatherOptions",
+    "REDUCE_MIN": "ReducerOptions", "REDUCE_PROD": "ReducerOptions", "BATCH_MATMUL": "BatchMatMulOptions",
+    "GATHER": "GatherOptions",
     "STRIDED_SLICE": "StridedSliceOptions", "LEAKY_RELU": "LeakyReluOptions", "GELU": "GeluOptions",
     "RESIZE_BILINEAR": "ResizeBilinearOptions", "RESIZE_NEAREST_NEIGHBOR": "ResizeNearestNeighborOptions",
     "SPLIT": "SplitOptions", "SPLIT_V": "SplitVOptions", "PACK": "PackOptions", "UNPACK": "UnpackOptions",
@@ -495,7 +504,7 @@ def _axis_in(ti: TFLiteImporter, i: int, axis: int, nchw: bool) -> int:
     return TO_NCHW.index(axis) if nchw else axis
 
 
-@converter("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN")
+@converter("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD")
 def _reduce(ti: TFLiteImporter, op: Op) -> None:
     x_i = op.inputs[0]
     axes = [int(a) % len(ti.shape(x_i)) for a in np.atleast_1d(ti.const(op.inputs[1], "the reduction axes"))]
@@ -504,7 +513,8 @@ def _reduce(ti: TFLiteImporter, op: Op) -> None:
     # stay NCHW when the dims kept come out in the same order in both layouts
     nchw = ti.stored_nchw(x_i) and (keep or sorted(rest, key=TO_NCHW.index) == rest)
     x = ti.fval(x_i, nchw)
-    onnx_op = {"MEAN": "ReduceMean", "SUM": "ReduceSum", "REDUCE_MAX": "ReduceMax", "REDUCE_MIN": "ReduceMin"}
+    onnx_op = {"MEAN": "ReduceMean", "SUM": "ReduceSum", "REDUCE_MAX": "ReduceMax", "REDUCE_MIN": "ReduceMin",
+               "REDUCE_PROD": "ReduceProd"}
     axes = tuple(sorted(_axis_in(ti, x_i, a, nchw) for a in axes))
     y = ti.emit1(onnx_op[op.name], [x], {"axes": axes, "keepdims": int(keep)})
     ti.output(op.outputs[0], y, nchw=nchw and keep)
@@ -536,7 +546,21 @@ def _pad(ti: TFLiteImporter, op: Op) -> None:
 
 @converter("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
 def _reshape(ti: TFLiteImporter, op: Op) -> None:
-    ti.output(op.outputs[0], ti.emit1("Reshape", [ti.fval(op.inputs[0])], {"shape": ti.shape(op.outputs[0])}))
+    """To the output's recorded shape, or to the shape input where it is known at import (constant, or computed
+    from static shapes: TF's Tensordot packs products of SHAPE slices, and the converter then records a
+    placeholder shape such as [1, 1] for an output whose dims it left dynamic)."""
+    x = ti.fval(op.inputs[0])
+    shape = ti.shape(op.outputs[0])
+    given = ti.get(op.inputs[1]).value.data if op.name == "RESHAPE" and len(op.inputs) > 1 and op.inputs[1] >= 0 \
+        else None  # fmt: skip
+    if given is not None and given.ndim == 1:
+        dims = [int(d) for d in given]
+        if dims.count(-1) == 1:
+            known = math.prod(d for d in dims if d != -1)
+            dims[dims.index(-1)] = math.prod(x.shape) // known if known else 0
+        if math.prod(dims) == math.prod(x.shape) and -1 not in dims:
+            shape = tuple(dims)
+    ti.output(op.outputs[0], ti.emit1("Reshape", [x], {"shape": tuple(shape)}))
 
 
 @converter("SOFTMAX")

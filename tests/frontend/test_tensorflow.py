@@ -47,10 +47,22 @@ def check(model, x: np.ndarray, compiled) -> None:
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
-@pytest.mark.parametrize("make", [transformer_block, mobilenet_v2], ids=["transformer", "mobilenet_v2"])
+def convnext_block() -> keras.Model:
+    """A grouped conv (Keras 3 runs it in a function marked for XLA, which grappler does not inline unless told)
+    and exact gelu (TF's Erfc, which tf2onnx leaves unconverted)."""
+    x0 = keras.Input((8, 8, 16))
+    x = L.LayerNormalization(epsilon=1e-6)(L.Conv2D(16, 3, padding="same", groups=4)(x0))
+    return keras.Model(x0, x0 + L.Dense(16)(L.Activation("gelu")(L.Dense(48)(x))))
+
+
+SHAPES = {"transformer_block": (2, 16, 32), "mobilenet_v2": (1, 32, 32, 3), "convnext_block": (1, 8, 8, 16)}
+
+
+@pytest.mark.parametrize("make", [transformer_block, mobilenet_v2, convnext_block],
+                         ids=["transformer", "mobilenet_v2", "convnext_block"])  # fmt: skip
 def test_keras_models(make):
     model = make()
-    shape = (2, 16, 32) if make is transformer_block else (1, 32, 32, 3)
+    shape = SHAPES[make.__name__]
     x = np.random.default_rng(0).uniform(-1, 1, shape).astype("float32")
     check(model, x, ember.compile(model, fallback=False))
 

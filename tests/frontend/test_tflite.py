@@ -70,8 +70,20 @@ def transformer_block() -> keras.Model:
     return keras.Model(ids, L.LayerNormalization()(x + h))
 
 
+def convnext_block() -> keras.Model:
+    """ConvNeXt's block with the batch left dynamic (as keras.applications build it): a grouped conv, layer norm,
+    dense layers on a 4-d tensor (TF's Tensordot: the converter packs products of SHAPE slices for its reshapes and
+    records placeholder shapes for their outputs), exact gelu."""
+    L = keras.layers
+    x0 = keras.Input((8, 8, 16))
+    x = L.Conv2D(16, 3, padding="same", groups=4)(x0)
+    x = L.LayerNormalization(epsilon=1e-6)(x)
+    x = L.Dense(16)(L.Activation("gelu")(L.Dense(48)(x)))
+    return keras.Model(x0, x0 + x)
+
+
 MODELS = {"small_cnn": small_cnn, "mobilenet_v2": mobilenet_v2, "mobilenet_v3": mobilenet_v3,
-          "transformer": transformer_block}  # fmt: skip
+          "transformer": transformer_block, "convnext_block": convnext_block}  # fmt: skip
 
 
 def _inputs(model: keras.Model, rng: np.random.Generator) -> list[np.ndarray]:
@@ -117,7 +129,7 @@ def quantize_input(path: str, x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_tflite_models(name, int8, tmp_path):
-    if int8 and name in ("transformer", "mobilenet_v3"):
+    if int8 and name in ("transformer", "mobilenet_v3", "convnext_block"):
         pytest.skip("int8 runs: the small CNN and MobileNetV2 (each compile of a quantized network takes a minute)")
     model = MODELS[name]()
     path = to_tflite(model, tmp_path / f"{name}.tflite", int8)
