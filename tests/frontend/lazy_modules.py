@@ -28,7 +28,8 @@ def random_batchnorm(model, seed: int = 0):
     rng = np.random.default_rng(seed)
     for layer in model.layers:
         if isinstance(layer, layers.BatchNormalization):
-            g, b, m, v = layer.get_weights()
-            layer.set_weights([rng.uniform(0.5, 1.5, g.shape), rng.normal(0, 0.1, b.shape),
-                               rng.normal(0, 0.1, m.shape), rng.uniform(0.5, 1.5, v.shape)])  # fmt: skip
+            *affine, m, v = layer.get_weights()  # gamma and beta unless built without scale or center
+            fresh = [rng.uniform(0.5, 1.5, a.shape) if k == 0 and layer.scale else rng.normal(0, 0.1, a.shape)
+                     for k, a in enumerate(affine)]  # fmt: skip
+            layer.set_weights([*fresh, rng.normal(0, 0.1, m.shape), rng.uniform(0.5, 1.5, v.shape)])
     return model
