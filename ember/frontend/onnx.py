@@ -32,7 +32,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from ember.frontend import onnx_ops
+from ember.frontend import onnx_contrib, onnx_ops
 from ember.frontend.onnx_importer import (
     MAX_OPSET,
     ONNX_DTYPES,
@@ -83,8 +83,9 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx
             raise ModelError(f"{path}: cannot load external weight data: {first_line(e)}") from None
     if not proto.HasField("graph") or not proto.opset_import:
         raise ModelError(f"{source}: not an ONNX model (no graph or no opset_import; corrupt or truncated file?)")
+    retagged = onnx_contrib.claim_default_domain_ops(proto)
     try:
-        if not isinstance(model, onnx.ModelProto | bytes):
+        if not isinstance(model, onnx.ModelProto | bytes) and not retagged:
             onnx.checker.check_model(os.fspath(model))  # by path: handles external data and > 2 GiB
         elif proto.ByteSize() < 2**31:
             onnx.checker.check_model(proto)

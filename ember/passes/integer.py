@@ -232,18 +232,20 @@ def _elementwise_chain(q: Node, producers: dict, consumers: dict, outputs: set) 
     for n in body:  # (the DequantizeLinear may have other readers)
         if n.outputs[0] in outputs or any(r not in inside for r in consumers.get(n.outputs[0], [])):
             return None
-    body.sort(key=_order_key(producers))
+    body.sort(key=_order_key(producers, body))
     return dq, body
 
 
-def _order_key(producers: dict):
-    """Topological order of a chain's nodes: by their depth from the chain's source."""
+def _order_key(producers: dict, chain: list[Node]):
+    """Topological order of a chain's nodes: by their depth from the chain's source (counted inside the chain
+    only: the graph above it may be deeper than Python's recursion limit)."""
     depth: dict[int, int] = {}
+    members = {id(n) for n in chain}
 
     def d(n: Node) -> int:
         if id(n) not in depth:
             ps = [producers.get(v) for v in n.inputs if v is not None and not v.is_constant]
-            depth[id(n)] = 1 + max((d(p) for p in ps if p is not None), default=0)
+            depth[id(n)] = 1 + max((d(p) for p in ps if p is not None and id(p) in members), default=0)
         return depth[id(n)]
 
     return d

@@ -1,0 +1,361 @@
+"""Microsoft contrib operators (domain com.microsoft), expanded into standard ONNX operators.
+
+onnxruntime writes these into the models it saves: its graph optimizer fuses Conv+activation into FusedConv,
+MatMul+Transpose+Mul into FusedMatMul, the residual add and layer norm into SkipLayerNormalization, erf/tanh
+chains into Gelu and FastGelu (`SessionOptions.optimized_model_filepath`, `onnxruntime.transformers.optimizer`),
+and its quantizer's operator format (QuantFormat.QOperator) uses QLinearAdd, QGemm, QLinearGlobalAveragePool...
+Each is rewritten here as the standard nodes it stands for (a quantized one as DequantizeLinear -> float op ->
+QuantizeLinear, which Ember's integer passes match like any QDQ model), imported by the ordinary converters under
+opset `OPSET`. Ember fuses these back by its own rules.
+
+`EXPANSIONS` maps op type -> `expand(b: Body)`; `Body` builds the standard nodes from the contrib node's inputs,
+attributes and outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ember.frontend.onnx_importer import MAX_OPSET, NodeContext
+
+DOMAIN = "com.microsoft"
+OPSET = min(MAX_OPSET, 21)  # the default-domain opset the expansions are written for
+
+
+class Body:
+    """The standard nodes that replace one contrib node."""
+
+    def __init__(self, ctx: NodeContext):
+        self.ctx, self.attrs = ctx, ctx.attrs
+        self.nodes: list[onnx.NodeProto] = []
+        self.prefix = ctx.importer.unique(ctx.name)
+        self.ins = list(ctx.proto.input)
+        self.outs = list(ctx.proto.output)
+
+    def input(self, i: int) -> str:
+        """Input i's name ('' when absent)."""
+        return self.ins[i] if i < len(self.ins) else ""
+
+    def output(self, i: int) -> str:
+        return self.outs[i] if i < len(self.outs) else ""
+
+    def rank(self, i: int) -> int:
+        return len(self.ctx.type(i).shape)
+
+    def node(self, op: str, inputs: list[str], out: str | None = None, **attrs) -> str:
+        """Add a node; its output (a fresh name unless `out`)."""
+        out = out or f"{self.prefix}/{op}{len(self.nodes)}"
+        self.nodes.append(helper.make_node(op, inputs, [out], name=f"{self.ctx.name}/{op}{len(self.nodes)}", **attrs))
+        return out
+
+    def const(self, value, dtype=np.float32) -> str:
+        name = f"{self.prefix}/c{len(self.nodes)}"
+        return self.node("Constant", [], name, value=numpy_helper.from_array(np.asarray(value, dtype), name))
+
+    def dq(self, x: int, scale: int, zero: int, axis: int | None = None) -> str:
+        """DequantizeLinear of inputs x, scale and zero point (by index; the zero point may be absent)."""
+        inputs = [self.input(x), self.input(scale)] + ([self.input(zero)] if self.input(zero) else [])
+        return self.node("DequantizeLinear", inputs, **({} if axis is None else {"axis": axis}))
+
+    def q(self, y: str, scale: int, zero: int, out: str) -> str:
+        inputs = [y, self.input(scale)] + ([self.input(zero)] if self.input(zero) else [])
+        return self.node("QuantizeLinear", inputs, out)
+
+    def per_axis(self, scale: int, axis: int) -> int | None:
+        """The axis of a per-channel scale (None for a per-tensor one)."""
+        return axis if len(self.ctx.type(scale).shape) == 1 and self.ctx.type(scale).shape[0] != 1 else None
+
+
+Expansion = Callable[[Body], None]
+EXPANSIONS: dict[str, Expansion] = {}
+
+
+def expansion(*names: str) -> Callable[[Expansion], Expansion]:
+    def wrap(fn: Expansion) -> Expansion:
+        for n in names:
+            EXPANSIONS[n] = fn
+        return fn
+
+    return wrap
+
+
+# onnxruntime's own operators that it registers in the default domain (and writes there in the models it saves)
+# op -> the opset from which ONNX has an operator of that name (None: never)
+DEFAULT_DOMAIN_OPS: dict[str, int | None] = {"SimplifiedLayerNormalization": None, "LayerNormalization": 17}
+
+
+def claim_default_domain_ops(proto: onnx.ModelProto) -> bool:
+    """Move onnxruntime's default-domain operators (SimplifiedLayerNormalization, LayerNormalization before
+    opset 17) to this domain, where `EXPANSIONS` has them; ONNX's checker rejects them where they are. Whether
+    any moved."""
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    moved = False
+
+    def walk(g: onnx.GraphProto) -> None:
+        nonlocal moved
+        for node in g.node:
+            if node.domain in ("", "ai.onnx") and node.op_type in DEFAULT_DOMAIN_OPS:
+                since = DEFAULT_DOMAIN_OPS[node.op_type]
+                if since is None or opset < since:
+                    node.domain, moved = DOMAIN, True
+            for a in node.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    walk(sub)
+
+    walk(proto.graph)
+    if moved and not any(o.domain == DOMAIN for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return moved
+
+
+def expand_contrib(ctx: NodeContext) -> None:
+    """Import a com.microsoft node as the standard nodes it stands for."""
+    b = Body(ctx)
+    EXPANSIONS[ctx.op_type](b)
+    opsets = {**ctx.importer.opsets, "": OPSET}
+    for i, node in enumerate(b.nodes):
+        ctx.importer.convert(node, i, opsets)
+
+
+# -- activations ---------------------------------------------------------------------------------------------
+@expansion("Gelu")
+def _gelu(b: Body) -> None:
+    b.node("Gelu", [b.input(0)], b.output(0))
+
+
+@expansion("BiasGelu")
+def _bias_gelu(b: Body) -> None:
+    b.node("Gelu", [b.node("Add", [b.input(0), b.input(1)])], b.output(0))
+
+
+@expansion("FastGelu")
+def _fast_gelu(b: Body) -> None:
+    """The tanh approximation of gelu, of x + bias when a bias is given."""
+    x = b.node("Add", [b.input(0), b.input(1)]) if b.input(1) else b.input(0)
+    b.node("Gelu", [x], b.output(0), approximate="tanh")
+
+
+@expansion("QuickGelu")
+def _quick_gelu(b: Body) -> None:
+    """x * sigmoid(alpha x) (alpha 1: silu)."""
+    alpha = b.attrs.get("alpha", 1.702)
+    x = b.input(0)
+    scaled = b.node("Mul", [x, b.const(alpha)]) if alpha != 1.0 else x
+    b.node("Mul", [x, b.node("Sigmoid", [scaled])], b.output(0))
+
+
+@expansion("BiasAdd")
+def _bias_add(b: Body) -> None:
+    b.node("Add", [b.node("Add", [b.input(0), b.input(1)]), b.input(2)], b.output(0))
+
+
+# -- fused convolution and matrix products ----------------------------------------------------------------------
+ACTIVATIONS = {"Relu": 0, "Tanh": 0, "Sigmoid": 0, "LeakyRelu": 1, "Clip": 2, "HardSigmoid": 2}
+
+
+@expansion("FusedConv")
+def _fused_conv(b: Body) -> None:
+    """activation(Conv(X, W, B) + Z): Z (the fourth input) is a residual onnxruntime summed in."""
+    attrs = {k: v for k, v in b.attrs.items() if k not in ("activation", "activation_params")}
+    act, params = b.attrs.get("activation", ""), list(b.attrs.get("activation_params", ()))
+    if act and act not in ACTIVATIONS:
+        raise b.ctx.error(f"FusedConv activation {act!r} is not one Ember knows ({', '.join(ACTIVATIONS)})")
+    y = b.node("Conv", [b.input(i) for i in range(3) if b.input(i) or i < 2], None if act or b.input(3) else
+               b.output(0), **attrs)  # fmt: skip
+    if b.input(3):
+        y = b.node("Add", [y, b.input(3)], None if act else b.output(0))
+    if act == "Clip":
+        b.node("Clip", [y, b.const(params[0]), b.const(params[1])], b.output(0))
+    elif act == "LeakyRelu":
+        b.node("LeakyRelu", [y], b.output(0), alpha=params[0] if params else 0.01)
+    elif act == "HardSigmoid":
+        b.node("HardSigmoid", [y], b.output(0), alpha=params[0], beta=params[1])
+    elif act:
+        b.node(act, [y], b.output(0))
+
+
+@expansion("FusedMatMul")
+def _fused_matmul(b: Body) -> None:
+    """alpha * op(A) @ op(B), op a transpose of the last two dims where asked."""
+    if b.attrs.get("transBatchA", 0) or b.attrs.get("transBatchB", 0):
+        raise b.ctx.error("FusedMatMul with transBatchA/transBatchB (batch dims moved into the product) is not "
+                          "supported")  # fmt: skip
+    a, w = b.input(0), b.input(1)
+    for i, key in ((0, "transA"), (1, "transB")):
+        if b.attrs.get(key, 0):
+            r = b.rank(i)
+            perm = list(range(r - 2)) + [r - 1, r - 2]
+            transposed = b.node("Transpose", [b.input(i)], perm=perm)
+            a, w = (transposed, w) if i == 0 else (a, transposed)
+    alpha = b.attrs.get("alpha", 1.0)
+    y = b.node("MatMul", [a, w], None if alpha != 1.0 else b.output(0))
+    if alpha != 1.0:
+        b.node("Mul", [y, b.const(alpha)], b.output(0))
+
+
+# -- normalization -----------------------------------------------------------------------------------------------
+def _skip_sum(b: Body, bias: int) -> str:
+    """input + skip (+ bias), written to the fourth output when the model reads it."""
+    s = b.node("Add", [b.input(0), b.input(1)], None if b.input(bias) else b.output(3) or None)
+    if b.input(bias):
+        s = b.node("Add", [s, b.input(bias)], b.output(3) or None)
+    return s
+
+
+@expansion("SkipLayerNormalization")
+def _skip_layer_norm(b: Body) -> None:
+    """LayerNormalization over the last axis of input + skip (+ bias); outputs: normalized, mean, inverse standard
+    deviation, the sum."""
+    s = _skip_sum(b, 4)
+    inputs = [s, b.input(2)] + ([b.input(3)] if b.input(3) else [])
+    outs = [b.output(0), b.output(1), b.output(2)]
+    while outs and not outs[-1]:
+        outs.pop()
+    b.nodes.append(helper.make_node("LayerNormalization", inputs, outs, name=f"{b.ctx.name}/LayerNormalization",
+                                    axis=-1, epsilon=b.attrs.get("epsilon", 1e-5)))  # fmt: skip
+
+
+@expansion("LayerNormalization")
+def _layer_norm(b: Body) -> None:
+    """onnxruntime's LayerNormalization of the default domain before opset 17: ONNX's own, as it became."""
+    outs = [b.output(i) for i in range(3)]
+    while outs and not outs[-1]:
+        outs.pop()
+    b.nodes.append(helper.make_node("LayerNormalization", [b.input(i) for i in range(3) if b.input(i)], outs,
+                                    name=f"{b.ctx.name}/LayerNormalization", **b.attrs))  # fmt: skip
+
+
+@expansion("SimplifiedLayerNormalization")
+def _rms_norm(b: Body) -> None:
+    """RMS normalization (onnxruntime's default-domain operator; ONNX's RMSNormalization since opset 23)."""
+    if b.output(1):
+        raise b.ctx.error("the inverse RMS output of SimplifiedLayerNormalization is not supported")
+    attrs = {"axis": b.attrs.get("axis", -1), "epsilon": b.attrs.get("epsilon", 1e-5)}
+    b.node("RMSNormalization", [b.input(0), b.input(1)], b.output(0), **attrs)
+
+
+@expansion("SkipSimplifiedLayerNormalization")
+def _skip_rms_norm(b: Body) -> None:
+    """RMS normalization (no mean subtracted) of input + skip (+ bias); outputs: normalized, (unused), inverse
+    root mean square, the sum."""
+    if b.output(1) or b.output(2):
+        raise b.ctx.error("the mean and inverse RMS outputs of SkipSimplifiedLayerNormalization are not supported")
+    s = _skip_sum(b, 3)
+    b.node("RMSNormalization", [s, b.input(2)], b.output(0), axis=-1, epsilon=b.attrs.get("epsilon", 1e-5))
+
+
+@expansion("EmbedLayerNormalization")
+def _embed_layer_norm(b: Body) -> None:
+    """BERT's embeddings: word + position (+ segment) embeddings, then LayerNormalization; the mask index is the
+    count of unmasked tokens of each sequence (int32)."""
+    ids = b.input(0)
+    batch, seq = b.ctx.type(0).shape
+    x = b.node("Gather", [b.input(2), ids], axis=0)
+    positions = b.input(8) or b.const(np.arange(seq).reshape(1, seq), np.int64)
+    x = b.node("Add", [x, b.node("Gather", [b.input(3), positions], axis=0)])
+    if b.input(1) and b.input(4):
+        x = b.node("Add", [x, b.node("Gather", [b.input(4), b.input(1)], axis=0)])
+    if b.output(2):
+        x = b.node("Identity", [x], b.output(2))
+    b.node("LayerNormalization", [x, b.input(5), b.input(6)], b.output(0), axis=-1,
+           epsilon=b.attrs.get("epsilon", 1e-12))  # fmt: skip
+    if b.output(1):
+        if b.input(7):
+            mask = b.node("Cast", [b.input(7)], to=onnx.TensorProto.INT32)
+            b.node("ReduceSum", [mask, b.const([1], np.int64)], b.output(1), keepdims=0)
+        else:
+            b.node("Identity", [b.const(np.zeros(batch), np.int32)], b.output(1))
+
+
+# -- the quantizer's operator format ---------------------------------------------------------------------------
+@expansion("QLinearAdd", "QLinearMul")
+def _qlinear_binary(b: Body) -> None:
+    """(A, A_scale, A_zero, B, B_scale, B_zero, C_scale, C_zero)."""
+    y = b.node(b.ctx.op_type[len("QLinear"):], [b.dq(0, 1, 2), b.dq(3, 4, 5)])
+    b.q(y, 6, 7, b.output(0))
+
+
+@expansion("QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax")
+def _qlinear_unary(b: Body) -> None:
+    """(X, X_scale, X_zero, Y_scale, Y_zero)."""
+    op = b.ctx.op_type[len("QLinear"):]
+    attrs = {"LeakyRelu": {"alpha": b.attrs.get("alpha", 0.01)}, "Softmax": {"axis": b.attrs.get("axis", -1)}}
+    x = b.dq(0, 1, 2)
+    if op == "Softmax" and b.attrs.get("opset", 13) < 13:  # the old Softmax: rows are the dims from `axis` on
+        shape = b.ctx.type(0).shape
+        axis = attrs[op]["axis"] % len(shape)
+        flat = b.node("Flatten", [x], axis=axis)
+        y = b.node("Reshape", [b.node("Softmax", [flat], axis=1), b.const(shape, np.int64)])
+    else:
+        y = b.node(op, [x], **attrs.get(op, {}))
+    b.q(y, 3, 4, b.output(0))
+
+
+def _channels_first(b: Body, x: str, rank: int, to_first: bool) -> str:
+    perm = [0, rank - 1, *range(1, rank - 1)] if to_first else [0, *range(2, rank), 1]
+    return b.node("Transpose", [x], perm=perm)
+
+
+@expansion("QLinearGlobalAveragePool", "QLinearAveragePool")
+def _qlinear_pool(b: Body) -> None:
+    """(X, X_scale, X_zero, Y_scale, Y_zero); channels_last: X and Y are NHWC."""
+    last, rank = b.attrs.get("channels_last", 0), b.rank(0)
+    attrs = {k: v for k, v in b.attrs.items() if k != "channels_last"}
+    x = b.dq(0, 1, 2)
+    x = _channels_first(b, x, rank, True) if last else x
+    y = b.node(b.ctx.op_type[len("QLinear"):], [x], **attrs)
+    b.q(_channels_first(b, y, rank, False) if last else y, 3, 4, b.output(0))
+
+
+@expansion("QLinearConcat")
+def _qlinear_concat(b: Body) -> None:
+    """(Y_scale, Y_zero, then X, X_scale, X_zero for each input)."""
+    parts = [b.dq(i, i + 1, i + 2) for i in range(2, len(b.ins), 3)]
+    b.q(b.node("Concat", parts, axis=b.attrs["axis"]), 0, 1, b.output(0))
+
+
+@expansion("QGemm")
+def _qgemm(b: Body) -> None:
+    """(A, A_scale, A_zero, B, B_scale, B_zero, C, Y_scale, Y_zero): alpha A' B' + C, C an int32 bias at scale
+    A_scale * B_scale; float output without Y_scale."""
+    trans_b = b.attrs.get("transB", 0)
+    a = b.dq(0, 1, 2)
+    w = b.dq(3, 4, 5, b.per_axis(4, 0 if trans_b else 1))
+    inputs = [a, w]
+    if b.input(6):
+        scale = b.node("Mul", [b.input(1), b.input(4)])
+        inputs.append(b.node("DequantizeLinear", [b.input(6), scale], axis=0))
+    out = b.output(0) if not b.input(7) else None
+    y = b.node("Gemm", inputs, out, alpha=b.attrs.get("alpha", 1.0), transA=b.attrs.get("transA", 0), transB=trans_b)
+    if b.input(7):
+        b.q(y, 7, 8, b.output(0))
+
+
+@expansion("MatMulIntegerToFloat")
+def _matmul_integer_to_float(b: Body) -> None:
+    """(A, B, A_scale, B_scale, A_zero, B_zero, bias): the float product of the dequantized operands (+ bias)."""
+    a = b.dq(0, 2, 4)
+    w = b.dq(1, 3, 5, b.per_axis(3, 1))
+    y = b.node("MatMul", [a, w], None if b.input(6) else b.output(0))
+    if b.input(6):
+        b.node("Add", [y, b.input(6)], b.output(0))
+
+
+@expansion("DynamicQuantizeMatMul")
+def _dynamic_quantize_matmul(b: Body) -> None:
+    """(A, B, B_scale, B_zero, bias): A quantized to uint8 at run time (its range), times the dequantized B."""
+    q = f"{b.prefix}/a_q"
+    b.nodes.append(helper.make_node("DynamicQuantizeLinear", [b.input(0)], [q, q + "_scale", q + "_zero"],
+                                    name=f"{b.ctx.name}/DynamicQuantizeLinear"))  # fmt: skip
+    a = b.node("DequantizeLinear", [q, q + "_scale", q + "_zero"])
+    w = b.dq(1, 2, 3, b.per_axis(2, 1))
+    y = b.node("MatMul", [a, w], None if b.input(4) else b.output(0))
+    if b.input(4):
+        b.node("Add", [y, b.input(4)], b.output(0))
+
+
+__all__ = ["DOMAIN", "EXPANSIONS", "expand_contrib"]
