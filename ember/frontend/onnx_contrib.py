@@ -271,6 +271,97 @@ def _embed_layer_norm(b: Body) -> None:
             b.node("Identity", [b.const(np.zeros(batch), np.int32)], b.output(1))
 
 
+# -- attention ------------------------------------------------------------------------------------------------------
+def _heads(b: Body, x: str, shape: tuple, heads: int, key: bool = False) -> str:
+    """(B, S, heads * h) -> (B, heads, S, h), or (B, heads, h, S) for keys."""
+    batch, seq, width = shape
+    split = b.node("Reshape", [x, b.const([batch, seq, heads, width // heads], np.int64)])
+    return b.node("Transpose", [split], perm=[0, 2, 3, 1] if key else [0, 2, 1, 3])
+
+
+def _attend(b: Body, q: str, k: str, v: str, dims: tuple, heads: int, masks: list[str]) -> None:
+    """softmax(Q K^T scale + masks) V over heads, written to output 0. dims: (B, S, L, Dq, Dv)."""
+    batch, seq, kv_len, dq, dv = dims
+    scale = b.attrs.get("scale", 0.0) or 1.0 / np.sqrt(dq // heads)
+    scores = b.node("Mul", [b.node("MatMul", [_heads(b, q, (batch, seq, dq), heads),
+                                             _heads(b, k, (batch, kv_len, dq), heads, key=True)]), b.const(scale)])
+    for m in masks:
+        scores = b.node("Add", [scores, m])
+    probs = b.node("Softmax", [scores], axis=-1)
+    ctx = b.node("MatMul", [probs, _heads(b, v, (batch, kv_len, dv), heads)])
+    merged = b.node("Transpose", [ctx], perm=[0, 2, 1, 3])
+    b.node("Reshape", [merged, b.const([batch, seq, dv], np.int64)], b.output(0))
+
+
+def _padding_mask(b: Body, i: int, batch: int, seq: int, kv_len: int) -> str:
+    """An additive mask from input i: a 2-d (B, L) or 3-d (B, S, L) 1/0 mask, or 1-d valid lengths (B,);
+    masked scores get mask_filter_value."""
+    fill = b.attrs.get("mask_filter_value", -10000.0)
+    shape = b.ctx.type(i).shape
+    if len(shape) == 1 and shape[0] == batch:  # valid lengths: key positions from each length on are masked
+        lengths = b.node("Reshape", [b.node("Cast", [b.input(i)], to=onnx.TensorProto.INT64),
+                                     b.const([batch, 1], np.int64)])  # fmt: skip
+        keep = b.node("Less", [b.const(np.arange(kv_len).reshape(1, kv_len), np.int64), lengths])
+    elif len(shape) in (2, 3):
+        keep = b.node("Cast", [b.input(i)], to=onnx.TensorProto.BOOL)
+    else:
+        raise b.ctx.error(f"a mask of shape {list(shape)} (only (B, L) and (B, S, L) 1/0 masks and (B,) lengths)")
+    additive = b.node("Where", [keep, b.const(0.0), b.const(fill)])
+    rows = [batch, 1, 1, kv_len] if len(shape) != 3 else [batch, 1, seq, kv_len]
+    return b.node("Reshape", [additive, b.const(rows, np.int64)])
+
+
+def _causal(b: Body, seq: int, kv_len: int) -> str:
+    allowed = np.tril(np.ones((seq, kv_len), bool), kv_len - seq)
+    return b.const(np.where(allowed, 0.0, b.attrs.get("mask_filter_value", -10000.0)))
+
+
+@expansion("Attention")
+def _attention(b: Body) -> None:
+    """BERT's fused attention: (input, weights, bias, mask_index, past, attention_bias); Q, K, V from one
+    projection of the input (`qkv_hidden_sizes` when their widths differ)."""
+    if b.input(4) or b.output(1) or b.attrs.get("do_rotary", 0):
+        raise b.ctx.error("Attention with past/present state or rotary embedding is not supported")
+    batch, seq, _ = b.ctx.type(0).shape
+    heads = b.attrs["num_heads"]
+    width = b.ctx.type(1).shape[1]
+    sizes = list(b.attrs.get("qkv_hidden_sizes", ())) or [width // 3] * 3
+    qkv = b.node("MatMul", [b.input(0), b.input(1)])
+    if b.input(2):
+        qkv = b.node("Add", [qkv, b.input(2)])
+    q, k, v = (f"{b.prefix}/{n}" for n in "qkv")
+    b.nodes.append(helper.make_node("Split", [qkv, b.const(sizes, np.int64)], [q, k, v], axis=2,
+                                    name=f"{b.ctx.name}/Split"))  # fmt: skip
+    masks = [_padding_mask(b, 3, batch, seq, seq)] if b.input(3) else []
+    if b.attrs.get("unidirectional", 0):
+        masks.append(_causal(b, seq, seq))
+    if b.input(5):
+        masks.append(b.input(5))
+    _attend(b, q, k, v, (batch, seq, seq, sizes[0], sizes[2]), heads, masks)
+
+
+@expansion("MultiHeadAttention")
+def _multi_head_attention(b: Body) -> None:
+    """(query, key, value, bias, key_padding_mask, attention_bias): separate Q, K and V of shape (B, S or L, D)."""
+    if len(b.ctx.type(0).shape) != 3 or not b.input(1) or not b.input(2) or len(b.ctx.type(1).shape) != 3:
+        raise b.ctx.error("MultiHeadAttention with packed or per-head inputs, or past state, is not supported")
+    if any(b.input(i) for i in range(6, len(b.ins))) or any(b.output(i) for i in range(1, len(b.outs))):
+        raise b.ctx.error("MultiHeadAttention with past/present state is not supported")
+    (batch, seq, dq), kv_len, dv = b.ctx.type(0).shape, b.ctx.type(1).shape[1], b.ctx.type(2).shape[2]
+    q, k, v = b.input(0), b.input(1), b.input(2)
+    if b.input(3):
+        parts = [f"{b.prefix}/bias_{n}" for n in "qkv"]
+        b.nodes.append(helper.make_node("Split", [b.input(3), b.const([dq, dq, dv], np.int64)], parts, axis=0,
+                                        name=f"{b.ctx.name}/SplitBias"))  # fmt: skip
+        q, k, v = (b.node("Add", [x, p]) for x, p in zip((q, k, v), parts))
+    masks = [_padding_mask(b, 4, batch, seq, kv_len)] if b.input(4) else []
+    if b.attrs.get("unidirectional", 0):
+        masks.append(_causal(b, seq, kv_len))
+    if b.input(5):
+        masks.append(b.input(5))
+    _attend(b, q, k, v, (batch, seq, kv_len, dq, dv), b.attrs["num_heads"], masks)
+
+
 # -- the quantizer's operator format ---------------------------------------------------------------------------
 @expansion("QLinearAdd", "QLinearMul")
 def _qlinear_binary(b: Body) -> None:

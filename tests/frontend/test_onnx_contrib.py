@@ -291,3 +291,42 @@ def test_models_onnxruntime_optimized_and_quantized(tmp_path):
     ours = ember.compile(str(qpath), fallback=False).run(feeds)["y"]
     scale = np.abs(ref).max()
     assert np.abs(ours - ref).max() <= 0.05 * scale, "beyond a few output quantization steps"
+
+
+# -- attention ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mask", ["none", "2d", "lengths", "3d", "causal"])
+def test_attention(mask):
+    rng = np.random.default_rng(13)
+    batch, seq, hidden, heads = 2, 6, 16, 4
+    consts = {"w": W(rng, hidden, 3 * hidden), "b": W(rng, 3 * hidden)}
+    ins = [("x", F, (batch, seq, hidden)), ("w", F, (hidden, 3 * hidden)), ("b", F, (3 * hidden,))]
+    feeds = {"x": W(rng, batch, seq, hidden, scale=1.0)}
+    if mask == "2d":
+        ins.append(("m", I32, (batch, seq)))
+        feeds["m"] = np.array([[1] * seq, [1] * 4 + [0] * 2], np.int32)
+    elif mask == "lengths":
+        ins.append(("m", I32, (batch,)))
+        feeds["m"] = np.array([seq, 3], np.int32)
+    elif mask == "3d":
+        ins.append(("m", I32, (batch, seq, seq)))
+        feeds["m"] = (rng.random((batch, seq, seq)) < 0.8).astype(np.int32)
+        feeds["m"][..., 0] = 1
+    m = one_node("Attention", ins, [("y", F, (batch, seq, hidden))], consts, num_heads=heads,
+                 unidirectional=int(mask == "causal"))  # fmt: skip
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    ours = ember.compile(m, fallback=False).run(feeds)["y"]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_multi_head_attention():
+    rng = np.random.default_rng(14)
+    batch, seq, kv_len, d, heads = 2, 5, 7, 16, 4
+    consts = {"bias": W(rng, 3 * d)}
+    ins = [("q", F, (batch, seq, d)), ("k", F, (batch, kv_len, d)), ("v", F, (batch, kv_len, d)),
+           ("bias", F, (3 * d,)), ("m", I32, (batch, kv_len))]  # fmt: skip
+    m = one_node("MultiHeadAttention", ins, [("y", F, (batch, seq, d))], consts, num_heads=heads)
+    feeds = {"q": W(rng, batch, seq, d, scale=1.0), "k": W(rng, batch, kv_len, d, scale=1.0),
+             "v": W(rng, batch, kv_len, d), "m": np.array([[1] * kv_len, [1] * 4 + [0] * 3], np.int32)}  # fmt: skip
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    ours = ember.compile(m, fallback=False).run(feeds)["y"]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
