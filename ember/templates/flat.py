@@ -50,7 +50,14 @@ def schedule_flat(st: te.Stage, target: Target) -> None:
     lanes = target.vector_lanes(lane_bits(op))
     is_reduce = isinstance(op.body, Reduce)
     inner_len = op.shape[-1]
-    if not is_reduce and size >= lanes * 2 and (inner_len % lanes == 0 or size >= 4 * lanes):
+    if len(op.axis) > 1 and isinstance(inner_len, int):
+        # vectors that cross a row (56 columns in vectors of 16) need each lane's row and column: a division
+        # and a remainder per lane, and gathers (20x slower than a row of whole vectors); fewer lanes fit a row
+        while lanes > 4 and inner_len % lanes:
+            lanes //= 2
+        if inner_len % lanes:
+            lanes = 1  # (a row of 7 or 14: scalar code beats per-lane index arithmetic)
+    if lanes > 1 and not is_reduce and size >= lanes * 2 and (inner_len % lanes == 0 or size >= 4 * lanes):
         outer, inner = st.split(fused, lanes)
         st.vectorize(inner)
         fused = outer
