@@ -302,3 +302,28 @@ def test_symbolic_rows_that_may_be_skinny_pack_the_skinny_panel(target):
     rng = np.random.default_rng(8)
     sizes = [1, 2, 5, 6, 7, 8, 9, 13, 16, 20, 64]
     check_sizes(model, m, lambda s: {"x": rng.standard_normal((s, 128)).astype(np.float32)}, sizes)
+
+
+def test_expand_to_a_shape_tested_against_minus_one():
+    """torch.onnx's legacy exporter writes x.expand(b, s) as Expand(x, Where(shape == -1, 1, shape)): the test
+    folds (a size is never -1), so the target is the input's symbolic shape and the model compiles once."""
+    nodes = [helper.make_node("Shape", ["ids"], ["shape"]),
+             helper.make_node("Constant", [], ["minus1"], value=helper.make_tensor("m", TensorProto.INT64, [], [-1])),
+             helper.make_node("Equal", ["shape", "minus1"], ["is_any"]),
+             helper.make_node("ConstantOfShape", ["two"], ["ones"],
+                              value=helper.make_tensor("o", TensorProto.INT64, [1], [1])),
+             helper.make_node("Where", ["is_any", "ones", "shape"], ["target"]),
+             helper.make_node("Expand", ["row", "target"], ["expanded"]),
+             helper.make_node("Cast", ["ids"], ["idf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["expanded", "idf"], ["y"]),
+             helper.make_node("Gather", ["y", "last"], ["y_last"], axis=1)]  # fmt: skip
+    two = helper.make_tensor("two", TensorProto.INT64, [1], [2])
+    row = helper.make_tensor("row", TensorProto.FLOAT, [1, 1], [0.5])
+    last = helper.make_tensor("last", TensorProto.INT64, [], [-1])
+    graph = helper.make_graph(nodes, "expand", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s"]),
+                               helper.make_tensor_value_info("y_last", TensorProto.FLOAT, ["b"])], [two, row, last])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m = ember.compile(model, dynamic=True)
+    rng = np.random.default_rng(0)
+    check_sizes(model, m, lambda n: {"ids": rng.integers(0, 9, (n % 3 + 1, n))}, [3, 7, 20])

@@ -20,6 +20,7 @@ from onnx import numpy_helper
 from ember.graph.dims import (
     Dim,
     SizeVars,
+    decide,
     dim_product,
     is_static_dim,
     reads_values,
@@ -63,6 +64,7 @@ class UnsupportedOperatorError(ModelError):
 
 # ops whose output holds the input's elements in order (a shape value passes through them unchanged)
 SAME_ELEMENTS = ("Cast", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Identity")
+COMPARISONS = {"Equal": "==", "Less": "<", "LessOrEqual": "<=", "Greater": ">", "GreaterOrEqual": ">="}
 MAX_VALUE_SIZES = 8  # elements of a graph input read as run-time sizes (a shape operand; floats truncate)
 
 
@@ -371,7 +373,11 @@ class Importer:
     def _shape_value(self, opdef, attrs: dict, inputs: list[Value | None],
                      types: tuple[TensorType, ...]) -> np.ndarray | None:  # fmt: skip
         """The output of a shape computation as an object array of dims, or None when it is not one."""
-        if not types or not types[0].is_static or types[0].dtype not in ("int64", "int32") or not opdef.foldable:
+        if not types or not types[0].is_static or not opdef.foldable:
+            return None
+        if types[0].dtype == "bool" and opdef.name in COMPARISONS:
+            return self._decided(COMPARISONS[opdef.name], inputs, types[0].shape)
+        if types[0].dtype not in ("int64", "int32"):
             return None
         if opdef.name == "Shape":
             dims = inputs[0].type.shape[attrs["start"] : attrs["end"]]
@@ -462,6 +468,18 @@ class Importer:
             except Exception:
                 return None  # not shape arithmetic on dims: the run time evaluates it (ComputedOperand)
         return tuple(env[v].reshape(-1)) if v in env else None
+
+    def _decided(self, op: str, inputs: list[Value | None], shape: tuple) -> np.ndarray | None:
+        """A comparison of shape values (`shape == -1` before a Where, in exported Expand and Reshape targets),
+        when every element's outcome holds for all sizes (`decide`); None otherwise."""
+        args = []
+        for v in inputs:
+            if v is None or not v.is_constant and v not in self.shape_values:
+                return None
+            args.append(self.shape_values.get(v, v.data if v.is_constant else None))
+        a, b = np.broadcast_arrays(*[np.asarray(x, object) for x in args])
+        out = [decide(op, x, y) for x, y in zip(a.reshape(-1), b.reshape(-1))]
+        return None if None in out else np.array(out, object).reshape(shape)
 
     def _readable(self, v: Value, count_of: bool) -> str | ComputedOperand | None:
         """What the run time reads `v`'s values from, when it can: the name of a numeric graph input of the top graph

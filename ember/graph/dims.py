@@ -147,6 +147,23 @@ def dims_equal(a: Dim, b: Dim) -> bool:
     return isinstance(diff, Const) and diff.value == 0
 
 
+def decide(op: str, a: Dim, b: Dim) -> bool | None:
+    """`a op b` (op: ==, <, <=, > or >=) when it is the same for every value of the size variables, else None;
+    decided by the bounds of a - b over the variables' ranges (a size is never -1: a model's `shape == -1` folds)."""
+    if is_static_dim(a) and is_static_dim(b):
+        a, b = int(a), int(b)
+        return {"==": a == b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+    analyzer = _analyzer(a, b)
+    lo, hi = analyzer.bounds(analyzer.simplify(_expr(a) - _expr(b)))
+    lo = None if lo is None or lo <= -(2**62) else lo
+    hi = None if hi is None or hi >= 2**62 else hi
+    above = lambda t: lo is not None and lo > t  # noqa: E731  (a - b > t for every value)
+    below = lambda t: hi is not None and hi < t  # noqa: E731
+    true, false = {"==": (lo == hi == 0, above(0) or below(0)), "<": (below(0), above(-1)), "<=": (below(1), above(0)),
+                   ">": (above(0), below(1)), ">=": (above(-1), below(0))}[op]  # fmt: skip
+    return True if true else False if false else None
+
+
 def _expr(d: Dim) -> Expr:
     return const(int(d), int64) if is_static_dim(d) else d  # type: ignore[return-value]
 

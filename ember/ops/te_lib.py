@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ember import te
+from ember.graph.dims import dim_bounds
 from ember.graph.types import np_dtype
 from ember.ops.opdef import OPS
 from ember.te.tensor import Tensor
@@ -145,6 +146,9 @@ def numel(shape: Sequence[int]) -> int:
 def index_dtype(v: Expr, dim: int) -> Expr:
     """An index known to lie in [0, dim) as int32 when that holds it (loop variables are int32; kernels
     keep vector index types uniform)."""
+    if not isinstance(dim, int):  # a symbolic length: int32 where its sizes' bounds keep it there
+        hi = dim_bounds(dim)[1]
+        return te.cast(v, "int32") if hi is not None and hi <= 2**31 else te.cast(v, "int64")
     return te.cast(v, "int32") if dim <= 2**31 else te.cast(v, "int64")
 
 

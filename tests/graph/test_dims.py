@@ -6,6 +6,7 @@ from ember.graph.dims import (
     DimError,
     SizeVars,
     broadcast_dim,
+    decide,
     dim_bounds,
     dims_equal,
     divide_dims,
@@ -74,3 +75,12 @@ def test_window_out_dim_is_symbolic():
         assert eval_shape((out,), {H: h}) == (window_out_dim(h, 3, 2, (1, 1)),)
     with pytest.raises(ShapeError, match="larger lower bound"):
         window_out_dim(size_var("W", 1, 9), 7, 1, (0, 0))
+
+
+def test_comparisons_decided_only_where_every_size_agrees():
+    s, t = size_var("s", 1, 512), size_var("t", 1)
+    assert decide("==", s, -1) is False  # the exporters' `shape == -1` test
+    assert decide("==", s, 5) is None and decide("<", t, 100) is None
+    assert decide(">=", s, 1) is True and decide("<", s, 513) is True and decide(">", s, 512) is False
+    assert decide("==", s * 2, s + s) is True and decide("<=", t, t + 1) is True and decide(">", t, t) is False
+    assert decide("<", 2, 3) is True and decide("==", 4, 3) is False
