@@ -42,7 +42,7 @@ CONVERTERS: dict[str, Converter] = {}
 # became inputs, Softmax's 2-d coercion, ...). Unknown legacy attributes fail loudly in
 # OpDef.check_attrs. These versions are not mapped:
 OLDEST_VERSION = 1
-MIN_VERSION = {"Resize": 11, "Upsample": 9, "Scan": 9}
+MIN_VERSION = {"Resize": 11, "Upsample": 9, "Scan": 8}
 
 
 def converter(*names: str) -> Callable[[Converter], Converter]:
@@ -958,6 +958,9 @@ def _unroll_loop(ctx: NodeContext, carried: list) -> None:
 
 @converter("Scan")
 def _scan(ctx: NodeContext) -> None:
+    if ctx.version < 9:
+        _scan8(ctx)
+        return
     a = dict(ctx.attrs)
     m = a["num_scan_inputs"]
     n = len(ctx.inputs) - m
@@ -968,6 +971,38 @@ def _scan(ctx: NodeContext) -> None:
         types.append(v.type.with_shape(v.type.shape[:ax] + v.type.shape[ax + 1 :]))
     a["body"] = _subgraph(ctx, "body", types)
     emit(ctx, inputs=[*ctx.inputs, *captures_of(a)], attrs=a)
+
+
+def _scan8(ctx: NodeContext) -> None:
+    """Scan before opset 9: (sequence_lens, states..., scan inputs...), each with a leading batch axis (scan inputs
+    [B, T, ...]). One Scan of today's form per batch item, on its slices; the results stacked back on the batch
+    axis. sequence_lens must be absent or all T (variable lengths would need masking)."""
+    a = dict(ctx.attrs)
+    m = a["num_scan_inputs"]
+    values = list(ctx.inputs[1:]) + [None] * (len(ctx.proto.input) - 1 - len(ctx.inputs[1:]))
+    n = len(values) - m
+    scans = values[n:]
+    if any(v is None for v in values) or not values:
+        raise ctx.error("Scan-8 needs its state and scan inputs")
+    batch, steps = scans[0].shape[0] if scans else values[0].shape[0], scans[0].shape[1] if scans else None
+    lens = ctx.const(0) if ctx.input(0) is not None else None
+    if ctx.input(0) is not None and (lens is None or not np.all(lens == steps)):
+        raise ctx.error("Scan-8 with sequence_lens other than the full length is not supported")
+    if not is_static_dim(batch):
+        raise ctx.error("Scan-8 with a symbolic batch is not supported")
+    attrs = {"num_scan_inputs": m, "scan_input_directions": tuple(a.get("directions") or (0,) * m)}
+    per_item: list[list[Value]] = []
+    for b in range(batch):
+        index = ctx.importer.constant(ctx.importer.unique(f"{ctx.name}/b{b}"), np.array(b, np.int64))
+        items = [ctx.emit("Gather", [v, index], {"axis": 0})[0] for v in values]
+        item_attrs = {**attrs, "body": _subgraph(ctx, "body", [v.type for v in items[:n]] +
+                                                 [v.type.with_shape(v.shape[1:]) for v in items[n:]])}  # fmt: skip
+        outs = ctx.emit("Scan", [*items, *captures_of(item_attrs)], item_attrs, n_out=len(ctx.out_names))
+        per_item.append([ctx.emit("Unsqueeze", [o], {"axes": (0,)})[0] for o in outs])
+    for j, name in enumerate(ctx.out_names):
+        parts = [outs[j] for outs in per_item]
+        ctx.importer.add_node("Concat" if len(parts) > 1 else "Identity", parts, {"axis": 0} if len(parts) > 1 else {},
+                              [name], ctx.name)  # fmt: skip
 
 
 __all__ = ["CONVERTERS", "convert_node", "find_unsupported", "support_problem"]

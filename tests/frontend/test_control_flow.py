@@ -8,6 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import ember
 from ember.frontend.onnx import from_onnx
 from ember.ops.evaluate import evaluate
 from ember.ops.verify import verify
@@ -115,3 +116,28 @@ def test_scan_cumulative_sum_matches_onnxruntime():
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a, b)
     assert [n.op for n in graph.nodes] == ["Scan"]
+
+
+def test_scan_8_with_a_batch_axis_matches_onnxruntime():
+    """Scan before opset 9: states [B, ...] and scan inputs [B, T, ...]; one Scan per batch item, restacked."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]), helper.make_node("Mul", ["s_out", "x_t"], ["y_t"])],
+        "body", [helper.make_tensor_value_info("s_in", F, [2]), helper.make_tensor_value_info("x_t", F, [2])],
+        [helper.make_tensor_value_info("s_out", F, [2]), helper.make_tensor_value_info("y_t", F, [2])],
+    )  # fmt: skip
+    node = helper.make_node("Scan", ["", "s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1, directions=[1])
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("s0", F, [3, 2]), helper.make_tensor_value_info("xs", F, [3, 4, 2])],
+        [helper.make_tensor_value_info("s", F, [3, 2]), helper.make_tensor_value_info("ys", F, [3, 4, 2])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
+    rng = np.random.default_rng(0)
+    feeds = {"s0": rng.standard_normal((3, 2)).astype(np.float32),
+             "xs": rng.standard_normal((3, 4, 2)).astype(np.float32)}
+    ours, theirs, _ = run_both(model, feeds)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    compiled = ember.compile(model).run(feeds)
+    for a, b in zip(compiled.values(), theirs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
