@@ -49,8 +49,14 @@ class Body:
     def node(self, op: str, inputs: list[str], out: str | None = None, **attrs) -> str:
         """Add a node; its output (a fresh name unless `out`)."""
         out = out or f"{self.prefix}/{op}{len(self.nodes)}"
-        self.nodes.append(helper.make_node(op, inputs, [out], name=f"{self.ctx.name}/{op}{len(self.nodes)}", **attrs))
+        self.multi(op, inputs, [out], **attrs)
         return out
+
+    def multi(self, op: str, inputs: list[str], outs: list[str], **attrs) -> None:
+        """Add a node of several outputs (trailing unread ones, named '', dropped)."""
+        while outs and not outs[-1]:
+            outs = outs[:-1]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=f"{self.ctx.name}/{op}{len(self.nodes)}", **attrs))
 
     def const(self, value, dtype=np.float32) -> str:
         name = f"{self.prefix}/c{len(self.nodes)}"
@@ -212,21 +218,15 @@ def _skip_layer_norm(b: Body) -> None:
     deviation, the sum."""
     s = _skip_sum(b, 4)
     inputs = [s, b.input(2)] + ([b.input(3)] if b.input(3) else [])
-    outs = [b.output(0), b.output(1), b.output(2)]
-    while outs and not outs[-1]:
-        outs.pop()
-    b.nodes.append(helper.make_node("LayerNormalization", inputs, outs, name=f"{b.ctx.name}/LayerNormalization",
-                                    axis=-1, epsilon=b.attrs.get("epsilon", 1e-5)))  # fmt: skip
+    b.multi("LayerNormalization", inputs, [b.output(i) for i in range(3)], axis=-1,
+            epsilon=b.attrs.get("epsilon", 1e-5))  # fmt: skip
 
 
 @expansion("LayerNormalization")
 def _layer_norm(b: Body) -> None:
     """onnxruntime's LayerNormalization of the default domain before opset 17: ONNX's own, as it became."""
-    outs = [b.output(i) for i in range(3)]
-    while outs and not outs[-1]:
-        outs.pop()
-    b.nodes.append(helper.make_node("LayerNormalization", [b.input(i) for i in range(3) if b.input(i)], outs,
-                                    name=f"{b.ctx.name}/LayerNormalization", **b.attrs))  # fmt: skip
+    b.multi("LayerNormalization", [b.input(i) for i in range(3) if b.input(i)], [b.output(i) for i in range(3)],
+            **b.attrs)  # fmt: skip
 
 
 @expansion("SimplifiedLayerNormalization")
@@ -330,8 +330,7 @@ def _attention(b: Body) -> None:
     if b.input(2):
         qkv = b.node("Add", [qkv, b.input(2)])
     q, k, v = (f"{b.prefix}/{n}" for n in "qkv")
-    b.nodes.append(helper.make_node("Split", [qkv, b.const(sizes, np.int64)], [q, k, v], axis=2,
-                                    name=f"{b.ctx.name}/Split"))  # fmt: skip
+    b.multi("Split", [qkv, b.const(sizes, np.int64)], [q, k, v], axis=2)
     masks = [_padding_mask(b, 3, batch, seq, seq)] if b.input(3) else []
     if b.attrs.get("unidirectional", 0):
         masks.append(_causal(b, seq, seq))
@@ -351,8 +350,7 @@ def _multi_head_attention(b: Body) -> None:
     q, k, v = b.input(0), b.input(1), b.input(2)
     if b.input(3):
         parts = [f"{b.prefix}/bias_{n}" for n in "qkv"]
-        b.nodes.append(helper.make_node("Split", [b.input(3), b.const([dq, dq, dv], np.int64)], parts, axis=0,
-                                        name=f"{b.ctx.name}/SplitBias"))  # fmt: skip
+        b.multi("Split", [b.input(3), b.const([dq, dq, dv], np.int64)], parts, axis=0)
         q, k, v = (b.node("Add", [x, p]) for x, p in zip((q, k, v), parts))
     masks = [_padding_mask(b, 4, batch, seq, kv_len)] if b.input(4) else []
     if b.attrs.get("unidirectional", 0):
@@ -440,8 +438,7 @@ def _matmul_integer_to_float(b: Body) -> None:
 def _dynamic_quantize_matmul(b: Body) -> None:
     """(A, B, B_scale, B_zero, bias): A quantized to uint8 at run time (its range), times the dequantized B."""
     q = f"{b.prefix}/a_q"
-    b.nodes.append(helper.make_node("DynamicQuantizeLinear", [b.input(0)], [q, q + "_scale", q + "_zero"],
-                                    name=f"{b.ctx.name}/DynamicQuantizeLinear"))  # fmt: skip
+    b.multi("DynamicQuantizeLinear", [b.input(0)], [q, q + "_scale", q + "_zero"])
     a = b.node("DequantizeLinear", [q, q + "_scale", q + "_zero"])
     w = b.dq(1, 2, 3, b.per_axis(2, 1))
     y = b.node("MatMul", [a, w], None if b.input(4) else b.output(0))

@@ -375,9 +375,8 @@ class Importer:
         """The output of a shape computation as an object array of dims, or None when it is not one."""
         if not types or not types[0].is_static or not opdef.foldable:
             return None
-        if types[0].dtype == "bool" and opdef.name in COMPARISONS:
-            return self._decided(COMPARISONS[opdef.name], inputs, types[0].shape)
-        if types[0].dtype not in ("int64", "int32"):
+        compare = COMPARISONS.get(opdef.name) if types[0].dtype == "bool" else None
+        if compare is None and types[0].dtype not in ("int64", "int32"):
             return None
         if opdef.name == "Shape":
             dims = inputs[0].type.shape[attrs["start"] : attrs["end"]]
@@ -389,6 +388,8 @@ class Importer:
             if v is not None and not v.is_constant and v not in self.shape_values:
                 return None
             args.append(None if v is None else self.shape_values.get(v, v.data))
+        if compare is not None:
+            return _decided(compare, args, types[0].shape)
         if opdef.name in SAME_ELEMENTS:
             out = args[0]  # the elements in order, reshaped to the output's shape below
         else:
@@ -469,18 +470,6 @@ class Importer:
                 return None  # not shape arithmetic on dims: the run time evaluates it (ComputedOperand)
         return tuple(env[v].reshape(-1)) if v in env else None
 
-    def _decided(self, op: str, inputs: list[Value | None], shape: tuple) -> np.ndarray | None:
-        """A comparison of shape values (`shape == -1` before a Where, in exported Expand and Reshape targets),
-        when every element's outcome holds for all sizes (`decide`); None otherwise."""
-        args = []
-        for v in inputs:
-            if v is None or not v.is_constant and v not in self.shape_values:
-                return None
-            args.append(self.shape_values.get(v, v.data if v.is_constant else None))
-        a, b = np.broadcast_arrays(*[np.asarray(x, object) for x in args])
-        out = [decide(op, x, y) for x, y in zip(a.reshape(-1), b.reshape(-1))]
-        return None if None in out else np.array(out, object).reshape(shape)
-
     def _readable(self, v: Value, count_of: bool) -> str | ComputedOperand | None:
         """What the run time reads `v`'s values from, when it can: the name of a numeric graph input of the top graph
         with a few elements (a count, `count_of`, reads any number of elements of any dtype), or the nodes that
@@ -549,6 +538,16 @@ def _value_sources(values: list[Value]) -> list[str]:
                 names = [src] if isinstance(src, str) else [x.name for x in getattr(src, "inputs", ())]
                 out.update(dict.fromkeys(n for n in names if n))
     return list(out)
+
+
+def _decided(op: str, args: list, shape: tuple) -> np.ndarray | None:
+    """A comparison of shape values (`shape == -1` before a Where, in exported Expand and Reshape targets), when
+    every element's outcome holds for all sizes (`decide`); None otherwise."""
+    if len(args) != 2 or any(x is None for x in args):
+        return None
+    a, b = np.broadcast_arrays(*[np.asarray(x, object) for x in args])
+    out = [decide(op, x, y) for x, y in zip(a.reshape(-1), b.reshape(-1))]
+    return None if None in out else np.array(out, object).reshape(shape)
 
 
 def _dims_array(dims: list, shape: tuple) -> np.ndarray:

@@ -979,13 +979,12 @@ def _scan8(ctx: NodeContext) -> None:
     axis. sequence_lens must be absent or all T (variable lengths would need masking)."""
     a = dict(ctx.attrs)
     m = a["num_scan_inputs"]
-    values = list(ctx.inputs[1:]) + [None] * (len(ctx.proto.input) - 1 - len(ctx.inputs[1:]))
+    values = [ctx.input(i) for i in range(1, len(ctx.proto.input))]
     n = len(values) - m
-    scans = values[n:]
     if any(v is None for v in values) or not values:
         raise ctx.error("Scan-8 needs its state and scan inputs")
-    batch, steps = scans[0].shape[0] if scans else values[0].shape[0], scans[0].shape[1] if scans else None
-    lens = ctx.const(0) if ctx.input(0) is not None else None
+    batch, steps = (values[n].shape[0], values[n].shape[1]) if m else (values[0].shape[0], None)
+    lens = ctx.const(0)
     if ctx.input(0) is not None and (lens is None or not np.all(lens == steps)):
         raise ctx.error("Scan-8 with sequence_lens other than the full length is not supported")
     if not is_static_dim(batch):

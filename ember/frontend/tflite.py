@@ -30,6 +30,8 @@ from ember.frontend.onnx import FOLD_LIMIT
 from ember.frontend.onnx_importer import MAX_OPSET, Importer, ModelError, UnsupportedOperatorError
 from ember.graph.ir import Graph, Value
 from ember.graph.types import TensorType
+from ember.ops.common import ShapeError
+from ember.ops.tensor import resolve_reshape
 from ember.ops.verify import verify as verify_graph
 
 __all__ = ["CONVERTERS", "from_tflite", "import_tflite", "is_tflite"]
@@ -554,12 +556,12 @@ def _reshape(ti: TFLiteImporter, op: Op) -> None:
     given = ti.get(op.inputs[1]).value.data if op.name == "RESHAPE" and len(op.inputs) > 1 and op.inputs[1] >= 0 \
         else None  # fmt: skip
     if given is not None and given.ndim == 1:
-        dims = [int(d) for d in given]
-        if dims.count(-1) == 1:
-            known = math.prod(d for d in dims if d != -1)
-            dims[dims.index(-1)] = math.prod(x.shape) // known if known else 0
-        if math.prod(dims) == math.prod(x.shape) and -1 not in dims:
-            shape = tuple(dims)
+        try:  # TFLite's 0 is a dim of 0, not ONNX's "copy the input dim"
+            dims = resolve_reshape(x.shape, tuple(int(d) for d in given), allowzero=True)
+        except ShapeError:
+            dims = None
+        if dims is not None and math.prod(dims) == math.prod(x.shape):
+            shape = dims
     ti.output(op.outputs[0], ti.emit1("Reshape", [x], {"shape": tuple(shape)}))
 
 

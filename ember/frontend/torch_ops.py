@@ -431,6 +431,13 @@ def _slice_scatter(c: Ctx) -> Value:
     return c.add("ScatterElements", [x, idx, src], {"axis": dim})
 
 
+def _storage_positions(shape: tuple, strides: tuple, offset: int) -> np.ndarray:
+    """The storage position of each element of a strided view, in the view's shape."""
+    rank = len(shape)
+    return np.broadcast_to(offset + sum(np.arange(n).reshape([-1 if d == k else 1 for d in range(rank)]) * s
+                                        for k, (n, s) in enumerate(zip(shape, strides))), shape)  # fmt: skip
+
+
 @converter("as_strided")
 def _as_strided(c: Ctx) -> Value:
     """A view of x's storage by explicit sizes and strides. Ember's tensors have no storage of their own, so the
@@ -439,13 +446,8 @@ def _as_strided(c: Ctx) -> Value:
     x, src = c.v(0), c.node.args[0].meta["val"]
     size, stride, offset = c.arg(1, "size"), c.arg(2, "stride"), c.arg(3, "storage_offset")
     offset = src.storage_offset() if offset is None else offset
-    positions = src.storage_offset() + sum(
-        np.arange(n).reshape([-1 if d == k else 1 for d in range(len(x.shape))]) * s
-        for k, (n, s) in enumerate(zip(x.shape, src.stride())))  # fmt: skip
-    owner = {int(p): i for i, p in enumerate(np.broadcast_to(positions, x.shape).ravel())}
-    wanted = offset + sum(np.arange(n).reshape([-1 if d == k else 1 for d in range(len(size))]) * s
-                          for k, (n, s) in enumerate(zip(size, stride)))  # fmt: skip
-    wanted = np.broadcast_to(wanted, tuple(size))
+    owner = {int(p): i for i, p in enumerate(_storage_positions(x.shape, src.stride(), src.storage_offset()).ravel())}
+    wanted = _storage_positions(tuple(size), stride, offset)
     missing = [int(p) for p in wanted.ravel() if int(p) not in owner]
     if missing:
         raise ModelError(f"{c.imp.name}: {c.node.name} at {module_path(c.node)}: as_strided{tuple(size), tuple(stride)}"

@@ -33,7 +33,7 @@ from ember.ops.te_lib import (
     rows,
 )
 from ember.target import Target
-from ember.templates.flat import default_schedule, schedule_injective, standalone
+from ember.templates.flat import default_schedule, row_lanes, schedule_injective, standalone
 from ember.tir import expr as tx
 from ember.tir.dtype import dtype as tir_dtype
 from ember.tir.expr import Expr
@@ -367,11 +367,8 @@ def _concat_schedule(a: dict, outs: list[te.Tensor], target: Target) -> te.Sched
     inner = axes[axis + 1 :]
     if inner:
         fi = st.fuse(*inner)
-        lanes = target.vector_lanes(max(out.dtype.bits, 8))
-        n_inner = numel(out.shape[axis + 1 :])
-        while lanes > 4 and n_inner % lanes:
-            lanes //= 2
-        if lanes >= 4 and n_inner % lanes == 0:
+        lanes = row_lanes(numel(out.shape[axis + 1 :]), target.vector_lanes(max(out.dtype.bits, 8)))
+        if lanes >= 4:
             _, vi = st.split(fi, lanes)
             st.vectorize(vi)
     outer = st.fuse(*axes[:axis]) if axis else axes[axis]

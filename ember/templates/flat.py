@@ -39,6 +39,13 @@ def lane_bits(op: ComputeOp) -> int:
     return max(op.dtype.bits, min(widest, 32), 8)
 
 
+def row_lanes(n: int, lanes: int) -> int:
+    """Vector lanes for a row of n elements: the target's, halved (down to 4) until they divide the row, else 1."""
+    while lanes > 4 and n % lanes:
+        lanes //= 2
+    return lanes if n % lanes == 0 else 1
+
+
 def schedule_flat(st: te.Stage, target: Target) -> None:
     """Fuse the data-parallel loops of a stage, vectorize by the target's lanes, parallelize the rest."""
     op = st.op
@@ -53,10 +60,8 @@ def schedule_flat(st: te.Stage, target: Target) -> None:
     if len(op.axis) > 1 and isinstance(inner_len, int):
         # vectors that cross a row (56 columns in vectors of 16) need each lane's row and column: a division
         # and a remainder per lane, and gathers (20x slower than a row of whole vectors); fewer lanes fit a row
-        while lanes > 4 and inner_len % lanes:
-            lanes //= 2
-        if inner_len % lanes:
-            lanes = 1  # (a row of 7 or 14: scalar code beats per-lane index arithmetic)
+        # (a row of 7 or 14: scalar code beats per-lane index arithmetic)
+        lanes = row_lanes(inner_len, lanes)
     if lanes > 1 and not is_reduce and size >= lanes * 2 and (inner_len % lanes == 0 or size >= 4 * lanes):
         outer, inner = st.split(fused, lanes)
         st.vectorize(inner)
@@ -89,10 +94,8 @@ def schedule_rows(st: te.Stage, target: Target) -> None:
     outer = list(op.axis[:-k])
     row = st.fuse(*op.axis[-k:])
     n = prod_hint(op.shape[-k:])
-    lanes = target.vector_lanes(lane_bits(op))
-    while lanes > 4 and n % lanes:
-        lanes //= 2
-    if lanes >= 4 and n % lanes == 0:
+    lanes = row_lanes(n, target.vector_lanes(lane_bits(op)))
+    if lanes >= 4:
         row, inner = st.split(row, lanes)
         st.vectorize(inner)
     fused = st.fuse(*outer) if outer else row  # a row keeps its own loop: per-row index math is hoisted
