@@ -732,11 +732,11 @@ class CCodegen:
         return f"{self.helper(name, code)}({buf}, {self.expr(idx)})"
 
     def byte_table(self, e: Load, idx: Expr) -> str | None:
-        """A gather of 16 bytes from a table of at least 256 at indices that are bytes themselves (an int8 lookup
-        table: GELU, sigmoid of quantized values) as two vpermi2b over the table's four 64-byte registers and a blend
-        on the index's top bit (AVX-512 VBMI), where the generic gather loads lane by lane; None elsewhere."""
+        """A gather of 8 to 64 bytes from a table of at least 256 at indices that are bytes themselves (an int8
+        lookup table: GELU, sigmoid of quantized values) as two vpermi2b over the table's four 64-byte registers and
+        a blend on the index's top bit (AVX-512 VBMI), where the generic gather loads lane by lane; None elsewhere."""
         dt, flags = e.dtype, self.target.simd_features()
-        if not (dt.is_int and dt.bits == 8 and dt.lanes == 16 and isinstance(idx, Cast)):
+        if not (dt.is_int and dt.bits == 8 and dt.lanes in (8, 16, 32, 64) and isinstance(idx, Cast)):
             return None
         src = idx.value.dtype
         if src.name != "uint8" or not e.buffer.is_static or math.prod(e.buffer.shape) < 256:
@@ -749,10 +749,9 @@ class CCodegen:
         code = (f"static inline {t} {name}(const {s}* p, {it} i) {{\n"
                 "  const __m512i t0 = _mm512_loadu_si512(p), t1 = _mm512_loadu_si512(p + 64);\n"
                 "  const __m512i t2 = _mm512_loadu_si512(p + 128), t3 = _mm512_loadu_si512(p + 192);\n"
-                "  __m128i i128; __builtin_memcpy(&i128, &i, sizeof i128);\n"
-                "  const __m512i x = _mm512_castsi128_si512(i128);\n"
+                "  __m512i x = _mm512_setzero_si512(); __builtin_memcpy(&x, &i, sizeof i);\n"
                 "  const __m512i lo = _mm512_permutex2var_epi8(t0, x, t1), hi = _mm512_permutex2var_epi8(t2, x, t3);\n"
-                "  const __m128i r = _mm512_castsi512_si128(_mm512_mask_blend_epi8(_mm512_movepi8_mask(x), lo, hi));\n"
+                "  const __m512i r = _mm512_mask_blend_epi8(_mm512_movepi8_mask(x), lo, hi);\n"
                 f"  {t} v; __builtin_memcpy(&v, &r, sizeof v); return v;\n}}")  # fmt: skip
         return f"{self.helper(name, code)}({self.name(e.buffer)}, {self.expr(idx.value)})"
 
