@@ -175,8 +175,10 @@ def _integer_moves(graph: Graph) -> None:
 def _lookup_tables(graph: Graph) -> None:
     """QuantizeLinear(f(DequantizeLinear(x))) for an elementwise f of x alone (its other operands scalar constants,
     its intermediate values read only inside it: GELU's Div, Erf, Add, Mul, Mul), per-tensor parameters: Lookup(x,
-    table), the table the reference evaluation of the whole chain on the 256 codes (x has no other values). In
-    place; the float chain is left to dead code elimination."""
+    table), the table the reference evaluation of the whole chain on the 256 codes (x has no other values). f may
+    read x more than once, also through tables made before it: SiLU as quantizers write it, x * sigmoid(x) with
+    the sigmoid quantized, Mul(DequantizeLinear(x), DequantizeLinear(Lookup(x))), becomes one table. In place; the
+    float chain and the tables no longer read are left to dead code elimination."""
     producers, consumers = graph.producers(), graph.consumers()
     outputs = set(graph.outputs)
     for i, q in enumerate(graph.nodes):
@@ -186,36 +188,38 @@ def _lookup_tables(graph: Graph) -> None:
         chain = _elementwise_chain(q, producers, consumers, outputs)
         if chain is None:
             continue
-        dq, body = chain
-        x = dq.inputs[0]
+        x, nodes = chain
         if tuple(x.shape) != tuple(q.outputs[0].shape):  # (a constant broadcast the chain to another shape)
             continue
         codes = np.arange(256) - (128 if x.dtype == "int8" else 0)
         env = {x: codes.astype(x.dtype)}
-        for node in [dq, *body, q]:
+        for node in [*nodes, q]:
             args = [v.data if v is not None and v.is_constant else env.get(v) for v in node.inputs]
             env[node.outputs[0]] = run_node(node, args, check=False)[0]
         table = new_constant(graph, f"{q.name}_table", env[q.outputs[0]].astype(q.outputs[0].dtype).reshape(256))
         graph.nodes[i] = Node("Lookup", [x, table], [q.outputs[0]], {}, q.name)
+        producers[q.outputs[0]] = graph.nodes[i]  # (a later chain reads it: SiLU's sigmoid)
+        consumers.setdefault(x, []).append(graph.nodes[i])
 
 
-def _elementwise_chain(q: Node, producers: dict, consumers: dict, outputs: set) -> tuple[Node, list[Node]] | None:
-    """(the DequantizeLinear, the elementwise nodes in graph order) of a QuantizeLinear's f (see `_lookup_tables`)."""
+def _elementwise_chain(q: Node, producers: dict, consumers: dict, outputs: set) -> tuple[Value, list[Node]] | None:
+    """(x, the nodes from x to q's input in evaluation order) of a QuantizeLinear's f (see `_lookup_tables`): the
+    DequantizeLinear leaves read x, or Lookups of x."""
     body: list[Node] = []
-    dq = None
+    dqs: list[Node] = []
     todo = [producers.get(q.inputs[0])]
     while todo:
         n = todo.pop()
-        if n is None or n in body or n is dq:
-            if n is None:
-                return None
+        if n is None:
+            return None
+        if n in body or n in dqs:
             continue
         if n.op == "DequantizeLinear":
             params = [_scalar(v) for v in n.inputs[1:3]] if len(n.inputs) >= 3 else [None]
-            x = n.inputs[0]
-            if dq is not None or None in params or x.dtype not in ("uint8", "int8") or x.is_constant:
+            v = n.inputs[0]
+            if None in params or v.dtype not in ("uint8", "int8") or v.is_constant:
                 return None
-            dq = n
+            dqs.append(n)
             continue
         if n.subgraphs() or len(n.outputs) != 1 or get_op(n.op).pattern not in (Pattern.ELEMWISE, Pattern.BROADCAST):
             return None
@@ -226,14 +230,26 @@ def _elementwise_chain(q: Node, producers: dict, consumers: dict, outputs: set) 
                     return None
             elif v is not None:
                 todo.append(producers.get(v))
-    if dq is None or not body:
+    if not dqs or not body:
         return None
     inside = set(body) | {q}
     for n in body:  # (the DequantizeLinear may have other readers)
         if n.outputs[0] in outputs or any(r not in inside for r in consumers.get(n.outputs[0], [])):
             return None
+    tables: list[Node] = []  # the Lookups between x and the leaves, x first
+    roots = set()
+    for dq in dqs:
+        v, path = dq.inputs[0], []
+        while (p := producers.get(v)) is not None and p.op == "Lookup" and p.inputs[1].is_constant:
+            path.append(p)
+            v = p.inputs[0]
+        roots.add(v)
+        tables += [t for t in reversed(path) if t not in tables]
+    if len(roots) != 1:
+        return None
+    x = roots.pop()
     body.sort(key=_order_key(producers, body))
-    return dq, body
+    return x, [*tables, *dqs, *body]
 
 
 def _order_key(producers: dict, chain: list[Node]):

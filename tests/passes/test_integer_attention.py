@@ -140,6 +140,32 @@ def test_gelu_as_a_lookup_table(x_dtype):
     assert diff.max() <= 1 and np.mean(diff == 0) >= 0.99
 
 
+def silu_model(shape, x_dtype) -> onnx.ModelProto:
+    """SiLU as onnxruntime's quantizer writes it: Q(DQ(x_q) * DQ(Q(Sigmoid(DQ(x_q))))), the sigmoid quantized on
+    its own."""
+    nodes, inits = [], []
+    xd = qdq(nodes, inits, "x", 0.031, 140 if x_dtype == np.uint8 else 12, x_dtype)
+    nodes.append(helper.make_node("Sigmoid", [xd], ["sig"]))
+    sd = qdq(nodes, inits, "sig", 1 / 255, 0, np.uint8)
+    nodes.append(helper.make_node("Mul", [xd, sd], ["silu"]))
+    inits += [numpy_helper.from_array(np.array(0.021, np.float32), "o_s"),
+              numpy_helper.from_array(np.array(13, np.uint8), "o_z")]  # fmt: skip
+    nodes.append(helper.make_node("QuantizeLinear", ["silu", "o_s", "o_z"], ["out"]))
+    return model(nodes, inits, {"x": shape}, "out", shape, TensorProto.UINT8)
+
+
+@pytest.mark.parametrize("x_dtype", [np.uint8, np.int8])
+def test_silu_through_its_quantized_sigmoid_is_one_table(x_dtype):
+    """x * sigmoid(x) reads x twice, once through the sigmoid's table: one Lookup of x for the whole, equal to
+    onnxruntime's (both evaluate the same float ops on each code)."""
+    m = silu_model((2, 8, 40), x_dtype)
+    ops = integer_ops_of(m)
+    assert ops.count("Lookup") == 1 and "Mul" not in ops and "Sigmoid" not in ops, ops
+    feeds = {"x": np.random.default_rng(12).normal(0, 2.5, (2, 8, 40)).astype(np.float32)}
+    ours, ref = run_both(m, feeds)
+    np.testing.assert_array_equal(ours, ref)
+
+
 def test_lookup_needs_a_function_of_one_tensor():
     """Q(DQ(a) + DQ(b)) (two variable operands) stays as it was."""
     nodes, inits = [], []
