@@ -905,10 +905,10 @@ def _row_members(s: te.Schedule, O: te.Stage) -> set[te.Stage]:
     """Row stages (by tag) that can be computed inside O's row loop: every stage that reads them
     (looking through stages that will be inlined) is O or another member."""
 
-    def inlined(st: te.Stage) -> bool:
-        op = st.op
-        return (not st.is_output and isinstance(op, ComputeOp) and not isinstance(op.body, Reduce)
-                and not op.attrs.get("materialize") and not op.attrs.get("template"))  # fmt: skip
+    def inlined(st: te.Stage) -> bool:  # (or already inlined: a template stage under its fused epilogue, whose
+        op = st.op  # output is O: a global pool's quantization)
+        return st.attach == "inline" or (not st.is_output and isinstance(op, ComputeOp) and not isinstance(
+            op.body, Reduce) and not op.attrs.get("materialize") and not op.attrs.get("template"))  # fmt: skip
 
     readers: dict[te.Stage, set[te.Stage]] = {}
     for st in s.stages:
