@@ -84,11 +84,22 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx
     if not proto.HasField("graph") or not proto.opset_import:
         raise ModelError(f"{source}: not an ONNX model (no graph or no opset_import; corrupt or truncated file?)")
     retagged = onnx_contrib.claim_default_domain_ops(proto)
+    # A graph input or output typed without a shape (`make_tensor_value_info(name, dtype, None)`: rank unknown)
+    # fails the checker, yet onnxruntime runs it and the importer infers the shape; the check sees a
+    # placeholder shape there, taken off again after it.
+    unshaped = [v.type.tensor_type for v in (*proto.graph.input, *proto.graph.output)
+                if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
     try:
-        if not isinstance(model, onnx.ModelProto | bytes) and not retagged:
+        if not isinstance(model, onnx.ModelProto | bytes) and not retagged and not unshaped:
             onnx.checker.check_model(os.fspath(model))  # by path: handles external data and > 2 GiB
         elif proto.ByteSize() < 2**31:
-            onnx.checker.check_model(proto)
+            for t in unshaped:
+                t.shape.dim.add().dim_param = "unknown"
+            try:
+                onnx.checker.check_model(proto)
+            finally:
+                for t in unshaped:
+                    t.ClearField("shape")
     except Exception as e:
         raise ModelError(f"{source}: the model fails the ONNX checker: {first_line(e)}") from None
     return proto, source

@@ -60,6 +60,23 @@ def test_model_failing_the_checker():
         from_onnx(model)
 
 
+def test_output_typed_without_a_shape_is_accepted(tmp_path):
+    """An output made by make_tensor_value_info(name, dtype, None) (rank unknown) fails onnx's checker, but
+    onnxruntime runs such models: Ember infers the shape, on a file and on a proto, and leaves the proto as it was;
+    the checker still runs on the rest of it."""
+    model = tiny_model()
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    path = tmp_path / "unshaped.onnx"
+    onnx.save(model, str(path))
+    for m in (model, path):
+        g = from_onnx(m)
+        assert tuple(g.outputs[0].shape) == (1, 2, 4, 4)
+    assert not model.graph.output[0].type.tensor_type.HasField("shape")
+    model.graph.node[1].input[0] = "undefined_value"
+    with pytest.raises(ModelError, match="fails the ONNX checker"):
+        from_onnx(model)
+
+
 def test_unknown_operators_are_all_listed_in_one_error():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
