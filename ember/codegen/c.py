@@ -640,7 +640,7 @@ class CCodegen:
         if minmax is not None:
             return minmax, 15
         sel = self.vselect_helper(e.dtype)
-        return f"{sel}({self.expr(e.cond)}, {self.expr(e.t)}, {self.expr(e.f)})", 15
+        return f"{sel}({self.mask(e.cond, e.dtype.bits)}, {self.expr(e.t)}, {self.expr(e.f)})", 15
 
     def x86_select_minmax(self, e: Select) -> str | None:
         """`a < b ? b : a` (a comparison choosing one of its own operands, as the softmax's row max) on a float
@@ -705,7 +705,7 @@ class CCodegen:
         if e.buffer in self.registers:
             return f"{buf}_{const_offset(idx)}"
         if e.predicate is not None and idx.dtype.lanes > 1:
-            mask = self.mask(e.predicate)
+            mask = self.mask(e.predicate, self.access_bits(e.predicate, e.dtype))
             if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
                 return f"{self.masked_helper('load', e.dtype, e.predicate)}(&{buf}[{self.expr(idx.base)}], {mask})"
             return f"{self.masked_helper('gather', e.dtype, e.predicate, idx.dtype)}({buf}, {self.expr(idx)}, {mask})"
@@ -755,14 +755,25 @@ class CCodegen:
                 f"  {t} v; __builtin_memcpy(&v, &r, sizeof v); return v;\n}}")  # fmt: skip
         return f"{self.helper(name, code)}({self.name(e.buffer)}, {self.expr(idx.value)})"
 
-    def mask(self, pred: Expr) -> str:
+    def mask(self, pred: Expr, bits: int | None = None) -> str:
         """A vector mask as C: a literal where its lanes are constant (a tile's tail: the compiler folds it into the
-        masked move), else the comparison."""
+        masked move), else the comparison; as `bits`-wide lanes where given (converted: a comparison of int32
+        indices selecting bytes)."""
         lanes = lane_mask(pred)
+        own = mask_bits(pred)
         if lanes is None:
-            return self.expr(pred)
-        m = self.mask_type(mask_bits(pred) or 32, len(lanes))
+            if bits is None or own is None or bits == own:
+                return self.expr(pred)
+            return f"__builtin_convertvector({self.expr(pred)}, {self.mask_type(bits, pred.dtype.lanes)})"
+        m = self.mask_type(bits or own or 32, len(lanes))
         return f"({m}){_lanes_init(len(lanes), lambda i: '-1' if lanes[i] else '0')}"
+
+    @staticmethod
+    def access_bits(pred: Expr, dt: DType) -> int:
+        """The lane width of the mask of a masked access of dt: the predicate's own, or dt's where the predicate's
+        lanes would span more than one 512-bit register (64 bytes under int32 index comparisons)."""
+        bits = mask_bits(pred) or dt.bits
+        return dt.bits if bits > dt.bits and bits * dt.lanes > 512 else bits
 
     def masked_helper(self, kind: str, dt: DType, pred: Expr, idx_dt: DType | None = None) -> str:
         """The helper of a masked vector access (`kind`: load, store, gather, scatter) of type dt under mask `pred`
@@ -771,7 +782,7 @@ class CCodegen:
         32- or 64-bit elements, or of 8- or 16-bit ones with avx512bw (an int8 epilogue's last, partial vector of
         bytes), are one masked move; otherwise a loop over the lanes."""
         t, s, n = self.ctype(dt), dt.c_type, dt.lanes
-        bits = mask_bits(pred) or dt.bits
+        bits = self.access_bits(pred, dt)
         m = self.mask_type(bits, n)
         flags, width = self.target.simd_features(), dt.bits * n
         mwidth = bits * n  # the mask's register: as wide as the data's, or wider (bytes stored under int32 lanes)
@@ -991,14 +1002,14 @@ class CCodegen:
         value = self.expr(s.value)
         if s.buffer in self.registers and s.predicate is not None:
             reg = f"{buf}_{const_offset(idx)}"
-            mask = self.mask(s.predicate)
+            mask = self.mask(s.predicate, s.value.dtype.bits)
             self.emit(f"{reg} = {self.vselect_helper(s.value.dtype)}({mask}, {value}, {reg});")
             return
         if s.buffer in self.registers:
             self.emit(f"{buf}_{const_offset(idx)} = {value};")
             return
         if s.predicate is not None and idx.dtype.lanes > 1:
-            dt, mask = s.value.dtype, self.mask(s.predicate)
+            dt, mask = s.value.dtype, self.mask(s.predicate, self.access_bits(s.predicate, s.value.dtype))
             if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
                 helper = self.masked_helper("store", dt, s.predicate)
                 self.emit(f"{helper}(&{buf}[{self.expr(idx.base)}], {value}, {mask});")

@@ -982,17 +982,24 @@ def schedule_nn(attrs: dict, outs: Sequence[Tensor], target: Target) -> te.Sched
 
 def _schedule_rows(st: te.Stage, t: Tensor, target: Target, parallel: bool = True) -> None:
     """Outer axes fused (parallel when big and `parallel`), the last axis split by the lanes and vectorized: bounds
-    checks along the last axis (padding) are then partitioned out of the vector loop."""
+    checks along the last axis (padding) are then partitioned out of the vector loop. The rows (the axis before
+    the last) stay a loop of their own where the outer axes are enough for the threads: fused in, a padded row's
+    check is a remainder (`i % 113 >= 1`) that no loop bound can take out."""
     axes = st.op.axis
     if not axes or prod_hint(t.shape) == 0:
         return
     lanes = lanes_of(t.dtype, target)
+    if isinstance(st.op, ComputeOp) and st.op.tag == "nn_pad":  # bytes as many as int32 lanes: the padding's
+        lanes = min(lanes, lanes_of("int32", target))  # index checks fit one register of masks
     if t.shape[-1] >= lanes:
         _, wi = st.split(axes[-1], lanes)
         st.vectorize(wi)
     if len(axes) > 1:
-        outer = st.fuse(*axes[:-1])
-        if parallel and target.num_cores > 1 and prod_hint(t.shape) >= 1 << 16:
+        big = parallel and target.num_cores > 1 and prod_hint(t.shape) >= 1 << 16
+        keep_rows = len(axes) > 2 and (not big or prod_hint(t.shape[:-2]) >= 2 * target.num_cores)
+        outer_axes = axes[:-2] if keep_rows else axes[:-1]
+        outer = st.fuse(*outer_axes) if len(outer_axes) > 1 else outer_axes[0]
+        if big:
             st.parallel(outer)
 
 

@@ -70,6 +70,11 @@ class _Vectorizer:
             return e
         if isinstance(e, Ramp | Broadcast):
             raise CannotVectorize("nested vectorized loops")
+        if isinstance(e, Select) and _lanes(e.cond) == 1 and len(parts := _conjuncts(e.cond)) > 1:
+            lane = [c for c in parts if self.varies(c)]
+            if lane and len(lane) < len(parts):  # a uniform part (the padding rows of a fused row loop): a
+                uniform = _all([c for c in parts if not self.varies(c)])  # branch on it, around the per-lane
+                return self.expr(Select(uniform, Select(_all(lane), e.t, e.f), e.f))  # select
         if isinstance(e, Load):
             idx = tuple(self.expr(i) for i in e.indices)
             if all(_lanes(i) == 1 for i in idx):
@@ -97,6 +102,10 @@ class _Vectorizer:
             mask_bits(e2.a)
             return e2
         raise CannotVectorize(f"cannot vectorize {type(e).__name__}")
+
+    def varies(self, e: Expr) -> bool:
+        """Whether e differs between lanes (reads the loop variable, or a let that does)."""
+        return any(n is self.var or (isinstance(n, Var) and n in self.lets) for n in walk(e))
 
     def binop(self, e: BinOp) -> Expr:
         a, b, L = e.a, e.b, self.lanes
@@ -126,9 +135,9 @@ class _Vectorizer:
         if _lanes(e.cond) == 1:
             return Select(e.cond, broadcast(e.t, L), broadcast(e.f, L))
         read = [n for n in walk(e.cond) if isinstance(n, Load)]  # evaluated for every lane anyway
-        bits = mask_bits(e.cond)
-        if e.t.dtype.is_bool or bits != e.t.dtype.bits:
-            raise CannotVectorize(f"select of {e.t.dtype} under a {bits}-bit condition")
+        bits = mask_bits(e.cond) or 0
+        if e.t.dtype.is_bool or (bits != e.t.dtype.bits and bits * L > 512):  # (narrowing a mask that spans
+            raise CannotVectorize(f"select of {e.t.dtype} under a {bits}-bit condition")  # registers: slower)
         # a read on one side only (padding, a boundary check): masked by that side's condition
         t = _mask_loads(broadcast(e.t, L), e.cond, read)
         f = _mask_loads(broadcast(e.f, L), Not(e.cond), read)

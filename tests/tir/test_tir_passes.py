@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+import numpy as np
 import pytest
 
 import ember
@@ -336,6 +337,38 @@ def test_vectorize_selects_without_loads_under_a_lane_condition():
         def g(C: int32[8]):
           C[ramp(0, 1, 8)] = select(ramp(0, 1, 8) % broadcast(3, 8) == broadcast(0, 8), ramp(0, 2, 8), broadcast(7, 8))
     """)
+
+
+def test_vectorize_branches_on_the_uniform_part_of_a_padding_condition():
+    """A padded copy whose row check does not depend on the lane (`r >= 1`, a row index of a fused loop) and whose
+    column check does: the select branches on the row check and masks by the column check only (a boolean
+    broadcast has no mask form: the loop stayed scalar); bytes under int32 index checks narrow the mask."""
+    i, r = Var("i"), Var("r")
+    X, P = Buffer("X", (64,), "uint8"), Buffer("P", (80,), "uint8")
+    body = Store(P, tir.Select((r % 5 >= 1) & (i >= 1), X[r * 4 + i - 1], c(0, "uint8")), (r * 16 + i,))
+    out = vectorize(PrimFunc("g", (X, P), loop(i, 16, body, ForKind.VECTORIZED)))
+    t = text(out)
+    lane = "ramp(0, 1, 16) >= broadcast(1, 16)"
+    assert t.endswith(f"= select(r % 5 >= 1, select({lane}, masked(X[ramp(r * 4 - 1, 1, 16)], {lane}), "
+                      "broadcast(0, 16)), broadcast(0, 16))"), t
+
+
+def test_padded_bytes_vectorize_and_match_numpy(rng):
+    """The same padding end to end: a uint8 image padded by one on each side, its copy scheduled with fused rows and
+    vectorized lanes; equal to numpy's pad."""
+    X = te.placeholder((3, 20, 37), "uint8", name="X")
+    P = te.compute((3, 22, 39), lambda b, h, w: te.if_then_else(te.all(h >= 1, h < 21, w >= 1, w < 38),
+                                                                X[b, h - 1, w - 1], te.const(0, "uint8")), name="P")
+    s = te.create_schedule(P)
+    _, wi = s[P].split(P.op.axis[2], 16)
+    s[P].vectorize(wi)
+    s[P].fuse(P.op.axis[0], P.op.axis[1])
+    f = ember.build(s, [X, P], target="c")
+    assert "not vectorized" not in f.source
+    x = rng.integers(0, 256, (3, 20, 37)).astype(np.uint8)
+    y = np.empty((3, 22, 39), np.uint8)
+    f(x, y)
+    np.testing.assert_array_equal(y, np.pad(x, ((0, 0), (1, 1), (1, 1))))
 
 
 # ---------------------------------------------------------------------------------------------
