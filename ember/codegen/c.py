@@ -86,6 +86,10 @@ C_KEYWORDS = set(
     "bool main".split()
 )
 
+def _is_cmp(e: Expr) -> bool:
+    return isinstance(e, BinOp) and e.op in ("eq", "ne", "lt", "le", "gt", "ge")
+
+
 _OPS = {
     "add": ("+", 12), "sub": ("-", 12), "mul": ("*", 13), "div": ("/", 13),
     "eq": ("==", 9), "ne": ("!=", 9), "lt": ("<", 10), "le": ("<=", 10), "gt": (">", 10), "ge": (">=", 10),
@@ -287,10 +291,10 @@ class CCodegen:
                 return f"({dt.c_type})({text})", 14  # C computes in int: wrap back to the narrow type
             return text, p
         if op in ("and", "or"):
-            if vec:
+            if vec:  # (comparisons under & and | in parentheses: what they mean, and -Wparentheses quiet)
                 sym, p = ("&", 8) if op == "and" else ("|", 6)
-            else:
-                sym, p = ("&&", 5) if op == "and" else ("||", 4)
+                return f"{self.expr(a, max(p, 11) if _is_cmp(a) else p)} {sym} {self.expr(b, max(p, 11))}", p
+            sym, p = ("&&", 5) if op == "and" else ("||", 4)
             return f"{self.expr(a, p)} {sym} {self.expr(b, p + 1)}", p
         if op in ("min", "max"):
             return self.minmax(op, a, b, dt), 15
