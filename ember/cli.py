@@ -313,8 +313,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(m.profile_table(xs, top=args.top))
             roof = m.summary().get("roofline")
             if roof and roof["fraction"] is not None:
+                int8 = f", int8 {roof['peak_int8_gops']:.0f} GOP/s" if roof.get("peak_int8_gops") else ""
                 print(f"  roofline: {roof['fraction']:.0%} of the machine's limits over the whole model (peak "
-                      f"{roof['peak_gflops']:.0f} GFLOP/s, memory {roof['dram_gbs']:.1f} GB/s, "
+                      f"{roof['peak_gflops']:.0f} GFLOP/s{int8}, memory {roof['dram_gbs']:.1f} GB/s, "
                       f"{roof['threads']} threads)")
     if args.json:
         print(json.dumps(results))

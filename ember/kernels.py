@@ -120,6 +120,7 @@ class Kernel:
     flops: int
     passed: list[bool]  # per input: passed as an argument (False: a constant baked into the code)
     flops_expr: Any = None  # symbolic sizes: the exact count, an expression of them (`flops` is at their hints)
+    int_flops: int = 0  # of `flops`, the integer multiply-accumulates (8-bit dot products: an int8 peak bounds them)
 
 
 @dataclass
@@ -364,7 +365,7 @@ class GraphLowering:
         # what the code reads and writes: checked at load (a symbolic kernel's bytes depend on the sizes)
         arg_bytes = [b.nbytes for b in kernel.func.params] if all(b.is_static for b in kernel.func.params) else []
         info = KernelInfo(kernel.name, args, [m.name for m in body], [m.op for m in body], kernel.flops, arg_bytes,
-                          flops_expr=kernel.flops_expr)  # fmt: skip
+                          flops_expr=kernel.flops_expr, int_flops=kernel.int_flops)  # fmt: skip
         info.sizes = size_params(kernel.func.params)  # its size variables; `plan` turns them into indices
         if self.steps and self.steps[-1].kind == "segment":
             self.steps[-1].kernels.append(info)
@@ -392,7 +393,8 @@ class GraphLowering:
         func = optimize(lower_schedule(te_kernel.schedule, te_kernel.args, name), passes)
         exact = flops(te_kernel.outputs, exact=True)
         symbolic = exact if isinstance(exact, Expr) else None
-        kernel = Kernel(name, func, flops(te_kernel.outputs), te_kernel.passed, symbolic)
+        kernel = Kernel(name, func, flops(te_kernel.outputs), te_kernel.passed, symbolic,
+                        flops(te_kernel.outputs, integer=True))
         self.kernels[key] = kernel
         return kernel
 
@@ -465,12 +467,14 @@ def _extent(d: Any) -> int:
     return int(d) if isinstance(d, int | np.integer) else 1  # a size variable: unknown until run time
 
 
-def flops(outs: list[Tensor], exact: bool = False) -> Any:
+def flops(outs: list[Tensor], exact: bool = False, integer: bool = False) -> Any:
     """Arithmetic estimate: 2 per multiply-accumulate of reductions, 1 per element otherwise; a stage that only
     moves data (packing, padding, a crop: its body reads, selects and casts) counts 0, and a template's padded
     accumulation (a GEMM's columns rounded up to its panels) counts the elements of the output that reads it
     (`attrs["acc"]`), not its padding. Symbolic sizes count at their hint (an int), or with `exact` as themselves:
-    an integer expression of the size variables (`tir.arith.eval_int` gives it at a call's sizes)."""
+    an integer expression of the size variables (`tir.arith.eval_int` gives it at a call's sizes). With `integer`,
+    only the reductions into integers (the multiply-accumulates of quantized products, on dot-product
+    instructions where the target has them)."""
     prod = _prod_exact if exact else prod_hint
     ops = topo_ops([t.op for t in outs])
     logical = {}  # accumulation op -> the elements of the template output cropping it
@@ -485,7 +489,9 @@ def flops(outs: list[Tensor], exact: bool = False) -> Any:
             n = logical.get(op, prod(op.shape))
             if isinstance(op.body, Reduce):
                 n = n * 2 * prod([iv.dom[1] for iv in op.reduce_axis])
-            elif not _computes(op.body):
+                if integer and not op.dtype.is_int:
+                    n = 0
+            elif integer or not _computes(op.body):
                 n = 0
             total = total + n
     return simplify(convert(total)) if isinstance(total, Expr) else int(total)

@@ -119,11 +119,12 @@ def add_roofline(rows: list[dict], limits: Limits | None) -> dict | None:
     for r in rows:
         if r.get("bytes") is None or r["seconds"] <= 0:
             continue
-        seconds, bound = limits.bound(r["flops"], r["bytes"])
+        seconds, bound = limits.bound(r["flops"], r["bytes"], r.get("int_flops", 0))
         r["bound"], r["roofline"] = bound, seconds / r["seconds"]
         least += seconds
     total = sum(r["seconds"] for r in rows)
     return {"fraction": least / total if total > 0 else None, "peak_gflops": limits.peak_gflops,
+            "peak_int8_gops": limits.peak_int8_gops or None,
             "dram_gbs": limits.dram_gbs, "threads": limits.threads,
             "memory_bound_kernels": sum(1 for r in rows if r.get("bound") == "memory"),
             "compute_bound_kernels": sum(1 for r in rows if r.get("bound") == "compute")}  # fmt: skip
@@ -424,7 +425,7 @@ class Model:
                     row = {"kernel": f"fallback:{s.op}", "ops": [s.op], "nodes": [s.node], "seconds": med, "flops": 0}
                 else:
                     row = {"kernel": k.name, "ops": k.ops, "nodes": k.nodes, "seconds": med, "flops": k.flops,
-                           "bytes": self._kernel_bytes(k.args, k.arg_bytes, sized)}  # fmt: skip
+                           "int_flops": k.int_flops, "bytes": self._kernel_bytes(k.args, k.arg_bytes, sized)}
                 rows.append(row | self._profile_extra(j, c))
         total = sum(r["seconds"] for r in rows) or 1.0
         for r in rows:

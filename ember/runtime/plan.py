@@ -62,6 +62,7 @@ class KernelInfo:
     arg_bytes: list[int] = field(default_factory=list)  # bytes the code reads or writes per argument
     sizes: list[int] = field(default_factory=list)  # a kernel with symbolic sizes: indices into Plan.size_vars
     flops_expr: Any = None  # symbolic sizes: its FLOPs as an expression of them (`flops`: at the compile's hints)
+    int_flops: int = 0  # of `flops` at the compile's hints, the integer multiply-accumulates (8-bit dot products)
 
     def flops_at(self, env: dict) -> int:
         """Its FLOPs at a call's sizes (`env`: size variable -> value)."""
@@ -69,6 +70,12 @@ class KernelInfo:
             return self.flops
         n = eval_int(self.flops_expr, env)
         return self.flops if n is None else int(n)
+
+    def at_sizes(self, env: dict) -> KernelInfo:
+        """This kernel with its FLOPs at a call's sizes (the integer share as at the hints)."""
+        n = self.flops_at(env)
+        share = self.int_flops / self.flops if self.flops else 0.0
+        return replace(self, flops=n, flops_expr=None, int_flops=round(n * share))
 
 
 @dataclass
@@ -192,8 +199,8 @@ class Plan:
         out.values = [ValueInfo(v.name, tuple(int(eval_int(d, env)) if isinstance(d, Expr) else d for d in v.shape),
                                 v.dtype, v.kind, v.offset, v.alias_of, v.view_offset)
                       for v in self.values]  # fmt: skip
-        out.steps = [replace(s, kernels=[replace(k, flops=k.flops_at(env), flops_expr=None) for k in s.kernels])
-                     if s.kind == "segment" else s for s in self.steps]  # fmt: skip
+        out.steps = [replace(s, kernels=[k.at_sizes(env) for k in s.kernels]) if s.kind == "segment" else s
+                     for s in self.steps]  # fmt: skip
         out.info = {**self.info, "sizes": {d.name: n for d, n in env.items()}}
         assign_offsets(out, align)
         return out

@@ -4,6 +4,9 @@ A kernel that does F floating-point operations and moves B bytes cannot take les
 
     bound = max(F / peak, B / bandwidth(B))
 
+where F's integer multiply-accumulates (quantized products: 8-bit dot-product instructions, four products a lane)
+count against the int8 peak instead, where the target has such an instruction (VNNI, AVX-VNNI, Arm's dot product).
+
 seconds; `Limits.bound` gives that time and which term is the larger ("compute" or "memory"), and a profile
 reports each kernel's `bound / measured` as its roofline fraction (1.0: at the machine's limit).
 
@@ -26,7 +29,7 @@ import math
 import os
 import platform
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +37,7 @@ import numpy as np
 from ..codegen.toolchain import CompileError, cache_dir, cc_version, compile_c, compiler_for
 from ..target import CPU_KINDS, Target, TargetError
 
-FORMAT = 1
+FORMAT = 2
 ACCUMULATORS = 12  # independent FMA chains per thread: enough to hide FMA latency on 2 ports
 DEFAULT_LEVELS = (1 << 17, 1 << 20, 1 << 23, 1 << 27)  # working sets (bytes) where the OS names no caches
 TRIALS = 5
@@ -64,6 +67,56 @@ double ember_peak(long iters, int threads, float x, float y) {
   ember_roofline_sink = sink;
   return t;
 }
+
+/* Seconds for `iters` rounds of ACC independent 8-bit dot products (4 products per 32-bit lane) on one thread;
+   -1 where the target has no dot-product instruction. */
+#if defined(__AVX512VNNI__) && VBYTES == 64
+#include <immintrin.h>
+typedef __m512i vi;
+#define DOT(a, x, y) _mm512_dpbusd_epi32(a, x, y)
+#define ZERO() _mm512_setzero_si512()
+#define SET(v) _mm512_set1_epi32(v)
+#define OPAQUE(v) __asm__ volatile("" : "+v"(v))
+#elif defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#include <immintrin.h>
+typedef __m256i vi;
+#if defined(__AVXVNNI__)
+#define DOT(a, x, y) _mm256_dpbusd_avx_epi32(a, x, y)
+#else
+#define DOT(a, x, y) _mm256_dpbusd_epi32(a, x, y)
+#endif
+#define ZERO() _mm256_setzero_si256()
+#define SET(v) _mm256_set1_epi32(v)
+#define OPAQUE(v) __asm__ volatile("" : "+x"(v))
+#elif defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
+typedef int32x4_t vi;
+#define DOT(a, x, y) vdotq_s32(a, vreinterpretq_s8_s32(x), vreinterpretq_s8_s32(y))
+#define ZERO() vdupq_n_s32(0)
+#define SET(v) vdupq_n_s32(v)
+#define OPAQUE(v) __asm__ volatile("" : "+w"(v))
+#endif
+#ifdef DOT
+enum { DOT_BYTES = sizeof(vi) };
+volatile int ember_roofline_isink;
+double ember_peak_int8(long iters, int x) {
+  double t0 = omp_get_wtime();
+  vi a[ACC], vx = SET(x), vy = SET(x + 1);
+  for (int i = 0; i < ACC; i++) a[i] = ZERO();
+  for (long it = 0; it < iters; it++) {
+    for (int i = 0; i < ACC; i++) a[i] = DOT(a[i], vx, vy);
+    OPAQUE(vx);  /* (not hoisted: x stays unknown to the compiler each round) */
+  }
+  int s = 0;
+  for (int i = 0; i < ACC; i++) { int t[DOT_BYTES / 4]; __builtin_memcpy(t, &a[i], sizeof t); s += t[0]; }
+  ember_roofline_isink = s;
+  return omp_get_wtime() - t0;
+}
+#else
+enum { DOT_BYTES = 0 };
+double ember_peak_int8(long iters, int x) { (void)iters; (void)x; return -1.0; }
+#endif
+int ember_dot_bytes(void) { return DOT_BYTES; }
 
 /* Seconds for `passes` copies of n floats from src to dst, split over `threads` threads. */
 double ember_copy(float *restrict dst, const float *restrict src, long n, int passes, int threads) {
@@ -112,6 +165,7 @@ class Limits:
     bandwidth_gbs: tuple[tuple[int, float], ...]  # (working-set bytes, GB/s), smallest set first
     threads: int
     key: str = ""
+    peak_int8_gops: float = 0.0  # 8-bit multiply-accumulates (2 ops each) per second; 0: no dot-product instruction
 
     @property
     def dram_gbs(self) -> float:
@@ -129,9 +183,12 @@ class Limits:
                 return g0 + f * (g1 - g0)
         return self.dram_gbs
 
-    def bound(self, flops: int, nbytes: int) -> tuple[float, str]:
-        """The least seconds a kernel of `flops` moving `nbytes` can take here, and what bounds it."""
-        compute = flops / (self.peak_gflops * 1e9)
+    def bound(self, flops: int, nbytes: int, int_flops: int = 0) -> tuple[float, str]:
+        """The least seconds a kernel of `flops` (of them `int_flops` 8-bit multiply-accumulates) moving `nbytes`
+        can take here, and what bounds it."""
+        if not self.peak_int8_gops:
+            int_flops = 0
+        compute = (flops - int_flops) / (self.peak_gflops * 1e9) + int_flops / (self.peak_int8_gops * 1e9 or 1)
         memory = nbytes / (self.bandwidth_for(nbytes) * 1e9)
         return (compute, "compute") if compute > memory else (memory, "memory")
 
@@ -141,7 +198,7 @@ class Limits:
     @staticmethod
     def from_json(d: dict) -> Limits:
         return Limits(float(d["peak_gflops"]), tuple((int(s), float(g)) for s, g in d["bandwidth_gbs"]),
-                      int(d["threads"]), str(d.get("key", "")))  # fmt: skip
+                      int(d["threads"]), str(d.get("key", "")), float(d.get("peak_int8_gops", 0.0)))  # fmt: skip
 
 
 def cpu_name() -> str:
@@ -222,7 +279,7 @@ def limits_for(target: Target | str, measure: bool = True) -> Limits | None:
         limits = measure_limits(t)
     except CompileError:
         return None
-    limits = Limits(limits.peak_gflops, limits.bandwidth_gbs, limits.threads, path.stem)
+    limits = replace(limits, key=path.stem)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem[:8]}-", suffix=".json", dir=path.parent)
     with os.fdopen(fd, "w") as f:
@@ -240,7 +297,9 @@ def measure_limits(target: Target) -> Limits:
     """Measure the compute peak and the bandwidth at each of `levels()` with the microbenchmark (about a second)."""
     lib = ctypes.CDLL(str(compile_c(_source(target), target.cflags(), name="roofline", cc=compiler_for(target))))
     lib.ember_peak.restype = lib.ember_copy.restype = lib.ember_read.restype = ctypes.c_double
+    lib.ember_peak_int8.restype = ctypes.c_double
     lib.ember_peak.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_float, ctypes.c_float]
+    lib.ember_peak_int8.argtypes = [ctypes.c_long, ctypes.c_int]
     ptr, n_, i_ = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.ember_copy.argtypes = [ptr, ptr, n_, i_, i_]
     lib.ember_read.argtypes = [ptr, n_, i_, i_]
@@ -254,6 +313,14 @@ def measure_limits(target: Target) -> Limits:
         iters *= 2
     seconds = _best(lib.ember_peak, iters, 1, 0.999999, 1e-7, trials=3 * TRIALS)
     peak = 2.0 * lanes * ACCUMULATORS * iters * threads / seconds / 1e9
+    peak_int8 = 0.0
+    dot_bytes = lib.ember_dot_bytes()
+    if dot_bytes:  # a multiply-accumulate per byte of the vector
+        iters = 1 << 10
+        while lib.ember_peak_int8(iters, 3) < 0.002 and iters < 1 << 30:
+            iters *= 2
+        seconds = _best(lib.ember_peak_int8, iters, 3, trials=3 * TRIALS)
+        peak_int8 = 2.0 * dot_bytes * ACCUMULATORS * iters * threads / seconds / 1e9
 
     sets = levels()
     src = np.ones(sets[-1] // 4, np.float32)
@@ -271,7 +338,7 @@ def measure_limits(target: Target) -> Limits:
     # a larger working set never streams faster than a smaller one (noise aside): keep the table monotone
     for i in range(len(bandwidth) - 2, -1, -1):
         bandwidth[i] = (bandwidth[i][0], max(bandwidth[i][1], bandwidth[i + 1][1]))
-    return Limits(peak, tuple(bandwidth), threads)
+    return Limits(peak, tuple(bandwidth), threads, peak_int8_gops=peak_int8)
 
 
 def kernel_bytes(arg_bytes: list[int]) -> int:

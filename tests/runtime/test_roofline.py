@@ -105,3 +105,33 @@ def test_flops_count_the_product_not_its_padding_or_packing():
     out = args[-1]
     y = ember.te.compute(out.shape, lambda *i: out[i] * 0.125, name="scaled")
     assert ember.kernels.flops([y]) == 2 * b * m * n * k + b * m * n
+
+
+def test_integer_products_are_held_to_the_int8_peak():
+    """8-bit multiply-accumulates count against the dot-product peak (four products per 32-bit lane): an int8
+    convolution's fraction stays at most ~1 where the float peak made it 3x; without such an instruction
+    (peak 0) they count against the float peak as before."""
+    limits = roofline.Limits(100.0, ((1 << 30, 10.0),), 1, peak_int8_gops=400.0)
+    assert limits.bound(10**9, 0, int_flops=8 * 10**8) == (2 * 10**8 / 100e9 + 8 * 10**8 / 400e9, "compute")
+    no_dot = roofline.Limits(100.0, ((1 << 30, 10.0),), 1)
+    assert no_dot.bound(10**9, 0, int_flops=8 * 10**8) == (10**9 / 100e9, "compute")
+    from tests.passes.test_integer_attention import qdq
+
+    rng = np.random.default_rng(3)
+    nodes, inits = [], []
+    xd = qdq(nodes, inits, "x", 0.05, 128, np.uint8)
+    w = rng.integers(-127, 128, (64, 64, 3, 3)).astype(np.int8)
+    inits += [onnx.numpy_helper.from_array(w, "w_q"), onnx.numpy_helper.from_array(np.float32(0.01), "w_s"),
+              onnx.numpy_helper.from_array(np.int8(0), "w_z"), onnx.numpy_helper.from_array(np.float32(0.2), "y_s"),
+              onnx.numpy_helper.from_array(np.uint8(128), "y_z")]  # fmt: skip
+    nodes += [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]),
+              helper.make_node("Conv", [xd, "w"], ["c"], pads=[1, 1, 1, 1]),
+              helper.make_node("QuantizeLinear", ["c", "y_s", "y_z"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 64, 28, 28))],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, (1, 64, 28, 28))], inits)
+    cm = ember.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), target=TARGET)
+    rows = cm.profile(repeat=3)
+    conv = next(r for r in rows if "QConvPacked" in r["ops"])
+    assert conv["int_flops"] >= 2 * 64 * 64 * 9 * 28 * 28 and conv["int_flops"] <= conv["flops"]
+    if cm.summary()["roofline"]["peak_int8_gops"]:  # (a machine with VNNI or AVX-VNNI)
+        assert 0 < conv["roofline"] <= 1.5, conv
