@@ -17,6 +17,9 @@ and a chain of thousands of elementwise ops would make an expression thousands d
 recursive walk over it (simplifier, code generators, the C compiler) pays for. Longer chains become
 several kernels of `MAX_GROUP` ops each.
 
+First, a DequantizeLinear of 8-bit values that several kernels read is copied for each reader that takes
+prologues, so the producer writes bytes and each reader widens them (`_dequantize_per_reader`).
+
 Each group of two or more nodes becomes one `Fused` node whose `body` holds the members.
 """
 
@@ -47,6 +50,7 @@ def pattern(node: Node) -> Pattern:
 
 
 def fuse_ops(graph: Graph) -> Graph:
+    _dequantize_per_reader(graph)
     graph.topo_sort()
     pos = {n: i for i, n in enumerate(graph.nodes)}
     producers, consumers = graph.producers(), graph.consumers()
@@ -157,6 +161,33 @@ def fuse_ops(graph: Graph) -> Graph:
     graph.nodes = [fused.get(n, n) for n in graph.nodes if fused.get(n, n) is not None]
     graph.topo_sort()
     return graph
+
+
+def _dequantize_per_reader(graph: Graph) -> None:
+    """A DequantizeLinear of a computed 8-bit value that several kernels read (an int8 SE block: the pooling and
+    the rescaling both read the depthwise convolution's output) gets a copy for each reader that takes prologues
+    (elementwise, broadcast, injective, reduction): each widens the bytes as it reads them, and the producer
+    writes 1 byte per element, not 4 that every reader reads again. Readers that keep their inputs as buffers
+    (convolutions, products, opaque ops) share the original. In place."""
+    producers, consumers, outputs = graph.producers(), graph.consumers(), set(graph.outputs)
+    takes = (Pattern.ELEMWISE, Pattern.BROADCAST, Pattern.INJECTIVE, Pattern.REDUCTION)
+    nodes: list[Node] = []
+    for n in graph.nodes:
+        nodes.append(n)
+        v = n.outputs[0] if n.op == "DequantizeLinear" else None
+        if v is None or v in outputs or producers.get(n.inputs[0]) is None or n.inputs[0].dtype not in ("uint8",
+                                                                                                        "int8"):
+            continue
+        readers = list(dict.fromkeys(consumers.get(v, [])))
+        split = [r for r in readers if pattern(r) in takes]
+        if len(readers) < 2 or not split:
+            continue
+        keep = len(split) == len(readers)  # every reader has a copy: the first keeps the original
+        for k, r in enumerate(split[1:] if keep else split):
+            copy = Value(f"{v.name}_r{k}", v.type)
+            r.inputs = [copy if x is v else x for x in r.inputs]
+            nodes.append(Node(n.op, list(n.inputs), [copy], dict(n.attrs), f"{n.name}_r{k}"))
+    graph.nodes = nodes
 
 
 def _without_widening_tail(members: list[Node], consumers: dict[Value, list[Node]], absorbed: set[Node]) -> list[Node]:

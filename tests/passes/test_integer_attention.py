@@ -166,6 +166,35 @@ def test_silu_through_its_quantized_sigmoid_is_one_table(x_dtype):
     np.testing.assert_array_equal(ours, ref)
 
 
+def test_a_dequantized_output_read_by_several_kernels_stays_8_bit():
+    """An int8 squeeze-excitation: a quantized convolution's output, dequantized, is read by the global pooling and
+    by the rescaling Mul (two kernels). Each reader widens the bytes itself: the convolution's kernel writes uint8,
+    not float32; the result equals onnxruntime's within one step."""
+    rng = np.random.default_rng(4)
+    c = 16
+    nodes, inits = [], []
+    xd = qdq(nodes, inits, "x", 0.04, 128, np.uint8)
+    w = rng.integers(-127, 128, (c, c, 3, 3)).astype(np.int8)
+    inits += [numpy_helper.from_array(w, "w_q"), numpy_helper.from_array(np.float32(0.004), "w_s"),
+              numpy_helper.from_array(np.int8(0), "w_z")]  # fmt: skip
+    nodes += [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"]),
+              helper.make_node("Conv", [xd, "w"], ["conv"], pads=[1, 1, 1, 1])]  # fmt: skip
+    yd = qdq(nodes, inits, "conv", 0.05, 120, np.uint8)
+    nodes += [helper.make_node("GlobalAveragePool", [yd], ["gap"]), helper.make_node("Sigmoid", ["gap"], ["s"]),
+              helper.make_node("Mul", [yd, "s"], ["se"])]  # fmt: skip
+    inits += [numpy_helper.from_array(np.array(0.03, np.float32), "o_s"),
+              numpy_helper.from_array(np.array(110, np.uint8), "o_z")]  # fmt: skip
+    nodes.append(helper.make_node("QuantizeLinear", ["se", "o_s", "o_z"], ["out"]))
+    m = model(nodes, inits, {"x": (1, c, 12, 12)}, "out", (1, c, 12, 12), TensorProto.UINT8)
+    g, _ = run_passes(from_onnx(m), opt_level=1, verify=True)
+    conv = next(n for n in g.nodes if n.op == "QConvPacked" or (n.op == "Fused" and any(
+        b.op == "QConvPacked" for b in n.attrs["body"].nodes)))  # fmt: skip
+    assert [v.dtype for v in conv.outputs] == ["uint8"], conv
+    feeds = {"x": rng.normal(0, 2, (1, c, 12, 12)).astype(np.float32)}
+    ours, ref = run_both(m, feeds)
+    assert np.abs(ours.astype(np.int32) - ref.astype(np.int32)).max() <= 1
+
+
 def test_lookup_needs_a_function_of_one_tensor():
     """Q(DQ(a) + DQ(b)) (two variable operands) stays as it was."""
     nodes, inits = [], []
