@@ -328,9 +328,10 @@ class Analyzer:
         return lo, hi
 
     def _merge_divmod(self, terms: dict[Expr, int]) -> tuple[dict[Expr, int], int]:
-        """k*(x // c)*c + k*(x % c) -> k*x, and k*((x // a) % b) + k*b*(x // (a*b)) -> k*(x // a) (an index
+        """k*(x // c)*c + k*(x % c) -> k*x, k*((x // a) % b) + k*b*(x // (a*b)) -> k*(x // a) (an index
         unravelled into several dims and flattened again: x // 49 * 784 + x // 7 % 7 * 112 + x % 7 * 16 is
-        x * 16); returns the new terms and a constant to add."""
+        x * 16), and k*c*((x // c) % d) + k*(x % c) -> k*(x % (c*d)) (a row and a column of one plane: x // 56 % 56
+        * 56 + x % 56 is x % 3136); returns the new terms and a constant to add."""
         extra = 0
         changed = True
         while changed:
@@ -344,6 +345,19 @@ class Analyzer:
                         del terms[t], terms[outer]
                         terms[t.a] = terms.get(t.a, 0) + k
                         terms = {x: v for x, v in terms.items() if v != 0}
+                        changed = True
+                        break
+                if (isinstance(t, BinOp) and t.op == "floormod" and isinstance(t.b, Const) and isinstance(t.a, BinOp)
+                        and t.a.op == "floordiv" and isinstance(t.a.b, Const)):  # fmt: skip
+                    c, d = int(t.a.b.value), int(t.b.value)  # k*c*((x // c) % d) + k*(x % c) -> k*(x % (c*d))
+                    low = BinOp("floormod", t.a.a, t.a.b, t.dtype)
+                    if c > 0 and d > 0 and k % c == 0 and terms.get(low) == k // c:
+                        del terms[t], terms[low]
+                        mt, mc = self._lin(self.simplify(BinOp("floormod", t.a.a, const(c * d, t.a.b.dtype), t.dtype)))
+                        for x, v in mt.items():
+                            terms[x] = terms.get(x, 0) + v * (k // c)
+                        terms = {x: v for x, v in terms.items() if v != 0}
+                        extra += mc * (k // c)
                         changed = True
                         break
                 if isinstance(t, BinOp) and t.op == "floormod" and isinstance(t.b, Const):

@@ -54,6 +54,10 @@ RULES = [
     # an index unravelled into [.., 7, 7] and flattened again (a matmul's batch dims folded into rows)
     ((x // 49) * 784 + (x // 7 % 7) * 112 + (x % 7) * 16 + y, False, "x * 16 + y"),
     ((x // 6) * 6 + (x // 2 % 3) * 2, False, "x // 2 * 2"),
+    # a row and a column of one plane flattened again (a vector of a per-channel scale crossing rows)
+    ((x // 56 % 56) * 56 + x % 56, False, "x % 3136"),
+    ((x // 56 % 56) * 112 + (x % 56) * 2 + y, False, "x % 3136 * 2 + y"),
+    ((x // 3136) * 3136 + (x // 56 % 56) * 56 + x % 56, False, "x"),
     # floordiv / floormod
     (x // 1, False, "x"),
     (x % 1, False, "0"),
