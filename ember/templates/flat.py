@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from ember import te
 from ember.target import Target
-from ember.te.tensor import ComputeOp, Reduce, Tensor, prod_hint
-from ember.tir.expr import Expr
+from ember.te.tensor import ComputeOp, Reduce, Tensor, TensorLoad, prod_hint
+from ember.tir.expr import Expr, Var
 from ember.tir.functor import walk
 
 
@@ -46,6 +46,39 @@ def row_lanes(n: int, lanes: int) -> int:
     return lanes if n % lanes == 0 else 1
 
 
+def contiguous_run(op: ComputeOp) -> int:
+    """Elements of a stage's trailing axes that one vector may cross: the product of the longest run of trailing
+    axes over which every tensor its body reads (through the elementwise stages that will be inlined into it) is
+    read in the same order (its trailing indices those axes, its trailing sizes the stage's) or not at all (a
+    broadcast along them: an SE block's per-channel scale over H x W); the last axis at least."""
+    shape, axes = op.shape, [iv.var for iv in op.axis]
+    k = 1
+    while k < len(axes) and _reads_in_order(op, k + 1, 0):
+        k += 1
+    return prod_hint(shape[-k:])
+
+
+def _reads_in_order(op: ComputeOp, k: int, depth: int) -> bool:
+    tail, sizes = [iv.var for iv in op.axis[-k:]], tuple(op.shape[-k:])
+    ids = {id(v) for v in tail}
+    for n in walk(op.body):
+        if not isinstance(n, TensorLoad):
+            continue
+        uses = [any(isinstance(m, Var) and id(m) in ids for m in walk(i)) for i in n.indices]
+        if not any(uses):
+            continue  # broadcast along the run
+        idx = n.indices
+        if len(idx) < k or any(uses[:-k]) or any(a is not b for a, b in zip(idx[-k:], tail)):
+            return False
+        if tuple(n.tensor.shape[-k:]) != sizes:
+            return False
+        t = n.tensor.op
+        inlined = isinstance(t, ComputeOp) and not isinstance(t.body, Reduce) and not t.attrs.get("materialize")
+        if inlined and (len(t.axis) != len(idx) or depth > 32 or not _reads_in_order(t, k, depth + 1)):
+            return False
+    return True
+
+
 def schedule_flat(st: te.Stage, target: Target) -> None:
     """Fuse the data-parallel loops of a stage, vectorize by the target's lanes, parallelize the rest."""
     op = st.op
@@ -56,7 +89,7 @@ def schedule_flat(st: te.Stage, target: Target) -> None:
     fused = st.fuse(*op.axis) if len(op.axis) > 1 else op.axis[0]
     lanes = target.vector_lanes(lane_bits(op))
     is_reduce = isinstance(op.body, Reduce)
-    inner_len = op.shape[-1]
+    inner_len = op.shape[-1] if is_reduce else contiguous_run(op)
     if len(op.axis) > 1 and isinstance(inner_len, int):
         # vectors that cross a row (56 columns in vectors of 16) need each lane's row and column: a division
         # and a remainder per lane, and gathers (20x slower than a row of whole vectors); fewer lanes fit a row
