@@ -446,4 +446,52 @@ def _dynamic_quantize_matmul(b: Body) -> None:
         b.node("Add", [y, b.input(4)], b.output(0))
 
 
+# -- weight-only quantization -----------------------------------------------------------------------------------
+def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """The first `count` unsigned `bits`-bit values along the last axis of bytes, the lowest bits first (element 2j
+    of 4-bit values is byte j's low nibble)."""
+    per = 8 // bits
+    shifts = np.arange(per, dtype=np.uint8) * bits
+    values = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
+    return values.reshape(*packed.shape[:-1], -1)[..., :count]
+
+
+def matmul_nbits_weight(b_: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, k: int, n: int, bits: int,
+                        block: int) -> np.ndarray:  # fmt: skip
+    """MatMulNBits' B as the float32 [K, N] matrix it stands for: B [N, blocks, block * bits / 8] bytes of
+    `bits`-bit codes, per (column, block of K) a scale and a zero point (packed codes like B's, or floats; absent:
+    2^(bits - 1)); each weight (code - zero point) * scale."""
+    blocks = -(-k // block)
+    codes = unpack_bits(b_.reshape(n, blocks, -1), bits, block).astype(np.float32)  # [N, blocks, block]
+    scale = scales.astype(np.float32).reshape(n, blocks, 1)
+    if zeros is None:
+        zero = np.float32(1 << (bits - 1))
+    elif zeros.dtype == np.uint8:
+        zero = unpack_bits(zeros.reshape(n, -1), bits, blocks).astype(np.float32).reshape(n, blocks, 1)
+    else:
+        zero = zeros.astype(np.float32).reshape(n, blocks, 1)
+    return np.ascontiguousarray(((codes - zero) * scale).reshape(n, blocks * block)[:, :k].T)
+
+
+@expansion("MatMulNBits")
+def _matmul_nbits(b: Body) -> None:
+    """(A, B, scales, zero_points, g_idx, bias): A times a weight of `bits`-bit codes in blocks of K with a scale
+    and zero point each (onnxruntime's weight-only int4/int8 quantization: `matmul_nbits_quantizer`, its GenAI
+    model builder). The weight is dequantized to float32 at import and the product runs in float32 (no weight-only
+    int4 kernel: 8x the weight's memory)."""
+    k, n, block, bits = int(b.attrs["K"]), int(b.attrs["N"]), int(b.attrs["block_size"]), int(b.attrs.get("bits", 4))
+    if bits not in (2, 4, 8):
+        raise b.ctx.error(f"{bits}-bit weights (2, 4 or 8 are defined)")
+    if b.input(4) and b.ctx.const(4) is not None and not np.array_equal(b.ctx.const(4).reshape(-1),
+                                                                         np.arange(k, dtype=np.int64) // block):
+        raise b.ctx.error("a g_idx that reorders K (act-order) is not supported")
+    parts = [b.ctx.const(i) for i in (1, 2)] + [b.ctx.const(3) if b.input(3) else None]
+    if parts[0] is None or parts[1] is None or (b.input(3) and parts[2] is None):
+        raise b.ctx.error("weights, scales and zero points must be constants (initializers)")
+    w = matmul_nbits_weight(parts[0], parts[1], parts[2], k, n, bits, block)
+    y = b.node("MatMul", [b.input(0), b.const(w)], None if b.input(5) else b.output(0))
+    if b.input(5):
+        b.node("Add", [y, b.input(5)], b.output(0))
+
+
 __all__ = ["DOMAIN", "EXPANSIONS", "expand_contrib"]

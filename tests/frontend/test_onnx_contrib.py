@@ -227,6 +227,61 @@ def test_integer_matmuls_to_float():
     check(m, rng)
 
 
+@pytest.mark.parametrize("k,n,bits,block,zeros,bias", [
+    (64, 16, 4, 32, None, False), (100, 24, 4, 32, "packed", True), (96, 8, 8, 32, "packed", False),
+    (64, 10, 4, 16, "float", False), (72, 12, 2, 16, "packed", False), (48, 5, 4, 16, "packed", True),
+])  # fmt: skip
+def test_matmul_nbits(k, n, bits, block, zeros, bias):
+    """Weight-only quantization (onnxruntime's MatMulNBits): 2/4/8-bit codes in blocks of K, K not a multiple of the
+    block (100, 72, 48: the last block padded), zero points packed like the codes, as floats, or absent (2^(bits-1)),
+    an odd N (the packed zero points of a column end mid-byte), a bias."""
+    rng = np.random.default_rng(k + n + bits)
+    blocks = -(-k // block)
+    consts = {"B": rng.integers(0, 256, (n, blocks, block * bits // 8)).astype(np.uint8),
+              "scales": (rng.random(n * blocks) * 0.1 + 0.01).astype(np.float32)}  # fmt: skip
+    ins = [("a", F, (3, k)), ("B", U8, consts["B"].shape), ("scales", F, (n * blocks,))]
+    if zeros == "packed":
+        consts["zp"] = rng.integers(0, 256, n * -(-blocks * bits // 8)).astype(np.uint8)
+    elif zeros == "float":
+        consts["zp"] = (rng.random(n * blocks) * (1 << bits)).astype(np.float32)
+    ins.append(("zp", U8 if zeros == "packed" else F, consts["zp"].shape) if zeros else None)
+    if bias:
+        consts["bias"] = W(rng, n)
+        ins += [None, ("bias", F, (n,))]
+    check(one_node("MatMulNBits", ins, [("y", F, (3, n))], consts, K=k, N=n, bits=bits, block_size=block), rng)
+
+
+def test_matmul_nbits_weights_read_at_run_time_are_refused_by_name():
+    m = one_node("MatMulNBits", [("a", F, (3, 32)), ("B", U8, (4, 1, 16)), ("scales", F, (4,))], [("y", F, (3, 4))],
+                 {"scales": np.ones(4, np.float32)}, K=32, N=4, bits=4, block_size=32)  # fmt: skip
+    with pytest.raises(Exception, match="MatMulNBits.*must be constants"):
+        ember.compile(m)
+
+
+def test_matmul_nbits_from_onnxruntimes_quantizer(tmp_path):
+    """An MLP through onnxruntime's own 4-bit weight quantizer (`MatMulNBitsQuantizer`, block 32): the same
+    outputs as onnxruntime on the file it writes."""
+    nbits = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
+    rng = np.random.default_rng(12)
+    nodes, inits = [], []
+    x = "x"
+    for i, (fi, fo) in enumerate([(64, 96), (96, 40)]):
+        inits.append(numpy_helper.from_array(W(rng, fi, fo), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"h{i}"]))
+        x = f"h{i}"
+        if i == 0:
+            nodes.append(helper.make_node("Relu", [x], ["r0"]))
+            x = "r0"
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", F, (4, 64))],
+                              [helper.make_tensor_value_info(x, F, (4, 40))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    quant = nbits.MatMulNBitsQuantizer(model, block_size=32, is_symmetric=False)
+    quant.process()
+    q = quant.model.model
+    assert any(node.op_type == "MatMulNBits" for node in q.graph.node)
+    check(q, rng)
+
+
 def test_unknown_contrib_op_named():
     m = one_node("NotAnOp", [("x", F, (2,))], [("y", F, (2,))], {})
     with pytest.raises(UnsupportedOperatorError, match="NotAnOp.*Microsoft contrib"):
