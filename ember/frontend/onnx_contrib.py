@@ -14,6 +14,7 @@ attributes and outputs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -269,6 +270,73 @@ def _embed_layer_norm(b: Body) -> None:
             b.node("ReduceSum", [mask, b.const([1], np.int64)], b.output(1), keepdims=0)
         else:
             b.node("Identity", [b.const(np.zeros(batch), np.int32)], b.output(1))
+
+
+# -- rotary position embedding ---------------------------------------------------------------------------------
+def _rotate(b: Body, x: str, cos: str, sin: str, interleaved: bool) -> str:
+    """x's last axis (the rotary dims) rotated by angles whose cos and sin broadcast against its halves: pairs
+    (x[i], x[i + d/2]), or (x[2i], x[2i + 1]) where `interleaved`."""
+    if interleaved:
+        pairs = b.node("Reshape", [x, b.const([0, 0, 0, -1, 2], np.int64)])  # (B, S|N, N|S, d/2, 2)
+        x1 = b.node("Squeeze", [b.node("Slice", [pairs, *(b.const([v], np.int64) for v in (0, 1, -1))]),
+                                b.const([-1], np.int64)])  # fmt: skip
+        x2 = b.node("Squeeze", [b.node("Slice", [pairs, *(b.const([v], np.int64) for v in (1, 2, -1))]),
+                                b.const([-1], np.int64)])  # fmt: skip
+    else:
+        x1, x2 = f"{b.prefix}/x1", f"{b.prefix}/x2"
+        b.multi("Split", [x], [x1, x2], axis=-1, num_outputs=2)
+    o1 = b.node("Sub", [b.node("Mul", [x1, cos]), b.node("Mul", [x2, sin])])
+    o2 = b.node("Add", [b.node("Mul", [x2, cos]), b.node("Mul", [x1, sin])])
+    if not interleaved:
+        return b.node("Concat", [o1, o2], axis=-1)
+    both = b.node("Concat", [b.node("Unsqueeze", [o, b.const([-1], np.int64)]) for o in (o1, o2)], axis=-1)
+    return b.node("Reshape", [both, b.const([0, 0, 0, -1], np.int64)])
+
+
+def _rotary_angles(b: Body, positions: int, cos_i: int, sin_i: int, seq_axis_of: str) -> tuple[str, str]:
+    """cos and sin of each token's angles, (B or 1, S, d/2): the caches' rows at input `positions`, which is (B, S)
+    or one offset (positions offset + 0 .. S-1, S the length of `seq_axis_of`'s axis 1)."""
+    pos = b.input(positions)
+    if math.prod(b.ctx.type(positions).shape) == 1 and len(b.ctx.type(positions).shape) < 2:
+        seq = b.node("Gather", [b.node("Shape", [seq_axis_of]), b.const(1, np.int64)])
+        start = b.node("Cast", [b.node("Reshape", [pos, b.const([], np.int64)])], to=onnx.TensorProto.INT64)
+        pos = b.node("Unsqueeze", [b.node("Range", [start, b.node("Add", [start, seq]), b.const(1, np.int64)]),
+                                   b.const([0], np.int64)])  # fmt: skip
+    return b.node("Gather", [b.input(cos_i), pos]), b.node("Gather", [b.input(sin_i), pos])
+
+
+@expansion("RotaryEmbedding")
+def _rotary_embedding(b: Body) -> None:
+    """(input, position_ids, cos_cache, sin_cache): rotary position embedding of each head's first
+    `rotary_embedding_dim` dims (all: 2 x the caches' width), input (B, S, heads x head) or (B, heads, S, head)."""
+    shape = b.ctx.type(0).shape
+    half = b.ctx.type(2).shape[1]
+    rd = int(b.attrs.get("rotary_embedding_dim", 0)) or 2 * half
+    interleaved = bool(b.attrs.get("interleaved", 0))
+    if b.attrs.get("is_packed_batching", 0):
+        raise b.ctx.error("packed batching is not supported")
+    if len(shape) == 3:  # (B, S, N x H) -> (B, S, N, H)
+        heads = int(b.attrs.get("num_heads", 0)) or shape[2] // rd
+        x = b.node("Reshape", [b.input(0), b.const([0, 0, heads, shape[2] // heads], np.int64)])
+        cos, sin = _rotary_angles(b, 1, 2, 3, b.input(0))
+        cos, sin = (b.node("Unsqueeze", [t, b.const([2], np.int64)]) for t in (cos, sin))  # (B, S, 1, d/2)
+        head = shape[2] // heads
+    else:  # (B, N, S, H): the angles (B, 1, S, d/2)
+        x = b.input(0)
+        seq_first = b.node("Transpose", [x], perm=[0, 2, 1, 3])
+        cos, sin = _rotary_angles(b, 1, 2, 3, seq_first)
+        cos, sin = (b.node("Unsqueeze", [t, b.const([1], np.int64)]) for t in (cos, sin))
+        head = shape[3]
+    if rd < head:
+        rot = b.node("Slice", [x, b.const([0], np.int64), b.const([rd], np.int64), b.const([-1], np.int64)])
+        rest = b.node("Slice", [x, b.const([rd], np.int64), b.const([head], np.int64), b.const([-1], np.int64)])
+        y = b.node("Concat", [_rotate(b, rot, cos, sin, interleaved), rest], axis=-1)
+    else:
+        y = _rotate(b, x, cos, sin, interleaved)
+    if len(shape) == 3:
+        b.node("Reshape", [y, b.const([0, 0, -1], np.int64)], b.output(0))
+    else:
+        b.node("Identity", [y], b.output(0))
 
 
 # -- attention ------------------------------------------------------------------------------------------------------

@@ -282,6 +282,28 @@ def test_matmul_nbits_from_onnxruntimes_quantizer(tmp_path):
     check(q, rng)
 
 
+@pytest.mark.parametrize("rank,interleaved,offset,rotary_dim", [
+    (3, False, False, 0), (3, True, False, 0), (4, False, True, 0), (4, True, False, 0), (3, False, True, 4),
+    (3, True, False, 4), (4, False, False, 4),
+])  # fmt: skip
+def test_rotary_embedding(rank, interleaved, offset, rotary_dim):
+    """RotaryEmbedding on (B, S, heads x head) or (B, heads, S, head), halves or interleaved pairs, positions per
+    token or one offset, all of each head's dims or its first 4 (the rest passed through)."""
+    rng = np.random.default_rng(rank * 8 + interleaved * 4 + offset * 2 + bool(rotary_dim))
+    b_, s_, n, h = 2, 5, 3, 8
+    half = (rotary_dim or h) // 2
+    consts = {"cos": W(rng, 32, half, scale=1.0), "sin": W(rng, 32, half, scale=1.0)}
+    shape = (b_, s_, n * h) if rank == 3 else (b_, n, s_, h)
+    pos = np.array([4], np.int64) if offset else rng.integers(0, 32, (b_, s_)).astype(np.int64)
+    attrs = {"interleaved": int(interleaved)} | ({"rotary_embedding_dim": rotary_dim, "num_heads": n} if rotary_dim
+                                                 else {})  # fmt: skip
+    m = one_node("RotaryEmbedding", [("x", F, shape), ("pos", TensorProto.INT64, pos.shape), ("cos", F, (32, half)),
+                                     ("sin", F, (32, half))], [("y", F, shape)], consts, **attrs)  # fmt: skip
+    feeds = {"x": W(rng, *shape, scale=1.0), "pos": pos}
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(ember.compile(m, fallback=False).run(feeds)["y"], ref, rtol=1e-5, atol=1e-5)
+
+
 def test_unknown_contrib_op_named():
     m = one_node("NotAnOp", [("x", F, (2,))], [("y", F, (2,))], {})
     with pytest.raises(UnsupportedOperatorError, match="NotAnOp.*Microsoft contrib"):
