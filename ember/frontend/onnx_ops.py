@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from ember.frontend import onnx_contrib
+from ember.frontend import onnx_contrib, onnx_ml
 from ember.frontend.onnx_functions import expand_function
 from ember.frontend.onnx_importer import (
     MIN_OPSET,
@@ -78,6 +78,8 @@ def support_problem(op_type: str, domain: str, opsets: dict[str, int]) -> str | 
     """None if Ember can import this operator under these opsets, else a short reason."""
     if normal_domain(domain) == onnx_contrib.DOMAIN:
         return None if op_type in onnx_contrib.EXPANSIONS else "a Microsoft contrib operator Ember does not expand"
+    if normal_domain(domain) == onnx_ml.DOMAIN and op_type in onnx_ml.EXPANSIONS:
+        return None
     schema = get_schema(op_type, domain, opsets)
     if schema is None:
         return "not an ONNX operator" if is_default_domain(domain) else f"unknown operator of domain {domain!r}"
@@ -119,6 +121,8 @@ def convert_node(ctx: NodeContext) -> None:
     fn = CONVERTERS.get(ctx.op_type)
     if normal_domain(ctx.proto.domain) == onnx_contrib.DOMAIN:
         onnx_contrib.expand_contrib(ctx)
+    elif normal_domain(ctx.proto.domain) == onnx_ml.DOMAIN and ctx.op_type in onnx_ml.EXPANSIONS:
+        onnx_ml.expand_ml(ctx)
     elif fn is not None:
         fn(ctx)
     elif has_ember_entry(ctx.op_type, ctx.proto.domain):

@@ -1,0 +1,144 @@
+"""ONNX-ML operators (domain ai.onnx.ml) that scikit-learn converters write for preprocessing and linear models,
+expanded into standard ONNX operators: Scaler, Normalizer, Imputer, LinearRegressor, LinearClassifier (numeric
+class labels). Binarizer, ArrayFeatureExtractor and TreeEnsemble are Ember operators of their own
+(`ember.ops.ml`). Each expansion builds its nodes with the contrib expansions' `Body`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.frontend.onnx_contrib import OPSET, Body, Expansion
+from ember.frontend.onnx_importer import NodeContext
+
+DOMAIN = "ai.onnx.ml"
+EXPANSIONS: dict[str, Expansion] = {}
+
+
+def expansion(name: str):
+    def wrap(fn: Expansion) -> Expansion:
+        EXPANSIONS[name] = fn
+        return fn
+
+    return wrap
+
+
+def expand_ml(ctx: NodeContext) -> None:
+    """Import an ai.onnx.ml node as the standard nodes it stands for."""
+    b = Body(ctx)
+    EXPANSIONS[ctx.op_type](b)
+    opsets = {**ctx.importer.opsets, "": OPSET}
+    for i, node in enumerate(b.nodes):
+        ctx.importer.convert(node, i, opsets)
+
+
+def _float(b: Body, i: int) -> str:
+    """Input i as float32 (these operators take int32, int64 and double features too)."""
+    return b.input(i) if b.ctx.type(i).dtype == "float32" else b.node("Cast", [b.input(i)], to=1)
+
+
+@expansion("Scaler")
+def _scaler(b: Body) -> None:
+    """(X - offset) * scale, per feature (or one value for all)."""
+    offset = np.asarray(b.attrs.get("offset", [0.0]), np.float32)
+    scale = np.asarray(b.attrs.get("scale", [1.0]), np.float32)
+    b.node("Mul", [b.node("Sub", [_float(b, 0), b.const(offset)]), b.const(scale)], b.output(0))
+
+
+@expansion("Normalizer")
+def _normalizer(b: Body) -> None:
+    """Each row divided by its MAX, its L1 norm (sum of |x|) or its L2 norm."""
+    x, norm = _float(b, 0), b.attrs.get("norm", "MAX")
+    if isinstance(norm, bytes):
+        norm = norm.decode()
+    axes = b.const([-1], np.int64)
+    if norm == "MAX":
+        d = b.node("ReduceMax", [x, axes], keepdims=1)
+    elif norm == "L1":
+        d = b.node("ReduceL1", [x, axes], keepdims=1)
+    elif norm == "L2":
+        d = b.node("ReduceL2", [x, axes], keepdims=1)
+    else:
+        raise b.ctx.error(f"norm {norm!r} (MAX, L1 or L2 are defined)")
+    b.node("Div", [x, d], b.output(0))
+
+
+@expansion("Imputer")
+def _imputer(b: Body) -> None:
+    """Elements equal to `replaced_value_float` (NaN by default: the NaNs) replaced by the imputed value of their
+    feature (float inputs; integer ones with `replaced_value_int64`)."""
+    x = b.input(0)
+    integer = b.ctx.type(0).dtype != "float32"
+    if integer:
+        values = np.asarray(b.attrs.get("imputed_value_int64s", [0]), np.int64)
+        hit = b.node("Equal", [x, b.const(int(b.attrs.get("replaced_value_int64", 0)), np.int64)])
+        b.node("Where", [hit, b.const(values, np.int64), x], b.output(0))
+        return
+    values = np.asarray(b.attrs.get("imputed_value_floats", [0.0]), np.float32)
+    replaced = float(b.attrs.get("replaced_value_float", 0.0))
+    hit = b.node("IsNaN", [x]) if np.isnan(replaced) else b.node("Equal", [x, b.const(replaced)])
+    b.node("Where", [hit, b.const(values), x], b.output(0))
+
+
+def _post(b: Body, scores: str, how: str, out: str | None = None) -> str:
+    """A linear model's post_transform of its scores [N, E]."""
+    if how == "NONE":
+        return b.node("Identity", [scores], out)
+    if how == "LOGISTIC":
+        return b.node("Sigmoid", [scores], out)
+    if how == "SOFTMAX":
+        return b.node("Softmax", [scores], out, axis=-1)
+    if how == "SOFTMAX_ZERO":  # softmax where a score of exactly 0 stays 0
+        e = b.node("Exp", [b.node("Sub", [scores, b.node("ReduceMax", [scores, b.const([-1], np.int64)])])])
+        e = b.node("Where", [b.node("Equal", [scores, b.const(0.0)]), b.const(0.0), e])
+        return b.node("Div", [e, b.node("ReduceSum", [e, b.const([-1], np.int64)])], out)
+    if how == "PROBIT":  # sqrt(2) erfinv(2p - 1): no erfinv in ONNX
+        raise b.ctx.error("post_transform PROBIT is not supported")
+    raise b.ctx.error(f"post_transform {how!r}")
+
+
+def _linear(b: Body, targets: int) -> str:
+    """X [N, C] (or [C]) times the coefficients [targets, C] transposed, plus the intercepts: [N, targets]."""
+    coef = np.asarray(b.attrs["coefficients"], np.float32)
+    width = coef.size // targets
+    x = _float(b, 0)
+    if len(b.ctx.type(0).shape) == 1:
+        x = b.node("Unsqueeze", [x, b.const([0], np.int64)])
+    y = b.node("MatMul", [x, b.const(coef.reshape(targets, width).T)])
+    intercepts = b.attrs.get("intercepts")
+    return b.node("Add", [y, b.const(np.asarray(intercepts, np.float32))]) if intercepts else y
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@expansion("LinearRegressor")
+def _linear_regressor(b: Body) -> None:
+    _post(b, _linear(b, int(b.attrs.get("targets", 1))), _text(b.attrs.get("post_transform", "NONE")), b.output(0))
+
+
+@expansion("LinearClassifier")
+def _linear_classifier(b: Body) -> None:
+    """Scores X W^T + b and their post_transform; the label is the class of the largest score. One weight row for
+    two classes (a binary model), as onnxruntime computes it: scores (1 - t, t) with t = s, or sigmoid(s) after
+    LOGISTIC (the softmaxes leave one score as it is), the second class where s > 0."""
+    labels = b.attrs.get("classlabels_ints")
+    if labels is None:
+        raise b.ctx.error("string class labels (Ember has no string tensors): convert with integer labels")
+    labels = np.asarray(labels, np.int64)
+    how = _text(b.attrs.get("post_transform", "NONE"))
+    rows = np.asarray(b.attrs["coefficients"]).size // int(b.ctx.type(0).shape[-1])
+    raw = _linear(b, rows)
+    if rows == 1 and len(labels) == 2:
+        p = b.node("Sigmoid", [raw]) if how == "LOGISTIC" else raw  # (as onnxruntime: no softmax of one score)
+        b.node("Concat", [b.node("Sub", [b.const(1.0), p]), p], b.output(1), axis=-1)
+        win = b.node("Cast", [b.node("Greater", [raw, b.const(0.0)])], to=7)
+        pick = b.node("Squeeze", [win, b.const([-1], np.int64)])
+    else:
+        _post(b, raw, how, b.output(1))
+        pick = b.node("ArgMax", [raw], axis=-1, keepdims=0)
+    b.node("Gather", [b.const(labels, np.int64), pick], b.output(0))
+
+
+__all__ = ["DOMAIN", "EXPANSIONS", "expand_ml"]
