@@ -7,6 +7,7 @@ class labels). Binarizer, ArrayFeatureExtractor and TreeEnsemble are Ember opera
 from __future__ import annotations
 
 import numpy as np
+from onnx import helper, numpy_helper
 
 from ember.frontend.onnx_contrib import OPSET, Body, Expansion
 from ember.frontend.onnx_importer import NodeContext
@@ -27,7 +28,7 @@ def expand_ml(ctx: NodeContext) -> None:
     """Import an ai.onnx.ml node as the standard nodes it stands for."""
     b = Body(ctx)
     EXPANSIONS[ctx.op_type](b)
-    opsets = {**ctx.importer.opsets, "": OPSET}
+    opsets = {**ctx.importer.opsets, "": OPSET, DOMAIN: 5}  # (5: TreeEnsemble)
     for i, node in enumerate(b.nodes):
         ctx.importer.convert(node, i, opsets)
 
@@ -139,6 +140,110 @@ def _linear_classifier(b: Body) -> None:
         _post(b, raw, how, b.output(1))
         pick = b.node("ArgMax", [raw], axis=-1, keepdims=0)
     b.node("Gather", [b.const(labels, np.int64), pick], b.output(0))
+
+
+# -- tree ensembles (ai.onnx.ml 1-4): rewritten as the TreeEnsemble of ai.onnx.ml 5, one copy of a tree per target it
+# scores (a version 5 leaf scores one target), then the base values and the post transform
+MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRANCH_EQ": 4, "BRANCH_NEQ": 5}
+
+
+def _floats(b: Body, name: str) -> np.ndarray | None:
+    v = b.attrs.get(f"{name}_as_tensor")
+    v = b.attrs.get(name) if v is None else v
+    return None if v is None else np.asarray(v, np.float64).reshape(-1)
+
+
+def _tree_scores(b: Body, prefix: str, targets: int) -> str:
+    """The summed leaf weights [N, targets] of the trees (`prefix`: "target" or "class" for the leaves' lists)."""
+    tree_ids, node_ids = list(b.attrs["nodes_treeids"]), list(b.attrs["nodes_nodeids"])
+    modes = [_text(m) for m in b.attrs["nodes_modes"]]
+    feats, splits = list(b.attrs["nodes_featureids"]), _floats(b, "nodes_values")
+    true_ids, false_ids = list(b.attrs["nodes_truenodeids"]), list(b.attrs["nodes_falsenodeids"])
+    missing = list(b.attrs.get("nodes_missing_value_tracks_true", [0] * len(modes)))
+    index = {(t, n): i for i, (t, n) in enumerate(zip(tree_ids, node_ids))}
+    weights: dict[tuple[int, int], dict[int, float]] = {}  # (tree, leaf node) -> target -> weight
+    leaf_w = _floats(b, f"{prefix}_weights")
+    for t, n, k, w in zip(b.attrs[f"{prefix}_treeids"], b.attrs[f"{prefix}_nodeids"], b.attrs[f"{prefix}_ids"], leaf_w):
+        d = weights.setdefault((int(t), int(n)), {})
+        d[int(k)] = d.get(int(k), 0.0) + float(w)
+    out = {k: [] for k in ("feat", "split", "mode", "miss", "tid", "tleaf", "fid", "fleaf", "roots", "lt", "lw")}
+
+    def add_leaf(tree: int, node: int, target: int) -> int:
+        out["lt"].append(target)
+        out["lw"].append(weights.get((tree, node), {}).get(target, 0.0))
+        return len(out["lt"]) - 1
+
+    def copy(tree: int, node: int, target: int) -> tuple[int, int]:  # (index, is leaf)
+        i = index[(tree, node)]
+        if modes[i] == "LEAF":
+            return add_leaf(tree, node, target), 1
+        if modes[i] not in MODES:
+            raise b.ctx.error(f"node mode {modes[i]!r}")
+        me = len(out["feat"])
+        for k, v in (("feat", feats[i]), ("split", splits[i]), ("mode", MODES[modes[i]]), ("miss", missing[i])):
+            out[k].append(v)
+        for k in ("tid", "tleaf", "fid", "fleaf"):
+            out[k].append(0)
+        out["tid"][me], out["tleaf"][me] = copy(tree, true_ids[i], target)
+        out["fid"][me], out["fleaf"][me] = copy(tree, false_ids[i], target)
+        return me, 0
+
+    for tree in dict.fromkeys(tree_ids):
+        scored = sorted({k for (t, _), d in weights.items() if t == tree for k in d})
+        for target in scored:
+            root, leaf = copy(tree, 0 if (tree, 0) in index else min(n for t, n in index if t == tree), target)
+            if leaf:  # a tree of one leaf: a node whose both branches reach it
+                for k, v in (("feat", 0), ("split", 0.0), ("mode", 0), ("miss", 0), ("tid", root), ("tleaf", 1),
+                             ("fid", root), ("fleaf", 1)):  # fmt: skip
+                    out[k].append(v)
+                root = len(out["feat"]) - 1
+            out["roots"].append(root)
+    f32 = lambda v: numpy_helper.from_array(np.asarray(v, np.float32))  # noqa: E731
+    node = helper.make_node(
+        "TreeEnsemble", [_float(b, 0)], [f"{b.prefix}/trees"], domain=DOMAIN, aggregate_function=1,
+        leaf_targetids=out["lt"], leaf_weights=f32(out["lw"]), n_targets=targets, nodes_falseleafs=out["fleaf"],
+        nodes_falsenodeids=out["fid"], nodes_featureids=out["feat"], nodes_missing_value_tracks_true=out["miss"],
+        nodes_modes=numpy_helper.from_array(np.asarray(out["mode"], np.uint8)), nodes_splits=f32(out["split"]),
+        nodes_trueleafs=out["tleaf"], nodes_truenodeids=out["tid"], post_transform=0, tree_roots=out["roots"],
+    )  # fmt: skip
+    b.nodes.append(node)
+    scores = node.output[0]
+    agg = _text(b.attrs.get("aggregate_function", "SUM"))
+    if agg == "AVERAGE":
+        scores = b.node("Div", [scores, b.const(float(len(dict.fromkeys(tree_ids))))])
+    elif agg != "SUM":
+        raise b.ctx.error(f"aggregate_function {agg} (SUM and AVERAGE are supported)")
+    base = _floats(b, "base_values")
+    return b.node("Add", [scores, b.const(base.astype(np.float32))]) if base is not None and base.size else scores
+
+
+@expansion("TreeEnsembleRegressor")
+def _tree_regressor(b: Body) -> None:
+    scores = _tree_scores(b, "target", int(b.attrs.get("n_targets", 1)))
+    _post(b, scores, _text(b.attrs.get("post_transform", "NONE")), b.output(0))
+
+
+@expansion("TreeEnsembleClassifier")
+def _tree_classifier(b: Body) -> None:
+    """Class scores from the trees; the label is the class of the largest (integer labels)."""
+    labels = b.attrs.get("classlabels_int64s")
+    if labels is None:
+        raise b.ctx.error("string class labels (Ember has no string tensors): convert with integer labels")
+    labels = np.asarray(labels, np.int64)
+    how = _text(b.attrs.get("post_transform", "NONE"))
+    if len(labels) == 2 and len(set(b.attrs["class_ids"])) == 1:  # binary, one class scored: as onnxruntime
+        k = int(b.attrs["class_ids"][0])  # (its score is the second class's)
+        t = b.node("Slice", [_tree_scores(b, "class", 2), *(b.const([v], np.int64) for v in (k, k + 1, 1))])
+        positive = bool((_floats(b, "class_weights") >= 0).all())  # probabilities: (1 - t, t), else (-t, t)
+        low = b.node("Sub", [b.const(1.0), t]) if positive else b.node("Neg", [t])
+        _post(b, b.node("Concat", [low, t], axis=-1), how, b.output(1))
+        win = b.node("Greater", [t, b.const(0.5 if positive else 0.0)])
+        b.node("Gather", [b.const(labels, np.int64), b.node("Squeeze", [b.node("Cast", [win], to=7),
+                                                                          b.const([-1], np.int64)])], b.output(0))
+        return
+    raw = _tree_scores(b, "class", len(labels))
+    _post(b, raw, how, b.output(1))
+    b.node("Gather", [b.const(labels, np.int64), b.node("ArgMax", [raw], axis=-1, keepdims=0)], b.output(0))
 
 
 __all__ = ["DOMAIN", "EXPANSIONS", "expand_ml"]

@@ -89,3 +89,38 @@ def test_scikit_learn_pipelines():
             outs = ember.compile(m, input_shapes={"X": (40, x.shape[1])}, fallback=False).run(feeds)
             for ours, ref in zip(outs.values(), refs, strict=True):
                 np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_scikit_learn_trees():
+    """Decision trees, random forests and gradient boosting (regressors and classifiers, binary too) as skl2onnx
+    writes them: TreeEnsembleRegressor/Classifier of ai.onnx.ml 3, rewritten as version 5's TreeEnsemble, one tree
+    copy per target (run by the reference evaluator: TreeEnsemble has no native kernel); regressors within float32
+    rounding of values in the hundreds."""
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits
+    from sklearn.ensemble import (
+        GradientBoostingClassifier,
+        GradientBoostingRegressor,
+        RandomForestClassifier,
+        RandomForestRegressor,
+    )
+    from sklearn.tree import DecisionTreeClassifier
+
+    cases = [(RandomForestRegressor(n_estimators=4, max_depth=5, random_state=0), load_diabetes),
+             (GradientBoostingRegressor(n_estimators=8, random_state=0), load_diabetes),
+             (DecisionTreeClassifier(max_depth=5, random_state=0), load_digits),
+             (RandomForestClassifier(n_estimators=4, max_depth=4, random_state=0), load_digits),
+             (GradientBoostingClassifier(n_estimators=4, random_state=0), load_digits),
+             (RandomForestClassifier(n_estimators=4, max_depth=4, random_state=0), load_breast_cancer),
+             (GradientBoostingClassifier(n_estimators=4, random_state=0), load_breast_cancer)]  # fmt: skip
+    for model, data in cases:
+        x, y = data(return_X_y=True)
+        x = x.astype(np.float32)
+        model.fit(x, y)
+        options = {id(model): {"zipmap": False}} if hasattr(model, "predict_proba") else None
+        m = skl2onnx.to_onnx(model, x[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
+        feeds = {"X": x[:40]}
+        refs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        outs = ember.compile(m, input_shapes={"X": (40, x.shape[1])}).run(feeds)
+        for ours, ref in zip(outs.values(), refs, strict=True):
+            np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
