@@ -829,6 +829,19 @@ class CCodegen:
         of a gather (a window of stride 2 read along a row: pooling and convolutions in NCHW)."""
         t, s, n = self.ctype(dt), dt.c_type, dt.lanes
         name = f"ember_vload_stride2_{t}"
+        flags = self.target.simd_features()
+        if dt.is_int and dt.bits == 8 and n in (8, 16, 32) and {"avx512bw", "avx512vl"} <= flags:
+            # bytes: the 2n - 1 bytes from p as n 16-bit words (a masked load: nothing past the last element is
+            # touched), narrowed to their low bytes (vpmovwb); GCC compiled the shuffle of bytes lane by lane
+            self.helper("immintrin", "#include <immintrin.h>")
+            w = {8: "", 16: "256", 32: "512"}[n]
+            reg, load = f"__m{w or 128}i", f"_mm{w}_maskz_loadu_epi8"
+            narrow = {8: "_mm_cvtepi16_epi8", 16: "_mm256_cvtepi16_epi8", 32: "_mm512_cvtepi16_epi8"}[n]
+            k = f"0x{(1 << (2 * n - 1)) - 1:x}ULL"
+            code = (f"static inline {t} {name}(const {s}* p) {{\n  const {reg} w = {load}({k}, p);\n"
+                    f"  const __m{max(n * 8, 128)}i b = {narrow}(w);\n"
+                    f"  {t} v; __builtin_memcpy(&v, &b, sizeof v); return v;\n}}")  # fmt: skip
+            return self.helper(name, code)
         it = self.mask_type(dt.bits, n)
         lanes = [2 * j if 2 * j < n else 2 * j + 1 for j in range(n)]
         order = ", ".join(map(str, lanes))
