@@ -311,7 +311,7 @@ class CCodegen:
         # at 0.8 GFLOP/s)
         nan = " | (a != a)" if dt.is_float else ""
         x86 = self.x86_minmax(op, dt) if dt.is_float and dt.lanes > 1 else None
-        if dt.is_int and dt.bits == 32 and dt.lanes > 1:
+        if dt.is_int and dt.bits in (8, 16, 32) and dt.lanes > 1:
             x86 = self.x86_int_minmax(op, dt)
         if x86 is not None:
             return f"{x86}({self.expr(a)}, {self.expr(b)})"
@@ -344,19 +344,25 @@ class CCodegen:
         return self.helper(name, f"static inline {t} {name}({t} a, {t} b) {{ return ({t}){body}; }}")
 
     def x86_int_minmax(self, op: str, dt: DType) -> str | None:
-        """An int32 vector min/max of exactly one AVX-512, AVX2 or SSE register (VEX) in one instruction: GCC
-        compiles `minmax`'s lane loop on 16 lanes as two 256-bit halves, a shuffle and an insert (its preferred
-        vector width on AVX-512 CPUs; the clamp of every int8 epilogue). None where the target has no such
-        register."""
+        """An integer vector min/max (8-, 16- or 32-bit lanes) of exactly one AVX-512, AVX2 or SSE register (VEX),
+        or of 64 bits in the low half of one, in one instruction: GCC compiles `minmax`'s lane loop on 16 int32
+        lanes as two 256-bit halves, a shuffle and an insert (its preferred vector width on AVX-512 CPUs; the clamp
+        of every int8 epilogue), and on 8 bytes in general-purpose registers, byte by byte (an int8 max pool over
+        13-wide rows). None where the target has no such register."""
         flags, bits = self.target.simd_features(), dt.bits * dt.lanes
-        need = {512: "avx512f", 256: "avx2", 128: "avx"}.get(bits)
-        if need not in flags:
+        need = {512: "avx512bw" if dt.bits < 32 else "avx512f", 256: "avx2", 128: "avx", 64: "avx"}.get(bits)
+        if dt.bits not in (8, 16, 32) or need not in flags:
             return None
-        pre, reg = {512: ("_mm512", "__m512i"), 256: ("_mm256", "__m256i"), 128: ("_mm", "__m128i")}[bits]
+        pre, reg = {512: ("_mm512", "__m512i"), 256: ("_mm256", "__m256i")}.get(bits, ("_mm", "__m128i"))
         t = self.ctype(dt)
         self.helper("immintrin", "#include <immintrin.h>")
         name = f"ember_x86_{op}_{t}"
-        body = f"return ({t}){pre}_{op}_ep{'i' if dt.kind == 'int' else 'u'}32(({reg})a, ({reg})b);"
+        fn = f"{pre}_{op}_ep{'i' if dt.kind == 'int' else 'u'}{dt.bits}"
+        if bits == 64:  # in the low half of an SSE register
+            body = (f"__m128i x = _mm_setzero_si128(), y = _mm_setzero_si128(); __builtin_memcpy(&x, &a, 8); "
+                    f"__builtin_memcpy(&y, &b, 8); x = {fn}(x, y); {t} r; __builtin_memcpy(&r, &x, 8); return r;")
+        else:
+            body = f"return ({t}){fn}(({reg})a, ({reg})b);"
         return self.helper(name, f"static inline {t} {name}({t} a, {t} b) {{ {body} }}")
 
     def divmod(self, op: str, a: Expr, b: Expr, dt: DType) -> tuple[str, int]:

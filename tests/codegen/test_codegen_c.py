@@ -358,11 +358,13 @@ def test_inline_vector_exp_matches_numpy(lanes):
     assert np.max(np.abs(c[ok] - want[ok]) / ulp) <= 2.0
 
 
-@pytest.mark.parametrize("dt", ["int32", "uint8", "int8"])
-def test_vector_integer_min_max_are_lane_loops(dt):
-    """Integer vector min/max (the int8 kernels' clamps) are per-lane helpers, which the C compiler turns into one
-    vector min/max instruction (a select takes two or three), or for int32 in a whole x86 register the instruction
-    itself (GCC splits the 16-lane loop in 256-bit halves on AVX-512); equal to numpy's on random values."""
+@pytest.mark.parametrize("dt,lanes", [("int32", 16), ("uint8", 16), ("int8", 16), ("uint8", 8), ("int16", 8),
+                                      ("uint16", 32)])  # fmt: skip
+def test_vector_integer_min_max_are_one_instruction(dt, lanes):
+    """Integer vector min/max (the int8 kernels' clamps, int8 max pools) of one x86 register, or of 64 bits in the
+    low half of one, are the instruction itself (GCC splits a 16-lane int32 loop in 256-bit halves on AVX-512 and
+    compiles 8 bytes in general-purpose registers); elsewhere per-lane helpers, which the C compiler vectorizes.
+    Equal to numpy's on random values."""
     from ember.target import Target
 
     n = 64
@@ -370,13 +372,17 @@ def test_vector_integer_min_max_are_lane_loops(dt):
     B = te.placeholder((n,), dt, name="B")
     C = te.compute((n,), lambda i: te.minimum(te.maximum(A[i], B[i]), te.const(100, dt)), name="C")
     s = te.create_schedule(C)
-    _, vi = s[C].split(C.op.axis[0], 16)
+    _, vi = s[C].split(C.op.axis[0], lanes)
     s[C].vectorize(vi)
     f = ember.build(s, [A, B, C], target="c")
-    if dt == "int32" and "avx512f" in Target.parse("c").simd_features():
-        assert "ember_x86_max_int32x16(" in f.source and "_mm512_max_epi32" in f.source
+    bits, flags = np.dtype(dt).itemsize * 8, Target.parse("c").simd_features()
+    width = bits * lanes
+    need = {512: "avx512bw" if bits < 32 else "avx512f", 256: "avx2"}.get(width, "avx")
+    sign = "u" if dt.startswith("u") else "i"
+    if need in flags:
+        assert f"ember_x86_max_{dt}x{lanes}(" in f.source and f"_max_ep{sign}{bits}" in f.source
     else:
-        assert f"static inline {dt}x16 ember_max_{dt}x16({dt}x16 a, {dt}x16 b) {{ {dt}x16 r; for" in f.source
+        assert f"static inline {dt}x{lanes} ember_max_{dt}x{lanes}({dt}x{lanes} a, {dt}x{lanes} b) {{ {dt}x" in f.source
     info = np.iinfo(dt)
     rng = np.random.default_rng(3)
     a, b = (rng.integers(info.min, info.max, n, endpoint=True).astype(dt) for _ in range(2))
