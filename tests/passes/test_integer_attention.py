@@ -36,6 +36,13 @@ def qdq(nodes: list, inits: list, name: str, scale: float, zero: int, dtype) -> 
     return f"{name}_dq"
 
 
+def quantize_out(nodes: list, inits: list, value: str, scale: float, zero: int) -> None:
+    """QuantizeLinear of `value` to uint8 with this scale and zero point, as the graph output "out"."""
+    inits += [numpy_helper.from_array(np.array(scale, np.float32), "out_s"),
+              numpy_helper.from_array(np.array(zero, np.uint8), "out_z")]  # fmt: skip
+    nodes.append(helper.make_node("QuantizeLinear", [value, "out_s", "out_z"], ["out"]))
+
+
 def model(nodes, inits, inputs: dict, out: str, shape, out_type=TensorProto.FLOAT) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
                                            inputs.items()], [helper.make_tensor_value_info(out, out_type, shape)],
@@ -103,9 +110,7 @@ def test_head_split_moves_8bit_values():
     inits.append(numpy_helper.from_array(np.array([1, 6, 2, 4], np.int64), "shape"))
     nodes += [helper.make_node("Reshape", [xd, "shape"], ["r"]), helper.make_node("Transpose", ["r"], ["t"],
                                                                                   perm=[0, 2, 1, 3])]  # fmt: skip
-    inits += [numpy_helper.from_array(np.array(0.05, np.float32), "t_s"),
-              numpy_helper.from_array(np.array(120, np.uint8), "t_z")]  # fmt: skip
-    nodes.append(helper.make_node("QuantizeLinear", ["t", "t_s", "t_z"], ["out"]))
+    quantize_out(nodes, inits, "t", 0.05, 120)
     m = model(nodes, inits, {"x": (1, 6, 8)}, "out", (1, 2, 6, 4), TensorProto.UINT8)
     ops = integer_ops_of(m)
     assert ops.count("QuantizeLinear") == 1 and "DequantizeLinear" not in ops  # only x's own quantization left
@@ -123,9 +128,7 @@ def gelu_model(shape, x_dtype) -> onnx.ModelProto:
     nodes += [helper.make_node("Div", [xd, "r2"], ["a"]), helper.make_node("Erf", ["a"], ["e"]),
               helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", [xd, "e1"], ["g"]),
               helper.make_node("Mul", ["g", "half"], ["gelu"])]  # fmt: skip
-    inits += [numpy_helper.from_array(np.array(0.0124, np.float32), "g_s"),
-              numpy_helper.from_array(np.array(14, np.uint8), "g_z")]  # fmt: skip
-    nodes.append(helper.make_node("QuantizeLinear", ["gelu", "g_s", "g_z"], ["out"]))
+    quantize_out(nodes, inits, "gelu", 0.0124, 14)
     return model(nodes, inits, {"x": shape}, "out", shape, TensorProto.UINT8)
 
 
@@ -148,9 +151,7 @@ def silu_model(shape, x_dtype) -> onnx.ModelProto:
     nodes.append(helper.make_node("Sigmoid", [xd], ["sig"]))
     sd = qdq(nodes, inits, "sig", 1 / 255, 0, np.uint8)
     nodes.append(helper.make_node("Mul", [xd, sd], ["silu"]))
-    inits += [numpy_helper.from_array(np.array(0.021, np.float32), "o_s"),
-              numpy_helper.from_array(np.array(13, np.uint8), "o_z")]  # fmt: skip
-    nodes.append(helper.make_node("QuantizeLinear", ["silu", "o_s", "o_z"], ["out"]))
+    quantize_out(nodes, inits, "silu", 0.021, 13)
     return model(nodes, inits, {"x": shape}, "out", shape, TensorProto.UINT8)
 
 
@@ -182,9 +183,7 @@ def test_a_dequantized_output_read_by_several_kernels_stays_8_bit():
     yd = qdq(nodes, inits, "conv", 0.05, 120, np.uint8)
     nodes += [helper.make_node("GlobalAveragePool", [yd], ["gap"]), helper.make_node("Sigmoid", ["gap"], ["s"]),
               helper.make_node("Mul", [yd, "s"], ["se"])]  # fmt: skip
-    inits += [numpy_helper.from_array(np.array(0.03, np.float32), "o_s"),
-              numpy_helper.from_array(np.array(110, np.uint8), "o_z")]  # fmt: skip
-    nodes.append(helper.make_node("QuantizeLinear", ["se", "o_s", "o_z"], ["out"]))
+    quantize_out(nodes, inits, "se", 0.03, 110)
     m = model(nodes, inits, {"x": (1, c, 12, 12)}, "out", (1, c, 12, 12), TensorProto.UINT8)
     g, _ = run_passes(from_onnx(m), opt_level=1, verify=True)
     conv = next(n for n in g.nodes if n.op == "QConvPacked" or (n.op == "Fused" and any(
@@ -199,10 +198,8 @@ def test_lookup_needs_a_function_of_one_tensor():
     """Q(DQ(a) + DQ(b)) (two variable operands) stays as it was."""
     nodes, inits = [], []
     ad, bd = qdq(nodes, inits, "a", 0.02, 128, np.uint8), qdq(nodes, inits, "b", 0.03, 128, np.uint8)
-    inits += [numpy_helper.from_array(np.array(0.04, np.float32), "o_s"),
-              numpy_helper.from_array(np.array(128, np.uint8), "o_z")]  # fmt: skip
-    nodes += [helper.make_node("Add", [ad, bd], ["s"]), helper.make_node("QuantizeLinear", ["s", "o_s", "o_z"],
-                                                                         ["out"])]  # fmt: skip
+    nodes.append(helper.make_node("Add", [ad, bd], ["s"]))
+    quantize_out(nodes, inits, "s", 0.04, 128)
     m = model(nodes, inits, {"a": (2, 16), "b": (2, 16)}, "out", (2, 16), TensorProto.UINT8)
     assert "Lookup" not in integer_ops_of(m)
 
@@ -212,11 +209,9 @@ def test_lookup_keeps_the_shape_a_constant_broadcasts_to():
     still onnxruntime's answer."""
     nodes, inits = [], []
     xd = qdq(nodes, inits, "x", 0.02, 128, np.uint8)
-    inits += [numpy_helper.from_array(np.full((1, 1, 1), 1.5, np.float32), "c"),
-              numpy_helper.from_array(np.array(0.04, np.float32), "o_s"),
-              numpy_helper.from_array(np.array(128, np.uint8), "o_z")]  # fmt: skip
-    nodes += [helper.make_node("Mul", [xd, "c"], ["s"]), helper.make_node("QuantizeLinear", ["s", "o_s", "o_z"],
-                                                                          ["out"])]  # fmt: skip
+    inits.append(numpy_helper.from_array(np.full((1, 1, 1), 1.5, np.float32), "c"))
+    nodes.append(helper.make_node("Mul", [xd, "c"], ["s"]))
+    quantize_out(nodes, inits, "s", 0.04, 128)
     m = model(nodes, inits, {"x": (2, 16)}, "out", (1, 2, 16), TensorProto.UINT8)
     assert "Lookup" not in integer_ops_of(m)
     ours, ref = run_both(m, {"x": np.random.default_rng(2).normal(size=(2, 16)).astype(np.float32)})
