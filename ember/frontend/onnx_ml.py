@@ -142,6 +142,47 @@ def _linear_classifier(b: Body) -> None:
     b.node("Gather", [b.const(labels, np.int64), pick], b.output(0))
 
 
+# -- support vector machines ----------------------------------------------------------------------------------
+def _svm_kernel(b: Body, x: str, vectors: np.ndarray) -> str:
+    """K(x, v) for each row of x and support vector v: [N, n_supports]. kernel_params (gamma, coef0, degree):
+    LINEAR x.v, POLY (gamma x.v + coef0)^degree, RBF exp(-gamma |x - v|^2), SIGMOID tanh(gamma x.v + coef0)."""
+    kind = _text(b.attrs.get("kernel_type", "LINEAR"))
+    gamma, coef0, degree = (list(b.attrs.get("kernel_params", [])) + [0.0, 0.0, 3.0])[:3]
+    dot = b.node("MatMul", [x, b.const(vectors.T)])
+    if kind == "LINEAR":
+        return dot
+    if kind == "RBF":  # |x|^2 - 2 x.v + |v|^2
+        sq = b.node("ReduceSumSquare", [x, b.const([-1], np.int64)], keepdims=1)
+        d2 = b.node("Add", [b.node("Sub", [sq, b.node("Mul", [dot, b.const(2.0)])]),
+                            b.const((vectors.astype(np.float64) ** 2).sum(axis=1).astype(np.float32))])  # fmt: skip
+        return b.node("Exp", [b.node("Mul", [b.node("Max", [d2, b.const(0.0)]), b.const(-float(gamma))])])
+    affine = b.node("Add", [b.node("Mul", [dot, b.const(float(gamma))]), b.const(float(coef0))])
+    if kind == "POLY":
+        return b.node("Pow", [affine, b.const(float(degree))])
+    if kind == "SIGMOID":
+        return b.node("Tanh", [affine])
+    raise b.ctx.error(f"kernel_type {kind!r}")
+
+
+@expansion("SVMRegressor")
+def _svm_regressor(b: Body) -> None:
+    """sum over support vectors of coefficient x K(x, v), plus rho (one_class: +1 where that is positive, else
+    -1); without support vectors, a linear model of the coefficients."""
+    coef = np.asarray(b.attrs["coefficients"], np.float32)
+    rho = np.asarray(b.attrs.get("rho", [0.0]), np.float32)
+    n_sv = int(b.attrs.get("n_supports", 0))
+    x = _float(b, 0)
+    if n_sv:
+        vectors = np.asarray(b.attrs["support_vectors"], np.float32).reshape(n_sv, -1)
+        y = b.node("MatMul", [_svm_kernel(b, x, vectors), b.const(coef.reshape(n_sv, 1))])
+    else:
+        y = b.node("MatMul", [x, b.const(coef.reshape(-1, 1))])
+    y = b.node("Add", [y, b.const(rho.reshape(1, -1)[:, :1])])
+    if b.attrs.get("one_class", 0):
+        y = b.node("Where", [b.node("Greater", [y, b.const(0.0)]), b.const(1.0), b.const(-1.0)])
+    _post(b, y, _text(b.attrs.get("post_transform", "NONE")), b.output(0))
+
+
 # -- tree ensembles (ai.onnx.ml 1-4): rewritten as the TreeEnsemble of ai.onnx.ml 5, one copy of a tree per target it
 # scores (a version 5 leaf scores one target), then the base values and the post transform
 MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRANCH_EQ": 4, "BRANCH_NEQ": 5}

@@ -124,3 +124,23 @@ def test_scikit_learn_trees():
         outs = ember.compile(m, input_shapes={"X": (40, x.shape[1])}).run(feeds)
         for ours, ref in zip(outs.values(), refs, strict=True):
             np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+
+
+def test_scikit_learn_support_vector_regression():
+    """SVMRegressor with each kernel (linear, polynomial, RBF, sigmoid: the RBF distance as |x|^2 - 2 x.v + |v|^2),
+    and a one-class SVM (its sign), relative to the output's scale."""
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn.datasets import load_diabetes
+    from sklearn.svm import SVR, OneClassSVM
+
+    x, y = load_diabetes(return_X_y=True)
+    x = x.astype(np.float32)
+    for model in (SVR(kernel="linear"), SVR(kernel="poly", degree=2), SVR(kernel="rbf"), SVR(kernel="sigmoid"),
+                  OneClassSVM()):  # fmt: skip
+        model.fit(x[:200], *([] if isinstance(model, OneClassSVM) else [y[:200]]))
+        m = skl2onnx.to_onnx(model, x[:1], target_opset={"": 17, "ai.onnx.ml": 3})
+        feeds = {"X": x[200:240]}
+        refs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        outs = ember.compile(m, input_shapes={"X": (40, x.shape[1])}, fallback=False).run(feeds)
+        for ours, ref in zip(outs.values(), refs, strict=True):
+            np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(ref).max())))
