@@ -1,7 +1,8 @@
-"""ONNX-ML operators (domain ai.onnx.ml) that scikit-learn converters write for preprocessing and linear models,
-expanded into standard ONNX operators: Scaler, Normalizer, Imputer, LinearRegressor, LinearClassifier (numeric
-class labels). Binarizer, ArrayFeatureExtractor and TreeEnsemble are Ember operators of their own
-(`ember.ops.ml`). Each expansion builds its nodes with the contrib expansions' `Body`.
+"""ONNX-ML operators (domain ai.onnx.ml) that scikit-learn converters (skl2onnx, onnxmltools) write, expanded into
+standard ONNX operators: Scaler, Normalizer, Imputer, LinearRegressor, LinearClassifier (numeric class labels),
+SVMRegressor; and the tree ensembles of ai.onnx.ml 1-4 (TreeEnsembleRegressor/Classifier) as version 5's
+TreeEnsemble. Binarizer, ArrayFeatureExtractor and TreeEnsemble are Ember operators of their own (`ember.ops.ml`).
+Each expansion builds its nodes with the contrib expansions' `Body`.
 """
 
 from __future__ import annotations
