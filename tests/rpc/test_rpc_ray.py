@@ -61,8 +61,11 @@ def test_tuning_on_ray_survives_a_server_killed_half_way(cluster, tmp_path):
         counts = collections.Counter(r["config"]["index"] for r in records)
         assert len(records) == 16 and set(counts.values()) == {1}
         assert all(r["error"] is None and r["cost"] > 0 for r in records)
-        assert {m.measured_on[r["config"]["index"]] for r in records[8:]} == {addr_b}
-        assert addr_a in {m.measured_on[r["config"]["index"]] for r in records[:8]}
+        # a's finished runs are kept, the rest went to b: as many on a as it had done when killed, give or take the
+        # one in flight (finished between the watcher's look and the kill, or killed before its reply). Which batch
+        # the kill falls in depends on how the first batch split between a and b
+        on = [m.measured_on[r["config"]["index"]] for r in records]
+        assert set(on) == {addr_a, addr_b} and abs(on.count(addr_a) - killer.killed_at) <= 1, (on, killer.killed_at)
     finally:
         stop_server(a)
         stop_server(b)
