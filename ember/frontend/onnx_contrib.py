@@ -81,10 +81,12 @@ Expansion = Callable[[Body], None]
 EXPANSIONS: dict[str, Expansion] = {}
 
 
-def expansion(*names: str) -> Callable[[Expansion], Expansion]:
+def expansion(*names: str, table: dict[str, Expansion] = EXPANSIONS) -> Callable[[Expansion], Expansion]:
+    """Register an expansion under op types `names` in `table` (this module's, or another domain's)."""
+
     def wrap(fn: Expansion) -> Expansion:
         for n in names:
-            EXPANSIONS[n] = fn
+            table[n] = fn
         return fn
 
     return wrap
@@ -121,9 +123,15 @@ def claim_default_domain_ops(proto: onnx.ModelProto) -> bool:
 
 def expand_contrib(ctx: NodeContext) -> None:
     """Import a com.microsoft node as the standard nodes it stands for."""
+    expand(ctx, EXPANSIONS)
+
+
+def expand(ctx: NodeContext, table: dict[str, Expansion], opsets: dict[str, int] | None = None) -> None:
+    """Import a node as the nodes its expansion in `table` builds, converted under the default-domain `OPSET` (and
+    `opsets` for other domains those nodes use)."""
     b = Body(ctx)
-    EXPANSIONS[ctx.op_type](b)
-    opsets = {**ctx.importer.opsets, "": OPSET}
+    table[ctx.op_type](b)
+    opsets = {**ctx.importer.opsets, "": OPSET, **(opsets or {})}
     for i, node in enumerate(b.nodes):
         ctx.importer.convert(node, i, opsets)
 
@@ -278,10 +286,8 @@ def _rotate(b: Body, x: str, cos: str, sin: str, interleaved: bool) -> str:
     (x[i], x[i + d/2]), or (x[2i], x[2i + 1]) where `interleaved`."""
     if interleaved:
         pairs = b.node("Reshape", [x, b.const([0, 0, 0, -1, 2], np.int64)])  # (B, S|N, N|S, d/2, 2)
-        x1 = b.node("Squeeze", [b.node("Slice", [pairs, *(b.const([v], np.int64) for v in (0, 1, -1))]),
-                                b.const([-1], np.int64)])  # fmt: skip
-        x2 = b.node("Squeeze", [b.node("Slice", [pairs, *(b.const([v], np.int64) for v in (1, 2, -1))]),
-                                b.const([-1], np.int64)])  # fmt: skip
+        x1, x2 = (b.node("Squeeze", [b.node("Slice", [pairs, *(b.const([v], np.int64) for v in (i, i + 1, -1))]),
+                                     b.const([-1], np.int64)]) for i in (0, 1))  # fmt: skip
     else:
         x1, x2 = f"{b.prefix}/x1", f"{b.prefix}/x2"
         b.multi("Split", [x], [x1, x2], axis=-1, num_outputs=2)
@@ -315,18 +321,16 @@ def _rotary_embedding(b: Body) -> None:
     interleaved = bool(b.attrs.get("interleaved", 0))
     if b.attrs.get("is_packed_batching", 0):
         raise b.ctx.error("packed batching is not supported")
-    if len(shape) == 3:  # (B, S, N x H) -> (B, S, N, H)
+    if len(shape) == 3:  # (B, S, N x H) -> (B, S, N, H), the angles (B, S, 1, d/2)
         heads = int(b.attrs.get("num_heads", 0)) or shape[2] // rd
-        x = b.node("Reshape", [b.input(0), b.const([0, 0, heads, shape[2] // heads], np.int64)])
-        cos, sin = _rotary_angles(b, 1, 2, 3, b.input(0))
-        cos, sin = (b.node("Unsqueeze", [t, b.const([2], np.int64)]) for t in (cos, sin))  # (B, S, 1, d/2)
         head = shape[2] // heads
+        x = b.node("Reshape", [b.input(0), b.const([0, 0, heads, head], np.int64)])
+        seq_first, heads_axis = b.input(0), 2
     else:  # (B, N, S, H): the angles (B, 1, S, d/2)
-        x = b.input(0)
-        seq_first = b.node("Transpose", [x], perm=[0, 2, 1, 3])
-        cos, sin = _rotary_angles(b, 1, 2, 3, seq_first)
-        cos, sin = (b.node("Unsqueeze", [t, b.const([1], np.int64)]) for t in (cos, sin))
-        head = shape[3]
+        x, head = b.input(0), shape[3]
+        seq_first, heads_axis = b.node("Transpose", [x], perm=[0, 2, 1, 3]), 1
+    cos, sin = (b.node("Unsqueeze", [t, b.const([heads_axis], np.int64)])
+                for t in _rotary_angles(b, 1, 2, 3, seq_first))  # fmt: skip
     if rd < head:
         rot = b.node("Slice", [x, b.const([0], np.int64), b.const([rd], np.int64), b.const([-1], np.int64)])
         rest = b.node("Slice", [x, b.const([rd], np.int64), b.const([head], np.int64), b.const([-1], np.int64)])
@@ -492,14 +496,19 @@ def _qgemm(b: Body) -> None:
         b.q(y, 7, 8, b.output(0))
 
 
+def _product(b: Body, a: str, w: str, bias: int) -> None:
+    """Output 0 = a @ w, plus input `bias` where the node has it."""
+    y = b.node("MatMul", [a, w], None if b.input(bias) else b.output(0))
+    if b.input(bias):
+        b.node("Add", [y, b.input(bias)], b.output(0))
+
+
 @expansion("MatMulIntegerToFloat")
 def _matmul_integer_to_float(b: Body) -> None:
     """(A, B, A_scale, B_scale, A_zero, B_zero, bias): the float product of the dequantized operands (+ bias)."""
     a = b.dq(0, 2, 4)
     w = b.dq(1, 3, 5, b.per_axis(3, 1))
-    y = b.node("MatMul", [a, w], None if b.input(6) else b.output(0))
-    if b.input(6):
-        b.node("Add", [y, b.input(6)], b.output(0))
+    _product(b, a, w, 6)
 
 
 @expansion("DynamicQuantizeMatMul")
@@ -509,9 +518,7 @@ def _dynamic_quantize_matmul(b: Body) -> None:
     b.multi("DynamicQuantizeLinear", [b.input(0)], [q, q + "_scale", q + "_zero"])
     a = b.node("DequantizeLinear", [q, q + "_scale", q + "_zero"])
     w = b.dq(1, 2, 3, b.per_axis(2, 1))
-    y = b.node("MatMul", [a, w], None if b.input(4) else b.output(0))
-    if b.input(4):
-        b.node("Add", [y, b.input(4)], b.output(0))
+    _product(b, a, w, 4)
 
 
 # -- weight-only quantization -----------------------------------------------------------------------------------
@@ -550,16 +557,14 @@ def _matmul_nbits(b: Body) -> None:
     k, n, block, bits = int(b.attrs["K"]), int(b.attrs["N"]), int(b.attrs["block_size"]), int(b.attrs.get("bits", 4))
     if bits not in (2, 4, 8):
         raise b.ctx.error(f"{bits}-bit weights (2, 4 or 8 are defined)")
-    if b.input(4) and b.ctx.const(4) is not None and not np.array_equal(b.ctx.const(4).reshape(-1),
-                                                                         np.arange(k, dtype=np.int64) // block):
-        raise b.ctx.error("a g_idx that reorders K (act-order) is not supported")
+    g_idx = b.ctx.const(4) if b.input(4) else np.arange(k) // block
+    if g_idx is None or not np.array_equal(g_idx.reshape(-1), np.arange(k) // block):
+        raise b.ctx.error("a g_idx that reorders K (act-order), or one read at run time, is not supported")
     parts = [b.ctx.const(i) for i in (1, 2)] + [b.ctx.const(3) if b.input(3) else None]
     if parts[0] is None or parts[1] is None or (b.input(3) and parts[2] is None):
         raise b.ctx.error("weights, scales and zero points must be constants (initializers)")
     w = matmul_nbits_weight(parts[0], parts[1], parts[2], k, n, bits, block)
-    y = b.node("MatMul", [b.input(0), b.const(w)], None if b.input(5) else b.output(0))
-    if b.input(5):
-        b.node("Add", [y, b.input(5)], b.output(0))
+    _product(b, b.input(0), b.const(w), 5)
 
 
-__all__ = ["DOMAIN", "EXPANSIONS", "expand_contrib"]
+__all__ = ["DOMAIN", "EXPANSIONS", "expand", "expand_contrib", "expansion"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper, numpy_helper
 
-from ember.frontend.onnx_contrib import OPSET, Body, Expansion
+from ember.frontend import onnx_contrib
+from ember.frontend.onnx_contrib import Body, Expansion
 from ember.frontend.onnx_importer import NodeContext
 
 DOMAIN = "ai.onnx.ml"
@@ -18,20 +19,12 @@ EXPANSIONS: dict[str, Expansion] = {}
 
 
 def expansion(name: str):
-    def wrap(fn: Expansion) -> Expansion:
-        EXPANSIONS[name] = fn
-        return fn
-
-    return wrap
+    return onnx_contrib.expansion(name, table=EXPANSIONS)
 
 
 def expand_ml(ctx: NodeContext) -> None:
     """Import an ai.onnx.ml node as the standard nodes it stands for."""
-    b = Body(ctx)
-    EXPANSIONS[ctx.op_type](b)
-    opsets = {**ctx.importer.opsets, "": OPSET, DOMAIN: 5}  # (5: TreeEnsemble)
-    for i, node in enumerate(b.nodes):
-        ctx.importer.convert(node, i, opsets)
+    onnx_contrib.expand(ctx, EXPANSIONS, {DOMAIN: 5})  # (5: TreeEnsemble)
 
 
 def _float(b: Body, i: int) -> str:
@@ -50,19 +43,11 @@ def _scaler(b: Body) -> None:
 @expansion("Normalizer")
 def _normalizer(b: Body) -> None:
     """Each row divided by its MAX, its L1 norm (sum of |x|) or its L2 norm."""
-    x, norm = _float(b, 0), b.attrs.get("norm", "MAX")
-    if isinstance(norm, bytes):
-        norm = norm.decode()
-    axes = b.const([-1], np.int64)
-    if norm == "MAX":
-        d = b.node("ReduceMax", [x, axes], keepdims=1)
-    elif norm == "L1":
-        d = b.node("ReduceL1", [x, axes], keepdims=1)
-    elif norm == "L2":
-        d = b.node("ReduceL2", [x, axes], keepdims=1)
-    else:
+    x, norm = _float(b, 0), _text(b.attrs.get("norm", "MAX"))
+    reduce = {"MAX": "ReduceMax", "L1": "ReduceL1", "L2": "ReduceL2"}.get(norm)
+    if reduce is None:
         raise b.ctx.error(f"norm {norm!r} (MAX, L1 or L2 are defined)")
-    b.node("Div", [x, d], b.output(0))
+    b.node("Div", [x, b.node(reduce, [x, b.const([-1], np.int64)], keepdims=1)], b.output(0))
 
 
 @expansion("Imputer")
@@ -115,6 +100,25 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _int_labels(b: Body, attr: str) -> np.ndarray:
+    labels = b.attrs.get(attr)
+    if labels is None:
+        raise b.ctx.error("string class labels (Ember has no string tensors): convert with integer labels")
+    return np.asarray(labels, np.int64)
+
+
+def _label(b: Body, labels: np.ndarray, pick: str) -> None:
+    """Output 0: the labels at the picked class indices."""
+    b.node("Gather", [b.const(labels, np.int64), pick], b.output(0))
+
+
+def _binary_label(b: Body, labels: np.ndarray, score: str, threshold: float) -> None:
+    """Output 0 of a binary model that scores one class [N, 1]: the second label where the score passes
+    `threshold`, else the first."""
+    win = b.node("Cast", [b.node("Greater", [score, b.const(threshold)])], to=7)
+    _label(b, labels, b.node("Squeeze", [win, b.const([-1], np.int64)]))
+
+
 @expansion("LinearRegressor")
 def _linear_regressor(b: Body) -> None:
     _post(b, _linear(b, int(b.attrs.get("targets", 1))), _text(b.attrs.get("post_transform", "NONE")), b.output(0))
@@ -125,22 +129,17 @@ def _linear_classifier(b: Body) -> None:
     """Scores X W^T + b and their post_transform; the label is the class of the largest score. One weight row for
     two classes (a binary model), as onnxruntime computes it: scores (1 - t, t) with t = s, or sigmoid(s) after
     LOGISTIC (the softmaxes leave one score as it is), the second class where s > 0."""
-    labels = b.attrs.get("classlabels_ints")
-    if labels is None:
-        raise b.ctx.error("string class labels (Ember has no string tensors): convert with integer labels")
-    labels = np.asarray(labels, np.int64)
+    labels = _int_labels(b, "classlabels_ints")
     how = _text(b.attrs.get("post_transform", "NONE"))
     rows = np.asarray(b.attrs["coefficients"]).size // int(b.ctx.type(0).shape[-1])
     raw = _linear(b, rows)
     if rows == 1 and len(labels) == 2:
         p = b.node("Sigmoid", [raw]) if how == "LOGISTIC" else raw  # (as onnxruntime: no softmax of one score)
         b.node("Concat", [b.node("Sub", [b.const(1.0), p]), p], b.output(1), axis=-1)
-        win = b.node("Cast", [b.node("Greater", [raw, b.const(0.0)])], to=7)
-        pick = b.node("Squeeze", [win, b.const([-1], np.int64)])
+        _binary_label(b, labels, raw, 0.0)
     else:
         _post(b, raw, how, b.output(1))
-        pick = b.node("ArgMax", [raw], axis=-1, keepdims=0)
-    b.node("Gather", [b.const(labels, np.int64), pick], b.output(0))
+        _label(b, labels, b.node("ArgMax", [raw], axis=-1, keepdims=0))
 
 
 # -- support vector machines ----------------------------------------------------------------------------------
@@ -203,11 +202,16 @@ def _tree_scores(b: Body, prefix: str, targets: int) -> str:
     true_ids, false_ids = list(b.attrs["nodes_truenodeids"]), list(b.attrs["nodes_falsenodeids"])
     missing = list(b.attrs.get("nodes_missing_value_tracks_true", [0] * len(modes)))
     index = {(t, n): i for i, (t, n) in enumerate(zip(tree_ids, node_ids))}
+    roots = {}  # tree -> its root: node 0, else its first node id
+    for t, n in index:
+        roots[t] = min(roots.get(t, n), n)
     weights: dict[tuple[int, int], dict[int, float]] = {}  # (tree, leaf node) -> target -> weight
+    scored: dict[int, set[int]] = {}  # tree -> the targets its leaves score
     leaf_w = _floats(b, f"{prefix}_weights")
     for t, n, k, w in zip(b.attrs[f"{prefix}_treeids"], b.attrs[f"{prefix}_nodeids"], b.attrs[f"{prefix}_ids"], leaf_w):
         d = weights.setdefault((int(t), int(n)), {})
         d[int(k)] = d.get(int(k), 0.0) + float(w)
+        scored.setdefault(int(t), set()).add(int(k))
     out = {k: [] for k in ("feat", "split", "mode", "miss", "tid", "tleaf", "fid", "fleaf", "roots", "lt", "lw")}
 
     def add_leaf(tree: int, node: int, target: int) -> int:
@@ -230,10 +234,9 @@ def _tree_scores(b: Body, prefix: str, targets: int) -> str:
         out["fid"][me], out["fleaf"][me] = copy(tree, false_ids[i], target)
         return me, 0
 
-    for tree in dict.fromkeys(tree_ids):
-        scored = sorted({k for (t, _), d in weights.items() if t == tree for k in d})
-        for target in scored:
-            root, leaf = copy(tree, 0 if (tree, 0) in index else min(n for t, n in index if t == tree), target)
+    for tree in roots:
+        for target in sorted(scored.get(tree, ())):
+            root, leaf = copy(tree, roots[tree], target)
             if leaf:  # a tree of one leaf: a node whose both branches reach it
                 for k, v in (("feat", 0), ("split", 0.0), ("mode", 0), ("miss", 0), ("tid", root), ("tleaf", 1),
                              ("fid", root), ("fleaf", 1)):  # fmt: skip
@@ -252,7 +255,7 @@ def _tree_scores(b: Body, prefix: str, targets: int) -> str:
     scores = node.output[0]
     agg = _text(b.attrs.get("aggregate_function", "SUM"))
     if agg == "AVERAGE":
-        scores = b.node("Div", [scores, b.const(float(len(dict.fromkeys(tree_ids))))])
+        scores = b.node("Div", [scores, b.const(float(len(roots)))])
     elif agg != "SUM":
         raise b.ctx.error(f"aggregate_function {agg} (SUM and AVERAGE are supported)")
     base = _floats(b, "base_values")
@@ -268,10 +271,7 @@ def _tree_regressor(b: Body) -> None:
 @expansion("TreeEnsembleClassifier")
 def _tree_classifier(b: Body) -> None:
     """Class scores from the trees; the label is the class of the largest (integer labels)."""
-    labels = b.attrs.get("classlabels_int64s")
-    if labels is None:
-        raise b.ctx.error("string class labels (Ember has no string tensors): convert with integer labels")
-    labels = np.asarray(labels, np.int64)
+    labels = _int_labels(b, "classlabels_int64s")
     how = _text(b.attrs.get("post_transform", "NONE"))
     if len(labels) == 2 and len(set(b.attrs["class_ids"])) == 1:  # binary, one class scored: as onnxruntime
         k = int(b.attrs["class_ids"][0])  # (its score is the second class's)
@@ -279,13 +279,11 @@ def _tree_classifier(b: Body) -> None:
         positive = bool((_floats(b, "class_weights") >= 0).all())  # probabilities: (1 - t, t), else (-t, t)
         low = b.node("Sub", [b.const(1.0), t]) if positive else b.node("Neg", [t])
         _post(b, b.node("Concat", [low, t], axis=-1), how, b.output(1))
-        win = b.node("Greater", [t, b.const(0.5 if positive else 0.0)])
-        b.node("Gather", [b.const(labels, np.int64), b.node("Squeeze", [b.node("Cast", [win], to=7),
-                                                                          b.const([-1], np.int64)])], b.output(0))
+        _binary_label(b, labels, t, 0.5 if positive else 0.0)
         return
     raw = _tree_scores(b, "class", len(labels))
     _post(b, raw, how, b.output(1))
-    b.node("Gather", [b.const(labels, np.int64), b.node("ArgMax", [raw], axis=-1, keepdims=0)], b.output(0))
+    _label(b, labels, b.node("ArgMax", [raw], axis=-1, keepdims=0))
 
 
 __all__ = ["DOMAIN", "EXPANSIONS", "expand_ml"]

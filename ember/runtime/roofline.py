@@ -186,9 +186,10 @@ class Limits:
     def bound(self, flops: int, nbytes: int, int_flops: int = 0) -> tuple[float, str]:
         """The least seconds a kernel of `flops` (of them `int_flops` 8-bit multiply-accumulates) moving `nbytes`
         can take here, and what bounds it."""
-        if not self.peak_int8_gops:
-            int_flops = 0
-        compute = (flops - int_flops) / (self.peak_gflops * 1e9) + int_flops / (self.peak_int8_gops * 1e9 or 1)
+        int_flops = int_flops if self.peak_int8_gops else 0
+        compute = (flops - int_flops) / (self.peak_gflops * 1e9)
+        if int_flops:
+            compute += int_flops / (self.peak_int8_gops * 1e9)
         memory = nbytes / (self.bandwidth_for(nbytes) * 1e9)
         return (compute, "compute") if compute > memory else (memory, "memory")
 
@@ -293,6 +294,15 @@ def _best(fn, *args, trials: int = TRIALS) -> float:
     return min(fn(*args) for _ in range(trials))
 
 
+def _calibrated(fn, *args) -> tuple[int, float]:
+    """(iterations, least seconds of many short trials) of a peak microbenchmark fn(iters, *args), its iterations
+    doubled until one call takes 2 ms."""
+    iters = 1 << 10
+    while fn(iters, *args) < 0.002 and iters < 1 << 30:
+        iters *= 2
+    return iters, _best(fn, iters, *args, trials=3 * TRIALS)
+
+
 def measure_limits(target: Target) -> Limits:
     """Measure the compute peak and the bandwidth at each of `levels()` with the microbenchmark (about a second)."""
     lib = ctypes.CDLL(str(compile_c(_source(target), target.cflags(), name="roofline", cc=compiler_for(target))))
@@ -308,18 +318,12 @@ def measure_limits(target: Target) -> Limits:
     # the peak of one core times the threads: cores compute independently, and timing them all at once on a
     # shared machine measures the neighbours (short trials, the best of many, for the same reason)
     lanes = max(4, target.vector_bits // 32)
-    iters = 1 << 10
-    while lib.ember_peak(iters, 1, 0.999999, 1e-7) < 0.002 and iters < 1 << 30:
-        iters *= 2
-    seconds = _best(lib.ember_peak, iters, 1, 0.999999, 1e-7, trials=3 * TRIALS)
+    iters, seconds = _calibrated(lib.ember_peak, 1, 0.999999, 1e-7)
     peak = 2.0 * lanes * ACCUMULATORS * iters * threads / seconds / 1e9
     peak_int8 = 0.0
     dot_bytes = lib.ember_dot_bytes()
     if dot_bytes:  # a multiply-accumulate per byte of the vector
-        iters = 1 << 10
-        while lib.ember_peak_int8(iters, 3) < 0.002 and iters < 1 << 30:
-            iters *= 2
-        seconds = _best(lib.ember_peak_int8, iters, 3, trials=3 * TRIALS)
+        iters, seconds = _calibrated(lib.ember_peak_int8, 3)
         peak_int8 = 2.0 * dot_bytes * ACCUMULATORS * iters * threads / seconds / 1e9
 
     sets = levels()

@@ -51,11 +51,10 @@ def contiguous_run(op: ComputeOp) -> int:
     axes over which every tensor its body reads (through the elementwise stages that will be inlined into it) is
     read in the same order (its trailing indices those axes, its trailing sizes the stage's) or not at all (a
     broadcast along them: an SE block's per-channel scale over H x W); the last axis at least."""
-    shape, axes = op.shape, [iv.var for iv in op.axis]
     k = 1
-    while k < len(axes) and _reads_in_order(op, k + 1, 0):
+    while k < len(op.axis) and _reads_in_order(op, k + 1, 0):
         k += 1
-    return prod_hint(shape[-k:])
+    return prod_hint(op.shape[-k:])
 
 
 def _reads_in_order(op: ComputeOp, k: int, depth: int) -> bool:

@@ -71,10 +71,11 @@ class _Vectorizer:
         if isinstance(e, Ramp | Broadcast):
             raise CannotVectorize("nested vectorized loops")
         if isinstance(e, Select) and _lanes(e.cond) == 1 and len(parts := _conjuncts(e.cond)) > 1:
-            lane = [c for c in parts if self.varies(c)]
-            if lane and len(lane) < len(parts):  # a uniform part (the padding rows of a fused row loop): a
-                uniform = _all([c for c in parts if not self.varies(c)])  # branch on it, around the per-lane
-                return self.expr(Select(uniform, Select(_all(lane), e.t, e.f), e.f))  # select
+            varies = [self.varies(c) for c in parts]
+            if any(varies) and not all(varies):  # a uniform part (the padding rows of a fused row loop): a branch
+                uniform = _all([c for c, v in zip(parts, varies) if not v])  # on it, around the per-lane select
+                lane = _all([c for c, v in zip(parts, varies) if v])
+                return self.expr(Select(uniform, Select(lane, e.t, e.f), e.f))
         if isinstance(e, Load):
             idx = tuple(self.expr(i) for i in e.indices)
             if all(_lanes(i) == 1 for i in idx):
