@@ -256,6 +256,11 @@ def test_matmul_nbits_weights_read_at_run_time_are_refused_by_name():
                  {"scales": np.ones(4, np.float32)}, K=32, N=4, bits=4, block_size=32)  # fmt: skip
     with pytest.raises(Exception, match="MatMulNBits.*must be constants"):
         ember.compile(m)
+    consts = {"B": np.zeros((4, 1, 16), np.uint8), "scales": np.ones(4, np.float32)}
+    m = one_node("MatMulNBits", [("a", F, (3, 32)), ("B", U8, (4, 1, 16)), ("scales", F, (4,)), None,
+                                 ("g_idx", I32, (32,))], [("y", F, (3, 4))], consts, K=32, N=4, bits=4, block_size=32)
+    with pytest.raises(Exception, match="MatMulNBits.*g_idx"):
+        ember.compile(m)
 
 
 def test_matmul_nbits_from_onnxruntimes_quantizer(tmp_path):
