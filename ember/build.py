@@ -69,7 +69,7 @@ def build(
         raise NotImplementedError(f"target {target.kind!r} is not available yet")
     source = codegen_c(func, target)
     lib = compile_c(source, target.cflags(), cc=compiler_for(target))
-    if not target.runs_here:
+    if not target.executes_here:
         return CrossModule(lib, target, {c_symbol(func.name): specs}, source, func)
     return Module(lib, {c_symbol(func.name): specs}, source, func)
 
@@ -82,13 +82,14 @@ def default_target() -> str:
 def _build_llvm(func: PrimFunc, target: Target, specs: list[ArgSpec]) -> Module | CrossModule:
     import os
 
-    from .codegen.llvm import JITEngine, codegen_llvm, shared_library
+    from .codegen.llvm import JITEngine, codegen_llvm, refuse_missing_features, shared_library
     from .runtime.jit import JITModule
 
     source = codegen_llvm(func, target)
     if not target.runs_here:
         return CrossModule(shared_library(source, target, name="kernel"), target, {c_symbol(func.name): specs},
                            source, func)  # fmt: skip
+    refuse_missing_features(target)
     jit = JITEngine(source, target)
     jit.set_num_threads(target.threads or os.cpu_count() or 1)
     return JITModule(jit, {c_symbol(func.name): specs}, source, func)

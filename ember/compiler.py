@@ -301,6 +301,7 @@ def lower_model(model: Any, target: Target, input_shapes: dict | None = None, fa
         "fallback_reasons": gl.fallback_reasons,
         "tuned_workloads": len(tuned),
         "replayed_workloads": len(gl.replayed),
+        "simd": sorted(target.simd_features()),  # (what the code may use: `ember.load` checks the CPU has them)
     }
     return LoweredModel(graph, target, gl, plan, summary, t0, t_lower)
 

@@ -251,6 +251,25 @@ class Target:
         return not self.triple or self.triple == host_triple()
 
     @property
+    def missing_features(self) -> frozenset[str]:
+        """The SIMD features that code for this target may use and this machine's CPU lacks (an x86 target of this
+        architecture naming another CPU or +features: -mcpu=skylake-avx512 on a CPU without AVX-512); empty
+        elsewhere."""
+        if not self.runs_here or self.kind not in CPU_KINDS or (self.mcpu == "native" and not self.mattr):
+            return frozenset()
+        arch = self.arch
+        if arch is None or arch.name != "x86_64":
+            return frozenset()
+        have = {feature_key(f) for f in host_cpu_flags()}
+        return frozenset(f for f in self.simd_features() if feature_key(f) not in have)
+
+    @property
+    def executes_here(self) -> bool:
+        """Whether this process can execute code built for the target: of this architecture, using no
+        instruction this CPU lacks (`missing_features`)."""
+        return self.runs_here and not self.missing_features
+
+    @property
     def default_mcpu(self) -> str:
         return "native" if self.runs_here else ARCHS[self.triple].generic_cpu
 

@@ -83,6 +83,35 @@ def check(
     return f
 
 
+def ort_int8_exact() -> bool:
+    """Whether onnxruntime's uint8 x int8 products are exact on this CPU. On x86 without VNNI (AVX2, AVX-512 before
+    Cascade Lake) it sums pairs of products in 16 bits with saturation (vpmaddubsw): a full-range quantized model is
+    then off by up to tens of steps (`quantize_static(reduce_range=True)`'s 7-bit weights avoid it)."""
+    import platform
+
+    from ember.target import host_cpu_flags
+
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+    return not x86 or bool({"avx512_vnni", "avx_vnni", "amx_int8"} & host_cpu_flags())
+
+
+def int8_reference(model):
+    """A runner of a quantized ONNX model to check Ember against (`.run(None, feeds)`): onnxruntime where its
+    integer products are exact (`ort_int8_exact`), else ONNX's reference evaluator (dequantize, float op,
+    quantize: within one step of exact integer arithmetic)."""
+    if ort_int8_exact():
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    from onnx import version_converter
+    from onnx.reference import ReferenceEvaluator
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
+    return ReferenceEvaluator(version_converter.convert_version(model, 21) if opset < 21 else model)  # (its Q/DQ)
+
+
 def opencl_missing() -> str | None:
     """Why OpenCL kernels cannot run here (no pyopencl, no platform), None when they can."""
     from ember.runtime.opencl import OpenCLUnavailable, context

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..target import Target
+from ..target import Target, TargetError
 from ..te.intrin import PREFETCH
 from ..templates.nn import EXP_LOW
 from ..tir.arith import Analyzer
@@ -924,6 +924,15 @@ def codegen_llvm(funcs: PrimFunc | list[PrimFunc], target: Target | str = "llvm"
     for f in funcs:
         LLVMCodegen(module, target).function(f)
     return str(module)
+
+
+def refuse_missing_features(target: Target) -> None:
+    """A TargetError for an llvm target of this architecture whose CPU has instructions this one lacks: its JIT
+    code would stop the process (the c target builds such a model to save and run elsewhere)."""
+    if target.missing_features:
+        raise TargetError(f"target '{target}' uses {', '.join(sorted(target.missing_features))}, which this CPU "
+                          "lacks: the llvm target JIT-compiles into this process; build for that CPU with the c "
+                          "target (its model saves and runs there), or use -mcpu=native")  # fmt: skip
 
 
 def target_machine(target: Target):

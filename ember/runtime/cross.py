@@ -1,8 +1,10 @@
-"""Models and kernels built for another machine (`Target.runs_here` is False): their code is a shared library for
-that machine's architecture, which this process cannot load. They save like any model (the library, its source,
-plan.json, weights.npz) and run where their architecture does: on a device of it, or here under an emulator
-(`Arch.emulator`, e.g. `qemu-aarch64 -L /usr/aarch64-linux-gnu`) through the standalone runtime. Calling,
-`run`, `benchmark` and `profile` raise `ForeignTargetError` saying so."""
+"""Models and kernels built for another machine (`Target.executes_here` is False): their code is a shared library
+for that machine's architecture, which this process cannot load, or for a CPU of this architecture with
+instructions this one lacks (AVX-512 code on an AVX2 machine), which would stop the process at the first of them.
+They save like any model (the library, its source, plan.json, weights.npz) and run where their architecture and
+CPU do: on a device of it, or here under an emulator (`Arch.emulator`, e.g. `qemu-aarch64 -L
+/usr/aarch64-linux-gnu`) through the standalone runtime. Calling, `run`, `benchmark` and `profile` raise
+`ForeignTargetError` saying so."""
 
 from __future__ import annotations
 
@@ -27,6 +29,12 @@ def foreign_error(what: str, target: Target | str) -> ForeignTargetError:
     """The error for running `what` (a model or kernel) built for `target` here: where it can run instead."""
     target = Target.parse(target)
     arch = target.arch
+    if target.runs_here:  # this architecture, another CPU
+        lacks = ", ".join(sorted(target.missing_features))
+        return ForeignTargetError(
+            f"{what} was compiled for target '{target}', whose instructions ({lacks}) this CPU lacks, and cannot run "
+            "in this process; save it (.save(dir)) and run it on a CPU that has them, or compile for -mcpu=native"
+        )  # fmt: skip
     assert arch is not None
     return ForeignTargetError(
         f"{what} was compiled for {arch.triple} (target '{target}') and cannot run in this process; save it "
@@ -61,7 +69,8 @@ class CrossCompiledModel(ExportsC, Model):
 
     def _summary_extra(self) -> dict:
         arch = self.target.arch
-        return {"triple": arch.triple if arch else "", "runs_here": False}
+        return {"triple": arch.triple if arch else "", "runs_here": False,
+                **({"missing_features": sorted(self.target.missing_features)} if self.target.runs_here else {})}
 
     @classmethod
     def from_files(cls, directory: Path, plan: Plan, weights: Mapping[int, np.ndarray], summary: dict,

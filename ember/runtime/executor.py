@@ -378,6 +378,6 @@ def build_c_model(
     cc = compiler_for(target)
     lib = compile_units(units, target.cflags(), name="model", cc=cc)
     source = assemble_c(parts) + "\n" + runners
-    if not target.runs_here:
+    if not target.executes_here:
         return CrossCompiledModel(lib, plan, weights, source, fallback, {**(summary or {}), "cc": cc})
     return CompiledModel(lib, plan, weights, source, fallback, {**(summary or {}), "cc": os.environ.get("CC", "cc")})

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codegen.llvm import codegen_llvm, shared_library
+from ..codegen.llvm import codegen_llvm, refuse_missing_features, shared_library
 from ..codegen.llvm_model import ModelJIT
 from ..codegen.runners import runner_ir
 from ..target import Target
@@ -61,6 +61,7 @@ def build_llvm_model(
     source = codegen_llvm([f for _, f in kernels], target) + "\n" + runners  # (ImportError: llvmlite)
     if not target.runs_here:
         return CrossCompiledModel(shared_library(source, target), plan, weights, source, fallback, summary)
+    refuse_missing_features(target)
     jit = ModelJIT(source, target)
     import llvmlite
 

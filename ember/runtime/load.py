@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..target import Target, feature_key, host_cpu_flags
 from .model import MANIFEST, ArtifactError, Fallback, Model, read_saved
 
 
@@ -26,6 +27,12 @@ def load(path: str | Path, fallback: Fallback | None = None) -> Model:
     if not (d / "plan.json").exists():
         raise FileNotFoundError(f"{d} is not a saved Ember model (no plan.json)")
     plan, weights, summary, backend = read_saved(d)
+    if backend in ("c", "llvm"):  # code for another CPU of this architecture would stop the process
+        have = {feature_key(f) for f in host_cpu_flags()}
+        lacks = [f for f in summary.get("simd", []) if isinstance(f, str) and feature_key(f) not in have]
+        if lacks and Target.parse(plan.target).runs_here:
+            raise ArtifactError(f"{d}: the model was compiled for a CPU with {', '.join(lacks)}, which this CPU "
+                                "lacks: compile it again here (or for a -mcpu this CPU has)")  # fmt: skip
     if backend == "cross":
         from .cross import CrossCompiledModel
 

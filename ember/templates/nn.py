@@ -381,10 +381,13 @@ def prefetch_blocks(t: Tensor, dim: int, target: Target, uses: int, step: int = 
 
 
 def _schedule_pack(s: te.Schedule, t: Tensor, inner_dims: int, target: Target) -> str:
-    """A packed operand [..., block, ..., lanes]: vectorize the last axis, parallel over the leading ones."""
+    """A packed operand [..., block, ..., lanes]: the last axis in the target's vectors (the block's width is the
+    host's: a cross target's may be narrower, or none), parallel over the leading ones."""
     P = s[t]
     axes = P.op.axis
-    P.vectorize(axes[-1])
+    lanes, width = target.vector_lanes(t.dtype.bits), size_hint(axes[-1].dom[1])
+    if lanes > 1:
+        P.vectorize(P.split(axes[-1], lanes)[1] if width > lanes and width % lanes == 0 else axes[-1])
     lead = axes[: len(axes) - inner_dims + 1]
     if target.num_cores > 1 and prod_hint(t.shape) >= 1 << 16:
         P.parallel(P.fuse(*lead) if len(lead) > 1 else lead[0])

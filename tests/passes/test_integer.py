@@ -23,16 +23,21 @@ import tempfile
 
 import numpy as np
 import pytest
+from conftest import int8_reference, ort_int8_exact
 
 import ember
 from ember import zoo
 from ember.frontend.onnx import from_onnx
 from ember.ops.evaluate import evaluate
 from ember.passes import run_passes
+from ember.target import Target
+from ember.te.intrin import dot_u8s8_isa, isa_features
 
 ort = pytest.importorskip("onnxruntime", reason="the reference runtime and quantizer")
 quantization = pytest.importorskip("onnxruntime.quantization", reason="onnxruntime's quantize_static")
 onnx = pytest.importorskip("onnx")
+
+VNNI = dot_u8s8_isa(isa_features(Target.parse("c")), 1, a_signed=True) != "c"
 
 
 def quantize(model, qdq: bool, seed: int = 0, optimize: bool = True):
@@ -51,7 +56,8 @@ def quantize(model, qdq: bool, seed: int = 0, optimize: bool = True):
         quant_pre_process(src, pre, skip_symbolic_shape=True, skip_optimization=not optimize)  # folds batch norms
         quantize_static(pre, out, Reader(), quant_format=QuantFormat.QDQ if qdq else QuantFormat.QOperator,
                         op_types_to_quantize=None if qdq else ["Conv", "MatMul"], per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        reduce_range=not ort_int8_exact())  # fmt: skip
         return onnx.load(out)
 
 
@@ -144,7 +150,7 @@ def test_depthwise_and_unquantized_outputs_become_integer():
     assert "Conv" not in ops and "Clip" not in ops
     assert [n.outputs[0].dtype for n in g.nodes if n.op == "QConvPacked"] == ["uint8", "float32"]
     m = ember.compile(q, target="c")
-    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = int8_reference(q)
     step = float(np.max([onnx.numpy_helper.to_array(i) for i in q.graph.initializer
                          if i.name.endswith("scale") and i.dims == []]))  # fmt: skip
     for seed in (3, 4):
@@ -293,6 +299,7 @@ def conv_relu(c: int, co: int, size: int, k: int, stride: int, pad: int, seed: i
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.skipif(not VNNI, reason="W x X at any column count needs AVX-512 VNNI (AVX2: whole vectors of 8)")
 @pytest.mark.parametrize("c, co, size, stride", [(16, 32, 12, 2), (8, 24, 11, 2), (12, 16, 15, 3)])
 def test_strided_pointwise_conv_as_weights_times_activations(c, co, size, stride):
     """A strided 1 x 1 convolution without padding (ResNet's downsampling shortcut) runs as W x X on every s-th
@@ -311,6 +318,7 @@ def test_strided_pointwise_conv_as_weights_times_activations(c, co, size, stride
 STEMS = [(3, 16, 20, 7, 2, 3), (3, 8, 17, 3, 2, 1), (4, 16, 13, 5, 2, 1), (1, 16, 18, 3, 3, 0)]
 
 
+@pytest.mark.skipif(not VNNI, reason="W x X at any column count needs AVX-512 VNNI (AVX2: whole vectors of 8)")
 @pytest.mark.parametrize("c, co, size, k, stride, pad", STEMS)
 def test_stem_conv_on_phase_planes(c, co, size, k, stride, pad):
     """A strided convolution of an image's few channels (ResNet's 7 x 7 / 2 stem) runs as the stride-1 convolution

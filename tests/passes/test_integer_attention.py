@@ -22,6 +22,7 @@ from ember.passes import run_passes
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime", reason="the reference runtime for QDQ models")
+from conftest import int8_reference  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 
@@ -52,9 +53,7 @@ def model(nodes, inits, inputs: dict, out: str, shape, out_type=TensorProto.FLOA
 
 def run_both(m: onnx.ModelProto, feeds: dict) -> tuple[np.ndarray, np.ndarray]:
     ours = ember.compile(m, target="c -threads=1").run(feeds)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    ref = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    ref = int8_reference(m).run(None, feeds)[0]
     return next(iter(ours.values())), ref
 
 

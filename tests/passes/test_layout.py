@@ -32,7 +32,10 @@ def direct_convolutions(monkeypatch):
     monkeypatch.setattr("ember.passes.layout.WINOGRAD_MIN_GAIN", float("inf"))
 
 
-def passes(model: onnx.ModelProto, target: str | None = None) -> Graph:
+AVX512 = "c -mcpu=skylake-avx512"  # the layouts below are those of 16 float lanes, whatever this machine has
+
+
+def passes(model: onnx.ModelProto, target: str | None = AVX512) -> Graph:
     g, _ = run_passes(from_onnx(model), opt_level=3, disabled=["fuse_ops"], verify=True, target=target)
     return g
 
@@ -202,7 +205,7 @@ def test_grouped_convolutions_run_blocked(case):
     y = b.conv_bn_relu(y, c, out, k=k, stride=stride, group=group)
     y = b.conv_bn_relu(y, out, 32, k=1)
     model = b.model({"x": (1, 32, 32, 32)}, y)
-    g = passes(model, target)
+    g = passes(model, target or AVX512)
     grouped = [n for n in g.nodes if n.op == "ConvNCHWc" and n.attrs["group"] > 1]
     assert ops(g)["ConvNCHWc"] == 3 and ops(g)["Conv"] == 0 and len(grouped) == 1
     assert grouped[0].attrs["group"] == merged

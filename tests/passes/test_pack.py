@@ -109,7 +109,7 @@ def test_skinny_products_stream_wide_panels(rows, trans_b):
     """A fully connected layer on a few rows with a large weight: packed in the skinny plan's panels (up to four
     vectors wide), N not a multiple of them, bias and alpha/beta kept; against onnxruntime and numpy."""
     b = zoo.Builder(4 + rows)
-    k, n = 300, 4 * LANES * 4 + 5
+    k, n = 600, 4 * LANES * 4 + 5  # (a weight of SKINNY_MIN_WEIGHT elements or more at 8 lanes too)
     w = b.weight((n, k) if trans_b else (k, n))
     bias = b.weight((n,))
     y = b.op("Gemm", ["x", w, bias], alpha=0.5, beta=2.0, transB=trans_b)
@@ -130,7 +130,7 @@ def test_skinny_products_stream_wide_panels(rows, trans_b):
 
 def test_skinny_batched_matmul_folds_rows():
     b = zoo.Builder(9)
-    model = b.model({"x": (1, 2, 512)}, b.op("MatMul", ["x", b.weight((512, 3 * LANES * 4))]), "skinny_batched")
+    model = b.model({"x": (1, 2, 1024)}, b.op("MatMul", ["x", b.weight((1024, 3 * LANES * 4))]), "skinny_batched")
     g, packed = packed_ops(model)
     assert len(packed) == 1
     check(model, g)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from conftest import int8_reference
 from onnx import numpy_helper
 
 import ember
@@ -40,7 +41,7 @@ def test_qdq_model_checks_and_runs_in_ember_as_in_onnxruntime(name, activations)
     q = result.model
     onnx.checker.check_model(q, full_check=True)
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in q.graph.node}
-    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = int8_reference(q)
     compiled = ember.compile(q)
     zero_points = [initializers(q)[n.input[2]] for n in q.graph.node if n.op_type == "QuantizeLinear"]
     assert {z.dtype for z in zero_points} == {np.dtype(activations)}
@@ -197,7 +198,7 @@ def test_sensitivity_numbers_match_numpy_on_onnxruntime_runs():
     (layer,) = r.report.layers
     (out,) = r.report.outputs.values()
     run_float = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    run_int8 = ort.InferenceSession(r.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    run_int8 = int8_reference(r.model)
     ref = np.stack([run_float.run(None, s)[0] for s in samples]).astype(np.float64)
     got = np.stack([run_int8.run(None, s)[0] for s in samples]).astype(np.float64)
     sqnr = 10 * np.log10(np.sum(ref**2) / np.sum((got - ref) ** 2))

@@ -188,3 +188,35 @@ def test_a_corrupt_library_in_the_compile_cache_is_rebuilt(tmp_path, monkeypatch
     again = ember.compile(relu, "c")
     assert again.lib_path == lib and len(lib.read_bytes()) > 1000
     np.testing.assert_array_equal(again(x), np.maximum(x, 0))
+
+
+def test_code_for_a_cpu_this_one_lacks_is_refused_not_run(tmp_path, monkeypatch):
+    """A model compiled here for a CPU with instructions this one lacks (AVX-512 on an AVX2 machine, emulated by
+    hiding avx512f from this CPU's flags) would stop the process at its first such instruction: the c target keeps
+    it as a foreign model (saved, never run: ForeignTargetError naming the features), the llvm target refuses to
+    JIT it, and a model saved where the CPU had them refuses to load."""
+    from ember import target as target_mod
+    from ember.runtime import load as load_mod
+    from ember.runtime.cross import ForeignTargetError
+    from ember.target import Target, TargetError
+
+    real = target_mod.host_cpu_flags()
+    lacking = frozenset(f for f in real if not f.startswith("avx512"))
+    monkeypatch.setattr(target_mod, "host_cpu_flags", lambda: lacking)
+    assert Target.parse("c -mcpu=skylake-avx512").missing_features == {"avx512f"}
+    m = ember.compile(mlp(), target="c -mcpu=skylake-avx512 -threads=1")
+    with pytest.raises(ForeignTargetError, match="avx512f"):
+        m(np.zeros((4, 16), np.float32))
+    m.save(tmp_path / "foreign")
+    with pytest.raises(ForeignTargetError, match="avx512f"):
+        ember.load(tmp_path / "foreign").run({"x": np.zeros((4, 16), np.float32)})
+    pytest.importorskip("llvmlite")
+    with pytest.raises(TargetError, match="avx512f"):
+        ember.compile(mlp(), target="llvm -mcpu=skylake-avx512")
+    monkeypatch.undo()
+    native = ember.compile(mlp(), target="c -threads=1")
+    native.save(tmp_path / "native")
+    monkeypatch.setattr(load_mod, "host_cpu_flags", lambda: frozenset({"fpu"}))  # (a CPU without SIMD extensions)
+    if native.summary()["simd"]:
+        with pytest.raises(ArtifactError, match="compiled for a CPU with"):
+            ember.load(tmp_path / "native")

@@ -146,7 +146,7 @@ def test_export_compiles_without_warnings_and_ember_run_matches_the_model(export
     assert {p.name for p in out.iterdir()} == {
         "ember_model.c", "ember_model.h", "weights.bin", "model.json", "ember_run.c", "Makefile", "ember_run"
     }  # fmt: skip
-    assert "-Wall -Werror" in (out / "Makefile").read_text()
+    assert "-Wall -Wno-psabi -Werror" in (out / "Makefile").read_text()
     source = (out / "ember_model.c").read_text()
     assert source.count("#include <math.h>") == 1  # the prelude and each helper once, then every kernel
     feeds = feeds_for(model)
@@ -296,17 +296,14 @@ def test_ember_run_reads_npy_version_2(exported, tmp_path):
     find_cc() is None or shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
     reason="needs aarch64-linux-gnu-gcc and qemu-aarch64",
 )
-def test_exported_c_cross_compiles_and_runs_under_an_emulator(exported, tmp_path):
-    """The export is portable C: built for aarch64 by hand (until the toolchain picks cross compilers) and run
-    through run_exported's launcher, it gives the host's bits."""
-    model, m, out = exported("resnet_basic_block")
-    arm = tmp_path / "arm"
-    arm.mkdir()
-    shutil.copy(out / "weights.bin", arm / "weights.bin")
-    cmd = ["aarch64-linux-gnu-gcc", "-O2", "-std=gnu11", "-fopenmp", "-Wall", "-Werror", "-o", str(arm / "ember_run"),
-           str(out / "ember_run.c"), str(out / "ember_model.c"), "-lm"]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True)
+def test_exported_c_cross_compiles_and_runs_under_an_emulator(tmp_path):
+    """A model exported for aarch64 (its cross compiler builds ember_run, with -Werror) runs under qemu-user and
+    gives the host model's outputs within float32 rounding (each machine's kernels are vectorized for its own
+    registers, which orders some sums differently)."""
+    model = SMALL_MODELS["resnet_basic_block"]()
+    arm = ember.compile(model, target="c -mtriple=aarch64-linux-gnu")
+    out = arm.export(tmp_path / "arm", extra_cflags=["-Werror"])
     feeds = feeds_for(model)
-    outputs, _ = run_exported(arm, feeds, launcher=["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"])
-    for k, y in m.run(feeds).items():
-        np.testing.assert_array_equal(outputs[k], y)
+    outputs, _ = run_exported(out, feeds, launcher=["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"])
+    for k, y in ember.compile(model, target="c").run(feeds).items():
+        np.testing.assert_allclose(outputs[k], y, rtol=1e-5, atol=1e-5 * float(np.abs(y).max()))
