@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -110,9 +112,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     for vid in m.plan.inputs:
         v = m.plan.values[vid]
         print(f"  input  {v.name}: {v.dtype}{list(v.shape)}")
-    for vid in m.plan.outputs:
+    decoders = m.plan.info.get("decoders", {})
+    for i, vid in enumerate(m.plan.outputs):
         v = m.plan.values[vid]
-        print(f"  output {v.name}: {v.dtype}{list(v.shape)}")
+        how = {"labels": " (returned as the class labels it indexes)", "zipmap": " (returned as one map a row, ZipMap)"}
+        print(f"  output {v.name}: {v.dtype}{list(v.shape)}{how.get(decoders.get(str(i), {}).get('kind'), '')}")
     return 0
 
 
@@ -120,7 +124,6 @@ def _read_token(path: str | None) -> str | None:
     """The token in a file (surrounding whitespace stripped); None without a file."""
     if path is None:
         return None
-    from pathlib import Path
 
     token = Path(path).read_text().strip()
     if not token:
@@ -193,13 +196,20 @@ def _run_model(args: argparse.Namespace, m) -> int:
     except errors as e:
         return _fail("run", e)
     for name, y in outs.items():
+        path = Path(args.output_dir or ".") / name.replace("/", "_")
+        if isinstance(y, list):  # a ZipMap's maps: saved as JSON (keys as text)
+            print(f"{name}: {len(y)} map(s) label -> score")
+            if args.output_dir:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                (path.parent / f"{path.name}.json").write_text(json.dumps(y))
+            continue
+        if y.dtype == object:  # string labels: saved as a numpy text array (no pickle)
+            y = np.asarray(y.tolist(), str)
         stats = f"min {y.min():.4g} max {y.max():.4g} mean {y.mean():.4g}" if y.size and y.dtype.kind == "f" else ""
         print(f"{name}: {y.dtype}{list(y.shape)} {stats}")
         if args.output_dir:
-            from pathlib import Path
-
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-            np.save(Path(args.output_dir) / f"{name.replace('/', '_')}.npy", y)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.save(path.parent / f"{path.name}.npy", y)
     if args.benchmark:
         try:
             r = m.benchmark([feeds[n] for n in m.input_names])
@@ -241,7 +251,6 @@ def cmd_rpc_server(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a model as standalone C (library, header, weights) and build `ember_run`, its runner, in a directory."""
-    from pathlib import Path
 
     import ember
     from ember.codegen.toolchain import CompileError

@@ -307,6 +307,8 @@ class GraphLowering:
         inputs = [self.ids[v] for v in self.graph.inputs]
         outputs = [self.ids[v] for v in self.graph.outputs]
         plan = Plan(self.graph.name or "model", self.values, inputs, outputs, self.steps, 0, str(self.target))
+        if self.graph.decoders:
+            plan.info["decoders"] = {str(i): d for i, d in self.graph.decoders.items()}
         index = {v: i for i, v in enumerate(plan.size_vars)}
         for s in plan.steps:
             for k in s.kernels:

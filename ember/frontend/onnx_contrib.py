@@ -36,6 +36,7 @@ class Body:
         self.prefix = ctx.importer.unique(ctx.name)
         self.ins = list(ctx.proto.input)
         self.outs = list(ctx.proto.output)
+        self.decoders: dict[str, dict] = {}  # output name -> how the model returns it (`Importer.decoded`)
 
     def input(self, i: int) -> str:
         """Input i's name ('' when absent)."""
@@ -134,6 +135,8 @@ def expand(ctx: NodeContext, table: dict[str, Expansion], opsets: dict[str, int]
     opsets = {**ctx.importer.opsets, "": OPSET, **(opsets or {})}
     for i, node in enumerate(b.nodes):
         ctx.importer.convert(node, i, opsets)
+    for name, d in b.decoders.items():
+        ctx.importer.decoded[ctx.importer.lookup(name)] = d
 
 
 # -- activations ---------------------------------------------------------------------------------------------

@@ -158,6 +158,11 @@ def first_line(e: Exception) -> str:
     return lines[0] if len(lines) == 1 else " ".join(lines[:3])[:400]
 
 
+# operators that only move the elements of their first input: they pass on what a string tensor stands for
+STRING_MOVERS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Gather",
+                           "GatherElements", "GatherND", "ArrayFeatureExtractor", "Slice", "Expand", "Tile"})
+
+
 # -- the importer ---------------------------------------------------------------------------------------
 @dataclass
 class Importer:
@@ -181,6 +186,9 @@ class Importer:
     # int64 values computed from symbolic shapes (Shape -> Gather -> Concat): their elements as dims, so that a
     # Reshape target built from them is known at import; the nodes stay in the graph for run-time readers
     shape_values: dict[Value, np.ndarray] = field(default_factory=dict)
+    # values that stand for what Ember has no tensors of (string labels, ZipMap's maps): an index or score tensor
+    # and its `Graph.decoders` entry. Identity passes one on; a graph output returns it decoded; other readers fail
+    decoded: dict[Value, dict] = field(default_factory=dict)
 
     # -- names ------------------------------------------------------------------------------------
     def lookup(self, name: str) -> Value:
@@ -233,6 +241,8 @@ class Importer:
             for index, node in enumerate(gp.node):
                 self.convert(node, index)
             graph.outputs = [self.lookup(o.name) for o in gp.output]
+            if top:
+                graph.decoders = {i: self.decoded[v] for i, v in enumerate(graph.outputs) if v in self.decoded}
         finally:
             self.scopes.pop()
             self.graph = outer_graph
@@ -257,10 +267,37 @@ class Importer:
 
     def _bind_initializers(self, gp: onnx.GraphProto) -> None:
         for init in gp.initializer:
-            self.bind(init.name, self.constant(init.name, tensor_to_array(init, self.source)))
+            if init.data_type == onnx.TensorProto.STRING:
+                self.bind(init.name, self.strings(init.name, [b.decode("utf-8", "replace") for b in init.string_data],
+                                                  tuple(init.dims)))  # fmt: skip
+            else:
+                self.bind(init.name, self.constant(init.name, tensor_to_array(init, self.source)))
         for sparse in gp.sparse_initializer:
             name = sparse.values.name
             self.bind(name, self.constant(name, sparse_to_array(sparse, self.source)))
+
+    def strings(self, onnx_name: str, labels: list[str], shape: tuple[int, ...]) -> Value:
+        """A constant string tensor: the indices of its elements into `labels`, which nodes that only move
+        elements (`STRING_MOVERS`) pass on and the model returns decoded."""
+        v = self.constant(onnx_name, np.arange(len(labels), dtype=np.int64).reshape(shape))
+        self.decoded[v] = {"kind": "labels", "labels": labels}
+        return v
+
+    def _string_constant(self, proto: onnx.NodeProto) -> bool:
+        """Bind a Constant node of strings (`strings`); False for any other node."""
+        if proto.op_type != "Constant" or proto.domain not in ("", "ai.onnx"):
+            return False
+        for a in proto.attribute:
+            if a.name == "value" and a.t.data_type == onnx.TensorProto.STRING:
+                labels, shape = [b.decode("utf-8", "replace") for b in a.t.string_data], tuple(a.t.dims)
+            elif a.name in ("value_string", "value_strings"):
+                labels = [b.decode("utf-8", "replace") for b in ([a.s] if a.name == "value_string" else a.strings)]
+                shape = () if a.name == "value_string" else (len(labels),)
+            else:
+                continue
+            self.bind(proto.output[0], self.strings(proto.output[0], labels, shape))
+            return True
+        return False
 
     def _bind_top_inputs(self, gp: onnx.GraphProto, input_shapes: dict[str, tuple]) -> None:
         names = [vi.name for vi in gp.input]
@@ -299,7 +336,12 @@ class Importer:
         inputs = [self.lookup(n) if n else None for n in proto.input]
         while inputs and inputs[-1] is None:
             inputs.pop()
+        if self._string_constant(proto):
+            return
         version = op_version(proto, opsets or self.opsets)
+        passed = [self.decoded[v] for v in inputs if v in self.decoded]
+        if passed:
+            proto = self._moving_strings(proto, name, inputs, passed)
         ctx = NodeContext(self, proto, name, inputs, decode_attrs(proto, self), version)
         try:
             self.convert_node(ctx)
@@ -308,6 +350,27 @@ class Importer:
         except Exception as e:  # a converter meeting a model it does not expect: say where
             raise ModelError(f"{self.source}: node {name!r} ({proto.op_type}) cannot be imported: "
                              f"{type(e).__name__}: {e}") from e  # fmt: skip
+        if passed and proto.output:
+            self.decoded[self.lookup(proto.output[0])] = passed[0]
+
+    def _moving_strings(self, proto: onnx.NodeProto, name: str, inputs: list[Value | None],
+                        passed: list[dict]) -> onnx.NodeProto:  # fmt: skip
+        """A node reading values that stand for strings or maps (`decoded`): one that only moves the elements of
+        its first input (`STRING_MOVERS`) moves the indices (a Cast to string is an Identity); others raise."""
+        reads = [i for i, v in enumerate(inputs) if v in self.decoded]
+        cast = proto.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.STRING
+                                                for a in proto.attribute)  # fmt: skip
+        if passed[0]["kind"] == "zipmap":
+            ok, what = proto.op_type == "Identity", "a ZipMap's maps"
+        else:
+            ok, what = reads == [0] and (proto.op_type in STRING_MOVERS or cast), "strings"
+        if not ok:
+            raise ModelError(f"{self.source}: node {name!r} ({proto.op_type}) reads {what}, which Ember returns as "
+                             "graph outputs and otherwise only moves (Identity, Reshape, Gather ...): it has no "
+                             "string or map tensors")  # fmt: skip
+        if cast:
+            proto = onnx.helper.make_node("Identity", list(proto.input[:1]), list(proto.output[:1]), name=proto.name)
+        return proto
 
     def add_node(self, op: str, inputs: list[Value | None], attrs: dict[str, Any], out_names: list[str],
                  name: str) -> list[Value]:  # fmt: skip

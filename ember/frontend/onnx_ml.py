@@ -7,8 +7,9 @@ Each expansion builds its nodes with the contrib expansions' `Body`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
-from onnx import helper, numpy_helper
 
 from ember.frontend import onnx_contrib
 from ember.frontend.onnx_contrib import Body, Expansion
@@ -100,19 +101,28 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _int_labels(b: Body, attr: str) -> np.ndarray:
-    labels = b.attrs.get(attr)
-    if labels is None:
-        raise b.ctx.error("string class labels (Ember has no string tensors): convert with integer labels")
-    return np.asarray(labels, np.int64)
+def _class_labels(b: Body, ints: str) -> np.ndarray | list[str]:
+    """The class labels: the integer ones (attribute `ints`), else the strings of `classlabels_strings`."""
+    labels = b.attrs.get(ints)
+    if labels is not None:
+        return np.asarray(labels, np.int64)
+    strings = b.attrs.get("classlabels_strings")
+    if strings is None:
+        raise b.ctx.error(f"neither {ints} nor classlabels_strings is given")
+    return [_text(v) for v in strings]
 
 
-def _label(b: Body, labels: np.ndarray, pick: str) -> None:
-    """Output 0: the labels at the picked class indices."""
-    b.node("Gather", [b.const(labels, np.int64), pick], b.output(0))
+def _label(b: Body, labels: np.ndarray | list[str], pick: str) -> None:
+    """Output 0: the labels at the picked class indices. String labels: the indices, which the model returns as
+    the strings (`Graph.decoders`)."""
+    if isinstance(labels, np.ndarray):
+        b.node("Gather", [b.const(labels, np.int64), pick], b.output(0))
+    elif b.output(0):
+        b.node("Identity", [pick], b.output(0))
+        b.decoders[b.output(0)] = {"kind": "labels", "labels": labels}
 
 
-def _binary_label(b: Body, labels: np.ndarray, score: str, threshold: float) -> None:
+def _binary_label(b: Body, labels: np.ndarray | list[str], score: str, threshold: float) -> None:
     """Output 0 of a binary model that scores one class [N, 1]: the second label where the score passes
     `threshold`, else the first."""
     win = b.node("Cast", [b.node("Greater", [score, b.const(threshold)])], to=7)
@@ -129,7 +139,7 @@ def _linear_classifier(b: Body) -> None:
     """Scores X W^T + b and their post_transform; the label is the class of the largest score. One weight row for
     two classes (a binary model), as onnxruntime computes it: scores (1 - t, t) with t = s, or sigmoid(s) after
     LOGISTIC (the softmaxes leave one score as it is), the second class where s > 0."""
-    labels = _int_labels(b, "classlabels_ints")
+    labels = _class_labels(b, "classlabels_ints")
     how = _text(b.attrs.get("post_transform", "NONE"))
     rows = np.asarray(b.attrs["coefficients"]).size // int(b.ctx.type(0).shape[-1])
     raw = _linear(b, rows)
@@ -183,9 +193,173 @@ def _svm_regressor(b: Body) -> None:
     _post(b, y, _text(b.attrs.get("post_transform", "NONE")), b.output(0))
 
 
-# -- tree ensembles (ai.onnx.ml 1-4): rewritten as the TreeEnsemble of ai.onnx.ml 5, one copy of a tree per target it
-# scores (a version 5 leaf scores one target), then the base values and the post transform
-MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRANCH_EQ": 4, "BRANCH_NEQ": 5}
+@expansion("SVMClassifier")
+def _svm_classifier(b: Body) -> None:
+    """libsvm's one-vs-one classifier (scikit-learn's SVC): a decision value per pair of classes (i < j) from the
+    support vectors of both, K @ W + rho in one product; each pair's vote to i where its value is positive, else to
+    j; the label is the class of most votes (the first of equals). Scores: the pairs' values (two classes: -s, s),
+    or with Platt's prob_a, prob_b the class probabilities that pairwise coupling makes of the pairs' (libsvm's
+    multiclass_probability, `PairwiseCoupling`); then the post_transform. As onnxruntime computes them, quirks
+    included: two classes whose coefficients are all >= 0 always take the second label without probabilities."""
+    labels = _class_labels(b, "classlabels_ints")
+    classes, per_class = len(labels), [int(v) for v in b.attrs.get("vectors_per_class", [])]
+    coef = np.asarray(b.attrs["coefficients"], np.float64)
+    if not per_class or sum(per_class) == 0:
+        raise b.ctx.error("SVMClassifier without support vectors (its linear mode) is not supported")
+    if len(per_class) != classes or classes < 2 or coef.size != (classes - 1) * sum(per_class):
+        raise b.ctx.error(f"{classes} class labels, vectors_per_class {per_class} and {coef.size} coefficients "
+                          "do not fit one another")  # fmt: skip
+    n_sv = sum(per_class)
+    start = np.cumsum([0, *per_class])
+    coef = coef.reshape(classes - 1, n_sv)
+    pairs = [(i, j) for i in range(classes) for j in range(i + 1, classes)]
+    w = np.zeros((n_sv, len(pairs)), np.float32)
+    first, second = np.zeros((len(pairs), classes), np.float32), np.zeros((len(pairs), classes), np.float32)
+    for p, (i, j) in enumerate(pairs):
+        w[start[i] : start[i + 1], p] = coef[j - 1, start[i] : start[i + 1]]
+        w[start[j] : start[j + 1], p] = coef[i, start[j] : start[j + 1]]
+        first[p, i] = second[p, j] = 1.0
+    rho = np.asarray(b.attrs["rho"], np.float32).reshape(-1)
+    if rho.size != len(pairs):
+        raise b.ctx.error(f"{rho.size} rho values for {len(pairs)} pairs of classes")
+    vectors = np.asarray(b.attrs["support_vectors"], np.float32).reshape(n_sv, -1)
+    x = _float(b, 0)
+    if b.rank(0) == 1:
+        x = b.node("Unsqueeze", [x, b.const([0], np.int64)])
+    s = b.node("Add", [b.node("MatMul", [_svm_kernel(b, x, vectors), b.const(w)]), b.const(rho)])
+    win = b.node("Cast", [b.node("Greater", [s, b.const(0.0)])], to=1)
+    votes = b.node("Add", [b.node("MatMul", [win, b.const(first)]),
+                           b.node("MatMul", [b.node("Sub", [b.const(1.0), win]), b.const(second)])])  # fmt: skip
+    how = _text(b.attrs.get("post_transform", "NONE"))
+    prob_a, prob_b = (np.asarray(b.attrs.get(k, []), np.float32).reshape(-1) for k in ("prob_a", "prob_b"))
+    if prob_a.size:
+        if prob_a.size != len(pairs) or prob_b.size != len(pairs):
+            raise b.ctx.error(f"prob_a, prob_b of {prob_a.size}, {prob_b.size} values for {len(pairs)} pairs")
+        r = b.node("Sigmoid", [b.node("Neg", [b.node("Add", [b.node("Mul", [s, b.const(prob_a)]), b.const(prob_b)])])])
+        r = b.node("Clip", [r, b.const(1e-7), b.const(1 - 1e-7)])
+        _post(b, b.node("PairwiseCoupling", [r], classes=classes), how, b.output(1))
+    elif len(pairs) == 1:
+        _post(b, b.node("Concat", [b.node("Neg", [s]), s], axis=-1), how, b.output(1))
+    else:
+        _post(b, s, how, b.output(1))
+    if classes == 2 and not prob_a.size and (coef >= 0).all():  # (onnxruntime's quirk)
+        b.node("Expand", [b.const(labels[1:2], np.int64) if isinstance(labels, np.ndarray) else b.const([1], np.int64),
+                          b.node("Slice", [b.node("Shape", [s]), *(b.const([v], np.int64) for v in (0, 1))])],
+               b.output(0))  # fmt: skip
+        if not isinstance(labels, np.ndarray):
+            b.decoders[b.output(0)] = {"kind": "labels", "labels": labels}
+        return
+    _label(b, labels, b.node("ArgMax", [votes], axis=-1, keepdims=0))
+
+
+# -- tree ensembles: every version's trees as one table of comparisons `x' <= split` for the TreeWalk kernel
+Ref = tuple[str, int]  # ("node", i) or ("leaf", j)
+LESS = ("<=", "<", ">=", ">")  # the ordered modes BRANCH_LEQ, LT, GTE, GT (0-3); then EQ 4, NEQ 5, MEMBER 6
+NOT = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}
+MODES = {"BRANCH_LEQ": 0, "BRANCH_LT": 1, "BRANCH_GTE": 2, "BRANCH_GT": 3, "BRANCH_EQ": 4, "BRANCH_NEQ": 5,
+         "BRANCH_MEMBER": 6}  # fmt: skip
+
+
+def _f32_at_most(t: float, strict: bool) -> float:
+    """The largest float32 v with v <= t (v < t if strict): float32 x <= t exactly when x <= v (NaN: never)."""
+    v = np.float32(t)
+    if float(v) > t or (strict and float(v) == t):
+        v = np.nextafter(v, np.float32(-np.inf))
+    return float("nan") if strict and float(v) == -np.inf else float(v)
+
+
+class Forest:
+    """Decision trees as the tables of one TreeWalk: each branch a node `x' <= split`, x' a feature or its
+    negation (features + F in [x, -x]), NaN going to the second branch; the six comparisons of ONNX-ML, with NaN
+    sent either way (missing_value_tracks_true), and set membership are one or more such nodes. Leaves follow the
+    branches and step to themselves; each holds a weight per target."""
+
+    def __init__(self, features: int, targets: int, aggregate: str):
+        self.features, self.targets, self.aggregate = features, targets, aggregate
+        self.nodes: list[tuple[int, float, Ref, Ref]] = []  # (feature in [x, -x], split, yes, no)
+        self.leaves: list[dict[int, float]] = []
+        self.roots: list[Ref] = []
+
+    def leaf(self, weights: dict[int, float]) -> Ref:
+        self.leaves.append(weights)
+        return ("leaf", len(self.leaves) - 1)
+
+    def _less(self, f: int, cmp: str, t: float, yes: Ref, no: Ref) -> Ref:
+        """x[f] cmp t ? yes : no (NaN: no)."""
+        negate = cmp in (">=", ">")
+        self.nodes.append((f + (self.features if negate else 0), _f32_at_most(-t if negate else t, cmp in ("<", ">")),
+                           yes, no))  # fmt: skip
+        return ("node", len(self.nodes) - 1)
+
+    def branch(self, f: int, mode: int, t: float, nan_yes: bool, yes: Ref, no: Ref, members=()) -> Ref:
+        """A branch of ONNX-ML: x[f] (mode) t ? yes : no, NaN to `yes` where nan_yes (as onnxruntime: the
+        comparison, or NaN where nan_yes; so NaN != t always)."""
+        if not 0 <= f < self.features:
+            raise ValueError(f"feature {f} of a tree node is outside the input's {self.features}")
+        if mode < 4:
+            cmp = LESS[mode]
+            return self._less(f, NOT[cmp], t, no, yes) if nan_yes else self._less(f, cmp, t, yes, no)
+        if mode == 4:  # x == t: not above and not below
+            if nan_yes:
+                return self._less(f, ">", t, no, self._less(f, "<", t, no, yes))
+            return self._less(f, "<=", t, self._less(f, ">=", t, yes, no), no)
+        if mode == 5:  # (NaN != t: NaN always takes `yes`)
+            return self._less(f, "<=", t, self._less(f, ">=", t, no, yes), yes)
+        if mode == 6:  # x in the set: one equality test after another
+            for v in reversed(members):
+                no = self.branch(f, 4, v, False, yes, no)
+            return self._less(f, "<=", np.inf, no, yes) if nan_yes else no
+        raise ValueError(f"node mode {mode}")
+
+    def tree(self, root, children: Callable, make: Callable) -> None:
+        """Add a tree, built bottom-up without recursion: `children(key)` gives a node's child keys (none for a
+        leaf), `make(key, child refs)` its Ref."""
+        refs: dict = {}
+        opened: set = set()
+        stack = [(root, False)]
+        while stack:
+            key, ready = stack.pop()
+            if key in refs:
+                continue
+            kids = children(key)
+            if kids and not ready:
+                if key in opened:
+                    raise ValueError(f"tree node {key} is its own descendant")
+                opened.add(key)
+                stack.append((key, True))
+                stack.extend((k, False) for k in kids if k not in refs)
+                continue
+            refs[key] = make(key, [refs[k] for k in kids])
+        self.roots.append(refs[root])
+
+    def scores(self, b: Body, x: str) -> str:
+        """The TreeWalk node over x [N, F] (float32); its output [N, targets]: the trees' leaf weights summed (or
+        their min, max: targets no tree scores are 0)."""
+        first_leaf = len(self.nodes)
+        index = lambda r: r[1] + (first_leaf if r[0] == "leaf" else 0)  # noqa: E731
+        m = first_leaf + len(self.leaves)
+        feature, split, nxt = np.zeros(m, np.int32), np.zeros(m, np.float32), np.zeros((m, 2), np.int32)
+        depth = np.zeros(m, np.int64)
+        for i, (f, v, yes, no) in enumerate(self.nodes):  # (children come first)
+            feature[i], split[i], nxt[i] = f, v, (index(yes), index(no))
+            depth[i] = 1 + max(depth[index(yes)], depth[index(no)])
+        nxt[first_leaf:] = np.arange(first_leaf, m)[:, None]
+        fill = {"sum": 0.0, "min": np.inf, "max": -np.inf}[self.aggregate]
+        values = np.full((max(len(self.leaves), 1), self.targets), fill, np.float32)
+        for j, weights in enumerate(self.leaves):
+            for k, w in weights.items():
+                if not 0 <= k < self.targets:
+                    raise ValueError(f"a leaf scores target {k} of {self.targets}")
+                values[j, k] = w
+        if (feature >= self.features).any():
+            x = b.node("Concat", [x, b.node("Neg", [x])], axis=-1)
+        roots = np.asarray([index(r) for r in self.roots], np.int32)
+        y = b.node("TreeWalk", [x, b.const(roots, np.int32), b.const(feature, np.int32), b.const(split),
+                                b.const(nxt, np.int32), b.const(values)],
+                   depth=int(depth[roots].max(initial=0)), leaves=first_leaf, aggregate=self.aggregate)  # fmt: skip
+        if self.aggregate != "sum":
+            y = b.node("Where", [b.node("IsInf", [y]), b.const(0.0), y])
+        return y
 
 
 def _floats(b: Body, name: str) -> np.ndarray | None:
@@ -194,72 +368,113 @@ def _floats(b: Body, name: str) -> np.ndarray | None:
     return None if v is None else np.asarray(v, np.float64).reshape(-1)
 
 
+def _tree_input(b: Body) -> tuple[str, int]:
+    """Input 0 as float32 rows [N, F], and F."""
+    x, shape = _float(b, 0), b.ctx.type(0).shape
+    if len(shape) == 1:
+        x, shape = b.node("Unsqueeze", [x, b.const([0], np.int64)]), (1, *shape)
+    if len(shape) != 2 or not isinstance(shape[1], int):
+        raise b.ctx.error(f"input of shape {list(shape)}: trees take [N, F] with F known")
+    return x, shape[1]
+
+
 def _tree_scores(b: Body, prefix: str, targets: int) -> str:
-    """The summed leaf weights [N, targets] of the trees (`prefix`: "target" or "class" for the leaves' lists)."""
+    """The ai.onnx.ml 1-4 trees' scores [N, targets] (`prefix`: "target" or "class" for the leaves' lists),
+    aggregated, plus the base values."""
+    x, features = _tree_input(b)
+    agg = _text(b.attrs.get("aggregate_function", "SUM"))
+    if agg not in ("SUM", "AVERAGE", "MIN", "MAX"):
+        raise b.ctx.error(f"aggregate_function {agg!r}")
+    forest = Forest(features, targets, {"AVERAGE": "sum"}.get(agg, agg.lower()))
     tree_ids, node_ids = list(b.attrs["nodes_treeids"]), list(b.attrs["nodes_nodeids"])
     modes = [_text(m) for m in b.attrs["nodes_modes"]]
     feats, splits = list(b.attrs["nodes_featureids"]), _floats(b, "nodes_values")
     true_ids, false_ids = list(b.attrs["nodes_truenodeids"]), list(b.attrs["nodes_falsenodeids"])
-    missing = list(b.attrs.get("nodes_missing_value_tracks_true", [0] * len(modes)))
+    missing = list(b.attrs.get("nodes_missing_value_tracks_true", [])) or [0] * len(modes)
     index = {(t, n): i for i, (t, n) in enumerate(zip(tree_ids, node_ids))}
-    roots = {}  # tree -> its root: node 0, else its first node id
+    roots: dict[int, int] = {}  # tree -> its root: node 0, else its first node id
     for t, n in index:
         roots[t] = min(roots.get(t, n), n)
     weights: dict[tuple[int, int], dict[int, float]] = {}  # (tree, leaf node) -> target -> weight
-    scored: dict[int, set[int]] = {}  # tree -> the targets its leaves score
     leaf_w = _floats(b, f"{prefix}_weights")
     for t, n, k, w in zip(b.attrs[f"{prefix}_treeids"], b.attrs[f"{prefix}_nodeids"], b.attrs[f"{prefix}_ids"], leaf_w):
         d = weights.setdefault((int(t), int(n)), {})
         d[int(k)] = d.get(int(k), 0.0) + float(w)
-        scored.setdefault(int(t), set()).add(int(k))
-    out = {k: [] for k in ("feat", "split", "mode", "miss", "tid", "tleaf", "fid", "fleaf", "roots", "lt", "lw")}
 
-    def add_leaf(tree: int, node: int, target: int) -> int:
-        out["lt"].append(target)
-        out["lw"].append(weights.get((tree, node), {}).get(target, 0.0))
-        return len(out["lt"]) - 1
-
-    def copy(tree: int, node: int, target: int) -> tuple[int, int]:  # (index, is leaf)
-        i = index[(tree, node)]
+    def children(key):
+        i = index[key]
         if modes[i] == "LEAF":
-            return add_leaf(tree, node, target), 1
-        if modes[i] not in MODES:
+            return ()
+        if modes[i] not in MODES or modes[i] == "BRANCH_MEMBER":
             raise b.ctx.error(f"node mode {modes[i]!r}")
-        me = len(out["feat"])
-        for k, v in (("feat", feats[i]), ("split", splits[i]), ("mode", MODES[modes[i]]), ("miss", missing[i])):
-            out[k].append(v)
-        for k in ("tid", "tleaf", "fid", "fleaf"):
-            out[k].append(0)
-        out["tid"][me], out["tleaf"][me] = copy(tree, true_ids[i], target)
-        out["fid"][me], out["fleaf"][me] = copy(tree, false_ids[i], target)
-        return me, 0
+        return (key[0], true_ids[i]), (key[0], false_ids[i])
 
-    for tree in roots:
-        for target in sorted(scored.get(tree, ())):
-            root, leaf = copy(tree, roots[tree], target)
-            if leaf:  # a tree of one leaf: a node whose both branches reach it
-                for k, v in (("feat", 0), ("split", 0.0), ("mode", 0), ("miss", 0), ("tid", root), ("tleaf", 1),
-                             ("fid", root), ("fleaf", 1)):  # fmt: skip
-                    out[k].append(v)
-                root = len(out["feat"]) - 1
-            out["roots"].append(root)
-    f32 = lambda v: numpy_helper.from_array(np.asarray(v, np.float32))  # noqa: E731
-    node = helper.make_node(
-        "TreeEnsemble", [_float(b, 0)], [f"{b.prefix}/trees"], domain=DOMAIN, aggregate_function=1,
-        leaf_targetids=out["lt"], leaf_weights=f32(out["lw"]), n_targets=targets, nodes_falseleafs=out["fleaf"],
-        nodes_falsenodeids=out["fid"], nodes_featureids=out["feat"], nodes_missing_value_tracks_true=out["miss"],
-        nodes_modes=numpy_helper.from_array(np.asarray(out["mode"], np.uint8)), nodes_splits=f32(out["split"]),
-        nodes_trueleafs=out["tleaf"], nodes_truenodeids=out["tid"], post_transform=0, tree_roots=out["roots"],
-    )  # fmt: skip
-    b.nodes.append(node)
-    scores = node.output[0]
-    agg = _text(b.attrs.get("aggregate_function", "SUM"))
+    def make(key, kids):
+        i = index[key]
+        if not kids:
+            return forest.leaf(weights.get(key, {}))
+        return forest.branch(int(feats[i]), MODES[modes[i]], float(splits[i]), bool(missing[i]), *kids)
+
+    try:
+        for tree, root in roots.items():
+            forest.tree((tree, root), children, make)
+    except (KeyError, ValueError) as e:
+        raise b.ctx.error(f"malformed trees: {e}") from None
+    scores = forest.scores(b, x)
     if agg == "AVERAGE":
         scores = b.node("Div", [scores, b.const(float(len(roots)))])
-    elif agg != "SUM":
-        raise b.ctx.error(f"aggregate_function {agg} (SUM and AVERAGE are supported)")
     base = _floats(b, "base_values")
     return b.node("Add", [scores, b.const(base.astype(np.float32))]) if base is not None and base.size else scores
+
+
+@expansion("TreeEnsemble")
+def _tree_ensemble(b: Body) -> None:
+    """ai.onnx.ml 5's TreeEnsemble: leaves in lists of their own, each scoring one target; set membership."""
+    x, features = _tree_input(b)
+    agg = int(b.attrs.get("aggregate_function", 1))
+    if agg not in (0, 1, 2, 3):
+        raise b.ctx.error(f"aggregate_function {agg}")
+    forest = Forest(features, int(b.attrs["n_targets"]), ("sum", "sum", "min", "max")[agg])
+    modes = np.asarray(b.attrs["nodes_modes"]).reshape(-1).astype(int).tolist()
+    splits = np.asarray(b.attrs["nodes_splits"], np.float64).reshape(-1).tolist()
+    feats, missing = b.attrs["nodes_featureids"], b.attrs.get("nodes_missing_value_tracks_true") or [0] * len(modes)
+    true_ids, false_ids = b.attrs["nodes_truenodeids"], b.attrs["nodes_falsenodeids"]
+    true_leaf, false_leaf = b.attrs["nodes_trueleafs"], b.attrs["nodes_falseleafs"]
+    targets, leaf_w = b.attrs["leaf_targetids"], np.asarray(b.attrs["leaf_weights"], np.float64).reshape(-1).tolist()
+    sets, current = [], []  # BRANCH_MEMBER nodes' sets, in node order (membership_values: NaN-separated)
+    member_values = b.attrs.get("membership_values")
+    for v in [] if member_values is None else np.asarray(member_values, np.float64).reshape(-1).tolist():
+        if np.isnan(v):
+            sets.append(current)
+            current = []
+        else:
+            current.append(v)
+    sets.append(current)
+    member_set = {i: sets[min(j, len(sets) - 1)] for j, i in enumerate(i for i, m in enumerate(modes) if m == 6)}
+
+    def children(key):
+        kind, i = key
+        if kind == "leaf":
+            return ()
+        return ("leaf" if true_leaf[i] else "node", true_ids[i]), ("leaf" if false_leaf[i] else "node", false_ids[i])
+
+    def make(key, kids):
+        kind, i = key
+        if kind == "leaf":
+            return forest.leaf({int(targets[i]): leaf_w[i]})
+        return forest.branch(int(feats[i]), modes[i], splits[i], bool(missing[i]), *kids, members=member_set.get(i, ()))
+
+    try:
+        for root in b.attrs["tree_roots"]:
+            forest.tree(("node", int(root)), children, make)
+    except (IndexError, ValueError) as e:
+        raise b.ctx.error(f"malformed trees: {e}") from None
+    scores = forest.scores(b, x)
+    if agg == 0:
+        scores = b.node("Div", [scores, b.const(float(len(b.attrs["tree_roots"])))])
+    how = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
+    post = int(b.attrs.get("post_transform", 0))
+    _post(b, scores, how[post] if 0 <= post < len(how) else str(post), b.output(0))
 
 
 @expansion("TreeEnsembleRegressor")
@@ -271,7 +486,7 @@ def _tree_regressor(b: Body) -> None:
 @expansion("TreeEnsembleClassifier")
 def _tree_classifier(b: Body) -> None:
     """Class scores from the trees; the label is the class of the largest (integer labels)."""
-    labels = _int_labels(b, "classlabels_int64s")
+    labels = _class_labels(b, "classlabels_int64s")
     how = _text(b.attrs.get("post_transform", "NONE"))
     if len(labels) == 2 and len(set(b.attrs["class_ids"])) == 1:  # binary, one class scored: as onnxruntime
         k = int(b.attrs["class_ids"][0])  # (its score is the second class's)
@@ -284,6 +499,19 @@ def _tree_classifier(b: Body) -> None:
     raw = _tree_scores(b, "class", len(labels))
     _post(b, raw, how, b.output(1))
     _label(b, labels, b.node("ArgMax", [raw], axis=-1, keepdims=0))
+
+
+@expansion("ZipMap")
+def _zip_map(b: Body) -> None:
+    """Each row of scores [N, C] as a dict label -> score (`Graph.decoders`): the model returns the list of dicts,
+    as onnxruntime does; inside the graph the scores stay a tensor, which only an Identity or the outputs read."""
+    labels = _class_labels(b, "classlabels_int64s")
+    labels = labels.tolist() if isinstance(labels, np.ndarray) else labels
+    width = b.ctx.type(0).shape[-1] if b.rank(0) else None
+    if width != len(labels):
+        raise b.ctx.error(f"{len(labels)} class labels for input {b.input(0)!r} of shape {b.ctx.type(0).shape}")
+    b.node("Identity", [b.input(0)], b.output(0))
+    b.decoders[b.output(0)] = {"kind": "zipmap", "labels": labels}
 
 
 __all__ = ["DOMAIN", "EXPANSIONS", "expand_ml"]

@@ -64,7 +64,7 @@ def emit(ctx: NodeContext, op: str | None = None, inputs=None, attrs: dict | Non
 
 # -- support checks ------------------------------------------------------------------------------
 # ai.onnx.ml operators with an Ember entry of the same name
-ML_OPS = {"Binarizer", "ArrayFeatureExtractor", "TreeEnsemble"}
+ML_OPS = {"Binarizer", "ArrayFeatureExtractor"}
 
 
 def has_ember_entry(op_type: str, domain: str) -> bool:

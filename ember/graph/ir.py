@@ -96,6 +96,10 @@ class Graph:
     inputs: list[Value]
     outputs: list[Value]
     nodes: list[Node] = field(default_factory=list)
+    # outputs the model returns decoded on the host, by output index: {"kind": "labels", "labels": [...]} (an
+    # index tensor standing for the labels it picks: string class labels) or {"kind": "zipmap", "labels": [...]}
+    # (a [N, C] float tensor returned as N dicts label -> value: ONNX-ML's ZipMap)
+    decoders: dict[int, dict] = field(default_factory=dict)
 
     # -- structure ---------------------------------------------------------------------
     def producers(self) -> dict[Value, Node]:
@@ -317,7 +321,7 @@ def _copy_graph(graph: Graph, vmap: dict[Value, Value]) -> Graph:
     for n in graph.nodes:
         attrs = {k: (_copy_graph(a, vmap) if isinstance(a, Graph) else a) for k, a in n.attrs.items()}
         nodes.append(Node(n.op, [cp(v) for v in n.inputs], [cp(v) for v in n.outputs], attrs, n.name))
-    return Graph(graph.name, inputs, [cp(v) for v in graph.outputs], nodes)
+    return Graph(graph.name, inputs, [cp(v) for v in graph.outputs], nodes, dict(graph.decoders))
 
 
 # -- printer ---------------------------------------------------------------------------

@@ -1,15 +1,20 @@
-"""Classical-ML operators: TfIdfVectorizer (ai.onnx) and the ai.onnx.ml ops Binarizer,
-ArrayFeatureExtractor, TreeEnsemble."""
+"""Classical-ML operators: TfIdfVectorizer (ai.onnx), the ai.onnx.ml ops Binarizer and ArrayFeatureExtractor,
+and TreeWalk (decision tree ensembles as tables, which the frontend makes of ai.onnx.ml's tree ensembles)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from ember import te
+from ember.graph.dims import dim_product
 from ember.graph.types import TensorType
+from ember.ops.common import ShapeError
 from ember.ops.elemwise import astype, const_like
 from ember.ops.opdef import Attr, Pattern, op
 from ember.ops.te_lib import NotLowerable, elemwise, lowering
+from ember.te.tensor import prod_hint
 from ember.tir import expr as tx
 
 # -- TfIdfVectorizer ----------------------------------------------------------------------------------
@@ -127,7 +132,7 @@ def _(a: dict, x: te.Tensor) -> te.Tensor:
 
 def _afe_infer(a: dict, x: TensorType, idx: TensorType) -> TensorType:
     lead = x.shape[:-1] if x.rank > 1 else (1,)
-    return x.with_shape(lead + (idx.size,))
+    return x.with_shape(lead + (dim_product(idx.shape),))
 
 
 @op("ArrayFeatureExtractor", Pattern.INJECTIVE, infer=_afe_infer, inputs=(2, 2))
@@ -141,7 +146,7 @@ def array_feature_extractor(a: dict, x: np.ndarray, idx: np.ndarray) -> np.ndarr
 def _(a: dict, x: te.Tensor, idx: te.Tensor) -> te.Tensor:
     """out[.., j] = x[.., idx.flat[j]]; negative indices count from the end, as np.take's (out-of-range ones,
     which the reference rejects, are clamped)."""
-    n, count = x.shape[-1], int(np.prod(idx.shape, dtype=np.int64))
+    n, count = x.shape[-1], dim_product(idx.shape)
     lead = x.shape[:-1] if x.ndim > 1 else (1,)
 
     def body(*i):
@@ -157,90 +162,99 @@ def _(a: dict, x: te.Tensor, idx: te.Tensor) -> te.Tensor:
     return te.compute(lead + (count,), body, name="array_feature_extractor")
 
 
-TREE_ATTRS = [
-    Attr("aggregate_function", "int", 1), Attr("leaf_targetids", "ints"), Attr("leaf_weights", "tensor"),
-    Attr("membership_values", "tensor", None), Attr("n_targets", "int"), Attr("nodes_falseleafs", "ints"),
-    Attr("nodes_falsenodeids", "ints"), Attr("nodes_featureids", "ints"), Attr("nodes_hitrates", "tensor", None),
-    Attr("nodes_missing_value_tracks_true", "ints", ()), Attr("nodes_modes", "tensor"), Attr("nodes_splits", "tensor"),
-    Attr("nodes_trueleafs", "ints"), Attr("nodes_truenodeids", "ints"), Attr("post_transform", "int", 0),
-    Attr("tree_roots", "ints"),
-]  # fmt: skip
-
-_TREE_TESTS = {
-    0: lambda v, s: v <= s, 1: lambda v, s: v < s, 2: lambda v, s: v >= s,
-    3: lambda v, s: v > s, 4: lambda v, s: v == s, 5: lambda v, s: v != s,
-}  # fmt: skip
-
-
-def _members(a: dict) -> dict[int, set[float]]:
-    """BRANCH_MEMBER node -> its set (membership_values lists the sets, NaN-separated)."""
-    values = [] if a["membership_values"] is None else a["membership_values"].astype(np.float64).tolist()
-    groups, current = [], []
-    for v in values:
-        if np.isnan(v):
-            groups.append(set(current))
-            current = []
-        else:
-            current.append(v)
-    groups.append(set(current))
-    member_nodes = [i for i, m in enumerate(a["nodes_modes"].tolist()) if m == 6]
-    return dict(zip(member_nodes, groups))
-
-
-def _tree_leaf(a: dict, row: np.ndarray, node: int, members: dict) -> int:
-    modes, splits = a["nodes_modes"].tolist(), a["nodes_splits"].astype(np.float64).tolist()
-    missing = a["nodes_missing_value_tracks_true"]
-    while True:
-        v = float(row[a["nodes_featureids"][node]])
-        if np.isnan(v) and missing and missing[node]:
-            go = True
-        elif modes[node] == 6:
-            go = v in members[node]
-        else:
-            go = bool(_TREE_TESTS[modes[node]](v, splits[node]))
-        leaf, nxt = (a["nodes_trueleafs"][node], a["nodes_truenodeids"][node]) if go else (
-            a["nodes_falseleafs"][node], a["nodes_falsenodeids"][node])  # fmt: skip
-        if leaf:
-            return nxt
-        node = nxt
+# -- support vector machines ---------------------------------------------------------------------------------
+@op("PairwiseCoupling", Pattern.OPAQUE, infer=lambda a, r: r.with_shape((r.shape[0], a["classes"])),
+    attrs=[Attr("classes", "int")])  # fmt: skip
+def pairwise_coupling(a: dict, r: np.ndarray) -> np.ndarray:
+    """Class probabilities [N, k] from pairwise ones [N, k(k-1)/2] (r_ij, i < j, in that order): libsvm's
+    `multiclass_probability` (Wu, Lin and Weng's second method, as onnxruntime's SVMClassifier runs it), rows in
+    step, each stopping where it has converged. No native kernel: its iterations stop on the data."""
+    k, n = a["classes"], r.shape[0]
+    if r.shape[1] != k * (k - 1) // 2:
+        raise ShapeError(f"PairwiseCoupling of {k} classes takes {k * (k - 1) // 2} pairs, got {r.shape[1]}")
+    R = np.zeros((n, k, k))
+    i, j = np.triu_indices(k, 1)
+    R[:, i, j], R[:, j, i] = r, 1 - r
+    Q = -R.transpose(0, 2, 1) * R  # Q[t, s] = -r_st r_ts
+    Q[:, np.arange(k), np.arange(k)] = (R**2).sum(axis=1) - R[:, np.arange(k), np.arange(k)] ** 2
+    P = np.full((n, k), 1.0 / k)
+    active = np.ones(n, bool)
+    for _ in range(max(100, k)):
+        Qp = np.einsum("nts,ns->nt", Q, P)
+        pQp = (P * Qp).sum(axis=1)
+        active &= np.abs(Qp - pQp[:, None]).max(axis=1) >= 0.005 / k
+        if not active.any():
+            break
+        for t in range(k):
+            diff = np.where(active, (pQp - Qp[:, t]) / Q[:, t, t], 0.0)
+            P[:, t] += diff
+            pQp = (pQp + diff * (diff * Q[:, t, t] + 2 * Qp[:, t])) / (1 + diff) ** 2
+            P /= (1 + diff)[:, None]
+            Qp = (Qp + diff[:, None] * Q[:, t, :]) / (1 + diff)[:, None]
+    return P.astype(r.dtype)
 
 
-def _post_transform(scores: np.ndarray, kind: int) -> np.ndarray:
-    if kind == 1:
-        e = np.exp(scores - scores.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
-    if kind == 2:
-        return 1 / (1 + np.exp(-scores))
-    if kind == 3:
-        e = np.where(scores == 0, 0, np.exp(scores - scores.max(axis=1, keepdims=True)))
-        return e / np.maximum(e.sum(axis=1, keepdims=True), 1e-30)
-    if kind == 4:
-        from ember.ops.elemwise import erf
-
-        # probit: sqrt(2) * erfinv(2p - 1), by Newton steps on erf
-        p = 2 * scores - 1
-        y = np.zeros_like(p)
-        for _ in range(50):
-            y = y - (erf(y) - p) / (2 / np.sqrt(np.pi) * np.exp(-y * y))
-        return np.sqrt(2) * y
-    return scores
+# -- decision trees --------------------------------------------------------------------------------------
+def _tree_walk_infer(a: dict, x: TensorType, roots, feature, split, nxt, values: TensorType) -> TensorType:
+    if x.rank != 2 or values.rank != 2 or nxt.rank != 2 or nxt.shape[1] != 2:
+        raise ShapeError(f"TreeWalk takes x [N, F], tables of nodes and next [M, 2], values [L, K]; got x {x}, "
+                         f"next {nxt}, values {values}")  # fmt: skip
+    return TensorType((x.shape[0], values.shape[1]), values.dtype)
 
 
-@op("TreeEnsemble", Pattern.OPAQUE, infer=lambda a, x: x.with_shape((x.shape[0], a["n_targets"])), attrs=TREE_ATTRS)
-def tree_ensemble(a: dict, x: np.ndarray) -> np.ndarray:
-    """Sum (or average, min, max) the leaf weights each tree reaches, per target."""
-    members = _members(a)
-    agg = a["aggregate_function"]
-    weights = a["leaf_weights"].astype(np.float64)
-    init = {2: np.inf, 3: -np.inf}.get(agg, 0.0)
-    out = np.full((x.shape[0], a["n_targets"]), init)
-    for r, row in enumerate(x):
-        for root in a["tree_roots"]:
-            leaf = _tree_leaf(a, row, root, members)
-            t = a["leaf_targetids"][leaf]
-            w = weights[leaf]
-            out[r, t] = min(out[r, t], w) if agg == 2 else max(out[r, t], w) if agg == 3 else out[r, t] + w
-    out = np.where(np.isinf(out), 0.0, out)
-    if agg == 0:
-        out = out / len(a["tree_roots"])
-    return _post_transform(out, a["post_transform"]).astype(x.dtype)
+@op("TreeWalk", Pattern.OPAQUE, infer=_tree_walk_infer, inputs=(6, 6),
+    attrs=[Attr("depth", "int"), Attr("leaves", "int"), Attr("aggregate", "str", "sum")])  # fmt: skip
+def tree_walk(a: dict, x: np.ndarray, roots, feature, split, nxt, values: np.ndarray) -> np.ndarray:
+    """Decision trees as one table of nodes (the frontend's `onnx_ml.Forest`): from each tree's root, `depth`
+    steps of node = next[node, 0] if x[row, feature[node]] <= split[node] else next[node, 1] (NaN: the second); a
+    leaf is a node >= `leaves` that steps to itself. The output sums (or takes the min, the max of) the leaves'
+    rows of `values` over the trees: [N, K]."""
+    node = np.broadcast_to(roots.astype(np.int64), (x.shape[0], roots.size))
+    rows = np.arange(x.shape[0])[:, None]
+    for _ in range(a["depth"]):
+        node = np.where(x[rows, feature[node]] <= split[node], nxt[node, 0], nxt[node, 1])
+    reduce = {"sum": np.sum, "min": np.min, "max": np.max}[a["aggregate"]]
+    out = np.zeros((x.shape[0], values.shape[1]), np.float64)
+    for start in range(0, x.shape[0], 256):  # (a block of rows at a time: [rows, trees, K] gathered)
+        out[start : start + 256] = reduce(values[node[start : start + 256] - a["leaves"]].astype(np.float64), axis=1)
+    return out.astype(values.dtype)
+
+
+TREE_ROWS = 16  # rows walked together, in the vector lanes
+TREES_AT_ONCE = 8  # trees whose walks interleave (independent chains of gathers)
+
+
+def _schedule_tree_walk(attrs: dict, outs: Sequence[te.Tensor], target) -> te.Schedule:
+    """Rows in blocks (parallel over blocks where there are enough rows); in a block, one tree at a time walks
+    every level for the block's rows (vectors of rows), so that the tree's nodes stay in cache."""
+    out = outs[0]
+    s = te.create_schedule(list(outs))
+    ro, ri = s[out].split(out.op.axis[0], TREE_ROWS)
+    tree, tree_in = s[out].split(out.op.reduce_axis[0], TREES_AT_ONCE)
+    s[out].reorder(ro, tree, ri, out.op.axis[1], tree_in)
+    for st in s.stages:
+        if st.is_placeholder or not st.op.name.startswith(("tree_roots", "tree_level")):
+            continue  # (small constant tables are stages of their own)
+        st.compute_at(s[out], tree)
+        st.reorder(st.op.axis[1], st.op.axis[0])
+        st.vectorize(st.op.axis[0])
+    if target.num_cores > 1 and prod_hint(out.op.shape[:1]) >= 4 * TREE_ROWS:
+        s[out].parallel(ro)
+    return s
+
+
+@lowering("TreeWalk", schedule=_schedule_tree_walk)
+def _(a: dict, x: te.Tensor, roots, feature, split, nxt, values: te.Tensor) -> te.Tensor:
+    n, trees = x.shape[0], roots.shape[0]
+    node = te.compute((n, trees), lambda r, t: roots[t], name="tree_roots")
+    for level in range(1, a["depth"] + 1):
+
+        def step(r, t, prev=node):
+            i = prev[r, t]
+            return nxt[i, te.if_then_else(x[r, feature[i]] <= split[i], te.const(0, "int32"), te.const(1, "int32"))]
+
+        node = te.compute((n, trees), step, name=f"tree_level{level}")
+    t = te.reduce_axis((0, trees), name="tree")
+    reduce = {"sum": te.sum, "min": te.min, "max": te.max}[a["aggregate"]]
+    return te.compute((n, values.shape[1]), lambda r, k: reduce(values[node[r, t] - a["leaves"], k], axis=t),
+                      name="tree_scores", tag="tree_walk")  # fmt: skip

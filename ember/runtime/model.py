@@ -66,6 +66,36 @@ def random_arrays(specs: Sequence[TensorSpec], seed: int = 0) -> list[np.ndarray
     return out
 
 
+def decode_outputs(plan: Plan, outs: list[np.ndarray]) -> list[Any]:
+    """The outputs that the plan's `info["decoders"]` (`Graph.decoders`) names, decoded: an index tensor as the
+    labels it picks (string class labels: a numpy array of Python objects, as onnxruntime returns them), a [N, C]
+    score tensor as a list of N dicts label -> score, keys in order (ONNX-ML's ZipMap)."""
+    outs = list(outs)
+    for key, d in plan.info["decoders"].items():
+        try:
+            i, kind, labels = int(key), d["kind"], list(d["labels"])
+            if not 0 <= i < len(outs) or kind not in ("labels", "zipmap") or not all(
+                    isinstance(v, str | int) for v in labels):  # fmt: skip
+                raise ValueError
+        except (ValueError, TypeError, KeyError):
+            raise PlanError(f"plan of model {plan.name!r}: output decoder {key!r}: {d!r} is not one of "
+                            "{'kind': 'labels' | 'zipmap', 'labels': [str | int, ...]} for an output") from None
+        a = outs[i]
+        if kind == "labels":
+            table = np.empty(len(labels), object)
+            table[:] = labels
+            outs[i] = table[a]
+        else:
+            rows = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+            if rows.shape[-1] != len(labels):
+                raise PlanError(f"plan of model {plan.name!r}: output {i} has {rows.shape[-1]} scores per row, its "
+                                f"ZipMap {len(labels)} labels")  # fmt: skip
+            order = sorted(range(len(labels)), key=labels.__getitem__)  # (keys in order, as onnxruntime's maps)
+            keys = [labels[j] for j in order]
+            outs[i] = [dict(zip(keys, map(float, r[order]))) for r in rows]
+    return outs
+
+
 def check_feeds(model: str, specs: Sequence[TensorSpec], feeds: Feeds) -> list[np.ndarray]:
     """The inputs as contiguous arrays in `specs` order (given so, or by name); wrong names, count, dtype or shape
     raise ArgumentError naming the input. Local and remote models (ember.rpc) check their inputs here."""
@@ -360,12 +390,13 @@ class Model:
         except ValueError as e:
             raise ArgumentError(f"model {self.plan.name}: {e}") from None
 
-    def _outputs_of(self, feeds: Feeds) -> list[np.ndarray]:
+    def _outputs_of(self, feeds: Feeds) -> list[Any]:
         arrays = self._check(feeds)
         with self._calls():
             self._start(arrays)
             self._execute(arrays)
-            return self._results(arrays)
+            outs = self._results(arrays)
+        return decode_outputs(self.plan, outs) if "decoders" in self.plan.info else outs
 
     def __call__(self, *inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         outs = self._outputs_of(inputs)
