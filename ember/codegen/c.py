@@ -739,11 +739,48 @@ class CCodegen:
         table = self.byte_table(e, idx)
         if table is not None:
             return table
+        hw = self.x86_gather(dt, idx.dtype)
+        if hw is not None:
+            return f"{hw}({buf}, {self.expr(idx)})"
         it = self.ctype(idx.dtype)
         name = f"ember_gather_{t}_{it}"
         init = _lanes_init(dt.lanes, lambda l: f"p[idx[{l}]]")
         code = f"static inline {t} {name}(const {s}* p, {it} idx) {{\n  return ({t}){init};\n}}"
         return f"{self.helper(name, code)}({buf}, {self.expr(idx)})"
+
+    def x86_gather(self, dt: DType, idx_dt: DType) -> str | None:
+        """A gather of 32-bit elements at 32-bit indices as the x86 instruction (vpgatherdd, vgatherdps): one of 16
+        lanes with AVX-512F, 8-lane pieces with AVX2; None elsewhere (the generic helper builds the vector element
+        by element, which GCC compiles to a load and an insert per lane)."""
+        flags, n = self.target.simd_features(), dt.lanes
+        if dt.bits != 32 or idx_dt.bits != 32 or not idx_dt.is_int or dt.is_bool or not (dt.is_float or dt.is_int):
+            return None
+        if n == 16 and "avx512f" in flags:
+            piece = 16
+        elif n % 8 == 0 and n <= 32 and "avx2" in flags:
+            piece = 8
+        else:
+            return None
+        self.helper("immintrin", "#include <immintrin.h>")
+        t, it, s = self.ctype(dt), self.ctype(idx_dt), dt.c_type
+        pt, pit = self.ctype(dt.with_lanes(piece)), self.ctype(idx_dt.with_lanes(piece))
+        kind, reg = ("ps" if dt.is_float else "epi32"), f"__m{512 if piece == 16 else 256}i"
+        call = (f"_mm512_i32gather_{kind}(({reg})i, p, 4)" if piece == 16
+                else f"_mm256_i32gather_{kind}(({'const float' if dt.is_float else 'const int'}*)p, ({reg})i, 4)")
+        name = f"ember_x86_gather_{t}_{it}"
+        if n == piece:
+            body = f"  {pit} i = idx;\n  return ({t}){call};"
+        else:  # pieces of 8 lanes, joined
+            parts = []
+            for k in range(n // piece):
+                lanes = ", ".join(str(k * piece + l) for l in range(piece))
+                parts.append(f"  {pit} i{k} = __builtin_shufflevector(idx, idx, {lanes});\n"
+                             f"  {pt} g{k}; {{ {pit} i = i{k}; g{k} = ({pt}){call}; }}")
+            body = "\n".join(parts) + f"\n  {t} v;\n" + "".join(
+                f"  __builtin_memcpy((char*)&v + {k * piece * 4}, &g{k}, sizeof g{k});\n" for k in range(n // piece))
+            body += "  return v;"
+        code = f"static inline {t} {name}(const {s}* p, {it} idx) {{\n{body}\n}}"
+        return self.helper(name, code)
 
     def byte_table(self, e: Load, idx: Expr) -> str | None:
         """A gather of 8 to 64 bytes from a table of at least 256 at indices that are bytes themselves (an int8

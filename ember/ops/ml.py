@@ -220,16 +220,17 @@ def tree_walk(a: dict, x: np.ndarray, roots, feature, split, nxt, values: np.nda
     return out.astype(values.dtype)
 
 
-TREE_ROWS = 16  # rows walked together, in the vector lanes
 TREES_AT_ONCE = 8  # trees whose walks interleave (independent chains of gathers)
 
 
 def _schedule_tree_walk(attrs: dict, outs: Sequence[te.Tensor], target) -> te.Schedule:
-    """Rows in blocks (parallel over blocks where there are enough rows); in a block, one tree at a time walks
-    every level for the block's rows (vectors of rows), so that the tree's nodes stay in cache."""
+    """Rows in blocks of a vector's lanes (parallel over blocks where there are enough rows); in a block,
+    TREES_AT_ONCE trees walk every level together (independent chains of gathers), so that their nodes stay in
+    cache."""
     out = outs[0]
     s = te.create_schedule(list(outs))
-    ro, ri = s[out].split(out.op.axis[0], TREE_ROWS)
+    rows = max(1, target.vector_lanes(32))
+    ro, ri = s[out].split(out.op.axis[0], rows)
     tree, tree_in = s[out].split(out.op.reduce_axis[0], TREES_AT_ONCE)
     s[out].reorder(ro, tree, ri, out.op.axis[1], tree_in)
     for st in s.stages:
@@ -238,7 +239,7 @@ def _schedule_tree_walk(attrs: dict, outs: Sequence[te.Tensor], target) -> te.Sc
         st.compute_at(s[out], tree)
         st.reorder(st.op.axis[1], st.op.axis[0])
         st.vectorize(st.op.axis[0])
-    if target.num_cores > 1 and prod_hint(out.op.shape[:1]) >= 4 * TREE_ROWS:
+    if target.num_cores > 1 and prod_hint(out.op.shape[:1]) >= 4 * rows:
         s[out].parallel(ro)
     return s
 

@@ -66,34 +66,38 @@ def random_arrays(specs: Sequence[TensorSpec], seed: int = 0) -> list[np.ndarray
     return out
 
 
-def decode_outputs(plan: Plan, outs: list[np.ndarray]) -> list[Any]:
-    """The outputs that the plan's `info["decoders"]` (`Graph.decoders`) names, decoded: an index tensor as the
-    labels it picks (string class labels: a numpy array of Python objects, as onnxruntime returns them), a [N, C]
-    score tensor as a list of N dicts label -> score, keys in order (ONNX-ML's ZipMap)."""
-    outs = list(outs)
-    for key, d in plan.info["decoders"].items():
+def output_decoders(plan: Plan) -> list[tuple[int, Callable[[np.ndarray], Any]]]:
+    """(output index, decoder) for each output that the plan's `info["decoders"]` (`Graph.decoders`) names: an
+    index tensor decoded as the labels it picks (string class labels: a numpy array of Python objects, as
+    onnxruntime returns them), a [N, C] score tensor as a list of N dicts label -> score, keys in order (ONNX-ML's
+    ZipMap). A malformed entry raises PlanError."""
+    out = []
+    for key, d in plan.info.get("decoders", {}).items():
         try:
             i, kind, labels = int(key), d["kind"], list(d["labels"])
-            if not 0 <= i < len(outs) or kind not in ("labels", "zipmap") or not all(
-                    isinstance(v, str | int) for v in labels):  # fmt: skip
+            if not 0 <= i < len(plan.outputs) or kind not in ("labels", "zipmap") or not (
+                    all(isinstance(v, str) for v in labels) or all(isinstance(v, int) for v in labels)):  # fmt: skip
                 raise ValueError
         except (ValueError, TypeError, KeyError):
             raise PlanError(f"plan of model {plan.name!r}: output decoder {key!r}: {d!r} is not one of "
-                            "{'kind': 'labels' | 'zipmap', 'labels': [str | int, ...]} for an output") from None
-        a = outs[i]
+                            "{'kind': 'labels' | 'zipmap', 'labels': [str, ...] | [int, ...]} for an output") from None
         if kind == "labels":
             table = np.empty(len(labels), object)
             table[:] = labels
-            outs[i] = table[a]
-        else:
+            out.append((i, table.__getitem__))
+            continue
+        order = sorted(range(len(labels)), key=labels.__getitem__)  # (keys in order, as onnxruntime's maps)
+        keys = [labels[j] for j in order]
+
+        def zipmap(a: np.ndarray, keys=keys, order=order, i=i) -> list[dict]:
             rows = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
-            if rows.shape[-1] != len(labels):
+            if rows.shape[-1] != len(keys):
                 raise PlanError(f"plan of model {plan.name!r}: output {i} has {rows.shape[-1]} scores per row, its "
-                                f"ZipMap {len(labels)} labels")  # fmt: skip
-            order = sorted(range(len(labels)), key=labels.__getitem__)  # (keys in order, as onnxruntime's maps)
-            keys = [labels[j] for j in order]
-            outs[i] = [dict(zip(keys, map(float, r[order]))) for r in rows]
-    return outs
+                                f"ZipMap {len(keys)} labels")  # fmt: skip
+            return [dict(zip(keys, r)) for r in rows[:, order].tolist()]  # (tolist: Python floats, made in C)
+
+        out.append((i, zipmap))
+    return out
 
 
 def check_feeds(model: str, specs: Sequence[TensorSpec], feeds: Feeds) -> list[np.ndarray]:
@@ -288,6 +292,7 @@ class Model:
         # what a call checks its inputs against (symbolic dims: shapes None, `_bind` checks them)
         self._symbolic = plan.is_symbolic
         self._specs = [(n, dt, None if self._symbolic else shape) for n, dt, shape in input_specs(plan)]
+        self._decoders = output_decoders(plan)  # outputs returned decoded (string labels, ZipMap's maps)
         # symbolic sizes: what each size needs (`_at`), by input shapes when they give every size (a repeat shape
         # is one lookup), else by the sizes `Plan.bind` reads; the SIZES_KEPT last used are kept
         self._by_shapes = not any(getattr(v, "source", "") for v in plan.size_vars)
@@ -396,7 +401,9 @@ class Model:
             self._start(arrays)
             self._execute(arrays)
             outs = self._results(arrays)
-        return decode_outputs(self.plan, outs) if "decoders" in self.plan.info else outs
+        for i, decode in self._decoders:
+            outs[i] = decode(outs[i])
+        return outs
 
     def __call__(self, *inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         outs = self._outputs_of(inputs)
