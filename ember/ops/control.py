@@ -25,8 +25,11 @@ def captures_of(attrs: dict) -> list[Value]:
     return list(seen)
 
 
-def _run_body(graph: Graph, args: list[np.ndarray], attrs: dict, captures: tuple) -> list:
-    return evaluate_subgraph(graph, args, dict(zip(captures_of(attrs), captures)))
+def _run_body(graph: Graph, args: list[np.ndarray], attrs: dict, captures: tuple | dict, check: bool = True) -> list:
+    """The body's outputs; `captures`: the captured values (a dict by Value, made once per loop, or the node's
+    trailing inputs)."""
+    bound = captures if isinstance(captures, dict) else dict(zip(captures_of(attrs), captures))
+    return evaluate_subgraph(graph, args, bound, check)
 
 
 # -- If ------------------------------------------------------------------------------------------------
@@ -72,13 +75,13 @@ def loop(a: dict, trips, cond, *rest: np.ndarray) -> tuple[np.ndarray, ...]:
     """Run the body while i < trip count and the condition holds; stack the scan outputs.
     `trip_count` is set by the frontend when the iteration count is known statically."""
     carried, scans = _loop_split(a, rest)
-    values, captures = list(rest[:carried]), rest[carried:]
+    values, captures = list(rest[:carried]), dict(zip(captures_of(a), rest[carried:]))
     limit = int(np.asarray(trips).reshape(())) if trips is not None else None
     keep = bool(np.asarray(cond).reshape(())) if cond is not None else True
     stacked: list[list[np.ndarray]] = [[] for _ in range(scans)]
     i = 0
     while keep and (limit is None or i < limit):
-        outs = _run_body(a["body"], [np.array(i, np.int64), np.array(keep), *values], a, captures)
+        outs = _run_body(a["body"], [np.array(i, np.int64), np.array(keep), *values], a, captures, i == 0)
         keep = bool(np.asarray(outs[0]).reshape(()))
         values = outs[1 : 1 + carried]
         for j, s in enumerate(outs[1 + carried :]):
@@ -131,14 +134,14 @@ def _scan_infer(a: dict, *ts: TensorType) -> tuple[TensorType, ...]:
 def scan(a: dict, *args: np.ndarray) -> tuple[np.ndarray, ...]:
     """Iterate the body over slices of the scan inputs, threading the state values."""
     n, m, k = _scan_layout(a)
-    states, xs, captures = list(args[:n]), args[n : n + m], args[n + m :]
+    states, xs, captures = list(args[:n]), args[n : n + m], dict(zip(captures_of(a), args[n + m :]))
     in_axes = [norm_axis(ax, x.ndim) for ax, x in zip(_axis_list(a["scan_input_axes"], m), xs)]
     in_dirs = _axis_list(a["scan_input_directions"], m)
     seq = xs[0].shape[in_axes[0]] if xs else 0
     collected: list[list[np.ndarray]] = [[] for _ in range(k)]
     for t in range(seq):
         slices = [np.take(x, seq - 1 - t if d else t, axis=ax) for x, ax, d in zip(xs, in_axes, in_dirs)]
-        outs = _run_body(a["body"], states + slices, a, captures)
+        outs = _run_body(a["body"], states + slices, a, captures, t == 0)
         states = outs[:n]
         for j, o in enumerate(outs[n:]):
             collected[j].append(o)

@@ -99,17 +99,20 @@ def evaluate(
     return {v.name: _read(v, env) for v in values}
 
 
-def evaluate_subgraph(graph: Graph, args: list[np.ndarray], captures: dict[Value, np.ndarray]) -> list[np.ndarray]:
-    """Run a subgraph (a control-flow body) on positional inputs plus captured outer values."""
+def evaluate_subgraph(graph: Graph, args: list[np.ndarray], captures: dict[Value, np.ndarray],
+                      check: bool = True) -> list[np.ndarray]:  # fmt: skip
+    """Run a subgraph (a control-flow body) on positional inputs plus captured outer values; `check`: each
+    result against its value's type (a loop checks its first iteration: the types are the same in every one)."""
     env = dict(captures)
     env.update(zip(graph.inputs, args))
+    sizes = None
     pending = [(f"{v.name!r}", v.type.shape, np.shape(a)) for v, a in env.items()
-               if not v.is_constant and not v.type.is_static]  # fmt: skip
+               if check and not v.is_constant and not v.type.is_static]  # fmt: skip
     try:
         sizes = bind_sizes(pending) if pending else None  # (a body typed in the outer graph's size variables)
     except DimError as e:
         raise EvaluationError(f"subgraph {graph.name!r}: {e}") from None
-    _run(graph, env, True, sizes)
+    _run(graph, env, check, sizes)
     return [_read(v, env) for v in graph.outputs]
 
 
