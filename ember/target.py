@@ -22,6 +22,7 @@ import functools
 import os
 import platform
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 KINDS = ("c", "llvm", "cuda", "opencl")
@@ -260,8 +261,7 @@ class Target:
         arch = self.arch
         if arch is None or arch.name != "x86_64":
             return frozenset()
-        have = {feature_key(f) for f in host_cpu_flags()}
-        return frozenset(f for f in self.simd_features() if feature_key(f) not in have)
+        return frozenset(lacking_features(self.simd_features()))
 
     @property
     def executes_here(self) -> bool:
@@ -371,6 +371,12 @@ def _unknown_option(spec: str, kind: str, p: str, key: str) -> str:
     if key == "fastmath" and kind == "c":
         hint += " (for c use -cflag=-ffast-math)"
     return f"target {spec!r}: unknown option {p!r} for {kind}{hint}; {kind} takes {', '.join(known)}"
+
+
+def lacking_features(features: Iterable[str]) -> list[str]:
+    """The CPU features of `features` (LLVM's or /proc/cpuinfo's spellings) that this machine's CPU lacks."""
+    have = {feature_key(f) for f in host_cpu_flags()}
+    return [f for f in features if feature_key(f) not in have]
 
 
 @functools.cache

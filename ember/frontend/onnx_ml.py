@@ -1,8 +1,10 @@
 """ONNX-ML operators (domain ai.onnx.ml) that scikit-learn converters (skl2onnx, onnxmltools) write, expanded into
-standard ONNX operators: Scaler, Normalizer, Imputer, LinearRegressor, LinearClassifier (numeric class labels),
-SVMRegressor; and the tree ensembles of ai.onnx.ml 1-4 (TreeEnsembleRegressor/Classifier) as version 5's
-TreeEnsemble. Binarizer, ArrayFeatureExtractor and TreeEnsemble are Ember operators of their own (`ember.ops.ml`).
-Each expansion builds its nodes with the contrib expansions' `Body`.
+standard ONNX operators and Ember's own: Scaler, Normalizer, Imputer, LinearRegressor, LinearClassifier,
+SVMRegressor, SVMClassifier (its probabilities: `PairwiseCoupling`), the tree ensembles of every version
+(TreeEnsembleRegressor/Classifier, TreeEnsemble) as one `TreeWalk` (`Forest`), and ZipMap. String class labels and
+ZipMap's maps are returned decoded by the model (`Body.decoders`, `Graph.decoders`). Binarizer and
+ArrayFeatureExtractor are Ember operators of their own (`ember.ops.ml`). Each expansion builds its nodes with the
+contrib expansions' `Body`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ def expand_ml(ctx: NodeContext) -> None:
 def _float(b: Body, i: int) -> str:
     """Input i as float32 (these operators take int32, int64 and double features too)."""
     return b.input(i) if b.ctx.type(i).dtype == "float32" else b.node("Cast", [b.input(i)], to=1)
+
+
+def _rows(b: Body) -> str:
+    """Input 0 as float32 rows [N, C] (a vector [C]: one row)."""
+    x = _float(b, 0)
+    return b.node("Unsqueeze", [x, b.const([0], np.int64)]) if b.rank(0) == 1 else x
 
 
 @expansion("Scaler")
@@ -89,10 +97,7 @@ def _linear(b: Body, targets: int) -> str:
     """X [N, C] (or [C]) times the coefficients [targets, C] transposed, plus the intercepts: [N, targets]."""
     coef = np.asarray(b.attrs["coefficients"], np.float32)
     width = coef.size // targets
-    x = _float(b, 0)
-    if len(b.ctx.type(0).shape) == 1:
-        x = b.node("Unsqueeze", [x, b.const([0], np.int64)])
-    y = b.node("MatMul", [x, b.const(coef.reshape(targets, width).T)])
+    y = b.node("MatMul", [_rows(b), b.const(coef.reshape(targets, width).T)])
     intercepts = b.attrs.get("intercepts")
     return b.node("Add", [y, b.const(np.asarray(intercepts, np.float32))]) if intercepts else y
 
@@ -223,10 +228,7 @@ def _svm_classifier(b: Body) -> None:
     if rho.size != len(pairs):
         raise b.ctx.error(f"{rho.size} rho values for {len(pairs)} pairs of classes")
     vectors = np.asarray(b.attrs["support_vectors"], np.float32).reshape(n_sv, -1)
-    x = _float(b, 0)
-    if b.rank(0) == 1:
-        x = b.node("Unsqueeze", [x, b.const([0], np.int64)])
-    s = b.node("Add", [b.node("MatMul", [_svm_kernel(b, x, vectors), b.const(w)]), b.const(rho)])
+    s = b.node("Add", [b.node("MatMul", [_svm_kernel(b, _rows(b), vectors), b.const(w)]), b.const(rho)])
     win = b.node("Cast", [b.node("Greater", [s, b.const(0.0)])], to=1)
     votes = b.node("Add", [b.node("MatMul", [win, b.const(first)]),
                            b.node("MatMul", [b.node("Sub", [b.const(1.0), win]), b.const(second)])])  # fmt: skip
@@ -242,14 +244,11 @@ def _svm_classifier(b: Body) -> None:
         _post(b, b.node("Concat", [b.node("Neg", [s]), s], axis=-1), how, b.output(1))
     else:
         _post(b, s, how, b.output(1))
-    if classes == 2 and not prob_a.size and (coef >= 0).all():  # (onnxruntime's quirk)
-        b.node("Expand", [b.const(labels[1:2], np.int64) if isinstance(labels, np.ndarray) else b.const([1], np.int64),
-                          b.node("Slice", [b.node("Shape", [s]), *(b.const([v], np.int64) for v in (0, 1))])],
-               b.output(0))  # fmt: skip
-        if not isinstance(labels, np.ndarray):
-            b.decoders[b.output(0)] = {"kind": "labels", "labels": labels}
-        return
-    _label(b, labels, b.node("ArgMax", [votes], axis=-1, keepdims=0))
+    if classes == 2 and not prob_a.size and (coef >= 0).all():  # (onnxruntime's quirk: the second class, always)
+        rows = b.node("Slice", [b.node("Shape", [s]), *(b.const([v], np.int64) for v in (0, 1))])
+        _label(b, labels, b.node("Expand", [b.const([1], np.int64), rows]))
+    else:
+        _label(b, labels, b.node("ArgMax", [votes], axis=-1, keepdims=0))
 
 
 # -- tree ensembles: every version's trees as one table of comparisons `x' <= split` for the TreeWalk kernel
@@ -275,6 +274,7 @@ class Forest:
     branches and step to themselves; each holds a weight per target."""
 
     def __init__(self, features: int, targets: int, aggregate: str):
+        """`aggregate`: "sum", "average" (the sum over the number of trees), "min" or "max"."""
         self.features, self.targets, self.aggregate = features, targets, aggregate
         self.nodes: list[tuple[int, float, Ref, Ref]] = []  # (feature in [x, -x], split, yes, no)
         self.leaves: list[dict[int, float]] = []
@@ -311,9 +311,16 @@ class Forest:
             return self._less(f, "<=", np.inf, no, yes) if nan_yes else no
         raise ValueError(f"node mode {mode}")
 
-    def tree(self, root, children: Callable, make: Callable) -> None:
-        """Add a tree, built bottom-up without recursion: `children(key)` gives a node's child keys (none for a
-        leaf), `make(key, child refs)` its Ref."""
+    def add_trees(self, b: Body, roots, children: Callable, make: Callable) -> None:
+        """Add a tree per root key, each built bottom-up without recursion: `children(key)` gives a node's child
+        keys (none for a leaf), `make(key, child refs)` its Ref. A model's inconsistent tables raise its error."""
+        try:
+            for root in roots:
+                self._tree(root, children, make)
+        except (KeyError, IndexError, ValueError) as e:
+            raise b.ctx.error(f"malformed trees: {e}") from None
+
+    def _tree(self, root, children: Callable, make: Callable) -> None:
         refs: dict = {}
         opened: set = set()
         stack = [(root, False)]
@@ -334,7 +341,7 @@ class Forest:
 
     def scores(self, b: Body, x: str) -> str:
         """The TreeWalk node over x [N, F] (float32); its output [N, targets]: the trees' leaf weights summed (or
-        their min, max: targets no tree scores are 0)."""
+        averaged, or their min, max: targets no tree scores are 0)."""
         first_leaf = len(self.nodes)
         index = lambda r: r[1] + (first_leaf if r[0] == "leaf" else 0)  # noqa: E731
         m = first_leaf + len(self.leaves)
@@ -344,7 +351,8 @@ class Forest:
             feature[i], split[i], nxt[i] = f, v, (index(yes), index(no))
             depth[i] = 1 + max(depth[index(yes)], depth[index(no)])
         nxt[first_leaf:] = np.arange(first_leaf, m)[:, None]
-        fill = {"sum": 0.0, "min": np.inf, "max": -np.inf}[self.aggregate]
+        walk = {"average": "sum"}.get(self.aggregate, self.aggregate)
+        fill = {"sum": 0.0, "min": np.inf, "max": -np.inf}[walk]
         values = np.full((max(len(self.leaves), 1), self.targets), fill, np.float32)
         for j, weights in enumerate(self.leaves):
             for k, w in weights.items():
@@ -356,10 +364,10 @@ class Forest:
         roots = np.asarray([index(r) for r in self.roots], np.int32)
         y = b.node("TreeWalk", [x, b.const(roots, np.int32), b.const(feature, np.int32), b.const(split),
                                 b.const(nxt, np.int32), b.const(values)],
-                   depth=int(depth[roots].max(initial=0)), leaves=first_leaf, aggregate=self.aggregate)  # fmt: skip
-        if self.aggregate != "sum":
-            y = b.node("Where", [b.node("IsInf", [y]), b.const(0.0), y])
-        return y
+                   depth=int(depth[roots].max(initial=0)), leaves=first_leaf, aggregate=walk)  # fmt: skip
+        if self.aggregate == "average":
+            return b.node("Div", [y, b.const(float(len(self.roots)))])
+        return y if walk == "sum" else b.node("Where", [b.node("IsInf", [y]), b.const(0.0), y])
 
 
 def _floats(b: Body, name: str) -> np.ndarray | None:
@@ -370,12 +378,10 @@ def _floats(b: Body, name: str) -> np.ndarray | None:
 
 def _tree_input(b: Body) -> tuple[str, int]:
     """Input 0 as float32 rows [N, F], and F."""
-    x, shape = _float(b, 0), b.ctx.type(0).shape
-    if len(shape) == 1:
-        x, shape = b.node("Unsqueeze", [x, b.const([0], np.int64)]), (1, *shape)
-    if len(shape) != 2 or not isinstance(shape[1], int):
+    shape = b.ctx.type(0).shape
+    if len(shape) not in (1, 2) or not isinstance(shape[-1], int):
         raise b.ctx.error(f"input of shape {list(shape)}: trees take [N, F] with F known")
-    return x, shape[1]
+    return _rows(b), shape[-1]
 
 
 def _tree_scores(b: Body, prefix: str, targets: int) -> str:
@@ -385,7 +391,7 @@ def _tree_scores(b: Body, prefix: str, targets: int) -> str:
     agg = _text(b.attrs.get("aggregate_function", "SUM"))
     if agg not in ("SUM", "AVERAGE", "MIN", "MAX"):
         raise b.ctx.error(f"aggregate_function {agg!r}")
-    forest = Forest(features, targets, {"AVERAGE": "sum"}.get(agg, agg.lower()))
+    forest = Forest(features, targets, agg.lower())
     tree_ids, node_ids = list(b.attrs["nodes_treeids"]), list(b.attrs["nodes_nodeids"])
     modes = [_text(m) for m in b.attrs["nodes_modes"]]
     feats, splits = list(b.attrs["nodes_featureids"]), _floats(b, "nodes_values")
@@ -415,14 +421,8 @@ def _tree_scores(b: Body, prefix: str, targets: int) -> str:
             return forest.leaf(weights.get(key, {}))
         return forest.branch(int(feats[i]), MODES[modes[i]], float(splits[i]), bool(missing[i]), *kids)
 
-    try:
-        for tree, root in roots.items():
-            forest.tree((tree, root), children, make)
-    except (KeyError, ValueError) as e:
-        raise b.ctx.error(f"malformed trees: {e}") from None
+    forest.add_trees(b, roots.items(), children, make)
     scores = forest.scores(b, x)
-    if agg == "AVERAGE":
-        scores = b.node("Div", [scores, b.const(float(len(roots)))])
     base = _floats(b, "base_values")
     return b.node("Add", [scores, b.const(base.astype(np.float32))]) if base is not None and base.size else scores
 
@@ -434,7 +434,7 @@ def _tree_ensemble(b: Body) -> None:
     agg = int(b.attrs.get("aggregate_function", 1))
     if agg not in (0, 1, 2, 3):
         raise b.ctx.error(f"aggregate_function {agg}")
-    forest = Forest(features, int(b.attrs["n_targets"]), ("sum", "sum", "min", "max")[agg])
+    forest = Forest(features, int(b.attrs["n_targets"]), ("average", "sum", "min", "max")[agg])
     modes = np.asarray(b.attrs["nodes_modes"]).reshape(-1).astype(int).tolist()
     splits = np.asarray(b.attrs["nodes_splits"], np.float64).reshape(-1).tolist()
     feats, missing = b.attrs["nodes_featureids"], b.attrs.get("nodes_missing_value_tracks_true") or [0] * len(modes)
@@ -464,14 +464,8 @@ def _tree_ensemble(b: Body) -> None:
             return forest.leaf({int(targets[i]): leaf_w[i]})
         return forest.branch(int(feats[i]), modes[i], splits[i], bool(missing[i]), *kids, members=member_set.get(i, ()))
 
-    try:
-        for root in b.attrs["tree_roots"]:
-            forest.tree(("node", int(root)), children, make)
-    except (IndexError, ValueError) as e:
-        raise b.ctx.error(f"malformed trees: {e}") from None
+    forest.add_trees(b, [("node", int(root)) for root in b.attrs["tree_roots"]], children, make)
     scores = forest.scores(b, x)
-    if agg == 0:
-        scores = b.node("Div", [scores, b.const(float(len(b.attrs["tree_roots"])))])
     how = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
     post = int(b.attrs.get("post_transform", 0))
     _post(b, scores, how[post] if 0 <= post < len(how) else str(post), b.output(0))
@@ -485,7 +479,7 @@ def _tree_regressor(b: Body) -> None:
 
 @expansion("TreeEnsembleClassifier")
 def _tree_classifier(b: Body) -> None:
-    """Class scores from the trees; the label is the class of the largest (integer labels)."""
+    """Class scores from the trees; the label is the class of the largest."""
     labels = _class_labels(b, "classlabels_int64s")
     how = _text(b.attrs.get("post_transform", "NONE"))
     if len(labels) == 2 and len(set(b.attrs["class_ids"])) == 1:  # binary, one class scored: as onnxruntime

@@ -106,12 +106,13 @@ def evaluate_subgraph(graph: Graph, args: list[np.ndarray], captures: dict[Value
     env = dict(captures)
     env.update(zip(graph.inputs, args))
     sizes = None
-    pending = [(f"{v.name!r}", v.type.shape, np.shape(a)) for v, a in env.items()
-               if check and not v.is_constant and not v.type.is_static]  # fmt: skip
-    try:
-        sizes = bind_sizes(pending) if pending else None  # (a body typed in the outer graph's size variables)
-    except DimError as e:
-        raise EvaluationError(f"subgraph {graph.name!r}: {e}") from None
+    if check:  # (a body typed in the outer graph's size variables: their values from the arguments)
+        pending = [(f"{v.name!r}", v.type.shape, np.shape(a)) for v, a in env.items()
+                   if not v.is_constant and not v.type.is_static]  # fmt: skip
+        try:
+            sizes = bind_sizes(pending) if pending else None
+        except DimError as e:
+            raise EvaluationError(f"subgraph {graph.name!r}: {e}") from None
     _run(graph, env, check, sizes)
     return [_read(v, env) for v in graph.outputs]
 

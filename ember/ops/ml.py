@@ -234,7 +234,7 @@ def _schedule_tree_walk(attrs: dict, outs: Sequence[te.Tensor], target) -> te.Sc
     tree, tree_in = s[out].split(out.op.reduce_axis[0], TREES_AT_ONCE)
     s[out].reorder(ro, tree, ri, out.op.axis[1], tree_in)
     for st in s.stages:
-        if st.is_placeholder or not st.op.name.startswith(("tree_roots", "tree_level")):
+        if st.is_placeholder or st.op.tag != "tree_level":
             continue  # (small constant tables are stages of their own)
         st.compute_at(s[out], tree)
         st.reorder(st.op.axis[1], st.op.axis[0])
@@ -247,14 +247,14 @@ def _schedule_tree_walk(attrs: dict, outs: Sequence[te.Tensor], target) -> te.Sc
 @lowering("TreeWalk", schedule=_schedule_tree_walk)
 def _(a: dict, x: te.Tensor, roots, feature, split, nxt, values: te.Tensor) -> te.Tensor:
     n, trees = x.shape[0], roots.shape[0]
-    node = te.compute((n, trees), lambda r, t: roots[t], name="tree_roots")
+    node = te.compute((n, trees), lambda r, t: roots[t], name="tree_roots", tag="tree_level")
     for level in range(1, a["depth"] + 1):
 
         def step(r, t, prev=node):
             i = prev[r, t]
             return nxt[i, te.if_then_else(x[r, feature[i]] <= split[i], te.const(0, "int32"), te.const(1, "int32"))]
 
-        node = te.compute((n, trees), step, name=f"tree_level{level}")
+        node = te.compute((n, trees), step, name=f"tree_level{level}", tag="tree_level")
     t = te.reduce_axis((0, trees), name="tree")
     reduce = {"sum": te.sum, "min": te.min, "max": te.max}[a["aggregate"]]
     return te.compute((n, values.shape[1]), lambda r, k: reduce(values[node[r, t] - a["leaves"], k], axis=t),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..target import Target, feature_key, host_cpu_flags
+from ..target import Target, lacking_features
 from .model import MANIFEST, ArtifactError, Fallback, Model, read_saved
 
 
@@ -28,8 +28,7 @@ def load(path: str | Path, fallback: Fallback | None = None) -> Model:
         raise FileNotFoundError(f"{d} is not a saved Ember model (no plan.json)")
     plan, weights, summary, backend = read_saved(d)
     if backend in ("c", "llvm"):  # code for another CPU of this architecture would stop the process
-        have = {feature_key(f) for f in host_cpu_flags()}
-        lacks = [f for f in summary.get("simd", []) if isinstance(f, str) and feature_key(f) not in have]
+        lacks = lacking_features(f for f in summary.get("simd", []) if isinstance(f, str))
         if lacks and Target.parse(plan.target).runs_here:
             raise ArtifactError(f"{d}: the model was compiled for a CPU with {', '.join(lacks)}, which this CPU "
                                 "lacks: compile it again here (or for a -mcpu this CPU has)")  # fmt: skip

@@ -23,6 +23,24 @@ def one_node(op: str, attrs: dict, x_shape: tuple, outs: list[tuple[str, int, tu
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
 
 
+def against_onnxruntime(model: onnx.ModelProto, feeds: dict, compare, **compile_args) -> None:
+    """`compare(ours, ref)` for each output of Ember's compile of `model` (with `compile_args`) and of onnxruntime's
+    session, on `feeds`."""
+    refs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for ours, ref in zip(ember.compile(model, **compile_args).run(feeds).values(), refs, strict=True):
+        compare(ours, ref)
+
+
+def without_zipmap(model, x: np.ndarray) -> onnx.ModelProto:
+    """skl2onnx's conversion of a fitted model or pipeline for opset 17 and ai.onnx.ml 3, its probabilities (if
+    any) as a tensor, not ZipMap's maps."""
+    import skl2onnx
+
+    last = model.steps[-1][1] if hasattr(model, "steps") else model
+    options = {id(last): {"zipmap": False}} if hasattr(last, "predict_proba") else None
+    return skl2onnx.to_onnx(model, x[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
+
+
 def check(model: onnx.ModelProto, x: np.ndarray) -> None:
     refs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     outs = ember.compile(model, fallback=False).run({"x": x})
@@ -155,15 +173,11 @@ def test_scikit_learn_default_conversions():
     for model, target in ((LogisticRegression(max_iter=500), names), (MLPClassifier((8,), max_iter=300), y),
                           (GaussianNB(), names), (KNeighborsClassifier(3), y), (KNeighborsRegressor(3), x[:, 0])):
         model.fit(x[::2], target[::2])
-        m = skl2onnx.to_onnx(model, x[:1])
-        feeds = {"X": x[1::5]}
-        refs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-        for ours, ref in zip(ember.compile(m).run(feeds).values(), refs, strict=True):
-            same_outputs(ours, ref)
+        against_onnxruntime(skl2onnx.to_onnx(model, x[:1]), {"X": x[1::5]}, same_outputs)
 
 
 def test_scikit_learn_pipelines():
-    skl2onnx = pytest.importorskip("skl2onnx")
+    pytest.importorskip("skl2onnx")
     from sklearn.datasets import load_breast_cancer, load_digits
     from sklearn.impute import SimpleImputer
     from sklearn.linear_model import LogisticRegression, Ridge
@@ -176,14 +190,9 @@ def test_scikit_learn_pipelines():
                      make_pipeline(SimpleImputer(), MinMaxScaler(), Normalizer(), LogisticRegression(max_iter=300)),
                      make_pipeline(StandardScaler(), Ridge())):  # fmt: skip
             pipe.fit(x, y)
-            last = pipe.steps[-1][1]
-            options = {id(last): {"zipmap": False}} if hasattr(last, "predict_proba") else None
-            m = skl2onnx.to_onnx(pipe, x[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
-            feeds = {"X": x[:40]}
-            refs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-            outs = ember.compile(m, input_shapes={"X": (40, x.shape[1])}, fallback=False).run(feeds)
-            for ours, ref in zip(outs.values(), refs, strict=True):
-                np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+            against_onnxruntime(without_zipmap(pipe, x), {"X": x[:40]},
+                                lambda ours, ref: np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5),
+                                input_shapes={"X": (40, x.shape[1])}, fallback=False)  # fmt: skip
 
 
 def random_trees(rng: np.random.Generator, trees: int, features: int, modes: list[str], targets: int = 2):
@@ -264,7 +273,7 @@ def test_scikit_learn_trees():
     """Decision trees, random forests and gradient boosting (regressors and classifiers, binary too) as skl2onnx
     writes them (TreeEnsembleRegressor/Classifier of ai.onnx.ml 3), compiled to native code (the TreeWalk kernel):
     regressors within float32 rounding of values in the hundreds."""
-    skl2onnx = pytest.importorskip("skl2onnx")
+    pytest.importorskip("skl2onnx")
     from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits
     from sklearn.ensemble import (
         GradientBoostingClassifier,
@@ -285,19 +294,15 @@ def test_scikit_learn_trees():
         x, y = data(return_X_y=True)
         x = x.astype(np.float32)
         model.fit(x, y)
-        options = {id(model): {"zipmap": False}} if hasattr(model, "predict_proba") else None
-        m = skl2onnx.to_onnx(model, x[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
-        feeds = {"X": x[:40]}
-        refs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-        outs = ember.compile(m, input_shapes={"X": (40, x.shape[1])}, fallback=False).run(feeds)
-        for ours, ref in zip(outs.values(), refs, strict=True):
-            np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
+        against_onnxruntime(without_zipmap(model, x), {"X": x[:40]}, lambda ours, ref: np.testing.assert_allclose(
+            ours, ref, rtol=1e-6, atol=1e-5 * max(1.0, float(np.abs(ref).max()))),
+                            input_shapes={"X": (40, x.shape[1])}, fallback=False)  # fmt: skip
 
 
 def test_scikit_learn_support_vector_regression():
     """SVMRegressor with each kernel (linear, polynomial, RBF, sigmoid: the RBF distance as |x|^2 - 2 x.v + |v|^2),
     and a one-class SVM (its sign), relative to the output's scale."""
-    skl2onnx = pytest.importorskip("skl2onnx")
+    pytest.importorskip("skl2onnx")
     from sklearn.datasets import load_diabetes
     from sklearn.svm import SVR, OneClassSVM
 
@@ -306,12 +311,9 @@ def test_scikit_learn_support_vector_regression():
     for model in (SVR(kernel="linear"), SVR(kernel="poly", degree=2), SVR(kernel="rbf"), SVR(kernel="sigmoid"),
                   OneClassSVM()):  # fmt: skip
         model.fit(x[:200], *([] if isinstance(model, OneClassSVM) else [y[:200]]))
-        m = skl2onnx.to_onnx(model, x[:1], target_opset={"": 17, "ai.onnx.ml": 3})
-        feeds = {"X": x[200:240]}
-        refs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-        outs = ember.compile(m, input_shapes={"X": (40, x.shape[1])}, fallback=False).run(feeds)
-        for ours, ref in zip(outs.values(), refs, strict=True):
-            np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(ref).max())))
+        against_onnxruntime(without_zipmap(model, x), {"X": x[200:240]}, lambda ours, ref: np.testing.assert_allclose(
+            ours, ref, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(ref).max()))),
+                            input_shapes={"X": (40, x.shape[1])}, fallback=False)  # fmt: skip
 
 
 def test_scikit_learn_support_vector_classification():
@@ -330,9 +332,6 @@ def test_scikit_learn_support_vector_classification():
     for model, x, y in cases:
         x = (x / np.abs(x).max(axis=0)).astype(np.float32)
         model.fit(x[::2], y[::2])
-        m = skl2onnx.to_onnx(model, x[:1])
-        feeds = {"X": x[1::2][:60]}
-        refs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-        for ours, ref in zip(ember.compile(m).run(feeds).values(), refs, strict=True):
-            same_outputs(ours, ref, tol=1e-4)
+        against_onnxruntime(skl2onnx.to_onnx(model, x[:1]), {"X": x[1::2][:60]},
+                            lambda ours, ref: same_outputs(ours, ref, tol=1e-4))
 

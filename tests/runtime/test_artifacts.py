@@ -196,7 +196,6 @@ def test_code_for_a_cpu_this_one_lacks_is_refused_not_run(tmp_path, monkeypatch)
     it as a foreign model (saved, never run: ForeignTargetError naming the features), the llvm target refuses to
     JIT it, and a model saved where the CPU had them refuses to load."""
     from ember import target as target_mod
-    from ember.runtime import load as load_mod
     from ember.runtime.cross import ForeignTargetError
     from ember.target import Target, TargetError
 
@@ -216,7 +215,7 @@ def test_code_for_a_cpu_this_one_lacks_is_refused_not_run(tmp_path, monkeypatch)
     monkeypatch.undo()
     native = ember.compile(mlp(), target="c -threads=1")
     native.save(tmp_path / "native")
-    monkeypatch.setattr(load_mod, "host_cpu_flags", lambda: frozenset({"fpu"}))  # (a CPU without SIMD extensions)
+    monkeypatch.setattr(target_mod, "host_cpu_flags", lambda: frozenset({"fpu"}))  # (a CPU without SIMD extensions)
     if native.summary()["simd"]:
         with pytest.raises(ArtifactError, match="compiled for a CPU with"):
             ember.load(tmp_path / "native")
