@@ -204,8 +204,9 @@ def _svm_classifier(b: Body) -> None:
     support vectors of both, K @ W + rho in one product; each pair's vote to i where its value is positive, else to
     j; the label is the class of most votes (the first of equals). Scores: the pairs' values (two classes: -s, s),
     or with Platt's prob_a, prob_b the class probabilities that pairwise coupling makes of the pairs' (libsvm's
-    multiclass_probability, `PairwiseCoupling`); then the post_transform. As onnxruntime computes them, quirks
-    included: two classes whose coefficients are all >= 0 always take the second label without probabilities."""
+    multiclass_probability, `PairwiseCoupling`); then the post_transform. As onnxruntime computes them (ONNX's
+    reference evaluator gives two classes whose coefficients are all >= 0 the second label always; onnxruntime
+    counts their vote like any other)."""
     labels = _class_labels(b, "classlabels_ints")
     classes, per_class = len(labels), [int(v) for v in b.attrs.get("vectors_per_class", [])]
     coef = np.asarray(b.attrs["coefficients"], np.float64)
@@ -244,11 +245,7 @@ def _svm_classifier(b: Body) -> None:
         _post(b, b.node("Concat", [b.node("Neg", [s]), s], axis=-1), how, b.output(1))
     else:
         _post(b, s, how, b.output(1))
-    if classes == 2 and not prob_a.size and (coef >= 0).all():  # (onnxruntime's quirk: the second class, always)
-        rows = b.node("Slice", [b.node("Shape", [s]), *(b.const([v], np.int64) for v in (0, 1))])
-        _label(b, labels, b.node("Expand", [b.const([1], np.int64), rows]))
-    else:
-        _label(b, labels, b.node("ArgMax", [votes], axis=-1, keepdims=0))
+    _label(b, labels, b.node("ArgMax", [votes], axis=-1, keepdims=0))
 
 
 # -- tree ensembles: every version's trees as one table of comparisons `x' <= split` for the TreeWalk kernel

@@ -335,3 +335,23 @@ def test_scikit_learn_support_vector_classification():
         against_onnxruntime(skl2onnx.to_onnx(model, x[:1]), {"X": x[1::2][:60]},
                             lambda ours, ref: same_outputs(ours, ref, tol=1e-4))
 
+
+@pytest.mark.parametrize("labels", [{"classlabels_ints": [3, 7]}, {"classlabels_strings": ["a", "b"]}])
+@pytest.mark.parametrize("signs", ["positive", "mixed"])
+def test_binary_svm_labels_follow_the_vote(labels, signs):
+    """Two classes: the label is the first class where the decision value is positive, whatever the signs of the
+    coefficients (ONNX's reference evaluator always gives all-positive ones the second class; onnxruntime, and
+    Ember, do not)."""
+    rng = np.random.default_rng(len(signs))
+    coef = rng.random(3) * (1 if signs == "positive" else np.array([1.0, -1.0, 1.0]))
+    vectors, x = rng.standard_normal((3, 2)), rng.standard_normal((16, 2)).astype(np.float32)
+    kernel = np.exp(-0.5 * ((x[:, None, :] - vectors[None]) ** 2).sum(axis=-1))
+    rho = -float(np.median(kernel @ coef)) + 1e-3  # (half the rows on each side)
+    attrs = {"coefficients": list(coef), "kernel_type": "RBF", "kernel_params": [0.5, 0.0, 3.0], "rho": [rho],
+             "support_vectors": list(vectors.ravel()), "vectors_per_class": [1, 2], **labels}  # fmt: skip
+    kind = I64 if "classlabels_ints" in labels else TensorProto.STRING
+    model = one_node("SVMClassifier", attrs, (16, 2), [("label", kind, (16,)), ("scores", F, (16, 2))])
+    against_onnxruntime(model, {"x": x}, same_outputs)
+    labels_out = ember.compile(model).run({"x": x})["label"]
+    assert len(set(labels_out.tolist())) == 2  # (both classes occur: the vote decides)
+
