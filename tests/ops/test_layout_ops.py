@@ -49,6 +49,10 @@ CONVS = [  # n, c, k, (h, w), kernel, stride, pads, cb, kb, depthwise, dilation,
     (1, 32, 32, (15, 15), 3, 1, (1, 1, 1, 1), 16, 16, True, 1, True),  # depthwise
     (1, 48, 48, (14, 13), 3, 2, (1, 1, 1, 1), 16, 16, True, 1, True),  # depthwise, stride 2
     (1, 24, 24, (9, 9), 5, 1, (2, 2, 2, 2), 8, 8, True, 1, False),  # depthwise 5x5, block 8
+    # pointwise over many input blocks: the reduction in chunks (`k_chunk`), the last one partial (37 blocks)
+    (1, 296, 16, (7, 9), 1, 1, (0, 0, 0, 0), 8, 8, False, 1, True),
+    (1, 512, 48, (5, 5), 1, 1, (0, 0, 0, 0), 16, 16, False, 1, False),
+    (1, 320, 24, (9, 9), 1, 2, (0, 0, 0, 0), 8, 8, False, 1, True),  # strided
 ]
 
 
