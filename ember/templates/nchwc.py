@@ -65,6 +65,7 @@ class NCHWcPlan:
 
 PANEL_BYTES = 512 << 10  # weights of one channel-block tile that stay in L2 while the rows of a map reuse them
 K_CHUNK_BYTES = 4 << 10  # weights of one reduction chunk of a pointwise tile: they stay in L1 across its positions
+L1_BYTES = 32 << 10  # a tile's weights up to this size stay in L1 whole: no chunks
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -104,14 +105,15 @@ POOL_UNROLL = 160  # window elements x tile vectors up to which a window tile's 
 
 
 def k_chunk(plan: NCHWcPlan, blocks: int, window: int, cb: int, kb: int, dtype: DType | str) -> NCHWcPlan:
-    """A pointwise convolution (`window` 1) over more input blocks than one chunk takes its reduction in chunks of
-    `K_CHUNK_BYTES` of its tile's weights: each chunk's weights are read from L1 by every position of the map, the
-    partial sums kept in a buffer of the tile's channels x the map's positions. Without, each register tile streamed
-    all its weights from L2 or beyond: a 1152 -> 192 channel 1 x 1 convolution (1 thread, AVX2, 512 KiB L2) ran at
-    37-48 GFLOP/s from 7 x 7 to 28 x 28, with chunks of 4 blocks at 49-72 (weights warm). Inside a model, whose
-    weights come from memory each call, it gains less: MNASNet 1.08x, ResNeXt-50 1.06x, ResNet-50 1.03x."""
-    kc = max(1, K_CHUNK_BYTES // (plan.kbt * cb * kb * as_dtype(dtype).bits // 8))
-    return replace(plan, kchunk=kc) if window == 1 and blocks > kc else plan
+    """A pointwise convolution (`window` 1) whose tile's weights would not stay in L1 (`L1_BYTES`) takes its
+    reduction in chunks of `K_CHUNK_BYTES` of them: each chunk's weights are read from L1 by every position of the
+    map, the partial sums kept in a buffer of the tile's channels x the map's positions. Without, each register tile
+    streamed all its weights from L2 or beyond: 1 x 1 convolutions (1 thread, AVX2, 512 KiB L2, weights warm in a
+    sweep of one layer) of 1152 -> 192 channels ran 1.10x (28 x 28) to 1.34x (7 x 7) faster in chunks, 2048 -> 1024
+    at 5 x 5 1.25x. Where the tile's weights fit L1 (400 -> 400 at 7 x 7: 26 KB), chunks only cost (0.81x)."""
+    nbytes = plan.kbt * cb * kb * as_dtype(dtype).bits // 8  # one input block of the tile's weights
+    kc = max(1, K_CHUNK_BYTES // nbytes)
+    return replace(plan, kchunk=kc) if window == 1 and blocks > kc and blocks * nbytes > L1_BYTES else plan
 
 
 def pool_plan(block: int, out: tuple[int, int], window: int, dtype: DType | str, target: Target | None = None,

@@ -19,6 +19,7 @@ from ember.graph.types import TensorType
 from ember.ops import get_op
 from ember.ops.common import ShapeError
 from ember.ops.layout import Layout, relayout
+from ember.templates.nchwc import k_chunk, nchwc_plan
 
 ort = pytest.importorskip("onnxruntime")
 RTOL = 1e-4
@@ -49,10 +50,10 @@ CONVS = [  # n, c, k, (h, w), kernel, stride, pads, cb, kb, depthwise, dilation,
     (1, 32, 32, (15, 15), 3, 1, (1, 1, 1, 1), 16, 16, True, 1, True),  # depthwise
     (1, 48, 48, (14, 13), 3, 2, (1, 1, 1, 1), 16, 16, True, 1, True),  # depthwise, stride 2
     (1, 24, 24, (9, 9), 5, 1, (2, 2, 2, 2), 8, 8, True, 1, False),  # depthwise 5x5, block 8
-    # pointwise over many input blocks: the reduction in chunks (`k_chunk`), the last one partial (37 blocks)
-    (1, 296, 16, (7, 9), 1, 1, (0, 0, 0, 0), 8, 8, False, 1, True),
-    (1, 512, 48, (5, 5), 1, 1, (0, 0, 0, 0), 16, 16, False, 1, False),
-    (1, 320, 24, (9, 9), 1, 2, (0, 0, 0, 0), 8, 8, False, 1, True),  # strided
+    # pointwise, a tile's weights beyond L1: the reduction in chunks (`k_chunk`), the last one partial (37 blocks)
+    (1, 296, 32, (7, 7), 1, 1, (0, 0, 0, 0), 8, 8, False, 1, True),
+    (1, 512, 64, (5, 5), 1, 1, (0, 0, 0, 0), 16, 16, False, 1, False),
+    (1, 320, 32, (9, 9), 1, 2, (0, 0, 0, 0), 8, 8, False, 1, True),  # strided
 ]
 
 
@@ -151,6 +152,14 @@ def test_conv_nchwc_kernels():
     got = ember.compile(g, fallback=False)(*feeds)
     for (op, attrs, arrays, _), y in zip(cases, got):
         close(y, get_op(op).reference(attrs, *arrays)[0])
+
+
+def test_pointwise_cases_take_their_reduction_in_chunks():
+    """The last three CONVS exercise `k_chunk` on this host's plans (else the kernels test would not reach it)."""
+    for _, c, k, hw, ks, s, _, cb, kb, *_ in CONVS[-3:]:
+        out = tuple((d - 1) // s + 1 for d in hw)
+        plan = nchwc_plan(k // kb, kb, out, "float32", panel=c * kb * 4)
+        assert k_chunk(plan, c // cb, ks * ks, cb, kb, "float32").kchunk, (c, k, hw)
 
 
 def test_conv_nchwc_shape_errors():
