@@ -328,7 +328,8 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     ro, ri = O.split(oh, plan.oht)
     oho, ohi = O.split(ro, nparts=max(chunks, 1))
     po, pi = O.split(ow, plan.owt)
-    O.reorder(n, *((oho, kbo) if rows_out else (kbo, oho)), ohi, po, ri, pi, kbi, k)
+    outer = (oho, kbo) if rows_out else (kbo, oho)  # the parallel loops, around a chunk's rows and tiles
+    O.reorder(n, *outer, ohi, po, ri, pi, kbi, k)
     O.unroll(ri)
     O.unroll(kbi)
     O.unroll(pi)
@@ -336,6 +337,7 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     L = s[accl]
     ln, lkb, loh, low, lk = L.op.axis
     red = list(L.op.reduce_axis)
+    w = acc.op.attrs.get("weight")
     if plan.kchunk and len(red) == 4:  # (`k_chunk`) the tile's channels x the chunk's positions, in chunks of K
         rcbo, rcbi = L.split(red[0], plan.kchunk)
         lho, lhi = L.split(loh, plan.oht)
@@ -344,12 +346,11 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
         for ax in (lhi, lwi, lkb):
             L.unroll(ax)
         _vector_axis(L, lk, block, sub)
-        L.compute_at(O, (oho, kbo)[rows_out])  # inside both: a parallel chunk's rows of one channel tile
-        w = acc.op.attrs.get("weight")
+        L.compute_at(O, outer[-1])  # inside both: a parallel chunk's rows of one channel tile
         if w is not None and w.shape[0] > plan.kbt and prefetch_blocks(w, 0, target, 2, plan.kbt):
             L.prefetch(w, rcbi, dim=0, offset=plan.kbt, spread=(L, lwo))  # the next tile's chunk, shared by the tiles
         if chunks:
-            O.parallel(O.fuse(n, *((oho, kbo) if rows_out else (kbo, oho))))
+            O.parallel(O.fuse(n, *outer))
         return {O.name, L.name}
     if plan.order == "k_cb" and len(red) == 4:  # [rcb, rkh, rkw, rc] -> the kernel window outside the channel blocks
         red = [red[1], red[2], red[0], red[3]]
@@ -364,7 +365,6 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
     L.unroll(lkb)
     _vector_axis(L, lk, block, sub)
     L.compute_at(O, po)
-    w = acc.op.attrs.get("weight")
     positions = size_hint(out.shape[2]) * size_hint(out.shape[3])
     uses = rows * -(-size_hint(out.shape[3]) // plan.owt)  # spatial tiles
     # a block that one tile reads (a whole small map) still prefetches where each weight vector feeds enough FMAs
@@ -376,7 +376,7 @@ def _schedule_nchwc(s: te.Schedule, out: Tensor, attrs: dict, target: Target) ->
         # first row tile of a block read them from memory (ResNet's 512-channel 7x7 layers: 2 row tiles per block)
         L.prefetch(w, red[-1], dim=0, offset=plan.kbt)
     if chunks:
-        O.parallel(O.fuse(n, *((oho, kbo) if rows_out else (kbo, oho))))
+        O.parallel(O.fuse(n, *outer))
     return {O.name, L.name}
 
 
