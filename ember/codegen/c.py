@@ -39,6 +39,7 @@ from ..tir.stmt import (
 )  # fmt: skip
 from ..tir.vectorize import HALF_ROUND, lane_mask, mask_bits
 from .c_pool import POOL_DECL, POOL_SOURCE
+from .lanes import aligned_lanes, buffer_elems
 from .narrow import c_function
 from .vmath import EXP2_TABLE, c_vector_exp, exp2_table_values, vector_exp, wants_arithmetic_exp
 
@@ -739,6 +740,9 @@ class CCodegen:
         table = self.byte_table(e, idx)
         if table is not None:
             return table
+        block = None if dt.is_bool else aligned_lanes(idx, buffer_elems(e.buffer))
+        if block is not None:
+            return f"{self.block_shuffle(dt, block[1])}(&{buf}[{self.expr(block[0])}])"
         hw = self.x86_gather(dt, idx.dtype)
         if hw is not None:
             return f"{hw}({buf}, {self.expr(idx)})"
@@ -864,6 +868,20 @@ class CCodegen:
             extra = f", {it} idx" if it else ""
             code = (f"static inline void {name}({s}* p{extra}, {t} v, {m} m) {{\n"
                     f"  for (int l = 0; l < {n}; ++l) if (m[l]) {at} = v[l];\n}}")  # fmt: skip
+        return self.helper(name, code)
+
+    def block_shuffle(self, dt: DType, lanes: list[int]) -> str:
+        """A helper loading the aligned block of dt.lanes elements at p and taking its lanes in the order `lanes`
+        (`ember.codegen.lanes.aligned_lanes`: a grouped convolution's channels repeated per group), one vector load
+        and one constant shuffle in place of a gather."""
+        t, s, n = self.ctype(dt), dt.c_type, dt.lanes
+        name = f"ember_vload_{t}_" + "_".join(map(str, lanes))
+        it = self.mask_type(dt.bits, n)
+        order = ", ".join(map(str, lanes))
+        code = (f"static inline {t} {name}(const {s}* p) {{\n"
+                f"  {t} a;\n  __builtin_memcpy(&a, p, sizeof a);\n"
+                f"#if defined(__clang__)\n  return __builtin_shufflevector(a, a, {order});\n#else\n"
+                f"  return __builtin_shuffle(a, ({it}){{{order}}});\n#endif\n}}")  # fmt: skip
         return self.helper(name, code)
 
     def stride2_load(self, dt: DType) -> str:

@@ -61,6 +61,7 @@ from ..tir.stmt import (
 )
 from . import llvm_pool
 from .c import STACK_LIMIT, CodegenError, c_symbol, const_offset, register_slots
+from .lanes import aligned_lanes, buffer_elems
 from .toolchain import cache_dir, link_object, touch
 from .vmath import EXP16_C1, EXP16_C2, EXP16_Q, EXP_C1, EXP_C2, EXP_POLY, wants_arithmetic_exp
 
@@ -592,6 +593,11 @@ class LLVMCodegen:
         if isinstance(idx, Ramp) and isinstance(idx.stride, Const) and idx.stride.value == 1:
             p = self.address(buf, self.expr(idx.base))
             return B.load(p, typ=ltype(e.dtype), align=align)
+        block = None if buf.dtype.is_bool else aligned_lanes(idx, buffer_elems(buf))
+        if block is not None:  # one aligned block, its lanes rearranged (`ember.codegen.lanes`)
+            v = B.load(self.address(buf, self.expr(block[0])), typ=ltype(e.dtype), align=align)
+            order = ir.Constant(ir.VectorType(self.i32, len(block[1])), [ir.Constant(self.i32, k) for k in block[1]])
+            return B.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), order)
         vi = self.expr(idx)
         et = mtype(buf.dtype)
         return self.lanewise([vi], idx.dtype.lanes, lambda i: B.load(self.address(buf, i), typ=et, align=align))

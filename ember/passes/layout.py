@@ -5,7 +5,8 @@ largest power of two >= 4 below them that divides C (`block_of`; None: it stays 
 
 - a Conv (2-d, float, weights [K, C/group, KH, KW], group 1, depthwise, or grouped with whole channel
   blocks per group: groups narrower than a block with as many channels in as out, at least `MIN_NARROW_BITS`
-  wide, run in vectors of a group's lanes (`narrow_groups`, RegNet's groups of 8 in blocks of 16); other narrow
+  wide, run in whole vectors, a shuffle of the block per input channel of a group (`narrow_groups`, RegNet's
+  groups of 8 in blocks of 16, ResNeXt's of 4); other narrow
   groups are merged, up to `MAX_GROUP_MERGE` of them, their constant weights zero outside each group) whose
   output channels block becomes `ConvNCHWc` (one whose
   input is not blocked yet only when it has at least `MIN_MACS` multiply-adds: a small one would not pay
@@ -79,7 +80,7 @@ WINOGRAD_MIN_GAIN = 1.5  # estimated direct / Winograd time from which a 3x3 con
 WINOGRAD_TILE: int | None = None  # Winograd's output tile (2 or 4); None: `winograd_tile`'s choice per layer
 MIN_MACS = 1 << 20  # a convolution whose input is not blocked yet starts a blocked region only from this size
 NARROW_MACS_DIVISOR = 8  # ... or from MIN_MACS / this, a depthwise one whose rows are narrower than a vector
-MIN_NARROW_BITS = 128  # groups narrower than a block run as vectors of one group's lanes from this width
+MIN_NARROW_BITS = 128  # groups narrower than a block run as such (`conv_nchwc_acc`) from this width
 MAX_GROUP_MERGE = 2  # a grouped convolution merges at most this many groups into one of whole channel blocks
 MAX_CHANNEL_PAD = 0.25  # a convolution pads its output channels to whole vectors when that adds at most this share
 PAD_SAFE = {"Relu", "LeakyRelu", "Clip", "HardSwish"}  # channelwise ops that run on padded values as they are

@@ -184,8 +184,8 @@ def test_image_input_is_a_view_and_small_or_unsupported_convs_stay_nchw():
 
 
 GROUPED = [  # channels, groups, kernel, stride, target, groups after merging: groups of 8 channels (narrower than
-    # blocks of 16: vectors of 8 lanes), 16, 32, 16 -> 32 (a 1x1), 40 channels padded to 48 (a sixth group, of zero
-    # weights, in blocks of 16), 8 in blocks of 8 (AVX2), 4 (vectors of 4 lanes, ResNeXt's first stage), 8 -> 16
+    # blocks of 16), 16, 32, 16 -> 32 (a 1x1), 40 channels padded to 48 (a sixth group, of zero
+    # weights, in blocks of 16), 8 in blocks of 8 (AVX2), 4 (ResNeXt's first stage), 8 -> 16
     # (a 1x1: merged in pairs into blocks of 16)
     (32, 4, 3, 1, None, 4), (64, 4, 3, 2, None, 4), (64, 2, 3, 1, None, 2), (48, 3, 1, 1, None, 3),
     (40, 5, 3, 1, None, 6), (32, 4, 3, 1, "c -mcpu=haswell", 4), (32, 8, 3, 2, None, 8), (32, 4, 1, 1, None, 2),
@@ -195,8 +195,9 @@ GROUPED = [  # channels, groups, kernel, stride, target, groups after merging: g
 @pytest.mark.parametrize("case", GROUPED, ids=[f"c{c[0]}g{c[1]}k{c[2]}s{c[3]}{'x' if c[4] else ''}" for c in GROUPED])
 def test_grouped_convolutions_run_blocked(case):
     """A grouped convolution (RegNet, ResNeXt) between blocked ones stays blocked: each output block reads
-    the input blocks of its group; groups narrower than a block run in vectors of a group's lanes (as many channels
-    in as out) or are merged in pairs, their weights zero between the groups. Checked against onnxruntime
+    the input blocks of its group; groups narrower than a block run in whole vectors, each input channel of a group
+    one shuffle of the block's vector (as many channels in as out), or are merged in pairs, their weights zero between
+    the groups. Checked against onnxruntime
     (reference evaluator and compiled)."""
     c, group, k, stride, target, merged = case
     b = zoo.Builder(9)
@@ -303,7 +304,7 @@ def regnet_y_stage(c_in: int, width: int, group_width: int, blocks: int, size: i
 def test_regnet_blocks_padded_to_whole_vectors(monkeypatch, c_in, width, group_width, batch):
     """RegNet-Y's widths without a block of 16 (RegNet-Y-400MF: 104, 440; here 56, 40 and 72) are computed
     zero-padded to whole vectors through the whole stage: the grouped conv takes the padding as whole groups of
-    zero weights (its groups narrower than a block: vectors of a group's lanes), the squeeze-excitation's pool,
+    zero weights (its groups narrower than a block: shuffles of the block), the squeeze-excitation's pool,
     sigmoid and channel multiply and the residual adds run on padded values, and only the pooled features are
     sliced for the classifier. Checked against onnxruntime."""
     monkeypatch.setattr("ember.passes.layout.MIN_MACS", 0)  # small maps: the first conv starts the blocked region
