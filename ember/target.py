@@ -356,6 +356,13 @@ class Target:
     def num_cores(self) -> int:
         return self.threads or os.cpu_count() or 1
 
+    @property
+    def l1d(self) -> Cache:
+        """The level-1 data cache of the CPU the code runs on: this machine's (read from sysfs) for code built to run
+        here for this CPU (`-mcpu=native`), else `DEFAULT_L1D`."""
+        here = self.kind in CPU_KINDS and self.runs_here and self.mcpu == "native"
+        return (host_l1d() if here else None) or DEFAULT_L1D
+
 
 def _triple_of(arch_name: str) -> str:
     return next(t for t, a in ARCHS.items() if a.name == arch_name)
@@ -377,6 +384,47 @@ def lacking_features(features: Iterable[str]) -> list[str]:
     """The CPU features of `features` (LLVM's or /proc/cpuinfo's spellings) that this machine's CPU lacks."""
     have = {feature_key(f) for f in host_cpu_flags()}
     return [f for f in features if feature_key(f) not in have]
+
+
+@dataclass(frozen=True)
+class Cache:
+    """A CPU cache's geometry: lines 4 KiB apart on a 32 KiB 8-way L1 (`size // ways`) share one set."""
+
+    size: int  # bytes
+    ways: int
+    line: int = 64
+
+
+DEFAULT_L1D = Cache(32 << 10, 8)  # most x86 (Zen, Skylake) and Arm (Cortex-A55/A76) cores: 32 KiB in 8 ways
+
+
+@functools.cache
+def host_l1d(root: str = "/sys/devices/system/cpu/cpu0/cache") -> Cache | None:
+    """This machine's level-1 data cache from Linux's sysfs (`index*/level`, `type`, `size`, `ways_of_associativity`,
+    `coherency_line_size`); None where it does not say (another OS, a container hiding it)."""
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return None
+    for entry in entries:
+        path = os.path.join(root, entry)
+
+        def read(name: str, path: str = path) -> str:
+            with open(os.path.join(path, name)) as f:
+                return f.read().strip()
+
+        try:
+            if read("level") != "1" or read("type") not in ("Data", "Unified"):
+                continue
+            size = read("size").upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+            ways, line = int(read("ways_of_associativity")), int(read("coherency_line_size"))
+            nbytes = int(size.rstrip("KM")) * scale
+        except (OSError, ValueError):
+            continue
+        if nbytes > 0 and ways > 0 and line > 0:
+            return Cache(nbytes, ways, line)
+    return None
 
 
 @functools.cache

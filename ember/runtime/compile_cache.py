@@ -72,6 +72,7 @@ def model_key(model_parts: Iterable[bytes], target: Target, options: dict[str, A
     facts = {
         "target": repr(target),
         "simd": sorted(target.simd_features()),
+        "l1d": repr(target.l1d),  # the host's L1 shapes GEMM tiles (`ember.templates.nn.alias_free_rows`)
         "machine": platform.machine(),
         "cc": cc_version(cc) if cc else None,
         "python": sys.version_info[:2],

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ember import te
-from ember.target import Target, host_cpu_flags
+from ember.target import DEFAULT_L1D, Cache, Target, host_cpu_flags
 from ember.te.config import ConfigBase
 from ember.te.tensor import ComputeOp, Reduce, Tensor, prod_hint, size_hint
 from ember.templates.flat import schedule_flat
@@ -96,24 +96,28 @@ def rows_outside(activation_bytes: int, weight_bytes: int) -> bool:
     return weight_bytes <= ROWS_OUTSIDE_BYTES and activation_bytes >= 2 * weight_bytes
 
 
-# An L1 data cache indexes its sets with the address bits inside a 4 KiB page, so lines 4 KiB apart share a set (8
-# ways on Zen 4 and most x86/ARM cores). A register tile's rows of A walk K in step, one line each: where A's row
-# stride is a multiple of 4 KiB (K = 1024, 2048, 3072 floats: the down-projection of a transformer's FFN) all of them
-# share one set and evict each other before the next 16 k's use their line (128 x 3072 x 768 with 12-row tiles: 97
-# GFLOP/s; 6 rows: 107; K = 1024: 102 -> 111, K = 768 unchanged at 113).
-ALIAS_PERIOD = 4096
-ALIAS_ROWS = 6  # rows of a tile allowed in one set (two of the 8 ways left to B's panel and C)
+# An L1 data cache indexes its sets with the address bits below its size / ways (4 KiB: 32 KiB in 8 ways on Zen 4
+# and most x86/Arm cores, 48 KiB in 12 on recent Xeons), so lines that far apart share a set. A register tile's rows
+# of A walk K in step, one line each: where A's row stride is a multiple of that period (K = 1024, 2048, 3072 floats:
+# the down-projection of a transformer's FFN) all of them share one set and evict each other before the next 16 k's
+# use their line. The tile takes at most the set's ways less ALIAS_SPARE_WAYS of them (left to B's panel and C), the
+# ways of the target's L1 (`Target.l1d`). Zen 4, 8 ways: 128 x 3072 x 768 with 12-row tiles 97 GFLOP/s, 6 rows 107;
+# K = 1024: 102 -> 111, K = 768 unchanged at 113. Xeon, 12 ways, 1 thread: 197 x 3072 x 768 with 6 rows (the 8-way
+# limit) 136-162 GFLOP/s, 10 rows 146-173 (+7%), 12 rows 138.
+ALIAS_SPARE_WAYS = 2
 
 
-def alias_free_rows(mr: int, row_bytes: int) -> int:
-    """The most rows, at most mr, of a tile whose A rows (row_bytes apart) put at most ALIAS_ROWS lines in one L1
-    set at each step of the reduction."""
-    while mr > ALIAS_ROWS:
+def alias_free_rows(mr: int, row_bytes: int, l1d: Cache = DEFAULT_L1D) -> int:
+    """The most rows, at most mr, of a tile whose A rows (row_bytes apart) put at most `l1d.ways - ALIAS_SPARE_WAYS`
+    lines in one set of the L1 `l1d` at each step of the reduction."""
+    limit = max(1, l1d.ways - ALIAS_SPARE_WAYS)
+    period = max(l1d.line, l1d.size // l1d.ways)
+    while mr > limit:
         sets: dict[int, int] = {}
         for i in range(mr):
-            line = i * row_bytes % ALIAS_PERIOD // 64
+            line = i * row_bytes % period // l1d.line
             sets[line] = sets.get(line, 0) + 1
-        if max(sets.values()) <= ALIAS_ROWS:
+        if max(sets.values()) <= limit:
             break
         mr -= 1
     return mr
@@ -155,7 +159,7 @@ def gemm_plan(M: int, N: int, K: int, dtype: DType, target: Target | None = None
     mr = min(M, (regs - 3 - vecs) // vecs if regs >= 32 else 6)
     mr = max(1, min(mr, 12))
     item = as_dtype(dtype).itemsize
-    mr = alias_free_rows(mr, K * item)
+    mr = alias_free_rows(mr, K * item, target.l1d)
     mr = -(-M // -(-M // mr))  # balanced row tiles: 64 rows as 6 x 11, not 5 x 12 and a tile of 4
     # column panels outside: each panel of B is read from memory once and reused by every row tile (A, the
     # activations, is the smaller operand in inference and stays in cache); rows outside re-read all of B per

@@ -512,17 +512,43 @@ def test_gemm_plans() -> None:
 
 
 def test_gemm_tile_rows_avoid_l1_set_aliasing() -> None:
-    """A's rows 4 KiB apart (or a multiple) share one L1 set: the register tile takes at most ALIAS_ROWS of them;
-    rows at other strides spread over the sets and keep the full tile."""
+    """A's rows one L1 way apart (4 KiB in a 32 KiB 8-way L1, or a multiple) share one set: the register tile
+    takes at most the ways less ALIAS_SPARE_WAYS of them (6 of 8, 10 of a 48 KiB 12-way L1's); rows at other
+    strides spread over the sets and keep the full tile. The host's L1 (sysfs) sets the limit of a native target."""
+    from ember.target import Cache, Target, host_l1d
+
     f32 = as_dtype("float32")
-    assert T.alias_free_rows(12, 3072 * 4) == T.ALIAS_ROWS  # 12 KiB apart: every row in one set
-    assert T.alias_free_rows(12, 2048 * 4) == T.ALIAS_ROWS
-    assert T.alias_free_rows(12, 1536 * 4) == 12  # 6 KiB: two sets, six rows each
-    assert T.alias_free_rows(12, 768 * 4) == 12 and T.alias_free_rows(12, 1020 * 4) == 12
+    eight, twelve = Cache(32 << 10, 8), Cache(48 << 10, 12)
+    assert T.alias_free_rows(12, 3072 * 4, eight) == 6  # 12 KiB apart: every row in one set
+    assert T.alias_free_rows(12, 3072 * 4, twelve) == 10
+    assert T.alias_free_rows(12, 2048 * 4, eight) == 6
+    assert T.alias_free_rows(12, 1536 * 4, eight) == 12  # 6 KiB: two sets, six rows each
+    assert T.alias_free_rows(12, 1536 * 4, twelve) == 12  # 6 KiB of a 4 KiB period: two sets
+    assert T.alias_free_rows(12, 768 * 4, eight) == 12 and T.alias_free_rows(12, 1020 * 4, eight) == 12
+    host = T.host_target()
+    limit = host.l1d.ways - T.ALIAS_SPARE_WAYS
+    assert host.l1d == (host_l1d() or T.DEFAULT_L1D)
     aliasing, spread = (T.gemm_plan(128, 768, k, f32, fixed_nr=32).mr for k in (3072, 768))
-    assert aliasing <= T.ALIAS_ROWS
-    # the full tile where the rows spread: more than ALIAS_ROWS with 32 vector registers (AVX-512), 6 with 16
-    assert spread > T.ALIAS_ROWS if T.vector_regs(T.host_target()) >= 32 else spread == 6
+    assert aliasing <= limit
+    # the full tile where the rows spread: 12 with 32 vector registers (AVX-512), 6 with 16
+    assert spread == (12 if T.vector_regs(host) >= 32 else 6)
+    cross = Target.parse("c -mtriple=aarch64-linux-gnu")
+    assert cross.l1d == T.DEFAULT_L1D  # another machine's code: the common 32 KiB 8-way L1
+
+
+def test_host_l1d_reads_sysfs(tmp_path) -> None:
+    """The L1 data cache from a sysfs tree (instruction caches and other levels skipped); None without one."""
+    from ember.target import Cache, host_l1d
+
+    for name, level, kind, size, ways in (("index0", 1, "Instruction", "32K", 8), ("index1", 1, "Data", "48K", 12),
+                                          ("index2", 2, "Unified", "2048K", 16)):  # fmt: skip
+        d = tmp_path / name
+        d.mkdir()
+        for f, v in (("level", level), ("type", kind), ("size", size), ("ways_of_associativity", ways),
+                     ("coherency_line_size", 64)):  # fmt: skip
+            (d / f).write_text(f"{v}\n")
+    assert host_l1d.__wrapped__(str(tmp_path)) == Cache(48 << 10, 12, 64)
+    assert host_l1d.__wrapped__(str(tmp_path / "missing")) is None
 
 
 @pytest.mark.parametrize("m", [13, 64])
