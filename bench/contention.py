@@ -138,6 +138,15 @@ def one_process(system: str, workdir: Path, threads: int, repeat: int, busy_cpu:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def model_names() -> tuple[str, ...]:
+    """The models `build` makes: ember.zoo_torch's examples and EfficientNet-B0 with torch, two without."""
+    try:
+        from ember import zoo_torch
+    except ImportError:
+        return ("resnet18", "bert4")
+    return (*zoo_torch.EXAMPLES, "efficientnet_b0")
+
+
 def available(system: str) -> bool:
     import importlib.util
 
@@ -164,6 +173,10 @@ def main() -> None:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         raise SystemExit(f"--systems takes {', '.join(SYSTEMS)}, not {', '.join(unknown)}")
+    models = [m for m in args.models.split(",") if m]
+    bad = [m for m in models if m not in model_names()]
+    if bad:
+        raise SystemExit(f"unknown model(s) {', '.join(bad)}; known: {', '.join(model_names())}")
     for s in [s for s in systems if not available(s)]:
         print(f"note: {s} is not installed: left out (pip install {s})")
         systems.remove(s)
@@ -179,7 +192,7 @@ def main() -> None:
     print(f"{'model':<16} {'system':<12} {'quiet med':>9} {'quiet p90':>9} {'busy med':>9} {'busy p90':>9} "
           f"{'busy/quiet':>10}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
+        for name in models:
             workdir = Path(tmp) / name
             workdir.mkdir()
             model, feeds = build(name)

@@ -332,6 +332,9 @@ def greedy_decode(run, model, prompt, steps: int) -> tuple[list[int], list]:
     return tokens, logits
 
 
+EXAMPLES = ("resnet18", "mobilenet_v2", "bert4", "conv_stack", "mlp")  # the names `example` builds
+
+
 def example(name: str, image: int = 224) -> tuple[nn.Module, tuple[torch.Tensor, ...], list[str]]:
     """(module in eval mode with non-trivial batch-norm statistics, example inputs, input names)."""
     g = torch.Generator().manual_seed(0)
@@ -347,7 +350,7 @@ def example(name: str, image: int = 224) -> tuple[nn.Module, tuple[torch.Tensor,
     elif name == "mlp":
         m, args = MLP(), (torch.randn(64, 784, generator=g),)
     else:
-        raise KeyError(f"unknown model {name!r}")
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(EXAMPLES)}")
     names = ["input_ids", "attention_mask"] if name == "bert4" else ["x"]
     g = torch.Generator().manual_seed(1)
     for bn in (b for b in m.modules() if isinstance(b, nn.BatchNorm2d)):
