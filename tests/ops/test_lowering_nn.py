@@ -595,6 +595,28 @@ def test_blocked_conv_parallel_loop_order(monkeypatch, c: int, hw: int, rows_out
     np.testing.assert_allclose(list(compiled.run(feeds).values())[0], expected[0], rtol=RTOL, atol=1e-5)
 
 
+@pytest.mark.parametrize("c, hw, rows", [(32, 41, True), (256, 7, False)])
+def test_window_op_threads_split_blocks(c: int, hw: int, rows: bool) -> None:
+    """At 2 threads a depthwise convolution (a window op) with 4 or more channel blocks per thread splits its blocks
+    across the threads (256 channels at 7 x 7): blocks are independent, split rows read their neighbours' rows from
+    the other core. With fewer blocks (32 channels) it splits rows. onnxruntime's result either way."""
+    from ember import zoo
+
+    b = zoo.Builder(2)
+    y = b.conv_bn_relu("x", c, c, k=1)
+    model = b.model({"x": (1, c, hw, hw)}, b.conv_bn_relu(y, c, c, k=3, group=c))
+    compiled = ember.compile(model, target="c -threads=2", fallback=False)
+    plan = compiled.plan
+    (dw,) = [k.name for st in plan.steps for k in getattr(st, "kernels", None) or []
+             if any(len(plan.values[a].shape) == 6 and plan.values[a].shape[4] == 1 for a in k.args)]  # fmt: skip
+    region = compiled.source.split(f"static void {dw}_par1(", 1)[1].split("\n}\n", 1)[0]
+    (fused,) = re.findall(r"for \(int32_t (\w+_fused) = \(int32_t\)ember_begin", region)
+    assert ("i2_outer_outer_fused_i1" in fused) == rows, fused  # rows outside the channel blocks, or inside
+    feeds = zoo.random_feeds(model, 1)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(list(compiled.run(feeds).values())[0], expected[0], rtol=RTOL, atol=1e-5)
+
+
 @pytest.mark.parametrize("table", [False, True])
 def test_vector_exp(table: bool) -> None:
     """The arithmetic exp of the softmax kernels (powers of two by digits or from a table): about 1 ulp,
