@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -60,6 +61,17 @@ def environment(env: Any = None) -> dict[str, str]:
             if (k.startswith("EMBER_") and k not in ENV_IGNORED) or k in ENV_KEYS}  # fmt: skip
 
 
+@functools.cache
+def _version(package: str) -> str | None:
+    """An installed package's version, whether or not it is imported yet (the key read `__version__` of the imported
+    module: onnx, imported by the first compile, made the second compile of a process miss the entry the first
+    stored)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def model_key(model_parts: Iterable[bytes], target: Target, options: dict[str, Any]) -> str:
     """The key of a compile: `model_parts` (the model's bytes, and those of files it refers to), the target as this
     machine builds it, `options` (JSON-serializable: every argument of the compile that changes its result, the
@@ -76,7 +88,7 @@ def model_key(model_parts: Iterable[bytes], target: Target, options: dict[str, A
         "machine": platform.machine(),
         "cc": cc_version(cc) if cc else None,
         "python": sys.version_info[:2],
-        "versions": {m: getattr(sys.modules.get(m), "__version__", None) for m in ("numpy", "onnx")},
+        "versions": {m: _version(m) for m in ("numpy", "onnx")},
         "options": options,
         "env": environment(),
         "ember": source_fingerprint(),

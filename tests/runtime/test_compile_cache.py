@@ -166,3 +166,15 @@ def test_key_parts():
     assert k != compile_cache.model_key([b"m", b""], t, {"a": 1})  # parts are length-prefixed
     assert k != compile_cache.model_key([b"m"], t, {"a": 2})
     assert len(compile_cache.source_fingerprint()) == 64
+
+
+def test_key_does_not_depend_on_what_is_imported(monkeypatch):
+    """The key names the installed onnx and numpy, imported or not: the first compile of a process imports onnx,
+    and a key read from the imported module made the second compile of the same model miss the entry the first
+    stored (the third hit)."""
+    import sys
+
+    t = ember.target.Target.parse("c -threads=1")
+    k = compile_cache.model_key([b"m"], t, {})
+    monkeypatch.delitem(sys.modules, "onnx")
+    assert compile_cache.model_key([b"m"], t, {}) == k
