@@ -174,9 +174,10 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--systems takes {', '.join(SYSTEMS)}, not {', '.join(unknown)}")
     models = [m for m in args.models.split(",") if m]
-    bad = [m for m in models if m not in model_names()]
+    known = model_names()
+    bad = [m for m in models if m not in known]
     if bad:
-        raise SystemExit(f"unknown model(s) {', '.join(bad)}; known: {', '.join(model_names())}")
+        raise SystemExit(f"unknown model(s) {', '.join(bad)}; known: {', '.join(known)}")
     for s in [s for s in systems if not available(s)]:
         print(f"note: {s} is not installed: left out (pip install {s})")
         systems.remove(s)

@@ -879,9 +879,7 @@ class CCodegen:
         it = self.mask_type(dt.bits, n)
         order = ", ".join(map(str, lanes))
         code = (f"static inline {t} {name}(const {s}* p) {{\n"
-                f"  {t} a;\n  __builtin_memcpy(&a, p, sizeof a);\n"
-                f"#if defined(__clang__)\n  return __builtin_shufflevector(a, a, {order});\n#else\n"
-                f"  return __builtin_shuffle(a, ({it}){{{order}}});\n#endif\n}}")  # fmt: skip
+                f"  {t} a;\n  __builtin_memcpy(&a, p, sizeof a);\n{_shuffle_return('a', None, order, it)}}}")
         return self.helper(name, code)
 
     def stride2_load(self, dt: DType) -> str:
@@ -908,8 +906,7 @@ class CCodegen:
         order = ", ".join(map(str, lanes))
         code = (f"static inline {t} {name}(const {s}* p) {{\n"
                 f"  {t} a, b;\n  __builtin_memcpy(&a, p, sizeof a);\n  __builtin_memcpy(&b, p + {n - 1}, sizeof b);\n"
-                f"#if defined(__clang__)\n  return __builtin_shufflevector(a, b, {order});\n#else\n"
-                f"  return __builtin_shuffle(a, b, ({it}){{{order}}});\n#endif\n}}")  # fmt: skip
+                f"{_shuffle_return('a', 'b', order, it)}}}")  # fmt: skip
         return self.helper(name, code)
 
     # -- statements --------------------------------------------------------------------------
@@ -1242,6 +1239,15 @@ def _lanes_init(lanes: int, lane: Callable[[int], str]) -> str:
     """A vector initializer {lane(0), lane(1), ...}: GCC turns it into one broadcast/insert sequence,
     where a loop over lanes can become one masked instruction per lane."""
     return "{" + ", ".join(lane(i) for i in range(lanes)) + "}"
+
+
+def _shuffle_return(a: str, b: str | None, order: str, it: str) -> str:
+    """The `return` of a helper's constant shuffle of vector a (and b: lanes past a's count index into b), for clang
+    (`__builtin_shufflevector`) and GCC (`__builtin_shuffle` with a mask vector of type `it`)."""
+    second = b or a
+    gcc = f"{a}, {b}" if b else a
+    return (f"#if defined(__clang__)\n  return __builtin_shufflevector({a}, {second}, {order});\n#else\n"
+            f"  return __builtin_shuffle({gcc}, ({it}){{{order}}});\n#endif\n")
 
 
 def const_offset(idx: Expr) -> int | None:
