@@ -5,24 +5,24 @@
 1. parity: on the tuning bench's workloads (a 512^3 dense and ResNet-18's 3x3 conv at 64 channels in the
    blocked layout), the template tuner (xgb) and the auto-scheduler each get `--trials` measurements; parity is
    the worst over the workloads of (template best time / auto best time): 1.0 = as fast, >= 0.95 is the bar.
-2. kernels without a template today (softmax rows, layer norm, pooling, a depthwise 3x3, an attention score
-   matmul + softmax group): the default schedule (what `ember.compile` runs) against the auto-scheduler's best
-   after `--trials` measurements: speedup = default time / auto time; bar 1.5x, or within 10% of the roofline
-   bound (`ember.runtime.roofline`: the larger of flops / peak and the bytes each argument must move once /
-   the machine's measured bandwidth for a working set of that size, cached per machine and target). The table
-   prints both times (the measurer's medians), the speedup, the bound, each kernel's fraction of it, and the
-   verdict: "1.5x" (speedup), "bound" (within 10% of the bound), or "below bar". The bound is a time on an idle
-   machine, so the fractions use the least time of many short runs of the default and the best schedule, built
-   again in this process and timed in turns (`--best-of`; the medians of a shared machine hold its load).
-   "least x" is the speedup on those least times: where the medians' speedup and it disagree, the machine's load
-   made the difference. "turns x" is the speedup on the medians of those same runs in turns: the search's medians
-   ("speedup") compare one measurement of the default with the least of many candidates' medians, each taken
-   at another moment of a shared machine's load (a selection bias: depthwise 3.77x by the search's medians, 0.99x
-   by least times, on a loaded machine), so the "1.5x" verdict needs "least x" and "turns x". The roofline
-   counts a transcendental call as one operation; the column "special" is the least time of the kernel's
-   transcendental calls alone (one per element of each stage whose body calls exp, tanh, log or erf, each at the
-   throughput of an Ember kernel that only calls it, vectorized, on a cache-resident array): a softmax cannot
-   run faster than its exps, whatever its bytes.
+2. kernels without a template today (softmax rows, layer norm, pooling, a depthwise 3x3, an attention score matmul +
+   softmax group; each op with its first output only, as models use them: MaxPool without Indices, LayerNormalization
+   without Mean and InvStdDev): the default schedule (what `ember.compile` runs) against the auto-scheduler's best
+   after `--trials` measurements: speedup = default time / auto time; bar 1.5x, or within 10% of the roofline bound
+   (`ember.runtime.roofline`: the larger of flops / peak and the bytes each argument must move once / the machine's
+   measured bandwidth for a working set of that size, cached per machine and target). The table prints both times
+   (the measurer's medians), the speedup, the bound, each kernel's fraction of it, and the verdict: "1.5x" (speedup),
+   "bound" (within 10% of the bound), or "below bar". The bound is a time on an idle machine, so the fractions use
+   the least time of many short runs of the default and the best schedule, built again in this process and timed in
+   turns (`--best-of`; the medians of a shared machine hold its load). "least x" is the speedup on those least times:
+   where the medians' speedup and it disagree, the machine's load made the difference. "turns x" is the speedup on
+   the medians of those same runs in turns: the search's medians ("speedup") compare one measurement of the default
+   with the least of many candidates' medians, each taken at another moment of a shared machine's load (a selection
+   bias: depthwise 3.77x by the search's medians, 0.99x by least times, on a loaded machine), so the "1.5x" verdict
+   needs "least x" and "turns x". The roofline counts a transcendental call as one operation; the column "special" is
+   the least time of the kernel's transcendental calls alone (one per element of each stage whose body calls exp,
+   tanh, log or erf, each at the throughput of an Ember kernel that only calls it, vectorized, on a cache-resident
+   array): a softmax cannot run faster than its exps, whatever its bytes.
 
 Single-threaded by default, fixed seeds. The last line of `--json` is one JSON object with "parity" and
 "untemplated_speedup" (per kernel) and the details.
@@ -193,7 +193,7 @@ def main() -> int:
         for name, spec in UNTEMPLATED.items():
             if not wanted(name):
                 continue
-            task = attention_task(args.target) if spec is None else AutoTask.from_op(*spec, target=args.target)
+            task = attention_task(args.target) if spec is None else AutoTask.from_op(*spec, args.target, outputs=1)
             s = auto_search(task, m, args.trials, args.seed, args.batch_size)
             nbytes = sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in task.arg_types())
             bound, by = limits.bound(task.flops, nbytes)

@@ -99,8 +99,9 @@ class AutoTask(Task):
                         template=AUTO, n_outputs=len(node.outputs))  # fmt: skip
 
     @staticmethod
-    def from_op(op: str, inputs, attrs: dict | None = None, target: str | Target = "c") -> AutoTask:  # type: ignore[override]
-        return AutoTask.from_node(op_node(op, inputs, attrs), target)
+    def from_op(op: str, inputs, attrs: dict | None = None, target: str | Target = "c",  # type: ignore[override]
+                outputs: int | None = None) -> AutoTask:  # fmt: skip
+        return AutoTask.from_node(op_node(op, inputs, attrs, outputs), target)
 
 
 def extract_auto_tasks(model: Any, target: str | Target = "c", input_shapes: dict | None = None,

@@ -124,9 +124,11 @@ class Task:
 
     @staticmethod
     def from_op(op: str, inputs: Sequence[tuple[Sequence[int], str] | Sequence[int]], attrs: dict | None = None,
-                target: str | Target = "c") -> Task:  # fmt: skip
-        """A task for one operator on inputs given as shapes (float32) or (shape, dtype) pairs."""
-        return Task.from_node(op_node(op, inputs, attrs), target)
+                target: str | Target = "c", outputs: int | None = None) -> Task:  # fmt: skip
+        """A task for one operator on inputs given as shapes (float32) or (shape, dtype) pairs; `outputs`: how
+        many of its outputs the kernel computes (default all; 1 for a MaxPool without Indices, a
+        LayerNormalization without Mean and InvStdDev, as models mostly use them)."""
+        return Task.from_node(op_node(op, inputs, attrs, outputs), target)
 
     @staticmethod
     def from_template(name: str, template_fn: TemplateFn, target: str | Target = "c",
@@ -137,8 +139,10 @@ class Task:
                     reference_fn=reference_fn, n_outputs=n_outputs)  # fmt: skip
 
 
-def op_node(op: str, inputs: Sequence[tuple[Sequence[int], str] | Sequence[int]], attrs: dict | None = None) -> Node:
-    """A graph node of one operator on inputs given as shapes (float32) or (shape, dtype) pairs."""
+def op_node(op: str, inputs: Sequence[tuple[Sequence[int], str] | Sequence[int]], attrs: dict | None = None,
+            outputs: int | None = None) -> Node:  # fmt: skip
+    """A graph node of one operator on inputs given as shapes (float32) or (shape, dtype) pairs, with its first
+    `outputs` outputs (default: all of them; ONNX's optional outputs are the trailing ones)."""
     opdef = get_op(op)
     a = opdef.check_attrs(dict(attrs or {}))
     vals = []
@@ -146,7 +150,9 @@ def op_node(op: str, inputs: Sequence[tuple[Sequence[int], str] | Sequence[int]]
         shape, dt = (spec, "float32") if spec and isinstance(spec[0], int) else spec
         vals.append(Value(f"x{i}", TensorType(tuple(shape), dt)))
     outs = opdef.infer(a, *[v.type for v in vals])
-    return Node(op, vals, [Value(f"y{i}", t) for i, t in enumerate(outs)], a, name=op.lower())
+    if outputs is not None and not 1 <= outputs <= len(outs):
+        raise ValueError(f"{op} has {len(outs)} output(s); asked for {outputs}")
+    return Node(op, vals, [Value(f"y{i}", t) for i, t in enumerate(outs[:outputs])], a, name=op.lower())
 
 
 def portable_node(node: Node) -> Node:

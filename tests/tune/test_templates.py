@@ -1,5 +1,6 @@
 """Every point of a small GEMM space and a small conv space computes the right answer (numpy reference)."""
 
+import numpy as np
 import pytest
 
 from ember.templates import nn as T
@@ -70,3 +71,25 @@ def test_template_schedules_replay_from_their_records(op, inputs, attrs):
         n_out = task.n_outputs
         replayed = Schedule.from_record(fresh[len(fresh) - n_out :], sch.record())
         assert str(lower(replayed, fresh, "k")) == str(lower(sch, args, "k")), space.get(i)
+
+
+def test_from_op_keeps_the_outputs_asked_for():
+    """A MaxPool task of one output computes Y alone (a model's MaxPool without Indices); the kernel equals a
+    numpy max over the padded windows. Asking for more outputs than the op has names the op."""
+    import ember
+
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "dilations": [1, 1]}
+    both = Task.from_op("MaxPool", [(1, 4, 9, 10)], attrs, target="c")
+    one = Task.from_op("MaxPool", [(1, 4, 9, 10)], attrs, target="c", outputs=1)
+    assert (both.n_outputs, one.n_outputs) == (2, 1)
+    assert [t for _, t in one.arg_types()] == ["float32", "float32"]
+    sch, args = one.instantiate(None)
+    f = ember.build(sch, args, target="c")
+    x = np.random.default_rng(1).standard_normal((1, 4, 9, 10)).astype("float32")
+    y = np.zeros((1, 4, 5, 5), "float32")
+    f(x, y)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    want = np.max([xp[:, :, i : i + 9 : 2, j : j + 9 : 2] for i in range(3) for j in range(3)], axis=0)
+    np.testing.assert_array_equal(y, want)
+    with pytest.raises(ValueError, match="MaxPool has 2 output"):
+        Task.from_op("MaxPool", [(1, 4, 9, 10)], attrs, outputs=3)
