@@ -795,21 +795,48 @@ def _adaptive_avg_pool(c: Ctx) -> Value:
 
 
 @converter("_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "native_batch_norm",
-           "batch_norm")  # fmt: skip
+           "batch_norm", "_native_batch_norm_legit_functional")  # fmt: skip
 def _batch_norm(c: Ctx) -> list:
+    """Inference batch norm by its running statistics. In training mode the batch's own statistics normalize
+    (what functional uses without running statistics do: timm's weight-standardized convolutions normalize their
+    weights so); a module with running statistics in training mode is refused (it was meant to run in eval mode,
+    and its call would also update them)."""
     packet = c.node.target.overloadpacket.__name__
+    channels = c.in_shape()[1]
     if packet == "_native_batch_norm_legit_no_training":
         x, w, b, mean, var, eps = c.v(0), c.v(1), c.v(2), c.v(3), c.v(4), c.arg(6)
+    elif c.node.target._overloadname == "no_stats":  # (x, weight, bias, training, momentum, eps)
+        x, w, b, mean, var, eps = c.v(0), c.v(1), c.v(2), None, None, c.arg(5)
     else:
-        if c.arg(5):  # training
+        x, w, b, mean, var, eps = c.v(0), c.v(1), c.v(2), c.v(3), c.v(4), c.arg(7)
+        if c.arg(5) and (mean is not None or var is not None):  # training, with running statistics
             raise ModelError(f"{c.imp.name}: {c.node.name} at {module_path(c.node)}: batch norm in training mode "
                              "(compile the module in eval mode)")  # fmt: skip
-        x, w, b, mean, var, eps = c.v(0), c.v(1), c.v(2), c.v(3), c.v(4), c.arg(7)
-    channels = c.in_shape()[1]
     w = w if w is not None else c.const(np.ones(channels, x.dtype))
     b = b if b is not None else c.const(np.zeros(channels, x.dtype))
-    y = c.add("BatchNormalization", [x, w, b, mean, var], {"epsilon": eps})
+    y = _batch_stats_norm(c, x, w, b, eps) if mean is None else \
+        c.add("BatchNormalization", [x, w, b, mean, var], {"epsilon": eps})  # fmt: skip
+    if packet == "_native_batch_norm_legit_functional":  # (and the running statistics, unchanged)
+        return [y, None, None, mean, var]
     return [y, None, None] if packet != "batch_norm" else y
+
+
+def _batch_stats_norm(c: Ctx, x: Value, w: Value, b: Value, eps: float) -> Value:
+    """(x - mean) / sqrt(var + eps) * w + b with the mean and biased variance of each channel over the batch and
+    every spatial position (axis 1 is the channel)."""
+    rank = len(c.in_shape())
+    axes = (0, *range(2, rank))
+    n = f"{c.name}_bn"
+    mean = c.imp.add1("ReduceMean", [x], {"axes": axes, "keepdims": 1}, f"{n}_mean")
+    d = c.imp.add1("Sub", [x, mean], name=f"{n}_d")
+    var = c.imp.add1("ReduceMean", [c.imp.add1("Mul", [d, d], name=f"{n}_sq")], {"axes": axes, "keepdims": 1},
+                     f"{n}_var")  # fmt: skip
+    std = c.imp.add1("Sqrt", [c.imp.add1("Add", [var, c.const(eps, x.dtype)], name=f"{n}_veps")], name=f"{n}_std")
+    per_channel = {"shape": (c.in_shape()[1], *([1] * (rank - 2)))}
+    scale = c.imp.add1("Reshape", [w], per_channel, f"{n}_w")
+    shift = c.imp.add1("Reshape", [b], per_channel, f"{n}_b")
+    normed = c.imp.add1("Div", [d, std], name=f"{n}_norm")
+    return c.add("Add", [c.imp.add1("Mul", [normed, scale], name=f"{n}_scaled"), shift])
 
 
 @converter("native_layer_norm", "layer_norm")

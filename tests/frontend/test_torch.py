@@ -244,6 +244,48 @@ def test_in_place_assignments_and_norms():
         assert_close(ours, ref)
 
 
+class BatchStatistics(nn.Module):
+    """Batch norm by the batch's own statistics, without running ones: weight standardization (timm's
+    ScaledStdConv2d, NFNets) over a (1, out, fan_in) view of the weight, and a 1-d and a 2-d activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 3, 3, 3) * 2 + 0.5)
+        self.gain = nn.Parameter(torch.rand(8) + 0.5)
+
+    def forward(self, x, v):
+        w = nn.functional.batch_norm(self.w.reshape(1, 8, -1), None, None, weight=self.gain, training=True,
+                                     momentum=0.0, eps=1e-5).reshape_as(self.w)  # fmt: skip
+        y = nn.functional.conv2d(x, w, padding=1)
+        return nn.functional.batch_norm(y, None, None, training=True, eps=1e-3), \
+            nn.functional.batch_norm(v, None, None, bias=torch.ones(5), training=True)  # fmt: skip
+
+
+def test_batch_norm_by_batch_statistics():
+    torch.manual_seed(7)
+    module = BatchStatistics().eval()
+    x, v = torch.randn(2, 3, 10, 10), torch.randn(6, 5) * 3 + 1
+    m = ember.compile(module, (x, v))
+    with torch.no_grad():
+        refs = module(x, v)
+    for ours, ref in zip(m(x.numpy(), v.numpy()), refs, strict=True):
+        assert_close(ours, ref)
+
+
+def test_batch_norm_in_training_mode_with_running_statistics_is_refused():
+    class Train(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mean", torch.zeros(3))
+            self.register_buffer("var", torch.ones(3))
+
+        def forward(self, x):
+            return nn.functional.batch_norm(x, self.mean, self.var, training=True)
+
+    with pytest.raises(ValueError, match="training mode"):  # a ModelError
+        ember.compile(Train(), (torch.randn(2, 3, 4, 4),))
+
+
 class Unsupported(nn.Module):
     def __init__(self):
         super().__init__()
