@@ -490,6 +490,28 @@ def _upsample(c: Ctx) -> Value:
     return c.add("Resize", [c.v(0)], attrs)
 
 
+@converter("_upsample_bicubic2d_aa", "_upsample_bilinear2d_aa")
+def _upsample_aa(c: Ctx) -> Value:
+    """Antialiased interpolate (antialias=True: PIL's filters) as Resize with antialias: the cubic's a = -0.5 (as
+    PIL; torch's plain bicubic takes -0.75), taps past the border dropped and the rest renormalized
+    (exclude_outside). torch places output pixel i at input (i + 0.5) * r - 0.5 with r = in / out, or with
+    align_corners r = (in - 1) / (out - 1), or r = 1 / the scale factor interpolate was given: half-pixel
+    coordinates at scale 1 / r in every case."""
+    shape, out = c.in_shape(), c.out_shape
+    align = bool(c.arg(2, "align_corners"))
+    if align and any(o == 1 and i > 1 for i, o in zip(shape[2:], out[2:])):
+        raise ModelError(f"{c.node.name} at {module_path(c.node)}: antialiased interpolate with align_corners to a "
+                         "size of 1")  # fmt: skip
+    given = c.node.args[3:] if c.node.target._overloadname != "vec" else (c.arg(3, "scale_factors") or ())
+    given = [*given, *[None] * (len(out) - 2 - len(given))]  # scale factors interpolate was called with
+    ratio = [((o - 1) / (i - 1) if i > 1 else 1.0) if align else float(f) if f else o / i
+             for i, o, f in zip(shape[2:], out[2:], given)]  # fmt: skip
+    attrs = {"sizes": out, "scales": (1.0, 1.0, *ratio), "antialias": 1, "exclude_outside": 1,
+             "mode": "cubic" if "bicubic" in c.node.target.overloadpacket.__name__ else "linear",
+             "cubic_coeff_a": -0.5, "coordinate_transformation_mode": "half_pixel"}
+    return c.add("Resize", [c.v(0)], attrs)
+
+
 @converter("embedding")
 def _embedding(c: Ctx) -> Value:
     return c.add("Gather", [c.v(0), c.v(1, "int64")], {"axis": 0})
@@ -866,6 +888,19 @@ def _group_norm(c: Ctx) -> Any:
 
 
 # -- attention ---------------------------------------------------------------------------------------------
+def _repeat_heads(c: Ctx, t: Value, heads: int, name: str) -> Value:
+    """Keys or values (..., H, L, D) for `heads` query heads, H dividing them: each head repeated in place, as
+    torch's enable_gqa (query head h reads key head h // (heads / H))."""
+    h = t.shape[-3]
+    if not isinstance(h, int) or not isinstance(heads, int) or heads % h:
+        raise ModelError(f"{c.node.name} at {module_path(c.node)}: grouped-query attention with {heads} query "
+                         f"heads and {h} key heads (the key heads must divide the query heads)")  # fmt: skip
+    lead, rest = t.shape[:-2], t.shape[-2:]
+    u = c.imp.add1("Unsqueeze", [t], {"axes": (len(lead),)}, f"{name}_u")
+    e = c.imp.add1("Expand", [u], {"shape": (*lead, heads // h, *rest)}, f"{name}_e")
+    return c.imp.add1("Reshape", [e], {"shape": (*lead[:-1], heads, *rest)}, f"{name}_heads")
+
+
 @converter("scaled_dot_product_attention")
 def _sdpa(c: Ctx) -> Value:
     """softmax(q @ k^T * scale + mask) @ v, decomposed here (torch's own decomposition leaves a strided result
@@ -876,9 +911,8 @@ def _sdpa(c: Ctx) -> Value:
         c.arg(4, "dropout_p", 0.0), c.arg(5, "is_causal", False)  # fmt: skip
     if dropout:
         raise ModelError(f"{c.node.name} at {module_path(c.node)}: attention dropout {dropout} (compile in eval mode)")
-    if q.shape[-3:-2] != k.shape[-3:-2] and len(q.shape) >= 3:
-        raise ModelError(f"{c.node.name} at {module_path(c.node)}: grouped-query attention (enable_gqa) with "
-                         f"{q.shape[-3]} query and {k.shape[-3]} key heads is not supported")  # fmt: skip
+    if len(q.shape) >= 3 and q.shape[-3] != k.shape[-3]:  # grouped-query attention (enable_gqa)
+        k, v = (_repeat_heads(c, t, q.shape[-3], f"{c.name}_{n}") for t, n in ((k, "k"), (v, "v")))
     scale = c.node.kwargs.get("scale")
     scale = 1.0 / float(np.sqrt(q.shape[-1])) if scale is None else float(scale)
     rank, name = len(k.shape), c.name

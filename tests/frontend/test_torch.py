@@ -286,6 +286,47 @@ def test_batch_norm_in_training_mode_with_running_statistics_is_refused():
         ember.compile(Train(), (torch.randn(2, 3, 4, 4),))
 
 
+class GroupedQueryAttention(nn.Module):
+    def forward(self, q, k, v, mask):
+        causal = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        masked = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return causal, masked
+
+
+def test_grouped_query_attention():
+    """enable_gqa: 6 query heads over 2 key and value heads (MobileNetV4-hybrid's attention, Llama-style
+    decoders), with a causal and a float mask."""
+    torch.manual_seed(3)
+    q, k, v = torch.randn(2, 6, 5, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
+    mask = torch.randn(5, 7)
+    module = GroupedQueryAttention().eval()
+    m = ember.compile(module, (q, k, v, mask))
+    with torch.no_grad():
+        refs = module(q, k, v, mask)
+    for ours, ref in zip(m(q.numpy(), k.numpy(), v.numpy(), mask.numpy()), refs, strict=True):
+        assert_close(ours, ref)
+
+
+class Antialiased(nn.Module):
+    def forward(self, x):
+        f = nn.functional.interpolate
+        return (f(x, size=(7, 5), mode="bicubic", antialias=True), f(x, size=(24, 30), mode="bicubic", antialias=True),
+                f(x, size=(9, 20), mode="bilinear", antialias=True, align_corners=True),
+                f(x, size=(5, 4), mode="bicubic", antialias=True, align_corners=True),
+                f(x, scale_factor=(0.3, 1.7), mode="bicubic", antialias=True),
+                f(x, scale_factor=0.35, mode="bilinear", antialias=True))  # fmt: skip
+
+
+def test_antialiased_interpolate():
+    """PIL's filters (torch's antialias=True; NaFlexViT resizes its position embeddings so): down and up, with
+    sizes, aligned corners and scale factors (whose coordinates differ from the sizes' ratio)."""
+    module = Antialiased().eval()
+    x = torch.randn(1, 2, 16, 12)
+    m = ember.compile(module, (x,))
+    for ours, ref in zip(m(x.numpy()), module(x), strict=True):
+        assert_close(ours, ref)
+
+
 class Unsupported(nn.Module):
     def __init__(self):
         super().__init__()
