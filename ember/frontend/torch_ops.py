@@ -275,8 +275,10 @@ def _arange(c: Ctx) -> Value:
     args = [a for a in c.node.args]
     start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) > 2 else 1)
     start, end, step = c.imp.static([start, end, c.node.kwargs.get("step", step)])
-    if not all(is_static_dim(x) for x in (start, end, step)):  # bounds from symbolic sizes: a Range of their values
-        if not is_static_dim(step) or not c.out_dtype.startswith("int"):
+    if isinstance(step, float) and step.is_integer() and c.out_dtype.startswith("int"):
+        step = int(step)  # arange(0, n, 2.0, dtype=int64): XLNet's, Funnel's
+    if not all(isinstance(x, int | float | np.number) for x in (start, end, step)):  # bounds from symbolic sizes:
+        if not is_static_dim(step) or not c.out_dtype.startswith("int"):  # a Range of their values
             raise ModelError(f"arange({start}, {end}, {step}) of {c.out_dtype}: a symbolic range needs an int step "
                              "and an integer result")  # fmt: skip
         bounds = [c.imp.value(x, c.out_dtype) for x in (start, end, step)]

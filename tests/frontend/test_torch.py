@@ -181,6 +181,8 @@ class Resampling(nn.Module):
         top = torch.topk(x.flatten(1), 3)
         mixed = torch.remainder(x, 0.7) + torch.fmod(x, 0.7) + torch.log1p(x.abs()) + torch.expm1(x) + x.max()
         picked = x.index_select(2, torch.tensor([0, 2])).flip(3).repeat(1, 2, 1, 1)
+        freq = torch.arange(0, 2 * x.shape[-1], 2.0, dtype=torch.int64).float()  # a float step, int values (XLNet)
+        picked = picked + freq[: picked.shape[-1]]
         return (up, lin, ac, values, indices, top.values, top.indices, mixed, picked, torch.roll(x, 1, 2),
                 nn.functional.pixel_shuffle(self.prelu(x), 2), torch.tril(x[0, 0]))  # fmt: skip
 
