@@ -711,6 +711,40 @@ def _topk(c: Ctx) -> list[Value]:
     return c.imp.add("TopK", [x], attrs, c.name, outputs=2)
 
 
+@converter("sort")
+def _sort(c: Ctx) -> list[Value]:
+    """sort (and sort.stable) as a TopK of every element: ascending unless descending; equal elements keep their
+    order (TopK's rule), as a stable sort."""
+    x = c.v(0)
+    stable = c.node.target._overloadname == "stable"  # sort.stable(self, *, stable, dim, descending)
+    dim = c.node.kwargs.get("dim", -1) if stable else c.arg(1, "dim", -1)
+    descending = c.node.kwargs.get("descending", False) if stable else c.arg(2, "descending", False)
+    axis = _norm_axis(dim, len(x.shape))
+    if not x.shape:
+        return [c.imp.add1("Identity", [x], name=c.name), c.const(np.int64(0))]
+    attrs = {"k": x.shape[axis], "axis": axis, "largest": int(bool(descending)), "sorted": 1}
+    return c.imp.add("TopK", [x], attrs, c.name, outputs=2)
+
+
+@converter("unfold")
+def _unfold(c: Ctx) -> Value:
+    """Tensor.unfold(dim, size, step): the windows x[.., w*step : w*step + size, ..] along dim, each window's
+    elements on a new last axis (a Gather of a (windows, size) index table, then that axis moved last)."""
+    x = c.v(0)
+    rank = len(x.shape)
+    axis, size, step = _norm_axis(c.arg(1, "dimension"), max(rank, 1)), c.arg(2, "size"), c.arg(3, "step")
+    if rank == 0:
+        return c.add("Reshape", [x], {"shape": (1,)})
+    n = x.shape[axis]
+    if not is_static_dim(n):
+        raise ModelError(f"{c.node.name} at {module_path(c.node)}: unfold along a dimension of symbolic size {n}")
+    windows = (n - size) // step + 1
+    table = np.arange(windows)[:, None] * step + np.arange(size)[None, :]
+    g = c.imp.add1("Gather", [x, c.const(table.astype(np.int64))], {"axis": axis}, f"{c.name}_windows")
+    perm = (*range(axis + 1), *range(axis + 2, rank + 1), axis + 1)  # (.., windows, size, ..) -> size last
+    return c.add("Transpose", [g], {"perm": perm})
+
+
 @converter("argmax", "argmin")
 def _argmax(c: Ctx) -> Value:
     op = "ArgMax" if c.node.target.overloadpacket.__name__ == "argmax" else "ArgMin"

@@ -329,6 +329,22 @@ def test_antialiased_interpolate():
         assert_close(ours, ref)
 
 
+class SortUnfold(nn.Module):
+    def forward(self, x, t):
+        v, i = torch.sort(x, dim=1, descending=True)
+        v2, i2 = torch.sort(t, stable=True)  # many ties: equal elements keep their order
+        return v, i, v2, i2, x.unfold(2, 3, 2), x.unfold(0, 2, 1), t.unfold(-1, 4, 4)  # PatchTST's patches
+
+
+def test_sort_and_unfold():
+    torch.manual_seed(8)
+    module = SortUnfold().eval()
+    x, t = torch.randn(3, 5, 9), torch.randint(0, 4, (2, 10)).float()
+    m = ember.compile(module, (x, t))
+    for ours, ref in zip(m(x.numpy(), t.numpy()), module(x, t), strict=True):
+        assert_close(ours, ref, rtol=0)
+
+
 class Unsupported(nn.Module):
     def __init__(self):
         super().__init__()
