@@ -33,8 +33,9 @@ import sympy
 import torch
 from torch import fx
 
+from ember.frontend import torch_complex  # noqa: F401  (registers the converters of complex tensors)
 from ember.frontend.onnx_importer import ModelError, UnsupportedOperatorError
-from ember.frontend.torch_ops import CONVERTERS, Ctx, converter_of, module_path, torch_dtype_name
+from ember.frontend.torch_ops import CONVERTERS, Ctx, converter_of, module_path, torch_dtype_name, touches_complex
 from ember.graph.dims import Dim, SizeVar, SizeVars, simplify_dim, size_vars
 from ember.graph.ir import Graph, Node, Value, unique_name
 from ember.graph.types import TensorType
@@ -323,6 +324,9 @@ class TorchImporter:
             self.env[node] = self.weight(self.frozen[position], node.name)
             return
         fake = node.meta["val"]
+        if fake.is_complex():
+            raise ModelError(f"{self.name}: input {node.name!r} is complex ({fake.dtype}); pass "
+                             "torch.view_as_real of it and torch.view_as_complex it in the model")  # fmt: skip
         given = self.input_shapes.get(node.name)
         if given is not None and len(given) != fake.dim():
             raise ModelError(f"{self.name}: input_shapes[{node.name!r}] has rank {len(given)}, the input has "
@@ -348,6 +352,10 @@ class TorchImporter:
                 if spec.kind.name == "USER_OUTPUT"]  # fmt: skip
         names = output_names(self.ep, len(user))
         for arg, name in zip(user, names):
+            val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+            if isinstance(val, torch.Tensor) and val.is_complex():
+                raise ModelError(f"{self.name}: output {name or arg.name!r} is complex ({val.dtype}); "
+                                 "return torch.view_as_real of it")  # fmt: skip
             v = self.value(arg)
             if v.is_constant or v in self.graph.inputs or v in self.graph.outputs:
                 v = self.add1("Identity", [v], name=f"{v.name}_out")
@@ -362,7 +370,8 @@ class TorchImporter:
         for node in graph.nodes:
             if node.op == "call_function" and converter_of(node) is None:
                 where = module_path(node)
-                users = missing.setdefault(str(node.target), [])
+                users = missing.setdefault(str(node.target) + (" on complex tensors" if touches_complex(node) else ""),
+                                           [])  # fmt: skip
                 if where not in users:
                     users.append(where)
         if missing:

@@ -83,6 +83,7 @@ class Ctx:
 
 Converter = Callable[[Ctx], Any]
 CONVERTERS: dict[str, Converter] = {}
+COMPLEX: dict[str, Converter] = {}  # converters of nodes that read or make complex tensors (`torch_complex`)
 
 
 def converter(*names: str) -> Callable[[Converter], Converter]:
@@ -103,8 +104,19 @@ def converter_of(node: fx.Node) -> Converter | None:
     if not isinstance(node.meta.get("val"), torch.Tensor | list | tuple):
         return _getitem  # size arithmetic on SymInts and scalar results: evaluated statically by the importer
     if isinstance(target, torch._ops.OpOverload) and target.namespace == "aten":
-        return CONVERTERS.get(target.overloadpacket.__name__)
+        table = COMPLEX if touches_complex(node) else CONVERTERS
+        return table.get(target.overloadpacket.__name__)
     return None
+
+
+def touches_complex(node: fx.Node) -> bool:
+    """Whether a node reads or makes a complex tensor."""
+    vals = [node.meta.get("val")]
+    for a in (*node.args, *node.kwargs.values()):
+        for b in a if isinstance(a, list | tuple) else (a,):
+            if isinstance(b, fx.Node):
+                vals.append(b.meta.get("val"))
+    return any(isinstance(v, torch.Tensor) and v.is_complex() for v in vals)
 
 
 def _getitem(c: Ctx) -> Any:
@@ -245,6 +257,25 @@ def _clamp(c: Ctx) -> Value:
                 x = c.imp.add1(op, [x, c.imp.value(bound, c.out_dtype)], name=f"{c.name}_{op.lower()}")
         return c.add("Identity", [x])
     return c.add("Clip", [x], {"min": lo, "max": hi})
+
+
+@converter("atan2")
+def _atan2(c: Ctx) -> Value:
+    return atan2(c, c.v(0, c.out_dtype), c.v(1, c.out_dtype))
+
+
+def atan2(c: Ctx, y: Value, x: Value) -> Value:
+    """The angle of (x, y) in (-pi, pi]: atan(y / x), moved by pi where x < 0 (to y's side), and +-pi/2 or 0 on
+    the y axis (where y / x is infinite or NaN)."""
+    n, dt = c.name, x.dtype
+    base = c.imp.add1("Atan", [c.imp.add1("Div", [y, x], name=f"{n}_q")], name=f"{n}_atan")
+    up = c.imp.add1("GreaterOrEqual", [y, c.const(0.0, dt)], name=f"{n}_up")
+    turn = c.imp.add1("Where", [up, c.const(math.pi, dt), c.const(-math.pi, dt)], name=f"{n}_turn")
+    left = c.imp.add1("Less", [x, c.const(0.0, dt)], name=f"{n}_left")
+    r = c.imp.add1("Where", [left, c.imp.add1("Add", [base, turn], name=f"{n}_turned"), base], name=f"{n}_r")
+    axis = c.imp.add1("Equal", [x, c.const(0.0, dt)], name=f"{n}_axis")
+    half = c.imp.add1("Mul", [c.imp.add1("Sign", [y], name=f"{n}_sign"), c.const(math.pi / 2, dt)], name=f"{n}_pole")
+    return c.add("Where", [axis, half, r])
 
 
 @converter("where")
