@@ -436,6 +436,55 @@ def _flip(c: Ctx) -> Value:
                                      "axes": axes, "steps": (-1,) * len(axes)})  # fmt: skip
 
 
+_SCATTER_REDUCTIONS = {"sum": "add", "add": "add", "prod": "mul", "multiply": "mul", "amax": "max", "amin": "min",
+                       "mean": "add"}  # fmt: skip
+
+
+@converter("scatter", "scatter_add", "scatter_reduce")
+def _scatter(c: Ctx) -> Value:
+    """scatter (of a tensor or a value, with an optional reduce), scatter_add and scatter_reduce (sum, prod, amax,
+    amin, mean; include_self or not) as ScatterElements. Only src's elements that the index covers are scattered
+    (torch allows a larger src); without include_self the scattered-to elements start from the reduction's
+    identity, and a mean divides by the count of elements that landed on each (plus one with include_self)."""
+    packet, overload = c.node.target.overloadpacket.__name__, c.node.target._overloadname
+    x, index = c.v(0, c.out_dtype), c.v(2, "int64")
+    axis = _norm_axis(c.arg(1, "dim"), max(len(x.shape), 1))
+    if "value" in overload:
+        src = c.imp.add1("Expand", [c.imp.value(c.arg(3, "value"), c.out_dtype)], {"shape": index.shape},
+                         f"{c.name}_value")  # fmt: skip
+    else:
+        src = c.v(3, c.out_dtype)
+        if src.shape != index.shape:
+            src = c.imp.add1("Slice", [src], {"starts": (0,) * len(index.shape), "ends": index.shape,
+                                              "axes": tuple(range(len(index.shape))), "steps": (1,) * len(index.shape)},
+                             f"{c.name}_src")  # fmt: skip
+    reduce = "add" if packet == "scatter_add" else c.arg(4, "reduce") if packet == "scatter_reduce" or (
+        "reduce" in overload) else None  # fmt: skip
+    if reduce is None:
+        return c.add("ScatterElements", [x, index, src], {"axis": axis})
+    if reduce not in _SCATTER_REDUCTIONS:
+        raise ModelError(f"{c.node.name} at {module_path(c.node)}: scatter reduction {reduce!r}")
+    include_self = packet != "scatter_reduce" or bool(c.arg(5, "include_self", True))
+    start = x
+    if not include_self:
+        dt = TensorType((), c.out_dtype).np_dtype
+        big = np.inf if np.issubdtype(dt, np.floating) else np.iinfo(dt).max
+        identity = {"sum": 0, "mean": 0, "prod": 1, "amax": -big, "amin": big}[reduce]
+        fill = c.imp.add1("Expand", [c.const(np.array(identity, dt))], {"shape": index.shape}, f"{c.name}_id")
+        start = c.imp.add1("ScatterElements", [x, index, fill], {"axis": axis}, f"{c.name}_start")
+    total = c.imp.add1("ScatterElements", [start, index, src], {"axis": axis, "reduction": _SCATTER_REDUCTIONS[reduce]},
+                       f"{c.name}_total")  # fmt: skip
+    if reduce != "mean":
+        return c.add("Identity", [total])
+    ones = c.imp.add1("Expand", [c.const(np.array(1, TensorType((), c.out_dtype).np_dtype))], {"shape": index.shape},
+                      f"{c.name}_ones")  # fmt: skip
+    base = c.imp.add1("Expand", [c.const(np.array(1 if include_self else 0, ones.type.np_dtype))], {"shape": x.shape},
+                      f"{c.name}_base")  # fmt: skip
+    count = c.imp.add1("ScatterElements", [base, index, ones], {"axis": axis, "reduction": "add"}, f"{c.name}_count")
+    safe = c.imp.add1("Max", [count, c.const(np.array(1, ones.type.np_dtype))], name=f"{c.name}_safe")
+    return c.add("Div", [total, safe])  # (integers: truncated where torch floors a negative mean)
+
+
 @converter("slice_scatter", "select_scatter")
 def _slice_scatter(c: Ctx) -> Value:
     """x with x[..., start:end:step, ...] (along dim) replaced by src: what in-place slice assignment

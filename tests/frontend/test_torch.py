@@ -345,6 +345,29 @@ def test_sort_and_unfold():
         assert_close(ours, ref, rtol=0)
 
 
+class Scatters(nn.Module):
+    def forward(self, x, unique, idx, src):
+        plain = (x.scatter(1, unique, src), x.scatter(1, unique, 2.5), x.scatter_add(0, idx, src))
+        reduced = [x.scatter_reduce(1, idx, src, r, include_self=inc)
+                   for r in ("sum", "prod", "amax", "amin", "mean") for inc in (True, False)]  # fmt: skip
+        return (*plain, *reduced)
+
+
+def test_scatter_family():
+    """scatter of a tensor (larger than its index: only the covered part lands) and of a value, scatter_add, and
+    scatter_reduce with every reduction, with and without the input's own elements (Reformer's LSH attention
+    scatters; GNN message passing reduces)."""
+    torch.manual_seed(9)
+    x, src = torch.randn(4, 6), torch.randn(5, 7)
+    unique = torch.argsort(torch.rand(3, 6), dim=1)[:, :4]  # no duplicates where the last write would win
+    idx = torch.randint(0, 4, (3, 4))
+    module = Scatters().eval()
+    m = ember.compile(module, (x, unique, idx, src))
+    for ours, ref in zip(m(x.numpy(), unique.numpy(), idx.numpy(), src.numpy()), module(x, unique, idx, src),
+                         strict=True):  # fmt: skip
+        assert_close(ours, ref)
+
+
 class Unsupported(nn.Module):
     def __init__(self):
         super().__init__()
