@@ -74,6 +74,8 @@ def _copy(c: Ctx) -> Value:
     """Casts and copies: real to complex (a zero imaginary part), complex to complex, and complex to real (the
     real part, as torch's cast does); view_as_real and view_as_complex are the pairs themselves."""
     src = c.node.args[0]
+    if c.node.target.overloadpacket.__name__ == "view_as_complex":  # (..., 2) reals: already the pairs
+        return c.add("Identity", [c.imp.value(src, _real_dtype(c))])
     if not c.out.is_complex():  # complex -> real: view_as_real keeps the pairs, a cast keeps the real part
         pairs = c.imp.value(src)
         if c.node.target.overloadpacket.__name__ == "view_as_real":

@@ -79,7 +79,8 @@ class FFTArithmetic(nn.Module):
         corr = torch.fft.irfft(f * g.conj(), n=x.shape[-1], dim=-1)
         full = torch.fft.ifft(torch.fft.fft(x) / (torch.fft.fft(y) + 3), norm="forward")
         mixed = torch.polar(y.abs() + 0.5, x) * torch.complex(x, y) - 2 * f.repeat(1, 2)[:, : x.shape[1]]
-        return (corr, torch.view_as_real(full), torch.fft.irfft2(torch.fft.rfft2(x * 3)), (f * 2 - g).imag,
+        pairs = torch.view_as_complex(torch.stack([x, y], dim=-1))  # (x + iy)
+        return (corr, torch.view_as_real(full * pairs), torch.fft.irfft2(torch.fft.rfft2(x * 3)), (f * 2 - g).imag,
                 torch.view_as_real(mixed.permute(1, 0)), torch.cat([f, g], dim=-1).abs())  # fmt: skip
 
 
