@@ -241,6 +241,10 @@ class Importer:
             for index, node in enumerate(gp.node):
                 self.convert(node, index)
             graph.outputs = [self.lookup(o.name) for o in gp.output]
+            for o, v in zip(gp.output, graph.outputs):
+                if not isinstance(v, Value):  # a sequence resolved at import time (`onnx_ops.StaticSequence`)
+                    raise ModelError(f"{self.source}: output {o.name!r} of graph {graph.name!r} is a sequence: Ember "
+                                     "graphs take and give tensors only (ConcatFromSequence makes one tensor)")
             if top:
                 graph.decoders = {i: self.decoded[v] for i, v in enumerate(graph.outputs) if v in self.decoded}
         finally:

@@ -1009,3 +1009,101 @@ def _scan8(ctx: NodeContext) -> None:
 
 
 __all__ = ["CONVERTERS", "convert_node", "find_unsupported", "support_problem"]
+
+
+# -- sequences of tensors known at import time ---------------------------------------------------------------
+# Exporters write torch.split / chunk / unbind as SplitToSequence read back by SequenceAt at constant positions
+# (torch.onnx's legacy exporter on Mamba, for one). Such a sequence is a Python list of Values while importing:
+# its length and positions must be constants, and it cannot cross a graph's inputs or outputs or a Loop.
+class StaticSequence(list):
+    """A sequence value of the ONNX graph, resolved at import time into its tensors."""
+
+    __hash__ = object.__hash__  # (the importer looks values up in dicts)
+
+
+def _sequence(ctx: NodeContext, i: int) -> StaticSequence:
+    v = ctx.input(i)
+    if not isinstance(v, StaticSequence):
+        raise ctx.error(f"input {i} is not a sequence known at import time (Ember graphs carry tensors only)")
+    return v
+
+
+def _position(ctx: NodeContext, i: int, length: int, insert: bool = False) -> int:
+    p = int(ctx.need(i, "the sequence position").reshape(-1)[0])
+    p = p + length if p < 0 else p
+    if not 0 <= p <= length - (0 if insert else 1):
+        raise ctx.error(f"position {p} is outside a sequence of {length}")
+    return p
+
+
+def _bind_sequence(ctx: NodeContext, items: list) -> None:
+    ctx.importer.bind(ctx.proto.output[0], StaticSequence(items))
+
+
+@converter("SplitToSequence")
+def _split_to_sequence(ctx: NodeContext) -> None:
+    x = ctx.type(0)
+    axis = norm_axes((ctx.attrs.get("axis", 0),), x.rank)[0]
+    n = x.shape[axis]
+    if not is_static_dim(n):
+        raise ctx.error(f"splitting a dimension of symbolic size {n} into a sequence")
+    split = None if ctx.input(1) is None else ctx.need(1, "split sizes")
+    if split is None:
+        sizes = (1,) * n
+    elif split.ndim == 0:  # pieces of that size, the last one shorter
+        step = int(split)
+        sizes = tuple(min(step, n - s) for s in range(0, n, step))
+    else:
+        sizes = _ints(split)
+    parts = ctx.emit("Split", [ctx.input(0)], {"axis": axis, "split": sizes}, n_out=len(sizes))
+    if split is None and not ctx.attrs.get("keepdims", 1):
+        parts = [ctx.emit("Squeeze", [p], {"axes": (axis,)})[0] for p in parts]
+    _bind_sequence(ctx, parts)
+
+
+@converter("SequenceConstruct")
+def _sequence_construct(ctx: NodeContext) -> None:
+    _bind_sequence(ctx, list(ctx.inputs))
+
+
+@converter("SequenceEmpty")
+def _sequence_empty(ctx: NodeContext) -> None:
+    _bind_sequence(ctx, [])
+
+
+@converter("SequenceInsert")
+def _sequence_insert(ctx: NodeContext) -> None:
+    items = list(_sequence(ctx, 0))
+    at = len(items) if ctx.input(2) is None else _position(ctx, 2, len(items), insert=True)
+    _bind_sequence(ctx, items[:at] + [ctx.input(1)] + items[at:])
+
+
+@converter("SequenceErase")
+def _sequence_erase(ctx: NodeContext) -> None:
+    items = list(_sequence(ctx, 0))
+    at = len(items) - 1 if ctx.input(1) is None else _position(ctx, 1, len(items))
+    _bind_sequence(ctx, items[:at] + items[at + 1 :])
+
+
+@converter("SequenceAt")
+def _sequence_at(ctx: NodeContext) -> None:
+    items = _sequence(ctx, 0)
+    emit(ctx, "Identity", [items[_position(ctx, 1, len(items))]], {})
+
+
+@converter("SequenceLength")
+def _sequence_length(ctx: NodeContext) -> None:
+    name = ctx.proto.output[0]
+    ctx.importer.bind(name, ctx.importer.constant(name, np.array(len(_sequence(ctx, 0)), np.int64)))
+
+
+@converter("ConcatFromSequence")
+def _concat_from_sequence(ctx: NodeContext) -> None:
+    items = _sequence(ctx, 0)
+    if not items:
+        raise ctx.error("concatenating an empty sequence")
+    axis, new_axis = ctx.attrs["axis"], ctx.attrs.get("new_axis", 0)
+    if new_axis:
+        axis = norm_axes((axis,), items[0].type.rank + 1)[0]
+        items = [ctx.emit("Unsqueeze", [v], {"axes": (axis,)})[0] for v in items]
+    emit(ctx, "Concat", list(items), {"axis": norm_axes((axis,), items[0].type.rank)[0]})
