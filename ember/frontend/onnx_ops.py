@@ -456,6 +456,8 @@ def _expand(ctx: NodeContext) -> None:
 
 @converter("Tile")
 def _tile(ctx: NodeContext) -> None:
+    if ctx.type(1).rank != 1:  # (as onnxruntime: torch.onnx's legacy export of Mamba writes (1, 1) repeats)
+        raise ctx.error(f"repeats must be a 1-D tensor, got shape {list(ctx.type(1).shape)}")
     emit(ctx, inputs=ctx.inputs[:1], attrs={"repeats": ctx.need_dims(1, "repeats", runtime=True)})
 
 

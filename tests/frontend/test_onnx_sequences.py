@@ -1,6 +1,6 @@
 """Sequences of tensors whose length and positions are known at import time (SplitToSequence read back by
 SequenceAt: torch.onnx's export of split / chunk / unbind), against onnxruntime on fresh random inputs; a sequence
-where a tensor must be (a graph output) is refused by name."""
+where a tensor must be (a graph output) is refused by name, and so is an invalid Tile the same exporter writes."""
 
 from __future__ import annotations
 
@@ -56,4 +56,15 @@ def test_sequence_output_is_refused():
     model = helper.make_model(helper.make_graph([helper.make_node("SplitToSequence", ["x"], ["s"], axis=1)], "g",
                                                 [x], [seq]), opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
     with pytest.raises(ModelError, match="output 's' .* is a sequence"):
+        ember.compile(model)
+
+
+def test_tile_repeats_must_be_one_dimensional():
+    """A (1, 1) repeats tensor is invalid ONNX (onnxruntime refuses it too), not a vector to flatten."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    reps = helper.make_tensor("reps", TensorProto.INT64, [1, 1], [2])
+    model = helper.make_model(helper.make_graph([helper.make_node("Tile", ["x", "reps"], ["y"])], "g", [x], [y],
+                                                [reps]), opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    with pytest.raises(ModelError, match="repeats must be a 1-D tensor"):
         ember.compile(model)
