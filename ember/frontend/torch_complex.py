@@ -16,7 +16,7 @@ import torch
 from torch import fx
 
 from ember.frontend.onnx_importer import ModelError
-from ember.frontend.torch_ops import COMPLEX, Ctx, _slice_range, atan2, module_path
+from ember.frontend.torch_ops import COMPLEX, Ctx, atan2, module_path, slice_range
 from ember.graph.ir import Value
 
 
@@ -190,7 +190,7 @@ def _repeat(c: Ctx) -> Value:
 def _slice(c: Ctx) -> Value:
     dim = _axis(c, c.arg(1, "dim", 0))
     size = c.imp.static(c.node.args[0].meta["val"].shape[dim])
-    start, end = _slice_range(size, c.arg(2, "start"), c.arg(3, "end"))
+    start, end = slice_range(size, c.arg(2, "start"), c.arg(3, "end"))
     return c.add("Slice", [c.imp.value(c.node.args[0])], {"starts": (start,), "ends": (end,), "axes": (dim,),
                                                           "steps": (c.arg(4, "step", 1),)})  # fmt: skip
 

@@ -369,7 +369,7 @@ def _squeeze(c: Ctx) -> Value:
     return c.add("Squeeze", [c.v(0)], {"axes": axes}) if axes else c.add("Identity", [c.v(0)])
 
 
-def _slice_range(size: int, start: Any, end: Any) -> tuple[int, int]:
+def slice_range(size: int, start: Any, end: Any) -> tuple[int, int]:
     """A torch slice's start and end clamped into [0, size], negatives counted from the end."""
     start = 0 if start is None else max(0, min(size, start + size if start < 0 else start))
     end = size if end is None or end >= INT64_MAX else max(0, min(size, end + size if end < 0 else end))
@@ -380,7 +380,7 @@ def _slice_range(size: int, start: Any, end: Any) -> tuple[int, int]:
 def _slice(c: Ctx) -> Value:
     shape = c.in_shape()
     dim = _norm_axis(c.arg(1, "dim", 0), len(shape))
-    start, end = _slice_range(shape[dim], c.arg(2, "start"), c.arg(3, "end"))
+    start, end = slice_range(shape[dim], c.arg(2, "start"), c.arg(3, "end"))
     step = c.arg(4, "step", 1)
     return c.add("Slice", [c.v(0)], {"starts": (start,), "ends": (end,), "axes": (dim,), "steps": (step,)})
 
@@ -499,7 +499,7 @@ def _slice_scatter(c: Ctx) -> Value:
         start, end, step = index, index + 1, 1
         src = c.imp.add1("Unsqueeze", [src], {"axes": (dim,)}, f"{c.name}_src")
     else:
-        (start, end), step = _slice_range(shape[dim], c.arg(3, "start"), c.arg(4, "end")), c.arg(5, "step", 1)
+        (start, end), step = slice_range(shape[dim], c.arg(3, "start"), c.arg(4, "end")), c.arg(5, "step", 1)
     x = c.v(0, out_dtype)
     if step == 1:
         parts = [src]
