@@ -1010,9 +1010,6 @@ def _scan8(ctx: NodeContext) -> None:
                               [name], ctx.name)  # fmt: skip
 
 
-__all__ = ["CONVERTERS", "convert_node", "find_unsupported", "support_problem"]
-
-
 # -- sequences of tensors known at import time ---------------------------------------------------------------
 # Exporters write torch.split / chunk / unbind as SplitToSequence read back by SequenceAt at constant positions
 # (torch.onnx's legacy exporter on Mamba, for one). Such a sequence is a Python list of Values while importing:
@@ -1104,8 +1101,11 @@ def _concat_from_sequence(ctx: NodeContext) -> None:
     items = _sequence(ctx, 0)
     if not items:
         raise ctx.error("concatenating an empty sequence")
-    axis, new_axis = ctx.attrs["axis"], ctx.attrs.get("new_axis", 0)
-    if new_axis:
-        axis = norm_axes((axis,), items[0].type.rank + 1)[0]
+    new_axis = ctx.attrs.get("new_axis", 0)
+    axis = norm_axes((ctx.attrs["axis"],), items[0].type.rank + (1 if new_axis else 0))[0]
+    if new_axis:  # a stack: each item gets the axis first
         items = [ctx.emit("Unsqueeze", [v], {"axes": (axis,)})[0] for v in items]
-    emit(ctx, "Concat", list(items), {"axis": norm_axes((axis,), items[0].type.rank)[0]})
+    emit(ctx, "Concat", list(items), {"axis": axis})
+
+
+__all__ = ["CONVERTERS", "convert_node", "find_unsupported", "support_problem"]

@@ -35,7 +35,15 @@ from torch import fx
 
 from ember.frontend import torch_complex  # noqa: F401  (registers the converters of complex tensors)
 from ember.frontend.onnx_importer import ModelError, UnsupportedOperatorError
-from ember.frontend.torch_ops import CONVERTERS, Ctx, converter_of, module_path, torch_dtype_name, touches_complex
+from ember.frontend.torch_ops import (
+    CONVERTERS,
+    Ctx,
+    converter_of,
+    is_complex,
+    module_path,
+    torch_dtype_name,
+    touches_complex,
+)
 from ember.graph.dims import Dim, SizeVar, SizeVars, simplify_dim, size_vars
 from ember.graph.ir import Graph, Node, Value, unique_name
 from ember.graph.types import TensorType
@@ -352,9 +360,8 @@ class TorchImporter:
                 if spec.kind.name == "USER_OUTPUT"]  # fmt: skip
         names = output_names(self.ep, len(user))
         for arg, name in zip(user, names):
-            val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
-            if isinstance(val, torch.Tensor) and val.is_complex():
-                raise ModelError(f"{self.name}: output {name or arg.name!r} is complex ({val.dtype}); "
+            if is_complex(arg):
+                raise ModelError(f"{self.name}: output {name or arg.name!r} is complex ({arg.meta['val'].dtype}); "
                                  "return torch.view_as_real of it")  # fmt: skip
             v = self.value(arg)
             if v.is_constant or v in self.graph.inputs or v in self.graph.outputs:

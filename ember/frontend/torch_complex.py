@@ -16,21 +16,13 @@ import torch
 from torch import fx
 
 from ember.frontend.onnx_importer import ModelError
-from ember.frontend.torch_ops import COMPLEX, Ctx, atan2, module_path, slice_range
+from ember.frontend.torch_ops import COMPLEX, Ctx, atan2, converter, is_complex, module_path, slice_range
 from ember.graph.ir import Value
+from ember.ops.common import norm_axis
 
 
 def complex_converter(*names: str):
-    def wrap(fn):
-        for n in names:
-            COMPLEX[n] = fn
-        return fn
-
-    return wrap
-
-
-def _is_complex(arg: Any) -> bool:
-    return isinstance(arg, fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor) and arg.meta["val"].is_complex()
+    return converter(*names, table=COMPLEX)
 
 
 def _rank(arg: fx.Node) -> int:
@@ -44,7 +36,7 @@ def _real_dtype(c: Ctx) -> str:
 
 def _pairs(c: Ctx, arg: Any, dtype: str) -> Value:
     """An argument as (re, im) pairs: complex ones as they are, real ones with a zero imaginary part."""
-    if _is_complex(arg):
+    if is_complex(arg):
         return c.imp.cast(c.imp.value(arg), dtype)
     x = c.imp.value(arg, dtype)
     u = c.imp.add1("Unsqueeze", [x], {"axes": (len(x.shape),)}, f"{c.name}_u")
@@ -61,10 +53,6 @@ def _join(c: Ctx, re: Value, im: Value) -> Value:
     parts = [c.imp.add1("Unsqueeze", [p], {"axes": (len(p.shape),)}, f"{c.name}_{k}")
              for k, p in (("re", re), ("im", im))]  # fmt: skip
     return c.add("Concat", parts, {"axis": len(re.shape)})
-
-
-def _conj(c: Ctx, x: Value, name: str) -> Value:
-    return c.imp.add1("Mul", [x, c.const(np.array([1, -1], x.dtype))], name=name)
 
 
 # -- conversions -------------------------------------------------------------------------------------------------
@@ -103,7 +91,8 @@ def _angle(c: Ctx) -> Value:
 
 @complex_converter("_conj", "conj", "conj_physical")
 def _conjugate(c: Ctx) -> Value:
-    return _conj(c, c.imp.value(c.node.args[0]), c.name)
+    x = c.imp.value(c.node.args[0])
+    return c.add("Mul", [x, c.const(np.array([1, -1], x.dtype))])
 
 
 @complex_converter("polar", "complex")
@@ -134,11 +123,11 @@ def _arith(c: Ctx) -> Value:
         if alpha != 1:
             y = c.imp.add1("Mul", [y, c.const(alpha, dt)], name=f"{c.name}_alpha")
         return c.add("Add" if op == "add" else "Sub", [_pairs(c, a, dt), y])
-    if not _is_complex(b) or not _is_complex(a):  # a real operand: scales both parts
-        z, r = (a, b) if _is_complex(a) else (b, a)
+    if not is_complex(b) or not is_complex(a):  # a real operand: scales both parts
+        z, r = (a, b) if is_complex(a) else (b, a)
         real = c.imp.value(r, dt)
         real = c.imp.add1("Unsqueeze", [real], {"axes": (len(real.shape),)}, f"{c.name}_r") if real.shape else real
-        if op == "div" and not _is_complex(a):
+        if op == "div" and not is_complex(a):
             raise ModelError(f"{c.node.name} at {module_path(c.node)}: a real tensor divided by a complex one")
         return c.add("Mul" if op == "mul" else "Div", [c.imp.value(z), real])
     x, y = c.imp.value(a), c.imp.value(b)
@@ -161,14 +150,14 @@ def _arith(c: Ctx) -> Value:
 
 # -- shapes: the same op on the pairs, the trailing axis kept last ------------------------------------------------
 def _axis(c: Ctx, dim: int) -> int:
-    rank = _rank(c.node.args[0])
-    return dim + rank if dim < 0 else dim
+    """A dim of the first argument, non-negative by its torch rank."""
+    return norm_axis(dim, _rank(c.node.args[0]), "dim")
 
 
 @complex_converter("permute")
 def _permute(c: Ctx) -> Value:
-    rank = _rank(c.node.args[0])
-    return c.add("Transpose", [c.imp.value(c.node.args[0])], {"perm": (*(_axis(c, d) for d in c.arg(1)), rank)})
+    perm = (*(_axis(c, d) for d in c.arg(1)), _rank(c.node.args[0]))
+    return c.add("Transpose", [c.imp.value(c.node.args[0])], {"perm": perm})
 
 
 @complex_converter("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze", "unsqueeze", "expand")
@@ -208,8 +197,7 @@ def _select(c: Ctx) -> Value:
 def _cat(c: Ctx) -> Value:
     dt = _real_dtype(c)
     values = [_pairs(c, a, dt) for a in c.node.args[0]]
-    dim = c.arg(1, "dim", 0)
-    return c.add("Concat", values, {"axis": dim + c.out.dim() if dim < 0 else dim})
+    return c.add("Concat", values, {"axis": norm_axis(c.arg(1, "dim", 0), c.out.dim(), "dim")})
 
 
 # -- Fourier transforms ------------------------------------------------------------------------------------------
@@ -229,8 +217,7 @@ def _dfts(c: Ctx, x: Value, dims: list[int], inverse: bool) -> Value:
 
 
 def _dims(c: Ctx) -> list[int]:
-    rank = _rank(c.node.args[0])
-    return [d + rank if d < 0 else d for d in c.arg(1, "dim")]
+    return [_axis(c, d) for d in c.arg(1, "dim")]
 
 
 @complex_converter("_fft_c2c")

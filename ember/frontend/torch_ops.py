@@ -86,12 +86,13 @@ CONVERTERS: dict[str, Converter] = {}
 COMPLEX: dict[str, Converter] = {}  # converters of nodes that read or make complex tensors (`torch_complex`)
 
 
-def converter(*names: str) -> Callable[[Converter], Converter]:
-    """Register a converter for ATen ops by name ("convolution", "add", ...): every overload of each."""
+def converter(*names: str, table: dict[str, Converter] = CONVERTERS) -> Callable[[Converter], Converter]:
+    """Register a converter for ATen ops by name ("convolution", "add", ...): every overload of each (in `table`:
+    COMPLEX for the nodes that read or make complex tensors)."""
 
     def wrap(fn: Converter) -> Converter:
         for n in names:
-            CONVERTERS[n] = fn
+            table[n] = fn
         return fn
 
     return wrap
@@ -109,14 +110,16 @@ def converter_of(node: fx.Node) -> Converter | None:
     return None
 
 
+def is_complex(arg: Any) -> bool:
+    """Whether an FX argument is a complex tensor."""
+    val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.is_complex()
+
+
 def touches_complex(node: fx.Node) -> bool:
     """Whether a node reads or makes a complex tensor."""
-    vals = [node.meta.get("val")]
-    for a in (*node.args, *node.kwargs.values()):
-        for b in a if isinstance(a, list | tuple) else (a,):
-            if isinstance(b, fx.Node):
-                vals.append(b.meta.get("val"))
-    return any(isinstance(v, torch.Tensor) and v.is_complex() for v in vals)
+    args = [b for a in (*node.args, *node.kwargs.values()) for b in (a if isinstance(a, list | tuple) else (a,))]
+    return is_complex(node) or any(is_complex(b) for b in args)
 
 
 def _getitem(c: Ctx) -> Any:
@@ -447,7 +450,7 @@ def _scatter(c: Ctx) -> Value:
     (torch allows a larger src); without include_self the scattered-to elements start from the reduction's
     identity, and a mean divides by the count of elements that landed on each (plus one with include_self)."""
     packet, overload = c.node.target.overloadpacket.__name__, c.node.target._overloadname
-    x, index = c.v(0, c.out_dtype), c.v(2, "int64")
+    x, index, dt = c.v(0, c.out_dtype), c.v(2, "int64"), TensorType((), c.out_dtype).np_dtype
     axis = _norm_axis(c.arg(1, "dim"), max(len(x.shape), 1))
     if "value" in overload:
         src = c.imp.add1("Expand", [c.imp.value(c.arg(3, "value"), c.out_dtype)], {"shape": index.shape},
@@ -458,16 +461,17 @@ def _scatter(c: Ctx) -> Value:
             src = c.imp.add1("Slice", [src], {"starts": (0,) * len(index.shape), "ends": index.shape,
                                               "axes": tuple(range(len(index.shape))), "steps": (1,) * len(index.shape)},
                              f"{c.name}_src")  # fmt: skip
-    reduce = "add" if packet == "scatter_add" else c.arg(4, "reduce") if packet == "scatter_reduce" or (
-        "reduce" in overload) else None  # fmt: skip
-    if reduce is None:
+    if packet == "scatter_add":
+        reduce = "add"
+    elif packet == "scatter_reduce" or "reduce" in overload:  # (scatter.reduce, scatter.value_reduce)
+        reduce = c.arg(4, "reduce")
+    else:
         return c.add("ScatterElements", [x, index, src], {"axis": axis})
     if reduce not in _SCATTER_REDUCTIONS:
         raise ModelError(f"{c.node.name} at {module_path(c.node)}: scatter reduction {reduce!r}")
     include_self = packet != "scatter_reduce" or bool(c.arg(5, "include_self", True))
     start = x
     if not include_self:
-        dt = TensorType((), c.out_dtype).np_dtype
         big = np.inf if np.issubdtype(dt, np.floating) else np.iinfo(dt).max
         identity = {"sum": 0, "mean": 0, "prod": 1, "amax": -big, "amin": big}[reduce]
         fill = c.imp.add1("Expand", [c.const(np.array(identity, dt))], {"shape": index.shape}, f"{c.name}_id")
@@ -476,12 +480,10 @@ def _scatter(c: Ctx) -> Value:
                        f"{c.name}_total")  # fmt: skip
     if reduce != "mean":
         return c.add("Identity", [total])
-    ones = c.imp.add1("Expand", [c.const(np.array(1, TensorType((), c.out_dtype).np_dtype))], {"shape": index.shape},
-                      f"{c.name}_ones")  # fmt: skip
-    base = c.imp.add1("Expand", [c.const(np.array(1 if include_self else 0, ones.type.np_dtype))], {"shape": x.shape},
-                      f"{c.name}_base")  # fmt: skip
+    ones = c.imp.add1("Expand", [c.const(np.array(1, dt))], {"shape": index.shape}, f"{c.name}_ones")
+    base = c.imp.add1("Expand", [c.const(np.array(int(include_self), dt))], {"shape": x.shape}, f"{c.name}_base")
     count = c.imp.add1("ScatterElements", [base, index, ones], {"axis": axis, "reduction": "add"}, f"{c.name}_count")
-    safe = c.imp.add1("Max", [count, c.const(np.array(1, ones.type.np_dtype))], name=f"{c.name}_safe")
+    safe = c.imp.add1("Max", [count, c.const(np.array(1, dt))], name=f"{c.name}_safe")
     return c.add("Div", [total, safe])  # (integers: truncated where torch floors a negative mean)
 
 

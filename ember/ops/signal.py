@@ -123,17 +123,12 @@ def _twiddles(n: int) -> tuple[te.Tensor, te.Tensor]:
     """cos and sin of 2 pi m / n for m < n, in float64 (the sums index them with k * t mod n); exact on the quarter
     turns (sin pi is 0, not 1.2e-16), so that a real signal's DC and Nyquist bins have an imaginary part of exactly
     0, as FFTs give: its sign decides the bin's angle (pi or -pi)."""
-    angle = lambda m: te.cast(m, "float64") * (2 * math.pi) / n  # noqa: E731
+    def exact(m, fn):  # on a quarter turn the value is -1, 0 or 1: rounding it gives it exactly
+        v = fn(te.cast(m, "float64") * (2 * math.pi) / n)
+        return te.if_then_else((m * 4) % n == 0, te.round(v), v)
 
-    def exact(m, fn, values):  # values at quarter turns 0..3
-        q = m * 4 // n
-        on_quarter = (m * 4) % n == 0
-        v = te.if_then_else(q == 0, values[0], te.if_then_else(q == 1, values[1], te.if_then_else(
-            q == 2, values[2], values[3])))  # fmt: skip
-        return te.if_then_else(on_quarter, te.cast(v, "float64"), fn(angle(m)))
-
-    return (te.compute((n,), lambda m: exact(m, te.cos, (1.0, 0.0, -1.0, 0.0)), name="twiddle_cos"),
-            te.compute((n,), lambda m: exact(m, te.sin, (0.0, 1.0, 0.0, -1.0)), name="twiddle_sin"))  # fmt: skip
+    return (te.compute((n,), lambda m: exact(m, te.cos), name="twiddle_cos"),
+            te.compute((n,), lambda m: exact(m, te.sin), name="twiddle_sin"))  # fmt: skip
 
 
 def _component(x: te.Tensor, idx: tuple, c: int) -> Expr:

@@ -57,10 +57,10 @@ class Spectrogram(nn.Module):
 def test_stft_power_phase_and_parts():
     torch.manual_seed(1)
     x = torch.randn(2, 100)
-    check_angle = Spectrogram()
-    m = ember.compile(check_angle, (x,))
+    module = Spectrogram()
+    m = ember.compile(module, (x,))
     ours = m(x.numpy())
-    refs = check_angle(x)
+    refs = module(x)
     for i in (0, 1, 3, 4):
         assert_close(ours[i], refs[i])
     # the angle jumps from pi to -pi where the imaginary part crosses 0: compare it away from there
